@@ -1,0 +1,1 @@
+"""Pieces shared by two or more apexrl roles: errors, tensor codec, signatures, gRPC and metrics helpers."""
