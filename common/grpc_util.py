@@ -192,10 +192,10 @@ def serve_until_signal(
     health_servicer: health.HealthServicer | None,
     *,
     grace: float = 5.0,
-    on_stop: Callable[[], None] | None = None,
+    before_stop: Callable[[], None] | None = None,
 ) -> None:
-    """Block until SIGTERM or SIGINT, then stop cleanly: report NOT_SERVING, let calls in flight finish for up to
-    `grace` seconds, run `on_stop`, return."""
+    """Block until SIGTERM or SIGINT, then stop cleanly: report NOT_SERVING, run `before_stop` (wake calls that
+    wait on something, so they answer UNAVAILABLE), let calls in flight finish for up to `grace` seconds."""
     stop = threading.Event()
     received: list[int] = []
 
@@ -210,9 +210,21 @@ def serve_until_signal(
         log.info("received %s; shutting down (grace %.1fs)", signal.Signals(received[0]).name, grace)
         if health_servicer is not None:
             health_servicer.enter_graceful_shutdown()
+        if before_stop is not None:
+            before_stop()
         server.stop(grace).wait()
-        if on_stop is not None:
-            on_stop()
     finally:
         for sig, prev in previous.items():
             signal.signal(sig, prev)
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Atomically write the bound port (write, fsync, rename), so a reader never sees a partial number."""
+    import os
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{port}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -100,13 +100,13 @@ class Signature:
         Raises InvalidArgumentError naming the first difference: a missing or unknown column, a column whose dtype
         or per-row shape differs, or columns of different lengths.
         """
+        rows = check_rows(columns)
         missing = [n for n in self.names if n not in columns]
         unknown = sorted(set(columns) - set(self.names))
         if missing or unknown:
             raise InvalidArgumentError(
                 f"batch columns do not match the table signature ({self}): missing {missing}, unknown {unknown}"
             )
-        rows = check_rows(columns)
         for spec in self.fields:
             col = columns[spec.name]
             if col.dtype != spec.dtype or tuple(col.shape[1:]) != spec.shape:

@@ -67,7 +67,9 @@ class WeightsHeader(_message.Message):
     TENSORS_FIELD_NUMBER: _builtins.int
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     version: _builtins.int
-    """Strictly greater than every version published before."""
+    """Strictly greater than every version published before; versions start at 1. In a PublishRequest, 0 asks the
+    server to assign the previous version + 1 (the reply says which version was stored).
+    """
     total_bytes: _builtins.int
     """Total bytes of the concatenation (sum of every tensor's nbytes)."""
     @_builtins.property

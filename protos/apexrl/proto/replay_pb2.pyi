@@ -287,6 +287,7 @@ class InfoResponse(_message.Message):
     MIN_SIZE_TO_SAMPLE_FIELD_NUMBER: _builtins.int
     SAMPLES_PER_INSERT_FIELD_NUMBER: _builtins.int
     MAX_SAMPLE_BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    INSERTED_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
     capacity: _builtins.int
     size: _builtins.int
     total_priority: _builtins.float
@@ -310,6 +311,8 @@ class InfoResponse(_message.Message):
     samples_per_insert: _builtins.float
     """0 when the ratio limiter is off."""
     max_sample_batch_size: _builtins.int
+    inserted_bytes_total: _builtins.int
+    """Bytes of row data stored since start."""
     @_builtins.property
     def signature(self) -> _tensor_pb2.Signature:
         """Empty until declared at start-up or fixed by the first insert."""
@@ -334,10 +337,11 @@ class InfoResponse(_message.Message):
         min_size_to_sample: _builtins.int = ...,
         samples_per_insert: _builtins.float = ...,
         max_sample_batch_size: _builtins.int = ...,
+        inserted_bytes_total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["signature", b"signature"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alpha", b"alpha", "capacity", b"capacity", "duplicate_batches_total", b"duplicate_batches_total", "evicted_total", b"evicted_total", "incarnation", b"incarnation", "inserted_total", b"inserted_total", "max_priority", b"max_priority", "max_sample_batch_size", b"max_sample_batch_size", "min_priority", b"min_priority", "min_size_to_sample", b"min_size_to_sample", "sampled_total", b"sampled_total", "samples_per_insert", b"samples_per_insert", "signature", b"signature", "size", b"size", "stale_updates_total", b"stale_updates_total", "total_priority", b"total_priority", "updated_total", b"updated_total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alpha", b"alpha", "capacity", b"capacity", "duplicate_batches_total", b"duplicate_batches_total", "evicted_total", b"evicted_total", "incarnation", b"incarnation", "inserted_bytes_total", b"inserted_bytes_total", "inserted_total", b"inserted_total", "max_priority", b"max_priority", "max_sample_batch_size", b"max_sample_batch_size", "min_priority", b"min_priority", "min_size_to_sample", b"min_size_to_sample", "sampled_total", b"sampled_total", "samples_per_insert", b"samples_per_insert", "signature", b"signature", "size", b"size", "stale_updates_total", b"stale_updates_total", "total_priority", b"total_priority", "updated_total", b"updated_total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

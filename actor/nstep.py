@@ -1,0 +1,96 @@
+"""n-step transitions for one environment, computed on the actor (pure numpy; no torch, no gRPC).
+
+For the step taken at time t, with k = min(n, steps from t to the end of the episode), the actor sends
+    obs       s_t
+    action    a_t
+    reward    r_t + gamma r_{t+1} + ... + gamma^(k-1) r_{t+k-1}     (the discounted k-step return)
+    discount  0        if the episode terminated at step t+k-1 (s_{t+k} is terminal: nothing to bootstrap)
+              gamma^k  otherwise: k = n in mid-episode, k < n when the episode was truncated (time limit)
+    next_obs  s_{t+k}  (on truncation, the real last observation, not the one the next episode starts from)
+and the learner's target is `reward + discount * Q(next_obs, .)` with no other knowledge of n, gamma or
+episode ends (see `apexrl.learner.losses`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Transition(NamedTuple):
+    """One n-step transition as the actor sends it (semantics in the module docstring)."""
+
+    obs: np.ndarray
+    action: int
+    reward: float
+    discount: float
+    next_obs: np.ndarray
+
+
+class NStepAccumulator:
+    """Turns one environment's steps into n-step transitions.
+
+    Call `push` after every environment step, in order, with the observation the action was taken in and the
+    one the step returned. It returns the transitions that became complete: none for the first n-1 steps of an
+    episode, then one per step, and at the episode's end (terminated or truncated) all remaining ones.
+    When an episode is abandoned without a terminal step (e.g. the actor restarts), call `reset`.
+    """
+
+    def __init__(self, n: int, gamma: float) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n ({n!r}) must be a positive integer")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma ({gamma!r}) must be in [0, 1]")
+        self.n = n
+        self.gamma = float(gamma)
+        self._powers = self.gamma ** np.arange(n + 1)  # gamma^0 .. gamma^n
+        self._pending: deque[tuple[np.ndarray, int, float]] = deque()
+
+    def __len__(self) -> int:
+        """The number of steps still waiting for their n-step return."""
+        return len(self._pending)
+
+    def reset(self) -> None:
+        """Drop the steps of an abandoned episode."""
+        self._pending.clear()
+
+    def push(
+        self,
+        obs: np.ndarray,
+        action: int,
+        reward: float,
+        next_obs: np.ndarray,
+        terminated: bool,
+        truncated: bool,
+    ) -> list[Transition]:
+        """Record one step; return the transitions it completed, oldest first."""
+        self._pending.append((np.array(obs, dtype=np.float32), int(action), float(reward)))
+        episode_over = bool(terminated) or bool(truncated)
+        if len(self._pending) < self.n and not episode_over:
+            return []
+        last_obs = np.array(next_obs, dtype=np.float32)
+        done: list[Transition] = []
+        while self._pending and (episode_over or len(self._pending) == self.n):
+            k = len(self._pending)
+            rewards = np.fromiter((step[2] for step in self._pending), dtype=np.float64, count=k)
+            ret = float(np.dot(self._powers[:k], rewards))
+            discount = 0.0 if terminated else float(self._powers[k])
+            first_obs, first_action, _ = self._pending.popleft()
+            done.append(Transition(first_obs, first_action, ret, discount, last_obs))
+        return done
+
+
+def stack_transitions(transitions: Sequence[Transition]) -> dict[str, np.ndarray]:
+    """Columns for a replay insert: obs/next_obs float32[B, obs_dim], action int64[B], reward/discount float32[B]."""
+    if not transitions:
+        raise ValueError("cannot stack an empty list of transitions")
+    return {
+        "obs": np.stack([t.obs for t in transitions]).astype(np.float32, copy=False),
+        "action": np.fromiter((t.action for t in transitions), dtype=np.int64, count=len(transitions)),
+        "reward": np.fromiter((t.reward for t in transitions), dtype=np.float32, count=len(transitions)),
+        "discount": np.fromiter((t.discount for t in transitions), dtype=np.float32, count=len(transitions)),
+        "next_obs": np.stack([t.next_obs for t in transitions]).astype(np.float32, copy=False),
+    }

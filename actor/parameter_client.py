@@ -1,0 +1,137 @@
+"""ParameterClient: the SDK's client of the parameter service (numpy in, numpy out; no torch).
+
+Actors poll `fetch(have_version)` every K steps: it moves no weights when nothing is newer, and raises
+UnavailableError when the service cannot be reached, so an actor can keep acting with the weights it has.
+The learner (or any trainer) calls `publish(weights)`. Weights of any size travel in chunks of at most 1 MiB, so
+gRPC's default 4 MiB message limit is enough on both sides.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+
+import grpc
+import numpy as np
+
+from apexrl.common.errors import ApexError, InvalidArgumentError, from_rpc_error
+from apexrl.common.grpc_util import make_channel
+from apexrl.parameter_server.service import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    header_to_proto,
+    iter_chunks,
+    layout_from_proto,
+)
+from apexrl.parameter_server.store import MAX_VERSION, pack, unpack
+from apexrl.proto import parameters_pb2, parameters_pb2_grpc
+
+
+class ParameterClient:
+    """Client of one parameter service. Thread-safe (one gRPC channel); every call has a deadline of `timeout`
+    seconds and raises an apexrl error (UnavailableError, InvalidArgumentError, DeadlineExceededError, ...) on
+    failure, never grpc.RpcError."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        token: str | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout ({timeout}) must be a positive number of seconds")
+        self.address = address
+        self.timeout = timeout
+        self._channel = make_channel(address, max_message_bytes=max_message_bytes, token=token)
+        self._stub = parameters_pb2_grpc.ParameterServiceStub(self._channel)
+
+    def fetch(self, have_version: int = 0) -> tuple[int, dict[str, np.ndarray]] | None:
+        """The newest (version, weights) when newer than `have_version`, else None (nothing moved).
+
+        The arrays are writable and share one freshly received buffer (a tensor whose byte offset is not a
+        multiple of its itemsize is copied to be aligned); they are ordered as published.
+        """
+        if have_version < 0:
+            raise InvalidArgumentError(f"have_version must be >= 0, got {have_version}")
+        what = f"Fetch(have_version={have_version}) from {self.address}"
+        responses = self._stub.Fetch(parameters_pb2.FetchRequest(have_version=have_version), timeout=self.timeout)
+        try:
+            first = next(responses, None)
+            if first is None:
+                raise ApexError(f"{what}: the server closed the stream without an answer")
+            if first.not_newer:
+                return None
+            if not first.HasField("header"):
+                raise ApexError(f"{what}: the server's first message has no header")
+            try:
+                version, layout, total = layout_from_proto(first.header)
+            except InvalidArgumentError as err:
+                raise ApexError(f"{what}: the server sent an inconsistent layout: {err}") from None
+            payload = bytearray(total)  # filled in place: no regrowth copies for large models
+            received = 0
+            for chunk in itertools.chain([first.chunk], (r.chunk for r in responses)):
+                if received + len(chunk) > total:
+                    raise ApexError(f"{what}: the server sent more than the header's total_bytes {total}")
+                payload[received : received + len(chunk)] = chunk
+                received += len(chunk)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err, what) from None
+        except ApexError:
+            responses.cancel()  # stop the server streaming the rest of a reply we refuse
+            raise
+        if received != total:
+            raise ApexError(f"{what}: the stream ended after {received} of {total} bytes")
+        if version <= have_version:
+            raise ApexError(f"{what}: the server sent version {version}, not newer than {have_version}")
+        return version, unpack(layout, payload)
+
+    def publish(self, weights: Mapping[str, np.ndarray], version: int | None = None) -> int:
+        """Publish `weights` (name -> array of a supported dtype) as a new version; return its number.
+
+        `version` None lets the server assign the previous version + 1; an explicit version must be greater than
+        every version published before (InvalidArgumentError otherwise).
+        """
+        if version is not None and (isinstance(version, bool) or not isinstance(version, (int, np.integer))
+                                    or not 1 <= version <= MAX_VERSION):
+            raise InvalidArgumentError(f"version must be None or an integer in [1, {MAX_VERSION}], got {version!r}")
+        layout, payload = pack(weights)
+        header = header_to_proto(int(version or 0), layout, payload.nbytes)
+        what = f"Publish(version={version}) to {self.address}"
+        try:
+            reply = self._stub.Publish(_publish_requests(header, payload), timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err, what) from None
+        return int(reply.version)
+
+    def version(self) -> int:
+        """The newest version the service holds (0 when none), without moving any weights."""
+        try:
+            reply = self._stub.GetVersion(parameters_pb2.GetVersionRequest(), timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise from_rpc_error(err, f"GetVersion from {self.address}") from None
+        return int(reply.version)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> ParameterClient:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ParameterClient({self.address!r}, timeout={self.timeout})"
+
+
+def _publish_requests(
+    header: parameters_pb2.WeightsHeader, payload: memoryview
+) -> Iterator[parameters_pb2.PublishRequest]:
+    first_chunk = max(0, DEFAULT_CHUNK_BYTES - header.ByteSize())
+    for index, piece in enumerate(iter_chunks(payload, DEFAULT_CHUNK_BYTES, first_chunk)):
+        request = parameters_pb2.PublishRequest(chunk=bytes(piece))
+        if index == 0:
+            request.header.CopyFrom(header)
+        yield request

@@ -1,0 +1,343 @@
+"""ReplayClient: the public SDK for one replay shard (insert / sample / update priorities / info).
+
+Numpy in, numpy out; every call has a deadline; failures raise apexrl.common.errors exceptions.
+
+Inserts go through one long-lived bidirectional stream run by a background thread. Each batch gets a sequence
+number and stays in a pending list until the shard acknowledges it; when the stream breaks, the thread reconnects
+with backoff and resends every pending batch, and the shard drops the ones it already stored, so no batch is lost
+or stored twice (gRPC's own retries do not cover streams). The pending list is bounded (`max_in_flight`), which
+is the flow control: `insert` blocks while it is full.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from apexrl.common import codec, grpc_util
+from apexrl.common.errors import (
+    ApexError,
+    DeadlineExceededError,
+    ResourceExhaustedError,
+    UnavailableError,
+    error_for_code,
+    from_rpc_error,
+    status_code_from_int,
+)
+from apexrl.common.shard_info import SCALAR_FIELDS, ShardInfo
+from apexrl.proto import replay_pb2, replay_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# Stream failures after which reconnecting and resending cannot help.
+_FATAL_STREAM_CODES = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNIMPLEMENTED,
+}
+
+
+@dataclass(frozen=True)
+class SampledBatch:
+    """Rows drawn from one shard, with what a learner needs to weight them and update their priorities."""
+
+    keys: np.ndarray              # uint64 [B]
+    priorities: np.ndarray        # float64 [B]: stored priorities p**alpha
+    columns: dict[str, np.ndarray]
+    total_priority: float         # shard's sum of stored priorities at sampling time
+    size: int                     # shard's rows at sampling time
+    min_priority: float           # shard's smallest positive stored priority
+    incarnation: int
+
+    @property
+    def probabilities(self) -> np.ndarray:
+        """Probability of each row within this shard: priority / total_priority."""
+        return self.priorities / self.total_priority if self.total_priority > 0 else np.full(len(self.keys), 1 / self.size)
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    applied: int
+    stale: int
+
+
+def decode_sample(response: replay_pb2.SampleResponse) -> SampledBatch:
+    return SampledBatch(
+        keys=codec.decode_tensor(response.keys, "keys"),
+        priorities=codec.decode_tensor(response.priorities, "priorities"),
+        columns=codec.decode_batch(response.batch),
+        total_priority=response.total_priority,
+        size=response.size,
+        min_priority=response.min_priority,
+        incarnation=response.incarnation,
+    )
+
+
+def decode_info(reply: replay_pb2.InfoResponse) -> ShardInfo:
+    return ShardInfo(signature=codec.decode_signature(reply.signature),
+                     **{name: getattr(reply, name) for name in SCALAR_FIELDS})
+
+
+def encode_update(keys: np.ndarray, priorities: np.ndarray, incarnation: int) -> replay_pb2.UpdatePrioritiesRequest:
+    request = replay_pb2.UpdatePrioritiesRequest(incarnation=incarnation)
+    codec.encode_tensor(np.asarray(keys, dtype=np.uint64), request.keys)
+    codec.encode_tensor(np.asarray(priorities, dtype=np.float64), request.priorities)
+    return request
+
+
+class ReplayClient:
+    """Client of one replay shard. Thread-safe.
+
+    Args:
+        address: `host:port` of the shard.
+        timeout: default deadline in seconds for every call.
+        writer_id: de-duplication id for inserts; a fresh UUID by default. Reuse an id only for the same writer.
+        max_in_flight: unacknowledged insert batches before `insert` blocks.
+        max_message_bytes: largest message sent or received; larger batches raise ResourceExhaustedError.
+        token: bearer token when the shard requires one.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        writer_id: str | None = None,
+        max_in_flight: int = 32,
+        max_message_bytes: int = grpc_util.DEFAULT_MAX_MESSAGE_BYTES,
+        token: str | None = None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight ({max_in_flight}) must be >= 1")
+        self.address = address
+        self.timeout = timeout
+        self.writer_id = writer_id or uuid.uuid4().hex
+        self.max_in_flight = max_in_flight
+        self.max_message_bytes = max_message_bytes
+        self._channel = grpc_util.make_channel(address, max_message_bytes=max_message_bytes, token=token)
+        self._stub = replay_pb2_grpc.ReplayServiceStub(self._channel)
+        # Insert stream state, guarded by _cond.
+        self._cond = threading.Condition()
+        self._pending: OrderedDict[int, replay_pb2.InsertRequest] = OrderedDict()
+        self._next_sequence = 1
+        self._stream_queue: queue.SimpleQueue | None = None
+        self._errors: list[ApexError] = []
+        self._closed = False
+        self._writer_thread: threading.Thread | None = None
+        self.reconnects = 0
+        self.last_incarnation = 0
+
+    # ------------------------------------------------------------------------------------------------ insert
+    def insert(self, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None = None, *,
+               timeout: float | None = None) -> int:
+        """Queue a batch for the shard and return its sequence number; blocks while `max_in_flight` batches are
+        unacknowledged. A batch the shard rejects raises its error from a later `insert` or `flush`."""
+        request = replay_pb2.InsertRequest(writer_id=self.writer_id)
+        codec.encode_batch(columns, request.batch)
+        if priorities is not None:
+            codec.encode_tensor(np.asarray(priorities), request.priorities)
+        size = request.ByteSize()
+        if size > self.max_message_bytes - 1024:
+            raise ResourceExhaustedError(
+                f"insert batch is {size} bytes, over the message limit of {self.max_message_bytes}; send fewer rows"
+            )
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        with self._cond:
+            self._raise_pending_error()
+            while len(self._pending) >= self.max_in_flight:
+                if not self._cond.wait(deadline - time.monotonic()):
+                    raise DeadlineExceededError(
+                        f"insert to {self.address}: {len(self._pending)} batches unacknowledged until the deadline"
+                    )
+                self._raise_pending_error()
+            if self._closed:
+                raise UnavailableError("client is closed")
+            request.sequence = self._next_sequence
+            self._next_sequence += 1
+            self._pending[request.sequence] = request
+            if self._stream_queue is not None:
+                self._stream_queue.put(request)
+            else:
+                self._cond.notify_all()  # wakes the writer thread if it waits for work
+            if self._writer_thread is None:
+                self._writer_thread = threading.Thread(target=self._run_writer, name="apexrl-insert", daemon=True)
+                self._writer_thread.start()
+        return request.sequence
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every inserted batch is acknowledged; raise the first rejected batch's error."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        with self._cond:
+            while self._pending:
+                if not self._cond.wait(deadline - time.monotonic()):
+                    raise DeadlineExceededError(
+                        f"flush to {self.address}: {len(self._pending)} batches still unacknowledged"
+                    )
+            self._raise_pending_error()
+
+    @property
+    def pending(self) -> int:
+        """Batches sent or queued but not yet acknowledged."""
+        with self._cond:
+            return len(self._pending)
+
+    def _raise_pending_error(self) -> None:
+        if self._errors:
+            raise self._errors.pop(0)
+
+    def _run_writer(self) -> None:
+        """Keep one insert stream open while there is pending data; reconnect and resend after failures."""
+        backoff = 0.05
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                stream_queue: queue.SimpleQueue = queue.SimpleQueue()
+                for request in self._pending.values():
+                    stream_queue.put(request)
+                self._stream_queue = stream_queue
+            try:
+                call = self._stub.Insert(_drain(stream_queue))
+                for ack in call:
+                    self._on_ack(ack)
+                    backoff = 0.05
+                error = None
+            except grpc.RpcError as err:
+                error = err
+            with self._cond:
+                self._stream_queue = None
+                stream_queue.put(None)
+                if self._closed:
+                    return
+                if error is not None:
+                    self._on_stream_error(error)
+            if error is not None:
+                time.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+
+    def _on_ack(self, ack: replay_pb2.InsertAck) -> None:
+        with self._cond:
+            request = self._pending.pop(ack.sequence, None)
+            self.last_incarnation = ack.incarnation
+            if ack.error_code and request is not None:
+                code = status_code_from_int(ack.error_code)
+                self._errors.append(error_for_code(code, f"insert of batch {ack.sequence} to {self.address} "
+                                                         f"rejected: {code.name}: {ack.error_message}"))
+            self._cond.notify_all()
+
+    def _on_stream_error(self, err: grpc.RpcError) -> None:
+        """Called with _cond held after the stream failed."""
+        code = err.code()
+        self.reconnects += 1
+        if code in _FATAL_STREAM_CODES:
+            self._errors.append(from_rpc_error(err, f"insert stream to {self.address}"))
+            self._pending.clear()
+        elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and self._pending:
+            # The oldest unacknowledged batch is the one the shard refused to receive; resending it cannot help.
+            sequence, _ = self._pending.popitem(last=False)
+            self._errors.append(from_rpc_error(err, f"insert of batch {sequence} to {self.address}"))
+        else:
+            log.warning("insert stream to %s failed (%s); resending %d batches", self.address, code.name,
+                        len(self._pending))
+        self._cond.notify_all()
+
+    # ------------------------------------------------------------------------------------------------ sample
+    def sample(self, batch_size: int, *, timeout: float | None = None, wait: bool = True) -> SampledBatch:
+        """Draw `batch_size` rows. With wait=False a shard below its minimum size raises FailedPreconditionError
+        at once; otherwise the call waits up to its deadline (DeadlineExceededError)."""
+        return decode_sample(self._call(self._stub.Sample, self.sample_request(batch_size, wait), "sample", timeout))
+
+    @staticmethod
+    def sample_request(batch_size: int, wait: bool = True) -> replay_pb2.SampleRequest:
+        return replay_pb2.SampleRequest(batch_size=batch_size, no_wait=not wait)
+
+    def sample_future(self, batch_size: int, *, timeout: float | None = None, wait: bool = True) -> grpc.Future:
+        """Start a Sample call without waiting (for sampling several shards in parallel); decode the result
+        with `decode_sample(future.result())`."""
+        return self._stub.Sample.future(self.sample_request(batch_size, wait), timeout=self._deadline(timeout))
+
+    # -------------------------------------------------------------------------------------------- priorities
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int = 0,
+                          timeout: float | None = None) -> UpdateResult:
+        """Set new raw priorities for sampled keys; stale keys are ignored and counted, never an error."""
+        reply = self._call(self._stub.UpdatePriorities, encode_update(keys, priorities, incarnation),
+                           "update_priorities", timeout)
+        return UpdateResult(applied=reply.applied, stale=reply.stale)
+
+    def update_priorities_future(self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int = 0,
+                                 timeout: float | None = None) -> Future:
+        """Start an UpdatePriorities call without waiting; the future's result() is an UpdateResult."""
+        call = self._stub.UpdatePriorities.future(encode_update(keys, priorities, incarnation),
+                                                  timeout=self._deadline(timeout))
+        result: Future = Future()
+
+        def done(c: grpc.Future) -> None:
+            try:
+                reply = c.result()
+                result.set_result(UpdateResult(applied=reply.applied, stale=reply.stale))
+            except grpc.RpcError as err:
+                result.set_exception(from_rpc_error(err, f"update_priorities on {self.address}"))
+
+        call.add_done_callback(done)
+        return result
+
+    # -------------------------------------------------------------------------------------------------- info
+    def info(self, *, timeout: float | None = None) -> ShardInfo:
+        return decode_info(self._call(self._stub.Info, replay_pb2.InfoRequest(), "info", timeout))
+
+    def info_future(self, *, timeout: float | None = None) -> grpc.Future:
+        """Start an Info call without waiting; `decode_info(future.result())` gives the ShardInfo."""
+        return self._stub.Info.future(replay_pb2.InfoRequest(), timeout=self._deadline(timeout))
+
+    # ------------------------------------------------------------------------------------------------ common
+    def _deadline(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else timeout
+
+    def _call(self, method, request, what: str, timeout: float | None):
+        try:
+            return method(request, timeout=self._deadline(timeout))
+        except grpc.RpcError as err:
+            raise from_rpc_error(err, f"{what} on {self.address}") from None
+
+    def close(self, flush_timeout: float | None = 0.0) -> None:
+        """Close the channel. With flush_timeout > 0, first wait that long for pending inserts."""
+        if flush_timeout:
+            try:
+                self.flush(flush_timeout)
+            except ApexError as err:
+                log.warning("closing %s with unflushed inserts: %s", self.address, err)
+        with self._cond:
+            self._closed = True
+            if self._stream_queue is not None:
+                self._stream_queue.put(None)
+            self._cond.notify_all()
+        self._channel.close()
+        if self._writer_thread is not None:
+            self._writer_thread.join(timeout=5)
+
+    def __enter__(self) -> ReplayClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(flush_timeout=self.timeout if exc[0] is None else 0.0)
+
+
+def _drain(stream_queue: queue.SimpleQueue):
+    """The request iterator of one insert stream: yields queued batches until the None sentinel."""
+    while True:
+        request = stream_queue.get()
+        if request is None:
+            return
+        yield request

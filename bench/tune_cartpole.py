@@ -1,0 +1,281 @@
+"""In-process simulation of the Ape-X loop on CartPole-v1, to choose hyperparameters for the real fleet.
+
+One process plays every role, in lockstep and without gRPC:
+  * `num_actors` actors, each one CartPole env with its fixed Ape-X epsilon, sharing one copy of the weights that
+    is refreshed from the learner every `actor_sync_steps` actor steps (the staleness of a real actor's copy);
+    n-step transitions (`apexrl.actor.nstep`) are inserted in batches of `actor_batch` with initial priorities =
+    |TD| from the actor's copy (`td_error_abs(actor_net, actor_net, ...)`);
+  * a proportional prioritized replay (plain numpy cumsum sampler; the fleet uses sum-tree shards);
+  * a learner doing double DQN with a dueling head (`apexrl.learner.{networks,losses}`), Adam, gradient clipping,
+    hard or soft target updates, at `replay_ratio` updates per environment step once `learning_starts`
+    transitions are stored (the fleet enforces this with the shards' samples-per-insert rate limiter, or gets it
+    from the ratio of learner to actor throughput).
+Every `eval_every` environment steps the learner's current network plays `eval_episodes` greedy episodes on a
+vectorised CartPole; "solved" means their mean return is >= `solve_return`.
+
+The printed JSON line gives env steps, learner updates and simulation wall time (evaluation excluded) at the
+first solve, plus how the following evaluations went. `fleet_seconds` estimates the real fleet's time to solve as
+max(env_steps / actor_steps_per_s, updates / learner_updates_per_s).
+
+Usage:
+    python bench/tune_cartpole.py --lr 1e-3 --hidden 128,128 --replay-ratio 0.125 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from apexrl.actor.exploration import apex_epsilon
+from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
+from apexrl.learner.losses import double_dqn_loss, td_error_abs
+from apexrl.learner.networks import DuelingQNetwork
+
+
+@dataclass
+class Config:
+    """One experiment.
+
+    Attributes are grouped as in the fleet: actors, returns, learner, replay, evaluation and budget.
+    """
+
+    # Actors.
+    num_actors: int = 4
+    eps_base: float = 0.4
+    eps_alpha: float = 7.0
+    actor_sync_steps: int = 100  # each actor refreshes its weights every this many of its own env steps
+    actor_batch: int = 32  # transitions per insert; initial priorities are computed per batch
+    # Returns.
+    n_step: int = 3
+    gamma: float = 0.99
+    # Learner.
+    hidden: tuple[int, ...] = (128, 128)
+    lr: float = 1e-3
+    adam_eps: float = 1e-8
+    batch_size: int = 256
+    replay_ratio: float = 0.125  # learner updates per environment step
+    learning_starts: int = 2_000  # stored transitions before the first update
+    target_period: int = 500  # hard target copy every this many updates (ignored when tau > 0)
+    tau: float = 0.0  # soft target update rate per update; 0 means hard copies
+    grad_clip: float = 10.0
+    huber_delta: float = 1.0
+    # Replay.
+    capacity: int = 100_000
+    priority_alpha: float = 0.6
+    beta_start: float = 0.4
+    beta_updates: int = 10_000  # beta grows linearly to 1 over this many updates
+    priority_eps: float = 1e-6
+    # Evaluation and budget.
+    eval_every: int = 2_000
+    eval_episodes: int = 100
+    solve_return: float = 475.0
+    post_solve_evals: int = 5  # evaluations to keep going after the first solve, to see whether it holds
+    max_env_steps: int = 150_000
+    max_seconds: float = 540.0
+    seed: int = 0
+    # Throughput assumed for the fleet estimate.
+    fleet_actor_steps_per_s: float = 600.0
+    fleet_learner_updates_per_s: float = 50.0
+
+
+class ProportionalReplay:
+    """Columnar FIFO ring with proportional prioritized sampling (Schaul et al., 2016), numpy only."""
+
+    def __init__(self, capacity: int, obs_dim: int, alpha: float, eps: float) -> None:
+        self.capacity, self.alpha, self.eps = capacity, alpha, eps
+        self.cols = {
+            "obs": np.zeros((capacity, obs_dim), np.float32),
+            "action": np.zeros(capacity, np.int64),
+            "reward": np.zeros(capacity, np.float32),
+            "discount": np.zeros(capacity, np.float32),
+            "next_obs": np.zeros((capacity, obs_dim), np.float32),
+        }
+        self.leaf = np.zeros(capacity, np.float64)  # priority ** alpha
+        self.size = 0
+        self.cursor = 0
+
+    def insert(self, cols: dict[str, np.ndarray], priorities: np.ndarray) -> None:
+        slots = (self.cursor + np.arange(len(priorities))) % self.capacity
+        for name, column in cols.items():
+            self.cols[name][slots] = column
+        self.leaf[slots] = (priorities + self.eps) ** self.alpha
+        self.cursor = int(slots[-1] + 1) % self.capacity
+        self.size = min(self.size + len(priorities), self.capacity)
+
+    def sample(
+        self, batch_size: int, beta: float, rng: np.random.Generator
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """Stratified proportional sample: (slots, columns, importance weights normalised by the max weight)."""
+        leaf = self.leaf[: self.size]
+        cumulative = np.cumsum(leaf)
+        total = cumulative[-1]
+        targets = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
+        slots = np.minimum(np.searchsorted(cumulative, targets, side="right"), self.size - 1)
+        probs = leaf[slots] / total
+        max_weight = (self.size * leaf.min() / total) ** -beta
+        weights = (self.size * probs) ** -beta / max_weight
+        return slots, {name: col[slots] for name, col in self.cols.items()}, weights.astype(np.float32)
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        self.leaf[slots] = (priorities + self.eps) ** self.alpha
+
+
+def _tensors(cols: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {name: torch.from_numpy(col) for name, col in cols.items()}
+
+
+def evaluate(net: DuelingQNetwork, episodes: int, seed: int) -> np.ndarray:
+    """Returns of `episodes` greedy episodes (the first episode of each env of a vectorised CartPole)."""
+    env = gym.make_vec("CartPole-v1", num_envs=episodes, vectorization_mode="vector_entry_point")
+    obs, _ = env.reset(seed=seed)
+    returns = np.zeros(episodes)
+    alive = np.ones(episodes, dtype=bool)
+    with torch.no_grad():
+        while alive.any():
+            actions = net(torch.from_numpy(obs)).argmax(dim=1).numpy()
+            obs, reward, terminated, truncated, _ = env.step(actions)
+            returns += reward * alive
+            alive &= ~(terminated | truncated)
+    env.close()
+    return returns
+
+
+def run(cfg: Config) -> dict:
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    envs = [gym.make("CartPole-v1") for _ in range(cfg.num_actors)]
+    obs = np.stack([env.reset(seed=cfg.seed * 1000 + i)[0] for i, env in enumerate(envs)])
+    obs_dim, num_actions = obs.shape[1], int(envs[0].action_space.n)
+    epsilons = np.array([apex_epsilon(i, cfg.num_actors, cfg.eps_base, cfg.eps_alpha) for i in range(cfg.num_actors)])
+    accumulators = [NStepAccumulator(cfg.n_step, cfg.gamma) for _ in envs]
+    outbox: list[list[Transition]] = [[] for _ in envs]
+    episode_returns = np.zeros(cfg.num_actors)
+    finished_returns: list[list[float]] = [[] for _ in envs]
+
+    online = DuelingQNetwork(obs_dim, num_actions, cfg.hidden)
+    target = DuelingQNetwork(obs_dim, num_actions, cfg.hidden)
+    actor_net = DuelingQNetwork(obs_dim, num_actions, cfg.hidden)
+    target.load_state_dict(online.state_dict())
+    actor_net.load_state_dict(online.state_dict())
+    optimizer = torch.optim.Adam(online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+    replay = ProportionalReplay(cfg.capacity, obs_dim, cfg.priority_alpha, cfg.priority_eps)
+
+    env_steps = updates = 0
+    next_eval = cfg.eval_every
+    evals: list[tuple[int, int, float]] = []
+    solved_at: dict | None = None
+    solved_eval = 0
+    eval_seconds = 0.0
+    start = time.perf_counter()
+    tick = 0
+    while env_steps < cfg.max_env_steps:
+        # Actors: one step each, one forward pass for all of them (they hold the same copy of the weights).
+        with torch.no_grad():
+            q = actor_net(torch.from_numpy(obs)).numpy()
+        explore = rng.random(cfg.num_actors) < epsilons
+        actions = np.where(explore, rng.integers(num_actions, size=cfg.num_actors), q.argmax(axis=1))
+        for i, env in enumerate(envs):
+            next_obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
+            outbox[i] += accumulators[i].push(obs[i], actions[i], reward, next_obs, terminated, truncated)
+            episode_returns[i] += reward
+            if terminated or truncated:
+                finished_returns[i].append(episode_returns[i])
+                episode_returns[i] = 0.0
+                next_obs, _ = env.reset()
+            obs[i] = next_obs
+            if len(outbox[i]) >= cfg.actor_batch:
+                cols = stack_transitions(outbox[i])
+                priorities = td_error_abs(actor_net, actor_net, **_tensors(cols)).numpy()
+                replay.insert(cols, priorities)
+                outbox[i] = []
+        env_steps += cfg.num_actors
+        tick += 1
+        if tick % cfg.actor_sync_steps == 0:
+            actor_net.load_state_dict(online.state_dict())
+
+        # Learner: catch up with replay_ratio updates per env step since learning started.
+        if replay.size >= cfg.learning_starts:
+            while updates < cfg.replay_ratio * (env_steps - cfg.learning_starts):
+                beta = cfg.beta_start + (1.0 - cfg.beta_start) * min(1.0, updates / cfg.beta_updates)
+                slots, cols, weights = replay.sample(cfg.batch_size, beta, rng)
+                loss, td_abs = double_dqn_loss(
+                    online, target, **_tensors(cols), weights=torch.from_numpy(weights),
+                    huber_delta=cfg.huber_delta,
+                )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(online.parameters(), cfg.grad_clip)
+                optimizer.step()
+                replay.update(slots, td_abs.numpy())
+                updates += 1
+                if cfg.tau > 0:
+                    with torch.no_grad():
+                        for t_param, o_param in zip(target.parameters(), online.parameters(), strict=True):
+                            t_param.lerp_(o_param, cfg.tau)
+                elif updates % cfg.target_period == 0:
+                    target.load_state_dict(online.state_dict())
+
+        if env_steps >= next_eval:
+            next_eval += cfg.eval_every
+            t0 = time.perf_counter()
+            mean_return = float(evaluate(online, cfg.eval_episodes, seed=cfg.seed * 7919 + len(evals)).mean())
+            eval_seconds += time.perf_counter() - t0
+            evals.append((env_steps, updates, mean_return))
+            wall = time.perf_counter() - start - eval_seconds
+            if solved_at is None and mean_return >= cfg.solve_return:
+                solved_at = {
+                    "env_steps": env_steps,
+                    "updates": updates,
+                    "sim_seconds": round(wall, 1),
+                    "fleet_seconds": round(
+                        max(env_steps / cfg.fleet_actor_steps_per_s, updates / cfg.fleet_learner_updates_per_s), 1
+                    ),
+                }
+                solved_eval = len(evals)
+            if solved_at is not None and len(evals) - solved_eval >= cfg.post_solve_evals:
+                break
+            if wall > cfg.max_seconds:
+                break
+
+    after = [e[2] for e in evals if solved_at is not None and e[0] > solved_at["env_steps"]]
+    recent = [np.mean(r[-20:]) if r else math.nan for r in finished_returns]
+    return {
+        "config": {k: v for k, v in dataclasses.asdict(cfg).items() if v != getattr(Config, k, None)},
+        "solved": solved_at is not None,
+        "solved_at": solved_at,
+        "post_solve_evals": after,
+        "post_solve_held": (sum(r >= cfg.solve_return for r in after), len(after)),
+        "final": {"env_steps": env_steps, "updates": updates, "sim_seconds": round(
+            time.perf_counter() - start - eval_seconds, 1)},
+        "actor_recent_returns": [round(float(r), 1) for r in recent],
+        "evals": [(s, u, round(r, 1)) for s, u, r in evals],
+    }
+
+
+def _parse_args() -> Config:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for field in dataclasses.fields(Config):
+        flag = "--" + field.name.replace("_", "-")
+        if field.name == "hidden":
+            parser.add_argument(flag, type=lambda s: tuple(int(h) for h in s.split(",")), default=field.default)
+        else:
+            parser.add_argument(flag, type=type(field.default), default=field.default)
+    return Config(**vars(parser.parse_args()))
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    cfg = _parse_args()
+    print(json.dumps(run(cfg)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

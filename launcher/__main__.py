@@ -1,0 +1,5 @@
+import sys
+
+from apexrl.launcher.cli import main
+
+sys.exit(main())

@@ -1,0 +1,254 @@
+"""ShardedReplayClient: one prioritized batch drawn across many replay shards (ARCHITECTURE §3).
+
+Shard s holds total priority T_s; with T = sum_s T_s the client allocates the batch as k_s ~ Multinomial(B, T_s/T)
+from its latest view of the shards, asks every shard with k_s > 0 for k_s stratified samples in parallel, and
+so draws row i of shard s with probability P(i) = (T_s/T) * (p_i / T_s') where T_s' is the shard's total when
+it answered (T_s' = T_s when nothing changed in between). Every Sample answer refreshes the view for free.
+
+Importance weights follow PER/Ape-X: w_i = (N * P(i))^-beta / max_j w_j, N the fleet's size, and the maximum
+taken over the whole fleet through each shard's minimum priority, so weights are comparable across batches.
+
+A shard that fails is skipped (its mass leaves T) and retried after a backoff; the batch is drawn again from
+the others. Priority updates go back to the owning shard asynchronously.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from apexrl.actor.replay_client import ReplayClient, SampledBatch, decode_sample
+from apexrl.common import grpc_util
+from apexrl.common.errors import ApexError, FailedPreconditionError, from_rpc_error
+
+log = logging.getLogger(__name__)
+
+# Failures after which a shard is taken out of sampling until its backoff expires.
+_SKIP_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+               grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+
+
+@dataclass(frozen=True)
+class PrioritizedBatch:
+    """A batch drawn across shards. Row j came from shard `shard_ids[j]` with key `keys[j]`."""
+
+    columns: dict[str, np.ndarray]
+    shard_ids: np.ndarray       # int32 [B]
+    keys: np.ndarray            # uint64 [B]
+    probabilities: np.ndarray   # float64 [B]: P(i) over the whole fleet
+    weights: np.ndarray         # float32 [B]: normalised importance weights, max over the fleet = 1
+    incarnations: tuple[int, ...]  # per shard: the incarnation its keys belong to (0 if not sampled)
+    fleet_size: int
+
+
+@dataclass
+class _ShardView:
+    total: float = 0.0
+    size: int = 0
+    min_priority: float = 0.0
+    incarnation: int = 0
+    min_size: int = 1
+    down_until: float = 0.0
+    backoff: float = 0.0
+
+    def observe(self, total: float, size: int, min_priority: float, incarnation: int) -> None:
+        self.total, self.size, self.min_priority, self.incarnation = total, size, min_priority, incarnation
+        self.backoff = 0.0
+        self.down_until = 0.0
+
+    def fail(self, now: float, max_backoff: float) -> float:
+        """Take the shard out of sampling for a doubling backoff; return the backoff in seconds."""
+        self.backoff = min(max_backoff, max(0.5, self.backoff * 2))
+        self.down_until = now + self.backoff
+        return self.backoff
+
+
+class ShardedReplayClient:
+    """Samples across shards weighted by their root sums and routes priority updates to the owning shard.
+
+    Args:
+        addresses: `host:port` of every shard; shard ids are positions in this list.
+        timeout: default deadline per call, seconds.
+        seed: seed of the batch allocation.
+        max_backoff: longest pause before a failed shard is tried again, seconds.
+        max_updates_in_flight: asynchronous priority updates outstanding before update_priorities blocks.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        timeout: float = 10.0,
+        seed: int | None = None,
+        token: str | None = None,
+        max_message_bytes: int = grpc_util.DEFAULT_MAX_MESSAGE_BYTES,
+        max_backoff: float = 10.0,
+        max_updates_in_flight: int = 64,
+    ) -> None:
+        if not addresses:
+            raise ValueError("ShardedReplayClient needs at least one shard address")
+        self.shards = [ReplayClient(a, timeout=timeout, token=token, max_message_bytes=max_message_bytes)
+                       for a in addresses]
+        self.timeout = timeout
+        self.max_backoff = max_backoff
+        self._views = [_ShardView() for _ in addresses]
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+        self._updates = threading.BoundedSemaphore(max_updates_in_flight)
+        self.updates_applied = 0
+        self.updates_stale = 0
+        self.update_errors = 0
+        self._last_update_error: ApexError | None = None
+
+    # ----------------------------------------------------------------------------------------------- views
+    def refresh(self, *, timeout: float | None = None) -> None:
+        """Ask every shard for its totals (in parallel); unreachable shards are marked down."""
+        deadline = self.timeout if timeout is None else timeout
+        calls = [(s, c.info_future(timeout=deadline)) for s, c in enumerate(self.shards)]
+        now = time.monotonic()
+        for s, call in calls:
+            try:
+                reply = call.result()
+                self._views[s].observe(reply.total_priority, reply.size, reply.min_priority, reply.incarnation)
+                self._views[s].min_size = reply.min_size_to_sample
+            except grpc.RpcError as err:
+                log.warning("shard %s unreachable (%s); skipping it for now", self.shards[s].address,
+                            err.code().name)
+                self._views[s].fail(now, self.max_backoff)
+
+    @property
+    def fleet_size(self) -> int:
+        return sum(v.size for v in self._views)
+
+    # ---------------------------------------------------------------------------------------------- sample
+    def sample(self, batch_size: int, *, beta: float = 0.4, timeout: float | None = None) -> PrioritizedBatch:
+        """Draw `batch_size` rows across the fleet with probability p_i / sum(p) and importance weights."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size ({batch_size}) must be >= 1")
+        if not any(v.size for v in self._views):
+            self.refresh(timeout=timeout)
+        with self._lock:  # allocation and views are shared; the RPCs themselves run in parallel
+            return self._sample_locked(batch_size, beta, timeout)
+
+    def _live(self) -> list[int]:
+        now = time.monotonic()
+        return [s for s, v in enumerate(self._views) if v.down_until <= now and v.size >= max(1, v.min_size)]
+
+    def _sample_locked(self, batch_size: int, beta: float, timeout: float | None) -> PrioritizedBatch:
+        deadline = self.timeout if timeout is None else timeout
+        for _ in range(len(self.shards) + 1):
+            live = self._live()
+            if not live:
+                self.refresh(timeout=timeout)
+                live = self._live()
+                if not live:
+                    break
+            mass = np.array([self._views[s].total for s in live])
+            if mass.sum() <= 0:  # every priority is 0: shards sample uniformly, so weigh them by size
+                mass = np.array([float(self._views[s].size) for s in live])
+            share = mass / mass.sum()
+            counts = self._rng.multinomial(batch_size, share)
+            calls = [(s, sh, self.shards[s].sample_future(int(k), timeout=deadline))
+                     for s, sh, k in zip(live, share, counts, strict=True) if k > 0]
+            parts: dict[int, tuple[float, SampledBatch]] = {}
+            for s, sh, call in calls:
+                try:
+                    part = decode_sample(call.result())
+                except grpc.RpcError as err:
+                    if err.code() not in _SKIP_CODES:
+                        raise from_rpc_error(err, f"sample on {self.shards[s].address}") from None
+                    log.warning("shard %s failed to sample (%s: %s); skipping it for %.1fs",
+                                self.shards[s].address, err.code().name, err.details(),
+                                self._views[s].fail(time.monotonic(), self.max_backoff))
+                    continue
+                parts[s] = (float(sh), part)
+                self._views[s].observe(part.total_priority, part.size, part.min_priority, part.incarnation)
+            if len(parts) == len(calls):
+                return self._assemble(parts, beta)
+            # A shard failed: draw the whole batch again from the others, so every row's probability comes from
+            # one allocation (exact P(i)); failures are rare, the wasted rows cheap.
+        raise FailedPreconditionError(
+            f"no shard can be sampled: {', '.join(f'{c.address} ({v.size} rows)' for c, v in zip(self.shards, self._views, strict=True))}"
+        )
+
+    def _assemble(self, parts: dict[int, tuple[float, SampledBatch]], beta: float) -> PrioritizedBatch:
+        order = sorted(parts)
+        batches = [parts[s][1] for s in order]
+        shard_ids = np.concatenate([np.full(len(b.keys), s, dtype=np.int32) for s, b in zip(order, batches, strict=True)])
+        keys = np.concatenate([b.keys for b in batches])
+        probabilities = np.concatenate([parts[s][0] * parts[s][1].probabilities for s in order])
+        columns = {name: np.concatenate([b.columns[name] for b in batches]) for name in batches[0].columns}
+        fleet_size = self.fleet_size
+        # Smallest probability any stored row has: the fleet-wide normaliser of the weights (PER / Ape-X).
+        total = sum(v.total for v in self._views if v.size > 0)
+        mins = [v.min_priority for v in self._views if v.size > 0 and v.min_priority > 0]
+        p_min = min(mins) / total if mins and total > 0 else probabilities.min()
+        p_min = min(p_min, probabilities.min())
+        weights = (fleet_size * probabilities) ** -beta / (fleet_size * p_min) ** -beta
+        incarnations = tuple(parts[s][1].incarnation if s in parts else 0 for s in range(len(self.shards)))
+        return PrioritizedBatch(columns, shard_ids, keys, probabilities, weights.astype(np.float32),
+                                incarnations, fleet_size)
+
+    # ------------------------------------------------------------------------------------------ priorities
+    def update_priorities(self, batch: PrioritizedBatch, priorities: np.ndarray) -> None:
+        """Send new raw priorities for a sampled batch back to the owning shards, asynchronously.
+
+        Blocks only when `max_updates_in_flight` updates are outstanding. Failures are counted (update_errors)
+        and logged, never raised: a lost priority update only delays a row's re-weighting."""
+        priorities = np.asarray(priorities, dtype=np.float64)
+        if priorities.shape != batch.keys.shape:
+            raise ValueError(f"priorities {list(priorities.shape)} must match the batch {list(batch.keys.shape)}")
+        for s in np.unique(batch.shard_ids):
+            mask = batch.shard_ids == s
+            self._updates.acquire()
+            try:
+                future = self.shards[s].update_priorities_future(
+                    batch.keys[mask], priorities[mask], incarnation=batch.incarnations[s])
+            except BaseException:
+                self._updates.release()
+                raise
+            future.add_done_callback(self._update_done)
+
+    def _update_done(self, future: Future) -> None:
+        self._updates.release()
+        try:
+            result = future.result()
+        except ApexError as err:
+            with self._lock:
+                self.update_errors += 1
+                self._last_update_error = err
+            log.warning("priority update failed: %s", err)
+            return
+        with self._lock:
+            self.updates_applied += result.applied
+            self.updates_stale += result.stale
+
+    def flush_updates(self, timeout: float | None = None) -> None:
+        """Wait until every asynchronous priority update has finished."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        taken = 0
+        try:
+            while taken < self._updates._initial_value:  # noqa: SLF001 (BoundedSemaphore keeps its bound there)
+                if not self._updates.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError("priority updates still in flight at the deadline")
+                taken += 1
+        finally:
+            for _ in range(taken):
+                self._updates.release()
+
+    def close(self) -> None:
+        for client in self.shards:
+            client.close()
+
+    def __enter__(self) -> ShardedReplayClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

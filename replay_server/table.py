@@ -1,0 +1,347 @@
+"""The replay table: a columnar FIFO ring buffer with a prioritized sum tree, keys, and a rate limiter.
+
+The table owns the lock; the sum tree is not thread-safe by contract. Every operation holds the lock only for its
+copy in or copy out (never while waiting on the network), so many writers and one learner can share a shard.
+
+Keys are insertion indices (0, 1, 2, ...). With FIFO eviction the row with key k lives in slot k % capacity and
+is still stored while `inserted - size <= k < inserted`; a key outside that range is stale (its row was evicted
+and the slot now holds a newer row) or unknown, and a priority update for it is ignored and counted. This is the
+generation scheme of ARCHITECTURE §2 with generation = k // capacity folded into one integer.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from apexrl.common.errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from apexrl.common.shard_info import ShardInfo
+from apexrl.common.signature import Signature
+from apexrl.replay_server.rate_limiter import RateLimiter
+from apexrl.replay_server.sum_tree import SumTree
+
+# How often a blocked call re-checks whether its caller is still there.
+_WAIT_SLICE_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """Configuration of one replay table.
+
+    Attributes:
+        capacity: rows kept; the oldest row is evicted first (FIFO, as in Ape-X).
+        alpha: priority exponent; rows are sampled with probability p**alpha / sum(p**alpha).
+        signature: fields every row has; None lets the first insert fix it.
+        min_size_to_sample: rows the table must hold before Sample answers.
+        samples_per_insert: target ratio of sampled rows to inserted rows; 0 turns the ratio limiter off.
+        samples_per_insert_tolerance: how many sampled rows the ratio may run ahead of or behind its target.
+        max_sample_batch_size: largest batch one Sample may ask for.
+        max_tracked_writers: writers whose last sequence number is remembered for de-duplication (LRU).
+        seed: seed for sampling; None draws one from the OS.
+    """
+
+    capacity: int
+    alpha: float = 0.6
+    signature: Signature | None = None
+    # Rate limiting
+    min_size_to_sample: int = 1
+    samples_per_insert: float = 0.0
+    samples_per_insert_tolerance: float = 10_000.0
+    # Limits
+    max_sample_batch_size: int = 4096
+    max_tracked_writers: int = 100_000
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.capacity, int) or self.capacity < 1:
+            raise ValueError(f"capacity ({self.capacity}) must be a positive integer")
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise ValueError(f"alpha ({self.alpha}) must be finite and >= 0")
+        if self.min_size_to_sample < 1:
+            raise ValueError(f"min_size_to_sample ({self.min_size_to_sample}) must be a positive integer")
+        if self.min_size_to_sample > self.capacity:
+            raise ValueError(f"min_size_to_sample ({self.min_size_to_sample}) exceeds capacity ({self.capacity})")
+        if not (math.isfinite(self.samples_per_insert) and self.samples_per_insert >= 0):
+            raise ValueError(f"samples_per_insert ({self.samples_per_insert}) must be finite and >= 0")
+        if not self.samples_per_insert_tolerance > 0:
+            raise ValueError(f"samples_per_insert_tolerance ({self.samples_per_insert_tolerance}) must be > 0")
+        if self.max_sample_batch_size < 1:
+            raise ValueError(f"max_sample_batch_size ({self.max_sample_batch_size}) must be a positive integer")
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    first_key: int
+    rows: int
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    keys: np.ndarray              # uint64 [B]
+    priorities: np.ndarray        # float64 [B], stored values p**alpha
+    columns: dict[str, np.ndarray]
+    total_priority: float
+    size: int
+    min_priority: float
+    incarnation: int
+
+
+def check_priorities(priorities: np.ndarray, rows: int, what: str = "priorities") -> np.ndarray:
+    """Validate raw priorities: shape [rows], real dtype, finite, >= 0. Returns them as float64."""
+    if priorities.ndim != 1 or priorities.shape[0] != rows:
+        raise InvalidArgumentError(f"{what} has shape {list(priorities.shape)}, expected [{rows}]")
+    if priorities.dtype.kind != "f":
+        raise InvalidArgumentError(f"{what} must be float32 or float64, got {priorities.dtype.name}")
+    values = priorities.astype(np.float64, copy=False)
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidArgumentError(
+            f"{what} must be finite and >= 0; {int(bad.sum())} are not (first: index {i} = {float(values[i])})"
+        )
+    return values
+
+
+class ReplayTable:
+    """Thread-safe prioritized FIFO replay table (see module docstring)."""
+
+    def __init__(self, config: TableConfig) -> None:
+        self.config = config
+        self.incarnation = secrets.randbits(63) | 1  # never 0: 0 means "current" on the wire
+        self._cond = threading.Condition(threading.Lock())
+        self._tree = SumTree(config.capacity, config.alpha)
+        self._rng = np.random.default_rng(config.seed)
+        self._limiter = RateLimiter(
+            min_size=config.min_size_to_sample,
+            samples_per_insert=config.samples_per_insert,
+            tolerance=config.samples_per_insert_tolerance,
+        )
+        self._signature: Signature | None = None
+        self._storage: dict[str, np.ndarray] = {}
+        if config.signature is not None:
+            self._allocate(config.signature)
+        self._writers: OrderedDict[str, int] = OrderedDict()
+        self._next_key = 0
+        self._size = 0
+        self._max_priority = 1.0
+        self._closed = False
+        # Counters (read by the metrics collector through info()).
+        self._evicted = 0
+        self._sampled = 0
+        self._updated = 0
+        self._stale = 0
+        self._duplicates = 0
+        self._inserted_bytes = 0
+
+    # ----------------------------------------------------------------------------------------------- insert
+    def insert(
+        self,
+        columns: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None = None,
+        *,
+        writer_id: str = "",
+        sequence: int = 0,
+        timeout: float | None = None,
+        is_active: Callable[[], bool] | None = None,
+    ) -> InsertResult:
+        """Store a batch of rows (all or nothing).
+
+        A batch whose (writer_id, sequence) is not above the writer's last stored sequence is a resend: it is
+        reported as a duplicate and not stored. An empty writer_id turns de-duplication off.
+        """
+        signature = self._signature or Signature.from_batch(columns)
+        rows = signature.check_batch(columns)
+        if rows > self.config.capacity:
+            raise InvalidArgumentError(f"batch of {rows} rows exceeds the table capacity ({self.config.capacity})")
+        values = None if priorities is None else check_priorities(priorities, rows)
+        with self._cond:
+            if writer_id and self._writers.get(writer_id, -1) >= sequence:
+                self._duplicates += 1
+                self._writers.move_to_end(writer_id)
+                return InsertResult(first_key=0, rows=0, duplicate=True)
+            self._wait(lambda: self._limiter.can_insert(), timeout, is_active, "insert")
+            if self._signature is None:
+                self._allocate(signature)
+            elif signature is not self._signature:
+                rows = self._signature.check_batch(columns)  # first insert raced with another; check again
+            self._store(columns, values, rows)
+            if writer_id:
+                self._writers[writer_id] = sequence
+                self._writers.move_to_end(writer_id)
+                if len(self._writers) > self.config.max_tracked_writers:
+                    self._writers.popitem(last=False)
+            first_key = self._next_key - rows
+            self._cond.notify_all()
+        return InsertResult(first_key=first_key, rows=rows, duplicate=False)
+
+    def _allocate(self, signature: Signature) -> None:
+        cap = self.config.capacity
+        self._storage = {f.name: np.zeros((cap, *f.shape), dtype=f.dtype) for f in signature.fields}
+        self._signature = signature
+
+    def _store(self, columns: Mapping[str, np.ndarray], values: np.ndarray | None, rows: int) -> None:
+        cap = self.config.capacity
+        start = self._next_key % cap
+        first = min(rows, cap - start)  # rows before the ring wraps
+        for name, dest in self._storage.items():
+            src = columns[name]
+            dest[start:start + first] = src[:first]
+            if first < rows:
+                dest[: rows - first] = src[first:]
+        slots = (start + np.arange(rows, dtype=np.int64)) % cap
+        if values is None:
+            values = np.full(rows, self._max_priority)
+        else:
+            self._max_priority = max(self._max_priority, float(values.max()))
+        self._tree.update(slots, values)
+        self._evicted += max(0, self._size + rows - cap)
+        self._size = min(cap, self._size + rows)
+        self._next_key += rows
+        self._inserted_bytes += rows * self._signature.row_nbytes
+        self._limiter.inserted(rows, self._size)
+
+    # ----------------------------------------------------------------------------------------------- sample
+    def sample(
+        self,
+        batch_size: int,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+        is_active: Callable[[], bool] | None = None,
+    ) -> SampleResult:
+        """Draw `batch_size` rows (with replacement) by stratified proportional sampling.
+
+        Below the minimum size (or when the ratio limiter says so) the call waits until `timeout` and then raises
+        DeadlineExceededError, or raises FailedPreconditionError at once when `wait` is false.
+        """
+        if not 1 <= batch_size <= self.config.max_sample_batch_size:
+            raise InvalidArgumentError(
+                f"batch_size ({batch_size}) must be in [1, {self.config.max_sample_batch_size}]"
+            )
+        with self._cond:
+            if not wait and not self._limiter.can_sample(self._size):
+                raise FailedPreconditionError(self._not_ready_reason())
+            self._wait(lambda: self._limiter.can_sample(self._size), timeout, is_active, "sample")
+            total = self._tree.total
+            if total > 0:
+                slots = self._tree.sample(batch_size, self._rng)
+            else:  # every stored priority is 0: sample uniformly rather than refuse
+                slots = self._oldest_slot() + self._rng.integers(0, self._size, batch_size)
+                slots %= self.config.capacity
+            columns = {name: arr[slots] for name, arr in self._storage.items()}
+            newest = self._next_key - 1
+            keys = (newest - (newest - slots) % self.config.capacity).astype(np.uint64)
+            result = SampleResult(
+                keys=keys,
+                priorities=self._tree.get(slots),
+                columns=columns,
+                total_priority=total,
+                size=self._size,
+                min_priority=self._tree.min,
+                incarnation=self.incarnation,
+            )
+            self._sampled += batch_size
+            self._limiter.sampled(batch_size)
+            self._cond.notify_all()
+        return result
+
+    def _oldest_slot(self) -> int:
+        return (self._next_key - self._size) % self.config.capacity
+
+    def _not_ready_reason(self) -> str:
+        if self._size < self.config.min_size_to_sample:
+            return f"table holds {self._size} rows, fewer than min_size_to_sample ({self.config.min_size_to_sample})"
+        return f"rate limiter: {self._limiter.describe()}"
+
+    # ---------------------------------------------------------------------------------------- priorities
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int = 0) -> tuple[int, int]:
+        """Set new raw priorities; return (applied, stale). Stale and unknown keys are ignored and counted.
+        When a key appears more than once, the last value wins."""
+        if keys.ndim != 1:
+            raise InvalidArgumentError(f"keys has shape {list(keys.shape)}, expected [n]")
+        if keys.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"keys must be uint64 or int64, got {keys.dtype.name}")
+        values = check_priorities(priorities, keys.shape[0])
+        n = int(keys.shape[0])
+        with self._cond:
+            if incarnation not in (0, self.incarnation):
+                self._stale += n
+                return 0, n
+            keys = keys.astype(np.int64, copy=False)  # keys above 2**63 cannot be valid and become negative
+            valid = (keys >= self._next_key - self._size) & (keys < self._next_key)
+            applied = int(valid.sum())
+            if applied:
+                fresh = values[valid]
+                self._tree.update(keys[valid] % self.config.capacity, fresh)
+                self._max_priority = max(self._max_priority, float(fresh.max()))
+            self._updated += applied
+            self._stale += n - applied
+        return applied, n - applied
+
+    # ---------------------------------------------------------------------------------------------- misc
+    @property
+    def signature(self) -> Signature | None:
+        return self._signature
+
+    def info(self) -> ShardInfo:
+        with self._cond:
+            return ShardInfo(
+                signature=self._signature,
+                capacity=self.config.capacity,
+                size=self._size,
+                total_priority=self._tree.total,
+                min_priority=self._tree.min,
+                max_priority=self._max_priority,
+                alpha=self.config.alpha,
+                incarnation=self.incarnation,
+                inserted_total=self._next_key,
+                evicted_total=self._evicted,
+                sampled_total=self._sampled,
+                updated_total=self._updated,
+                stale_updates_total=self._stale,
+                duplicate_batches_total=self._duplicates,
+                inserted_bytes_total=self._inserted_bytes,
+                min_size_to_sample=self.config.min_size_to_sample,
+                samples_per_insert=self.config.samples_per_insert,
+                max_sample_batch_size=self.config.max_sample_batch_size,
+            )
+
+    def close(self) -> None:
+        """Wake every blocked call with UnavailableError (the server is shutting down)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _wait(
+        self,
+        ready: Callable[[], bool],
+        timeout: float | None,
+        is_active: Callable[[], bool] | None,
+        what: str,
+    ) -> None:
+        """Wait (lock held by caller, released while waiting) until ready(); raise on deadline or shutdown."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._closed:
+                raise UnavailableError("replay table is shutting down")
+            if ready():
+                return
+            remaining = _WAIT_SLICE_SECONDS if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceededError(f"{what} waited until its deadline: {self._not_ready_reason()}")
+            if is_active is not None and not is_active():
+                raise DeadlineExceededError(f"{what} abandoned: the caller went away")
+            self._cond.wait(min(remaining, _WAIT_SLICE_SECONDS))

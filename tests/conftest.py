@@ -1,0 +1,109 @@
+"""Shared fixtures: real replay shards on 127.0.0.1, in this process or as child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from apexrl.common.grpc_util import wait_for_health
+from apexrl.replay_server.service import create_replay_server
+from apexrl.replay_server.table import ReplayTable, TableConfig
+
+
+@dataclass
+class Shard:
+    address: str
+    table: ReplayTable
+    server: object
+    registry: object
+
+
+@pytest.fixture
+def make_shard():
+    """Start in-process shards with a given TableConfig (and server options); all stopped after the test."""
+    started: list[Shard] = []
+
+    def make(config: TableConfig | None = None, **server_options) -> Shard:
+        table = ReplayTable(config or TableConfig(capacity=1000, seed=0))
+        server, port, _health, registry = create_replay_server(table, "127.0.0.1:0", **server_options)
+        shard = Shard(f"127.0.0.1:{port}", table, server, registry)
+        started.append(shard)
+        return shard
+
+    yield make
+    for shard in started:
+        shard.table.close()
+        shard.server.stop(0)
+
+
+@pytest.fixture
+def shard(make_shard) -> Shard:
+    return make_shard()
+
+
+def cartpole_batch(rows: int, start: int = 0) -> dict[str, np.ndarray]:
+    """A CartPole-shaped batch whose `action` column numbers the rows (start, start+1, ...), to track them."""
+    ids = np.arange(start, start + rows)
+    return {
+        "obs": np.tile(ids[:, None], (1, 4)).astype(np.float32),
+        "action": ids.astype(np.int64),
+        "reward": np.ones(rows, dtype=np.float32),
+        "discount": np.full(rows, 0.97, dtype=np.float32),
+        "next_obs": np.tile(ids[:, None] + 1, (1, 4)).astype(np.float32),
+    }
+
+
+@dataclass
+class ShardProcess:
+    address: str
+    process: subprocess.Popen
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout)
+
+
+def start_shard_process(tmp_path: Path, name: str, *extra: str) -> ShardProcess:
+    """Run `apexrl replay` as a child process on a free port; wait until it reports SERVING."""
+    port_file = tmp_path / f"{name}.port"
+    log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (kept open for the child's lifetime)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "apexrl.launcher", "replay", "--host", "127.0.0.1", "--port", "0",
+         "--metrics-port", "-1", "--port-file", str(port_file), *extra],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"shard {name} did not start: {(tmp_path / f'{name}.log').read_text()}")
+        time.sleep(0.05)
+    address = f"127.0.0.1:{int(port_file.read_text())}"
+    wait_for_health(address, timeout=20)
+    return ShardProcess(address, process)
+
+
+@pytest.fixture
+def shard_processes(tmp_path) -> Iterator[callable]:
+    started: list[ShardProcess] = []
+
+    def start(n: int, *extra: str) -> list[ShardProcess]:
+        procs = [start_shard_process(tmp_path, f"shard{len(started) + i}", *extra) for i in range(n)]
+        started.extend(procs)
+        return procs
+
+    yield start
+    for proc in started:
+        if proc.process.poll() is None:
+            proc.process.kill()
+            proc.process.wait(10)

@@ -1,0 +1,269 @@
+"""The bad-input checklist (shared/FACTS.md): every malformed request gets its precise status and message, and
+the shard keeps serving with its contents unchanged."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from apexrl.actor import ReplayClient
+from apexrl.common import codec
+from apexrl.common.errors import InvalidArgumentError, ResourceExhaustedError
+from apexrl.common.grpc_util import make_channel
+from apexrl.proto import replay_pb2, replay_pb2_grpc, tensor_pb2
+from apexrl.replay_server.table import TableConfig
+from tests.conftest import cartpole_batch
+
+ROWS = 64
+
+
+@pytest.fixture
+def filled(make_shard):
+    """A shard holding 64 known rows (priorities 1..64, alpha 1), plus a snapshot to compare against."""
+    shard = make_shard(TableConfig(capacity=1000, alpha=1.0, max_sample_batch_size=512, seed=0),
+                       max_message_bytes=1 << 20)
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(ROWS), priorities=np.arange(1, ROWS + 1, dtype=np.float64))
+        client.flush()
+    return shard
+
+
+def assert_intact(shard) -> None:
+    """The shard still answers, and holds exactly the 64 original rows with their original priorities."""
+    info = shard.table.info()
+    assert (info.size, info.inserted_total) == (ROWS, ROWS)
+    assert info.total_priority == pytest.approx(ROWS * (ROWS + 1) / 2)
+    with ReplayClient(shard.address) as client:
+        batch = client.sample(256)
+    ids = batch.columns["action"]
+    np.testing.assert_array_equal(batch.keys.astype(np.int64), ids)
+    np.testing.assert_allclose(batch.priorities, ids + 1.0)
+    np.testing.assert_array_equal(batch.columns["obs"][:, 0], ids.astype(np.float32))
+
+
+def stub(shard):
+    channel = make_channel(shard.address, max_message_bytes=64 << 20)
+    return channel, replay_pb2_grpc.ReplayServiceStub(channel)
+
+
+def insert_ack(shard, request: replay_pb2.InsertRequest) -> replay_pb2.InsertAck:
+    channel, s = stub(shard)
+    with channel:
+        return next(iter(s.Insert(iter([request]), timeout=10)))
+
+
+def good_request(rows: int = 8) -> replay_pb2.InsertRequest:
+    request = replay_pb2.InsertRequest(writer_id="bad-input-test", sequence=1)
+    codec.encode_batch(cartpole_batch(rows, 1000), request.batch)
+    return request
+
+
+def column(request: replay_pb2.InsertRequest, name: str) -> tensor_pb2.Tensor:
+    return next(c.tensor for c in request.batch.columns if c.name == name)
+
+
+def _mutations():
+    """(case id, mutation of a valid request, expected substring of the message)."""
+
+    def wrong_dtype(r):
+        codec.encode_tensor(np.zeros((8, 4), np.float64), column(r, "obs"))
+
+    def wrong_shape(r):
+        codec.encode_tensor(np.zeros((8, 5), np.float32), column(r, "obs"))
+
+    def short_data(r):
+        column(r, "obs").data = column(r, "obs").data[:-3]
+
+    def negative_dim(r):
+        column(r, "obs").shape[:] = [8, -4]
+
+    def huge_dim(r):
+        column(r, "obs").shape[:] = [8, 1 << 40]
+
+    def unspecified_dtype(r):
+        column(r, "reward").dtype = tensor_pb2.DTYPE_UNSPECIFIED
+
+    def unknown_dtype_number(r):
+        column(r, "reward").dtype = 99
+
+    def unknown_column(r):
+        c = r.batch.columns.add(name="bonus")
+        codec.encode_tensor(np.zeros(8, np.float32), c.tensor)
+
+    def missing_column(r):
+        del r.batch.columns[1]
+
+    def duplicate_column(r):
+        c = r.batch.columns.add(name="reward")
+        codec.encode_tensor(np.zeros(8, np.float32), c.tensor)
+
+    def ragged(r):
+        codec.encode_tensor(np.zeros(7, np.float32), column(r, "reward"))
+
+    def scalar_column(r):
+        codec.encode_tensor(np.float32(1.0), column(r, "reward"))
+
+    def empty_batch(r):
+        del r.batch.columns[:]
+
+    def zero_rows(r):
+        for c in r.batch.columns:
+            arr = codec.decode_tensor(c.tensor)
+            codec.encode_tensor(arr[:0], c.tensor)
+
+    def too_many_rows(r):
+        r.CopyFrom(good_request(1001))
+
+    def priority(value):
+        def set_priority(r):
+            p = np.ones(8)
+            p[3] = value
+            codec.encode_tensor(p, r.priorities)
+        return set_priority
+
+    def priorities_wrong_length(r):
+        codec.encode_tensor(np.ones(5), r.priorities)
+
+    def priorities_int(r):
+        codec.encode_tensor(np.ones(8, np.int64), r.priorities)
+
+    return [
+        ("dtype differs", wrong_dtype, "column 'obs' is float64[4] per row, the table signature wants float32[4]"),
+        ("shape differs", wrong_shape, "column 'obs' is float32[5] per row"),
+        ("byte length", short_data, "column 'obs': 125 data bytes, but shape [8, 4] of float32 needs 128"),
+        ("negative dim", negative_dim, "column 'obs': dimension -4 out of range"),
+        ("huge dim", huge_dim, "column 'obs': dimension 1099511627776 out of range"),
+        ("unspecified dtype", unspecified_dtype, "column 'reward': unknown or unspecified dtype 0"),
+        ("unknown dtype", unknown_dtype_number, "column 'reward': unknown or unspecified dtype 99"),
+        ("unknown column", unknown_column, "unknown ['bonus']"),
+        ("missing column", missing_column, "missing ['action']"),
+        ("duplicate column", duplicate_column, "duplicate column 'reward'"),
+        ("ragged", ragged, "ragged batch"),
+        ("scalar column", scalar_column, "column 'reward' is a scalar"),
+        ("no columns", empty_batch, "batch has no columns"),
+        ("zero rows", zero_rows, "batch has 0 rows"),
+        ("rows over capacity", too_many_rows, "batch of 1001 rows exceeds the table capacity (1000)"),
+        ("priority NaN", priority(np.nan), "first: index 3 = nan"),
+        ("priority +inf", priority(np.inf), "first: index 3 = inf"),
+        ("priority -inf", priority(-np.inf), "first: index 3 = -inf"),
+        ("priority negative", priority(-0.5), "first: index 3 = -0.5"),
+        ("priorities length", priorities_wrong_length, "priorities has shape [5], expected [8]"),
+        ("priorities dtype", priorities_int, "priorities must be float32 or float64, got int64"),
+    ]
+
+
+@pytest.mark.parametrize(("case", "mutate", "message"), _mutations(), ids=[m[0] for m in _mutations()])
+def test_bad_insert_is_rejected_precisely_and_nothing_changes(filled, case, mutate, message):
+    request = good_request()
+    mutate(request)
+    ack = insert_ack(filled, request)
+    assert ack.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0], case
+    assert message in ack.error_message
+    assert_intact(filled)
+    # The same stream/writer can go on: a good batch after a bad one is stored.
+    assert insert_ack(filled, good_request()).rows == 8
+
+
+def test_sdk_raises_the_rejection_on_flush(filled):
+    with ReplayClient(filled.address) as client:
+        batch = cartpole_batch(8)
+        batch["obs"] = batch["obs"].astype(np.float64)
+        client.insert(batch)
+        with pytest.raises(InvalidArgumentError, match="INVALID_ARGUMENT.*'obs' is float64"):
+            client.flush()
+    assert_intact(filled)
+
+
+def test_oversize_message_is_resource_exhausted(filled):
+    request = replay_pb2.InsertRequest(writer_id="big", sequence=1)
+    codec.encode_batch(cartpole_batch(40_000), request.batch)  # 1.3 MiB > the shard's 1 MiB limit
+    channel, s = stub(filled)
+    with channel, pytest.raises(grpc.RpcError) as err:
+        list(s.Insert(iter([request]), timeout=10))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert_intact(filled)
+    # The SDK refuses it before sending when it knows the limit.
+    with ReplayClient(filled.address, max_message_bytes=1 << 20) as client, \
+            pytest.raises(ResourceExhaustedError, match="over the message limit"):
+        client.insert(cartpole_batch(40_000))
+    assert_intact(filled)
+
+
+@pytest.mark.parametrize(("value", "shown"), [(np.nan, "nan"), (np.inf, "inf"), (-np.inf, "-inf"), (-1.0, "-1.0")])
+def test_bad_priority_update_is_invalid_argument(filled, value, shown):
+    priorities = np.ones(4)
+    priorities[2] = value
+    with ReplayClient(filled.address) as client, \
+            pytest.raises(InvalidArgumentError, match=f"index 2 = {shown}"):
+        client.update_priorities(np.arange(4, dtype=np.uint64), priorities)
+    assert_intact(filled)
+
+
+def test_malformed_update_requests(filled):
+    channel, s = stub(filled)
+    cases = [
+        (np.arange(4, dtype=np.uint64), np.ones(3), "keys [4] and priorities [3] must have the same shape"),
+        (np.arange(4, dtype=np.float32), np.ones(4), "keys must be uint64 or int64, got float32"),
+        (np.arange(4, dtype=np.uint64).reshape(2, 2), np.ones((2, 2)), "keys has shape [2, 2], expected [n]"),
+    ]
+    with channel:
+        for keys, priorities, message in cases:
+            request = replay_pb2.UpdatePrioritiesRequest()
+            codec.encode_tensor(keys, request.keys)
+            codec.encode_tensor(priorities, request.priorities)
+            with pytest.raises(grpc.RpcError) as err:
+                s.UpdatePriorities(request, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert message in err.value.details()
+    assert_intact(filled)
+
+
+def test_stale_and_unknown_keys_are_ignored_and_counted(filled):
+    with ReplayClient(filled.address) as client:
+        result = client.update_priorities(np.array([64, 10_000, 2**63 + 5], dtype=np.uint64), np.full(3, 9.0))
+        assert (result.applied, result.stale) == (0, 3)
+        assert client.info().stale_updates_total == 3
+    assert_intact(filled)
+
+
+@pytest.mark.parametrize("batch_size", [0, 513])
+def test_sample_batch_size_out_of_range(filled, batch_size):
+    channel, s = stub(filled)
+    with channel, pytest.raises(grpc.RpcError) as err:
+        s.Sample(replay_pb2.SampleRequest(batch_size=batch_size), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"batch_size ({batch_size}) must be in [1, 512]" in err.value.details()
+    assert_intact(filled)
+
+
+def test_empty_table_sample(make_shard):
+    shard = make_shard()
+    channel, s = stub(shard)
+    with channel:
+        with pytest.raises(grpc.RpcError) as err:
+            s.Sample(replay_pb2.SampleRequest(batch_size=4, no_wait=True), timeout=5)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "holds 0 rows" in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            s.Sample(replay_pb2.SampleRequest(batch_size=4), timeout=0.3)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(4))
+        client.flush()
+        assert client.sample(4).size == 4
+
+
+def test_cancelled_stream_leaves_no_half_batch(filled):
+    """A client that cancels mid-stream: every batch is stored whole or not at all."""
+    channel, s = stub(filled)
+    requests = [good_request(8) for _ in range(50)]
+    for i, r in enumerate(requests):
+        r.sequence = i + 1
+        r.writer_id = "cancelling"
+    with channel:
+        call = s.Insert(iter(requests), timeout=10)
+        next(call)  # at least one batch stored
+        call.cancel()
+    info = filled.table.info()
+    assert info.size % 8 == 0 and info.size == info.inserted_total and info.size >= ROWS + 8

@@ -1,0 +1,119 @@
+"""n-step returns and discounts against values computed by hand (n = 3, gamma = 0.5)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
+
+GAMMA = 0.5
+
+
+def _obs(i: int) -> np.ndarray:
+    """Observation s_i of the hand-written episode: [i, -i]."""
+    return np.array([i, -i], dtype=np.float32)
+
+
+def _run(rewards: list[float], terminated_at_end: bool, truncated_at_end: bool, n: int = 3) -> list[Transition]:
+    """Push a single episode s_0..s_T with actions 10+t; return every emitted transition, checking order."""
+    acc = NStepAccumulator(n=n, gamma=GAMMA)
+    out: list[Transition] = []
+    last = len(rewards) - 1
+    for t, r in enumerate(rewards):
+        emitted = acc.push(
+            _obs(t), 10 + t, r, _obs(t + 1),
+            terminated=terminated_at_end and t == last, truncated=truncated_at_end and t == last,
+        )
+        if t < last:
+            # Mid-episode: nothing until n steps are pending, then exactly the oldest one.
+            assert len(emitted) == (1 if t >= n - 1 else 0)
+        out += emitted
+    assert len(acc) == 0
+    assert [tr.action for tr in out] == [10 + t for t in range(len(rewards))]
+    return out
+
+
+def test_terminated_episode() -> None:
+    # r_0..r_4 = 1, 2, 3, 4, 5; terminates after the step from s_4 (s_5 is terminal).
+    out = _run([1, 2, 3, 4, 5], terminated_at_end=True, truncated_at_end=False)
+    expected = [
+        # (reward, discount, next_obs index)
+        (1 + 0.5 * 2 + 0.25 * 3, 0.125, 3),  # t=0: full 3 steps, bootstrap from s_3 with gamma^3
+        (2 + 0.5 * 3 + 0.25 * 4, 0.125, 4),  # t=1
+        (3 + 0.5 * 4 + 0.25 * 5, 0.0, 5),  # t=2: its 3rd step terminated
+        (4 + 0.5 * 5, 0.0, 5),  # t=3: 2 steps, terminated
+        (5.0, 0.0, 5),  # t=4: 1 step, terminated
+    ]
+    for t, (tr, (ret, disc, nxt)) in enumerate(zip(out, expected, strict=True)):
+        np.testing.assert_array_equal(tr.obs, _obs(t))
+        assert tr.reward == pytest.approx(ret)
+        assert tr.discount == pytest.approx(disc)
+        np.testing.assert_array_equal(tr.next_obs, _obs(nxt))
+
+
+def test_truncated_episode_bootstraps_with_shorter_discounts() -> None:
+    # Same rewards, but the time limit ends the episode after the step from s_4: bootstrap from s_5.
+    out = _run([1, 2, 3, 4, 5], terminated_at_end=False, truncated_at_end=True)
+    assert [tr.reward for tr in out] == pytest.approx([2.75, 4.5, 6.25, 6.5, 5.0])
+    assert [tr.discount for tr in out] == pytest.approx([0.125, 0.125, 0.125, 0.25, 0.5])
+    assert [int(tr.next_obs[0]) for tr in out] == [3, 4, 5, 5, 5]
+
+
+def test_episode_shorter_than_n() -> None:
+    out = _run([1, 1], terminated_at_end=True, truncated_at_end=False)
+    assert [tr.reward for tr in out] == pytest.approx([1.5, 1.0])
+    assert [tr.discount for tr in out] == [0.0, 0.0]
+    out = _run([1, 1], terminated_at_end=False, truncated_at_end=True)
+    assert [tr.discount for tr in out] == pytest.approx([0.25, 0.5])
+
+
+def test_terminated_and_truncated_together_counts_as_terminated() -> None:
+    out = _run([1, 1, 1, 1], terminated_at_end=True, truncated_at_end=True)
+    assert [tr.discount for tr in out] == [0.125, 0.0, 0.0, 0.0]
+
+
+def test_one_step_is_plain_td() -> None:
+    out = _run([3, 4], terminated_at_end=False, truncated_at_end=True, n=1)
+    assert [(tr.reward, tr.discount) for tr in out] == [(3.0, 0.5), (4.0, 0.5)]
+
+
+def test_episodes_do_not_leak_into_each_other() -> None:
+    acc = NStepAccumulator(n=3, gamma=GAMMA)
+    assert len(acc.push(_obs(0), 0, 1.0, _obs(1), terminated=True, truncated=False)) == 1
+    # A new episode starts from scratch: its first step completes nothing.
+    assert acc.push(_obs(7), 1, 100.0, _obs(8), terminated=False, truncated=False) == []
+    acc.reset()
+    assert len(acc) == 0
+
+
+def test_stored_obs_are_copies() -> None:
+    acc = NStepAccumulator(n=1, gamma=GAMMA)
+    obs, nxt = _obs(1), _obs(2)
+    (tr,) = acc.push(obs, 0, 1.0, nxt, terminated=False, truncated=False)
+    obs[:] = 99
+    nxt[:] = 99
+    np.testing.assert_array_equal(tr.obs, _obs(1))
+    np.testing.assert_array_equal(tr.next_obs, _obs(2))
+
+
+def test_stack_transitions_columns_and_dtypes() -> None:
+    out = _run([1, 2, 3, 4, 5], terminated_at_end=True, truncated_at_end=False)
+    cols = stack_transitions(out)
+    assert list(cols) == ["obs", "action", "reward", "discount", "next_obs"]
+    assert cols["obs"].dtype == np.float32 and cols["obs"].shape == (5, 2)
+    assert cols["next_obs"].dtype == np.float32 and cols["next_obs"].shape == (5, 2)
+    assert cols["action"].dtype == np.int64 and cols["action"].shape == (5,)
+    assert cols["reward"].dtype == np.float32 and cols["discount"].dtype == np.float32
+    np.testing.assert_array_equal(cols["action"], [10, 11, 12, 13, 14])
+    np.testing.assert_allclose(cols["reward"], [2.75, 4.5, 6.25, 6.5, 5.0])
+    np.testing.assert_array_equal(cols["discount"], [0.125, 0.125, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(cols["next_obs"][:, 0], [3, 4, 5, 5, 5])
+    with pytest.raises(ValueError, match="empty"):
+        stack_transitions([])
+
+
+@pytest.mark.parametrize(("n", "gamma"), [(0, 0.9), (-1, 0.9), (2.0, 0.9), (True, 0.9), (3, 1.5), (3, -0.1)])
+def test_rejects_bad_parameters(n: object, gamma: float) -> None:
+    with pytest.raises(ValueError):
+        NStepAccumulator(n=n, gamma=gamma)  # type: ignore[arg-type]

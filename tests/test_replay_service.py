@@ -1,0 +1,205 @@
+"""A real replay shard on 127.0.0.1 through the SDK and the raw stub: storage, keys, de-duplication, health."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from apexrl.actor import ReplayClient
+from apexrl.common import codec
+from apexrl.common.errors import DeadlineExceededError, FailedPreconditionError, UnauthenticatedError
+from apexrl.common.grpc_util import make_channel
+from apexrl.proto import replay_pb2, replay_pb2_grpc
+from apexrl.replay_server.table import TableConfig
+from tests.conftest import cartpole_batch
+
+
+def test_inserted_rows_come_back_intact_with_their_keys(shard):
+    with ReplayClient(shard.address) as client:
+        for start in range(0, 600, 200):
+            client.insert(cartpole_batch(200, start))
+        client.flush()
+        info = client.info()
+        assert (info.size, info.inserted_total, info.evicted_total) == (600, 600, 0)
+        assert str(info.signature) == ("obs:float32[4],action:int64[],reward:float32[],discount:float32[],"
+                                       "next_obs:float32[4]")
+        batch = client.sample(256)
+    ids = batch.columns["action"]
+    # Keys are insertion indices, and each row is exactly what was inserted under it.
+    np.testing.assert_array_equal(batch.keys.astype(np.int64), ids)
+    np.testing.assert_array_equal(batch.columns["obs"], np.tile(ids[:, None], (1, 4)).astype(np.float32))
+    np.testing.assert_array_equal(batch.columns["next_obs"], batch.columns["obs"] + 1)
+    assert batch.size == 600 and batch.total_priority == pytest.approx(600.0)  # default priority 1 ** 0.6
+
+
+def test_fifo_eviction_wraps_and_counts(make_shard):
+    shard = make_shard(TableConfig(capacity=250, seed=1))
+    with ReplayClient(shard.address) as client:
+        for start in range(0, 700, 100):
+            client.insert(cartpole_batch(100, start))
+        client.flush()
+        info = client.info()
+        assert (info.size, info.inserted_total, info.evicted_total) == (250, 700, 450)
+        ids = client.sample(1000).columns["action"]
+    assert ids.min() >= 450 and ids.max() < 700  # only the newest 250 rows remain
+
+
+def test_new_rows_get_the_largest_priority_seen(shard):
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(10), priorities=np.full(10, 5.0))
+        client.insert(cartpole_batch(10, 10))  # no priorities: gets max seen = 5.0
+        client.flush()
+        batch = client.sample(64)
+    assert np.allclose(batch.priorities, 5.0 ** 0.6)
+
+
+def test_priority_updates_apply_and_stale_keys_are_counted(make_shard):
+    shard = make_shard(TableConfig(capacity=100, alpha=1.0, seed=2))
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(100), priorities=np.ones(100))
+        client.flush()
+        keys = np.arange(100, dtype=np.uint64)
+        assert client.update_priorities(keys[:10], np.zeros(10)).applied == 10
+        # Evict keys 0..49 by inserting 50 rows: updates for them are stale, the rest still apply.
+        client.insert(cartpole_batch(50, 100), priorities=np.ones(50))
+        client.flush()
+        result = client.update_priorities(keys[40:60], np.full(20, 3.0))
+        assert (result.applied, result.stale) == (10, 10)
+        info = client.info()
+        assert info.total_priority == pytest.approx(40 * 1 + 10 * 3 + 50 * 1)
+        assert info.stale_updates_total == 10 and info.updated_total == 20
+        # Keys of another incarnation (a restarted shard) are stale too.
+        result = client.update_priorities(keys[50:60], np.ones(10), incarnation=info.incarnation ^ 2)
+        assert (result.applied, result.stale) == (0, 10)
+
+
+def test_duplicate_keys_in_one_update_last_value_wins(make_shard):
+    shard = make_shard(TableConfig(capacity=10, alpha=1.0))
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(10), priorities=np.ones(10))
+        client.flush()
+        client.update_priorities(np.array([3, 3, 3], dtype=np.uint64), np.array([7.0, 2.0, 4.0]))
+        assert client.info().total_priority == pytest.approx(9 + 4.0)
+
+
+def test_zero_priority_rows_are_never_sampled_unless_all_are_zero(make_shard):
+    shard = make_shard(TableConfig(capacity=100, seed=3))
+    with ReplayClient(shard.address) as client:
+        priorities = np.zeros(100)
+        priorities[[7, 42]] = 1.0
+        client.insert(cartpole_batch(100), priorities=priorities)
+        client.flush()
+        assert set(client.sample(500).columns["action"]) == {7, 42}
+        client.update_priorities(np.array([7, 42], dtype=np.uint64), np.zeros(2))
+        uniform = client.sample(2000).columns["action"]
+    assert len(set(uniform)) > 90  # all zero: uniform over every stored row
+
+
+def _raw_insert(address: str, requests: list[replay_pb2.InsertRequest]) -> list[replay_pb2.InsertAck]:
+    with make_channel(address) as channel:
+        return list(replay_pb2_grpc.ReplayServiceStub(channel).Insert(iter(requests), timeout=10))
+
+
+def _request(writer: str, sequence: int, rows: int = 8, start: int = 0) -> replay_pb2.InsertRequest:
+    request = replay_pb2.InsertRequest(writer_id=writer, sequence=sequence)
+    codec.encode_batch(cartpole_batch(rows, start), request.batch)
+    return request
+
+
+def test_resent_batches_are_acknowledged_but_stored_once(shard):
+    acks = _raw_insert(shard.address, [_request("w", 1), _request("w", 2, start=8)])
+    assert [(a.sequence, a.duplicate, a.first_key, a.rows) for a in acks] == [(1, False, 0, 8), (2, False, 8, 8)]
+    # A new stream resends 2 (already stored) then sends 3: only 3 is stored.
+    acks = _raw_insert(shard.address, [_request("w", 2, start=8), _request("w", 3, start=16)])
+    assert [(a.sequence, a.duplicate) for a in acks] == [(2, True), (3, False)]
+    # Another writer with the same sequence numbers is independent.
+    acks = _raw_insert(shard.address, [_request("other", 1, start=24)])
+    assert not acks[0].duplicate
+    info = shard.table.info()
+    assert (info.size, info.inserted_total, info.duplicate_batches_total) == (32, 32, 1)
+
+
+def test_client_resends_after_the_stream_breaks_without_loss_or_duplicates(shard):
+    """Stop the server under a writing client and start a new one on the same port over the same table: the
+    client reconnects, resends what was not acknowledged, and every row lands exactly once."""
+    from apexrl.replay_server.service import create_replay_server
+
+    port = int(shard.address.rsplit(":", 1)[1])
+    client = ReplayClient(shard.address, max_in_flight=64, timeout=30)
+    try:
+        for i in range(20):
+            client.insert(cartpole_batch(10, 10 * i))
+        shard.server.stop(0)  # breaks the stream, maybe with batches in flight
+        for i in range(20, 30):  # these queue up while the shard is down
+            client.insert(cartpole_batch(10, 10 * i))
+        shard.server, _, _, _ = create_replay_server(shard.table, f"127.0.0.1:{port}")
+        for i in range(30, 40):
+            client.insert(cartpole_batch(10, 10 * i))
+        client.flush(timeout=30)
+        assert client.reconnects >= 1
+    finally:
+        client.close()
+    info = shard.table.info()
+    assert info.inserted_total == info.size == 400
+    stored_ids = np.sort(shard.table._storage["action"][:400])  # white box: every row exactly once
+    np.testing.assert_array_equal(stored_ids, np.arange(400))
+
+
+def test_sample_below_min_size_waits_for_its_deadline_or_fails_at_once(make_shard):
+    shard = make_shard(TableConfig(capacity=100, min_size_to_sample=50))
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(10))
+        client.flush()
+        with pytest.raises(FailedPreconditionError, match="fewer than min_size_to_sample"):
+            client.sample(4, wait=False)
+        with pytest.raises(DeadlineExceededError, match="min_size_to_sample"):
+            client.sample(4, timeout=0.3)
+        client.insert(cartpole_batch(40, 10))
+        client.flush()
+        assert client.sample(4, wait=False).size == 50
+
+
+def test_samples_per_insert_limiter_blocks_the_sampler_until_inserts_catch_up(make_shard):
+    shard = make_shard(TableConfig(capacity=1000, samples_per_insert=1.0, samples_per_insert_tolerance=16))
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(32))
+        client.flush()
+        client.sample(32)  # diff = inserted * 1 - sampled: 32 -> 0
+        client.sample(32)  # 0 >= -16 was allowed (checked before the call): 0 -> -32
+        with pytest.raises(FailedPreconditionError, match="rate limiter"):
+            client.sample(32, wait=False)  # diff -32 < -16
+        client.insert(cartpole_batch(32, 32))
+        client.flush()
+        assert client.sample(32, wait=False).size == 64
+
+
+def test_health_reflection_and_token(make_shard):
+    shard = make_shard(token="s3cret")
+    with make_channel(shard.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "apexrl.v1.ReplayService"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as err:
+            health.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        with pytest.raises(grpc.RpcError) as err:  # reflection needs the token like every other service
+            list(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                                 timeout=5))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(UnauthenticatedError):
+        ReplayClient(shard.address).info()
+    with pytest.raises(UnauthenticatedError):
+        ReplayClient(shard.address, token="wrong").info()
+    with ReplayClient(shard.address, token="s3cret") as client:
+        assert client.info().size == 0
+    with make_channel(shard.address, token="s3cret") as channel:
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = list(reflection.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+        names = {s.name for s in replies[0].list_services_response.service}
+    assert {"apexrl.v1.ReplayService", "grpc.health.v1.Health"} <= names
