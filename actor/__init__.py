@@ -4,7 +4,8 @@ Public SDK (no torch import): `ReplayClient` (one replay shard) and `ParameterCl
 The built-in Ape-X actor lives in `apexrl.actor.apex_actor` and is started with `apexrl actor`.
 """
 
+from apexrl.actor.parameter_client import ParameterClient
 from apexrl.actor.replay_client import ReplayClient, SampledBatch, UpdateResult
 from apexrl.common.shard_info import ShardInfo
 
-__all__ = ["ReplayClient", "SampledBatch", "ShardInfo", "UpdateResult"]
+__all__ = ["ParameterClient", "ReplayClient", "SampledBatch", "ShardInfo", "UpdateResult"]

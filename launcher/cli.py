@@ -15,6 +15,10 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("apexrl.replay_server.main", "run one prioritized replay shard (gRPC ReplayService)"),
     "params": ("apexrl.parameter_server.main", "run a standalone parameter service (versioned weights)"),
+    "actor": ("apexrl.actor.main", "run one Ape-X actor (or an evaluator) that feeds the replay shards"),
+    "learner": ("apexrl.learner.main", "run the DQN learner, hosting the parameter service"),
+    "launch": ("apexrl.launcher.main", "start the roles of one machine (no arguments: a local CartPole fleet)"),
+    "evaluate": ("apexrl.launcher.evaluate", "play a learner checkpoint greedily and report its returns"),
 }
 
 

@@ -100,7 +100,8 @@ class ShardedReplayClient:
         self.max_backoff = max_backoff
         self._views = [_ShardView() for _ in addresses]
         self._rng = np.random.default_rng(seed)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # allocation and views; held across the sampling RPCs
+        self._stats_lock = threading.Lock()  # update counters; taken by gRPC callbacks, never held during I/O
         self._updates = threading.BoundedSemaphore(max_updates_in_flight)
         self.updates_applied = 0
         self.updates_stale = 0
@@ -221,12 +222,12 @@ class ShardedReplayClient:
         try:
             result = future.result()
         except ApexError as err:
-            with self._lock:
+            with self._stats_lock:
                 self.update_errors += 1
                 self._last_update_error = err
             log.warning("priority update failed: %s", err)
             return
-        with self._lock:
+        with self._stats_lock:
             self.updates_applied += result.applied
             self.updates_stale += result.stale
 

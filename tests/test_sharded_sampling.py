@@ -92,3 +92,19 @@ def test_a_dead_shard_is_skipped_and_sampling_continues(shard_processes):
             rows = batch.columns["action"]
             want = (rows % 100 + 1) * (rows // 100 + 1) / live
             np.testing.assert_allclose(batch.probabilities, want, rtol=1e-12)
+
+
+@pytest.mark.timeout(60)
+def test_sampling_interleaved_with_async_updates_does_not_stall(shard_processes):
+    """A learner samples while its previous updates complete on gRPC callback threads (regression: a callback
+    that waited for the sampler's lock stalled the channel and deadlocked the learner)."""
+    shards = shard_processes(2, "--alpha", "1.0")
+    _fill(shards)
+    rng = np.random.default_rng(0)
+    with ShardedReplayClient([s.address for s in shards], seed=5, max_updates_in_flight=4) as sampler:
+        for _ in range(300):
+            batch = sampler.sample(32)
+            sampler.update_priorities(batch, rng.uniform(0.5, 2.0, 32))
+        sampler.flush_updates()
+        assert sampler.update_errors == 0
+        assert sampler.updates_applied + sampler.updates_stale == 300 * 32

@@ -1,0 +1,225 @@
+"""Starts the roles of one machine as child processes, watches them, and stops them.
+
+Start order, each step waiting for the previous one to report SERVING: replay shards (port file, then gRPC health),
+the learner (gRPC health on its parameter-service port), then actors and the evaluator. Services on other
+machines are waited for the same way before the roles that need them start. Every child runs
+`python -m apexrl.launcher ROLE ...` in its own session (so Ctrl-C reaches the launcher only and the launcher
+stops the roles in order) with stdout and stderr in RUN_DIR/logs/NAME.log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO
+
+from apexrl.common.grpc_util import wait_for_health
+from apexrl.launcher.config import FleetConfig, Role, Wiring, address, command, roles_on, wiring, with_ports
+
+log = logging.getLogger("apexrl.launch")
+
+STOP_ORDER = (("actor", "evaluator", "learner"), ("replay",))  # users of a service stop before the service
+
+
+class Interrupted(Exception):
+    """A stop was requested (signal) while the fleet was starting."""
+
+
+class StartupError(Exception):
+    """A role did not come up; the message names it and quotes the end of its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (bind port 0, read, close); a small race with other programs remains."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    tail = text.rstrip("\n").splitlines()[-lines:]
+    return "\n".join(f"    {line}" for line in tail) if tail else "    (log is empty)"
+
+
+@dataclass
+class Child:
+    role: Role
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen
+    log_file: IO[bytes] = field(repr=False)
+
+    def describe_exit(self) -> str:
+        code = self.process.returncode
+        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else \
+            f"exited with status {code}"
+        return f"{self.role.name} {how}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+
+
+class Fleet:
+    """The roles of `host`: started in dependency order, polled for unexpected exits, stopped in reverse order."""
+
+    def __init__(self, config: FleetConfig, host: str, run_dir: Path, *, extra_args: Mapping[str, Sequence[str]],
+                 stop: threading.Event) -> None:
+        self.config = config
+        self.host = host
+        self.run_dir = run_dir
+        self.extra_args = extra_args
+        self.stop_requested = stop
+        self.children: list[Child] = []
+        # Fill in ports picked here: metrics ports of this machine's roles, and the learner's port if unset.
+        self.roles = [r if r.metrics_port is not None else replace(r, metrics_port=free_port())
+                      for r in roles_on(config, host)]
+        if config.learner.host == host and not config.learner.params_port:
+            self.config = with_ports(config, params_port=free_port())
+            self.roles = [replace(r, port=self.config.learner.params_port) if r.kind == "learner" else r
+                          for r in self.roles]
+
+    # --- start ----------------------------------------------------------------------------------------------------
+
+    def commands(self) -> dict[str, list[str]]:
+        """Every local role's command line as run, or as planned while shard ports are still unknown."""
+        started = {child.role.name: child.argv for child in self.children}
+        return {r.name: started.get(r.name) or self._argv(r) for r in self.roles}
+
+    def start(self) -> None:
+        """Start every local role; raises StartupError or Interrupted (children already started keep running
+        until `stop`)."""
+        for d in ("logs", "ports", "episodes", "checkpoints"):
+            (self.run_dir / d).mkdir(parents=True, exist_ok=True)
+        timeout = self.config.startup_timeout
+        shard_ports: dict[int, int] = {}
+        for role in (r for r in self.roles if r.kind == "replay"):
+            child = self._spawn(role)
+            port = self._wait_port_file(child, self.run_dir / "ports" / f"{role.name}.port", timeout)
+            self._wait_healthy(address(self.config, self.host, port, self.host), timeout, child)
+            shard_ports[role.index] = port
+            log.info("%s serving on port %d", role.name, port)
+        self.config = with_ports(self.config, shard_ports=shard_ports)
+        for i, shard in enumerate(self.config.shards):
+            if shard.host != self.host:
+                self._wait_healthy(address(self.config, shard.host, shard.port, self.host), timeout, None,
+                                   f"shard-{i} on {shard.host}")
+        links = wiring(self.config, self.host)
+        for role in (r for r in self.roles if r.kind == "learner"):
+            child = self._spawn(role)
+            self._wait_healthy(links.params, timeout, child)
+            log.info("learner serving the parameter service at %s", links.params)
+        if self.config.learner.host != self.host and any(r.kind in ("actor", "evaluator") for r in self.roles):
+            self._wait_healthy(links.params, timeout, None, f"learner on {self.config.learner.host}")
+        for role in (r for r in self.roles if r.kind in ("actor", "evaluator")):
+            self._spawn(role)
+        log.info("started %d roles on %s: %s", len(self.children), self.host,
+                 ", ".join(c.role.name for c in self.children))
+
+    def _argv(self, role: Role) -> list[str]:
+        cfg = self.config
+        links = wiring(cfg, self.host) if all(s.port for s in cfg.shards) else Wiring(  # planned, before start
+            replay=tuple(address(cfg, s.host, s.port, self.host) if s.port else "(port from port file)"
+                         for s in cfg.shards),
+            params=address(cfg, cfg.learner.host, cfg.learner.params_port or 0, self.host))
+        extra = list(self.extra_args.get(role.kind, ()))
+        if role.kind == "evaluator":  # --actor-arg reaches the evaluator too, before its own --evaluator-arg
+            extra = list(self.extra_args.get("actor", ())) + extra
+        return [sys.executable, "-m", "apexrl.launcher", *command(self.config, role, links, self.run_dir, extra)]
+
+    def _spawn(self, role: Role) -> Child:
+        if self.stop_requested.is_set():
+            raise Interrupted()
+        argv = self._argv(role)
+        log_path = self.run_dir / "logs" / f"{role.name}.log"
+        log_file = open(log_path, "ab")  # noqa: SIM115 (the child writes to it for its lifetime)
+        log_file.write(f"# {' '.join(argv)}\n".encode())
+        log_file.flush()
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        child = Child(role, argv, log_path, process, log_file)
+        self.children.append(child)
+        log.debug("started %s (pid %d): %s", role.name, process.pid, " ".join(argv))
+        return child
+
+    def _wait_port_file(self, child: Child, path: Path, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_starting(child)
+            try:
+                return int(path.read_text())
+            except (FileNotFoundError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise StartupError(f"{child.role.name} wrote no port file {path} within {timeout:.0f}s; last "
+                                   f"lines of {child.log_path}:\n{log_tail(child.log_path)}")
+            time.sleep(0.05)
+
+    def _wait_healthy(self, target: str, timeout: float, child: Child | None, what: str | None = None) -> None:
+        """Poll gRPC health in short rounds, so a dead child or a stop request ends the wait at once."""
+        name = what or (child.role.name if child else target)
+        deadline = time.monotonic() + timeout
+        if child is None:
+            log.info("waiting for %s at %s", name, target)
+        while True:
+            if child is not None:
+                self._check_starting(child)
+            elif self.stop_requested.is_set():
+                raise Interrupted()
+            try:
+                wait_for_health(target, timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+                return
+            except TimeoutError as err:
+                if time.monotonic() >= deadline:
+                    tail = f"; last lines of {child.log_path}:\n{log_tail(child.log_path)}" if child else ""
+                    raise StartupError(f"{name} at {target} did not report SERVING within {timeout:.0f}s "
+                                       f"({err}){tail}") from None
+
+    def _check_starting(self, child: Child) -> None:
+        if self.stop_requested.is_set():
+            raise Interrupted()
+        if child.process.poll() is not None:
+            raise StartupError(f"{child.describe_exit()}")
+
+    # --- run and stop ---------------------------------------------------------------------------------------------
+
+    def exited(self) -> Child | None:
+        """The first child that is no longer running, if any."""
+        return next((c for c in self.children if c.process.poll() is not None), None)
+
+    def stop(self, grace: float, force: threading.Event | None = None) -> None:
+        """SIGTERM the users of services first (actors, evaluator, learner), then the shards; SIGKILL whatever
+        is still running `grace` seconds after its SIGTERM, or at once when `force` is set (a second Ctrl-C)."""
+        for kinds in STOP_ORDER:
+            group = [c for c in self.children if c.role.kind in kinds and c.process.poll() is None]
+            for child in group:
+                _signal(child, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while any(c.process.poll() is None for c in group):
+                if time.monotonic() > deadline or (force is not None and force.is_set()):
+                    for child in group:
+                        if child.process.poll() is None:
+                            log.warning("%s did not stop within %.0fs of SIGTERM; killing it", child.role.name,
+                                        grace)
+                            _signal(child, signal.SIGKILL)
+                    for child in group:
+                        child.process.wait()
+                    break
+                time.sleep(0.05)
+        for child in self.children:
+            child.log_file.close()
+
+
+def _signal(child: Child, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.process.send_signal(sig)

@@ -1,0 +1,304 @@
+"""`apexrl launch`: start the roles of one machine, report progress, stop them when the run is over.
+
+With no arguments: a complete local fleet that trains CartPole-v1 (2 replay shards, the learner hosting the
+parameter service, 4 exploring actors and 1 evaluator). With `--config FLEET.toml --host-name NAME`: the roles
+the fleet file assigns to NAME (see `apexrl.launcher.config` for the schema and examples/fleet.toml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import shlex
+import signal
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+log = logging.getLogger("apexrl.launch")
+
+DEFAULT_NUM_SHARDS = 2
+DEFAULT_NUM_ACTORS = 4
+ROLE_ARG_KINDS = ("replay", "learner", "actor", "evaluator")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = (
+        "Start the apexrl roles of this machine as child processes (logs in RUN_DIR/logs/ROLE.log), print a "
+        "progress line every few seconds, and stop them all on Ctrl-C/SIGTERM, when the target return is "
+        "reached, when --max-seconds pass, or when a role exits.\n\n"
+        "Without --config: a local fleet on 127.0.0.1 (by default 2 shards, the learner, 4 actors, 1 evaluator). "
+        "With --config: only the roles the fleet file assigns to --host-name. Only the machine running the "
+        "learner and the evaluator checks the target return; the others run until a signal or --max-seconds.\n\n"
+        "The last line on stdout is JSON: env_steps (exploring actors' environment steps), episodes (exploration "
+        "episodes; evaluation episodes are not counted), updates (learner), mean_return_100 (mean return of the "
+        "last 100 evaluation episodes), wall_seconds, solved, run_dir, reason.\n"
+        "Exit status: 0 when solved (or, on a machine that does not check the target, after a clean stop), 1 "
+        "otherwise, 2 for a bad configuration.")
+    fleet = parser.add_argument_group("fleet")
+    fleet.add_argument("--config", metavar="FILE", default=None,
+                       help="fleet file (TOML; YAML for .yaml/.yml) assigning roles to machines")
+    fleet.add_argument("--host-name", metavar="NAME", default=None,
+                       help="this machine's name in the fleet file (default: its only host)")
+    fleet.add_argument("--num-shards", type=int, default=None,
+                       help=f"replay shards of the local fleet (default: {DEFAULT_NUM_SHARDS}; not with --config)")
+    fleet.add_argument("--num-actors", type=int, default=None,
+                       help=f"exploring actors of the local fleet (default: {DEFAULT_NUM_ACTORS}; not with --config)")
+    run = parser.add_argument_group("run (override the fleet file's [fleet] table)")
+    run.add_argument("--env", default=None, help="Gymnasium environment id (default: CartPole-v1)")
+    run.add_argument("--target-return", type=float, default=None,
+                     help="stop, solved, once the last 100 evaluation episodes average at least this (default: 475)")
+    run.add_argument("--max-seconds", type=float, default=None,
+                     help="stop after this many seconds of wall time (default: 1200)")
+    run.add_argument("--run-dir", default=None,
+                     help="directory of logs, episodes, checkpoints and results (default: runs/ENV-TIMESTAMP)")
+    run.add_argument("--seed", type=int, default=None,
+                     help="base seed; each role derives its own (default: unseeded)")
+    run.add_argument("--replay-capacity", type=int, default=None,
+                     help="rows over all shards together (default: 100000)")
+    run.add_argument("--startup-timeout", type=float, default=None,
+                     help="seconds each service may take to report SERVING (default: 120)")
+    passing = parser.add_argument_group(
+        "pass-through", "Extra arguments appended to every local role of a kind, split like a shell line; write "
+                        "them with '=': --learner-arg='--batch-size 256' --actor-arg=--num-envs=2.")
+    for kind in ROLE_ARG_KINDS:
+        passing.add_argument(f"--{kind}-arg", action="append", default=[], metavar="ARGS",
+                             help=f"appended to every 'apexrl {'actor --evaluate' if kind == 'evaluator' else kind}'"
+                                  + (" (after --actor-arg)" if kind == "evaluator" else "")
+                                  + (" and to the evaluator" if kind == "actor" else ""))
+    ops = parser.add_argument_group("operation")
+    ops.add_argument("--progress-seconds", type=float, default=5.0,
+                     help="seconds between progress lines (default: %(default)s)")
+    ops.add_argument("--stop-grace", type=float, default=5.0,
+                     help="seconds a role may take to exit after SIGTERM before SIGKILL (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from apexrl.launcher.config import ConfigError
+
+    try:
+        config, host = resolve_config(args)
+        run_dir = Path(config.run_dir or default_run_dir(config.env))
+        if (run_dir / "config.json").exists():
+            raise ConfigError(f"{run_dir} already holds a run (config.json); choose another --run-dir")
+        extra = {kind: [a for text in getattr(args, f"{kind}_arg") for a in shlex.split(text)]
+                 for kind in ROLE_ARG_KINDS}
+        if args.progress_seconds <= 0 or args.stop_grace < 0:
+            raise ConfigError("--progress-seconds must be positive and --stop-grace non-negative")
+    except (ConfigError, ValueError) as err:
+        print(f"apexrl launch: error: {err}", file=sys.stderr)
+        return 2
+    return Launch(config, host, run_dir, extra, args.progress_seconds, args.stop_grace).run()
+
+
+def resolve_config(args: argparse.Namespace):
+    """The fleet to run and this machine's name in it: the fleet file or the local fleet, with the command-line
+    options taking precedence."""
+    from apexrl.launcher.config import ConfigError, host_names, load_config, local_fleet
+
+    overrides = {key: value for key, value in (
+        ("env", args.env), ("target_return", args.target_return), ("max_seconds", args.max_seconds),
+        ("run_dir", args.run_dir), ("seed", args.seed), ("replay_capacity", args.replay_capacity),
+        ("startup_timeout", args.startup_timeout)) if value is not None}
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        raise ConfigError(f"--max-seconds ({args.max_seconds}) must be positive")
+    if args.replay_capacity is not None and args.replay_capacity < 1:
+        raise ConfigError(f"--replay-capacity ({args.replay_capacity}) must be positive")
+    if args.config is None:
+        if args.host_name is not None:
+            raise ConfigError("--host-name needs --config (the local fleet runs every role on this machine)")
+        config = local_fleet(num_shards=DEFAULT_NUM_SHARDS if args.num_shards is None else args.num_shards,
+                             num_actors=DEFAULT_NUM_ACTORS if args.num_actors is None else args.num_actors,
+                             **overrides)
+        return config, config.learner.host
+    if args.num_shards is not None or args.num_actors is not None:
+        raise ConfigError("--num-shards and --num-actors describe the local fleet; with --config the fleet file "
+                          "sets the roles")
+    config = dataclasses.replace(load_config(args.config), **overrides)
+    hosts = host_names(config)
+    if args.host_name is None:
+        if len(hosts) > 1:
+            raise ConfigError(f"{args.config} spreads the fleet over {', '.join(hosts)}: pass --host-name")
+        return config, hosts[0]
+    if args.host_name not in hosts:
+        raise ConfigError(f"--host-name {args.host_name!r} runs no role of {args.config}; hosts: {', '.join(hosts)}")
+    return config, args.host_name
+
+
+def default_run_dir(env: str) -> str:
+    return f"runs/{env.replace('/', '_')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+class Launch:
+    """One run of one machine's roles, from start to the final JSON line."""
+
+    def __init__(self, config, host: str, run_dir: Path, extra: dict[str, list[str]], progress_seconds: float,
+                 stop_grace: float) -> None:
+        from apexrl.launcher.config import checks_target
+
+        self.config = config
+        self.host = host
+        self.run_dir = run_dir
+        self.extra = extra
+        self.progress_seconds = progress_seconds
+        self.stop_grace = stop_grace
+        self.checks_target = checks_target(config, host)
+        self.stop = threading.Event()
+        self.force = threading.Event()
+
+    def run(self) -> int:
+        from apexrl.launcher.fleet import Fleet, Interrupted, StartupError
+        from apexrl.launcher.progress import Progress, ProgressCsv
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        start = time.time()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        fleet = Fleet(self.config, self.host, self.run_dir, extra_args=self.extra, stop=self.stop)
+        self._write_config(fleet, start)
+        progress = Progress(self.run_dir / "episodes", *self._metrics_urls(fleet), start_time=start)
+        progress_csv = ProgressCsv(self.run_dir / "progress.csv")
+        failed = False
+        solved = False
+        reason = "signal"
+        row = None
+        try:
+            log.info("launching %s on %s (target return %s, at most %.0fs); run directory %s", self.config.env,
+                     self.host, self.config.target_return if self.checks_target else "not checked here",
+                     self.config.max_seconds, self.run_dir)
+            fleet.start()
+            self._write_config(fleet, start)
+            next_tick = time.time() + self.progress_seconds
+            while True:
+                if self.stop.is_set():
+                    reason = "signal"
+                    break
+                child = fleet.exited()
+                if child is not None:
+                    reason = "role_exited"
+                    failed = child.process.returncode != 0
+                    if failed:
+                        print(f"apexrl launch: {child.role.name} died unexpectedly: {child.describe_exit()}",
+                              file=sys.stderr)
+                    else:
+                        log.info("%s finished (exit status 0); stopping the fleet", child.role.name)
+                    break
+                now = time.time()
+                if now - start >= self.config.max_seconds:
+                    reason = "max_seconds"
+                    break
+                if now >= next_tick:
+                    row = self._tick(progress, progress_csv, now)
+                    if self.checks_target and progress.solved(self.config.target_return):
+                        solved, reason = True, "target"
+                        break
+                    next_tick += self.progress_seconds
+                self.stop.wait(0.2)
+        except Interrupted:
+            reason = "signal"
+        except StartupError as err:
+            failed, reason = True, "startup_failed"
+            print(f"apexrl launch: fleet did not start: {err}", file=sys.stderr)
+        finally:
+            if fleet.children and not self.force.is_set():
+                try:
+                    row = self._tick(progress, progress_csv, time.time(), echo=False)  # last counters
+                except Exception as err:  # noqa: BLE001 (the fleet must still be stopped)
+                    log.warning("final progress read failed: %s", err)
+            log.info("stopping %d roles (%s)", len(fleet.children), reason)
+            fleet.stop(self.stop_grace, self.force)
+            progress_csv.close()
+            progress.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        progress.read_episodes()  # episodes finished while stopping
+        wall = time.time() - start
+        self._write_results()
+        result = {
+            "env_steps": row.env_steps if row else 0,
+            "episodes": row.episodes if row else 0,
+            "updates": row.updates if row else None,
+            "mean_return_100": progress.eval_mean(),
+            "wall_seconds": round(wall, 3),
+            "solved": solved,
+            "run_dir": str(self.run_dir),
+            "reason": reason,
+        }
+        print(json.dumps(result), flush=True)
+        if solved:
+            return 0
+        return 0 if not self.checks_target and not failed and reason in ("signal", "max_seconds") else 1
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stop.is_set():
+            self.force.set()  # second Ctrl-C: kill without waiting
+        self.stop.set()
+
+    def _tick(self, progress, progress_csv, now: float, echo: bool = True):
+        from apexrl.launcher.progress import format_row
+
+        row = progress.tick(now)
+        progress_csv.write(row)
+        if echo:
+            print(format_row(row, progress.eval_episodes), flush=True)
+        return row
+
+    def _metrics_urls(self, fleet) -> tuple[list[str], str | None]:
+        """Exploring actors' and the learner's /metrics: this machine's roles, and other machines' roles whose
+        metrics ports the fleet file fixes."""
+        from apexrl.launcher.config import address, roles
+
+        local = {role.name: role for role in fleet.roles}
+        urls: dict[str, str] = {}
+        for role in roles(self.config):
+            role = local.get(role.name, role)
+            if role.kind in ("actor", "learner") and role.metrics_port:
+                urls[role.name] = f"http://{address(self.config, role.host, role.metrics_port, self.host)}/metrics"
+        learner = urls.pop("learner", None)
+        return list(urls.values()), learner
+
+    def _write_config(self, fleet, start: float) -> None:
+        from apexrl.launcher.config import roles
+
+        commands = fleet.commands()
+        local = {role.name: role for role in fleet.roles}
+        doc = {
+            "host_name": self.host,
+            "run_dir": str(self.run_dir),
+            "started_at": datetime.fromtimestamp(start).isoformat(timespec="seconds"),
+            "launcher": [sys.executable, "-m", "apexrl.launcher", *sys.argv[1:]],
+            "checks_target": self.checks_target,
+            "num_actors": self.config.num_actors,
+            "progress_seconds": self.progress_seconds,
+            "stop_grace": self.stop_grace,
+            "pass_through_args": self.extra,
+            "fleet": dataclasses.asdict(fleet.config),
+            "roles": [
+                {**dataclasses.asdict(local.get(role.name, role)), "local": role.name in local,
+                 "command": commands.get(role.name)}
+                for role in roles(fleet.config)
+            ],
+        }
+        tmp = self.run_dir / ".config.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.replace(self.run_dir / "config.json")
+
+    def _write_results(self) -> None:
+        from apexrl.launcher.progress import merge_episode_files
+
+        episodes = sorted((self.run_dir / "episodes").glob("*.csv"))
+        count = merge_episode_files(episodes, self.run_dir / "episodes.csv")
+        try:
+            from apexrl.launcher.plot import plot_learning_curve
+
+            plot_learning_curve(self.run_dir / "progress.csv", self.run_dir / "episodes.csv",
+                                self.run_dir / "learning_curve.png",
+                                target_return=self.config.target_return, title=self.config.env)
+        except Exception as err:  # noqa: BLE001 (a missing plot must not hide the run's result)
+            log.warning("could not plot the learning curve: %s", err)
+        log.info("wrote %s (%d episodes), progress.csv and learning_curve.png to %s", "episodes.csv", count,
+                 self.run_dir)

@@ -1,0 +1,254 @@
+"""What the launcher knows about a running fleet: Prometheus counters scraped from the roles' /metrics and the
+episodes the actors append to their CSV files, summed into one progress row per tick.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import urllib.request
+from collections import deque
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+EPISODE_COLUMNS = ("wall_time", "actor", "role", "env_steps", "return", "length", "weight_version")
+WINDOW = 100  # episodes in the rolling mean, as in the "solved" criterion
+
+
+def scrape(url: str, timeout: float = 1.0) -> dict[str, float]:
+    """Sample name -> value summed over labels, from a Prometheus text endpoint; raises OSError when unreachable."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read().decode("utf-8", "replace")
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    return values
+
+
+class MetricsScraper:
+    """Remembers the last value every endpoint reported, so an endpoint that misses one scrape (busy, restarting)
+    does not make the fleet's counters jump back."""
+
+    def __init__(self, urls: Sequence[str], timeout: float = 1.0) -> None:
+        self.urls = list(urls)
+        self.timeout = timeout
+        self.last: dict[str, dict[str, float]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(self.urls))),
+                                        thread_name_prefix="scrape") if self.urls else None
+
+    def refresh(self) -> None:
+        if self._pool is None:
+            return
+        for url, values in zip(self.urls, self._pool.map(self._try, self.urls), strict=True):
+            if values is not None:
+                self.last[url] = values
+
+    def total(self, name: str) -> float:
+        return sum(values.get(name, 0.0) for values in self.last.values())
+
+    def value(self, url: str, name: str) -> float | None:
+        return self.last.get(url, {}).get(name)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _try(self, url: str) -> dict[str, float] | None:
+        try:
+            return scrape(url, self.timeout)
+        except (OSError, ValueError):
+            return None
+
+
+class EpisodeTail:
+    """Reads the lines an actor appended to its episode CSV since the last call; a half-written last line waits
+    for the next call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._header: list[str] | None = None
+
+    def read_new(self) -> list[dict[str, str]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []
+        self._offset += end + 1
+        rows = []
+        for line in csv.reader(io.StringIO(chunk[: end + 1].decode("utf-8", "replace"))):
+            if not line:
+                continue
+            if self._header is None:
+                self._header = line
+                continue
+            if len(line) == len(self._header):
+                rows.append(dict(zip(self._header, line, strict=True)))
+        return rows
+
+
+@dataclass(frozen=True)
+class ProgressRow:
+    """One tick of the fleet as this machine sees it (the columns of progress.csv)."""
+
+    wall_seconds: float
+    env_steps: int
+    episodes: int
+    updates: int | None
+    updates_per_second: float | None
+    mean_return_100: float | None
+    mean_explore_return_100: float | None
+    weight_version: int | None
+    unix_time: float
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+class Progress:
+    """Collects scraped counters and episode returns into progress rows.
+
+    Environment steps and exploration episodes count exploring actors only (the evaluator's play is not
+    training data); returns come from the episode CSVs this machine can read.
+    """
+
+    def __init__(self, episodes_dir: Path, actor_urls: Sequence[str], learner_url: str | None,
+                 start_time: float) -> None:
+        self.episodes_dir = episodes_dir
+        self.start_time = start_time
+        self.actor_urls = list(actor_urls)
+        self.learner_url = learner_url
+        self.scraper = MetricsScraper(self.actor_urls + ([learner_url] if learner_url else []))
+        self._tails: dict[Path, EpisodeTail] = {}
+        self.eval_returns: deque[float] = deque(maxlen=WINDOW)
+        self.explore_returns: deque[float] = deque(maxlen=WINDOW)
+        self.eval_episodes = 0
+        self.explore_episodes_read = 0
+        self._last_updates: tuple[float, float] | None = None  # (unix time, updates)
+
+    def read_episodes(self) -> None:
+        for path in sorted(self.episodes_dir.glob("*.csv")):
+            tail = self._tails.setdefault(path, EpisodeTail(path))
+            for row in tail.read_new():
+                try:
+                    value = float(row["return"])
+                except (KeyError, ValueError):
+                    continue
+                if row.get("role") == "evaluate":
+                    self.eval_returns.append(value)
+                    self.eval_episodes += 1
+                else:
+                    self.explore_returns.append(value)
+                    self.explore_episodes_read += 1
+
+    def eval_mean(self) -> float | None:
+        return _mean(self.eval_returns)
+
+    def solved(self, target: float) -> bool:
+        """At least 100 evaluation episodes, and the last 100 average at least `target`."""
+        return len(self.eval_returns) >= WINDOW and sum(self.eval_returns) / WINDOW >= target
+
+    def tick(self, now: float) -> ProgressRow:
+        self.scraper.refresh()
+        self.read_episodes()
+        env_steps = sum(self.scraper.value(u, "apexrl_actor_env_steps_total") or 0.0 for u in self.actor_urls)
+        episodes = sum(self.scraper.value(u, "apexrl_actor_episodes_total") or 0.0 for u in self.actor_urls)
+        updates = version = rate = None
+        if self.learner_url is not None:
+            value = self.scraper.value(self.learner_url, "apexrl_learner_updates_total")
+            if value is not None:
+                updates = int(value)
+                if self._last_updates is not None and now > self._last_updates[0]:
+                    rate = (value - self._last_updates[1]) / (now - self._last_updates[0])
+                self._last_updates = (now, value)
+            weight = self.scraper.value(self.learner_url, "apexrl_learner_weight_version")
+            version = None if weight is None else int(weight)
+        return ProgressRow(
+            wall_seconds=now - self.start_time,
+            env_steps=int(env_steps),
+            # Without actor metrics (remote actors without fixed ports) fall back to the CSVs read here.
+            episodes=int(episodes) if self.actor_urls else self.explore_episodes_read,
+            updates=updates,
+            updates_per_second=rate,
+            mean_return_100=self.eval_mean(),
+            mean_explore_return_100=_mean(self.explore_returns),
+            weight_version=version,
+            unix_time=now,
+        )
+
+    def close(self) -> None:
+        self.scraper.close()
+
+
+def format_row(row: ProgressRow, eval_episodes: int) -> str:
+    """One human line: elapsed, env steps, episodes, returns, learner updates and weights."""
+
+    def num(value: float | None, spec: str = ",.0f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    steps_per_s = row.env_steps / row.wall_seconds if row.wall_seconds > 0 else 0.0
+    return (f"[{row.wall_seconds:6.0f}s] env steps {row.env_steps:,} ({steps_per_s:,.0f}/s) | "
+            f"episodes {row.episodes:,} | eval return {num(row.mean_return_100, '.1f')} "
+            f"(last {min(eval_episodes, WINDOW)} of {eval_episodes}) | "
+            f"explore return {num(row.mean_explore_return_100, '.1f')} | "
+            f"updates {num(row.updates)} ({num(row.updates_per_second, ',.1f')}/s) | "
+            f"weights v{num(row.weight_version, 'd')}")
+
+
+class ProgressCsv:
+    """progress.csv, one row per tick, flushed as it goes so a killed launcher still leaves its history."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "w", newline="")  # noqa: SIM115 (open for the run's lifetime)
+        self._writer = csv.DictWriter(self._file, fieldnames=ProgressRow.columns())
+        self._writer.writeheader()
+
+    def write(self, row: ProgressRow) -> None:
+        self._writer.writerow({k: ("" if v is None else _round(v)) for k, v in asdict(row).items()})
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def merge_episode_files(paths: Iterable[Path], out: Path) -> int:
+    """Every complete episode line of `paths`, sorted by wall time, into one CSV; returns the row count."""
+    rows: list[dict[str, str]] = []
+    for path in paths:
+        rows += EpisodeTail(path).read_new()
+    rows.sort(key=lambda r: _float(r.get("wall_time")))
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=EPISODE_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, out)
+    return len(rows)
+
+
+def _mean(values: Sequence[float] | deque[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _float(text: str | None) -> float:
+    try:
+        return float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.inf
+
+
+def _round(value: float | int) -> float | int:
+    return round(value, 3) if isinstance(value, float) else value

@@ -1,0 +1,82 @@
+"""Learner checkpoints: everything needed to resume training or to play the policy (`apexrl evaluate`).
+
+A checkpoint is a torch file of tensors and plain values only, written atomically (temp file, fsync, rename) and
+read back with `torch.load(weights_only=True)`, so loading one never runs pickled code.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "apexrl-dqn-v1"
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    env_id: str
+    obs_dim: int
+    num_actions: int
+    hidden_sizes: tuple[int, ...]
+    online: dict[str, torch.Tensor]
+    target: dict[str, torch.Tensor]
+    optimizer: dict[str, Any] | None
+    updates: int
+    weight_version: int
+
+
+def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
+    """Write atomically; a crash mid-write leaves the previous checkpoint intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": FORMAT,
+        "env_id": checkpoint.env_id,
+        "obs_dim": checkpoint.obs_dim,
+        "num_actions": checkpoint.num_actions,
+        "hidden_sizes": list(checkpoint.hidden_sizes),
+        "online": checkpoint.online,
+        "target": checkpoint.target,
+        "optimizer": checkpoint.optimizer,
+        "updates": checkpoint.updates,
+        "weight_version": checkpoint.weight_version,
+    }
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint file, or a run directory / checkpoint directory holding `checkpoint.pt`."""
+    path = Path(path)
+    for candidate in (path, path / CHECKPOINT_NAME, path / "checkpoints" / CHECKPOINT_NAME):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"no checkpoint at {path} (looked for {CHECKPOINT_NAME} and checkpoints/{CHECKPOINT_NAME})")
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
+    file = resolve_checkpoint(path)
+    payload = torch.load(file, map_location=map_location, weights_only=True)
+    if payload.get("format") != FORMAT:
+        raise ValueError(f"{file} is not an apexrl checkpoint (format {payload.get('format')!r}, want {FORMAT!r})")
+    return Checkpoint(
+        env_id=payload["env_id"],
+        obs_dim=int(payload["obs_dim"]),
+        num_actions=int(payload["num_actions"]),
+        hidden_sizes=tuple(int(h) for h in payload["hidden_sizes"]),
+        online=payload["online"],
+        target=payload["target"],
+        optimizer=payload["optimizer"],
+        updates=int(payload["updates"]),
+        weight_version=int(payload["weight_version"]),
+    )

@@ -1,0 +1,237 @@
+"""The Ape-X learner: samples prioritized batches across the shards, trains a dueling double DQN on n-step
+targets, writes |TD error| priorities back, and publishes versioned weights for the actors.
+
+Reads top to bottom: config, metrics, then `Learner.train_step` (one update) and `Learner.run` (the loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from apexrl.common.metrics import LATENCY_BUCKETS
+from apexrl.learner.checkpoint import CHECKPOINT_NAME, Checkpoint, load_checkpoint, save_checkpoint
+from apexrl.learner.losses import double_dqn_loss
+from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
+from apexrl.learner.prefetch import Prefetcher
+from apexrl.learner.sharded_client import PrioritizedBatch, ShardedReplayClient
+
+log = logging.getLogger("apexrl.learner")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Configuration of the learner.
+
+    Attributes:
+        batch_size: rows per update, drawn across all shards.
+        target_update_period: updates between copies of the online network into the target network.
+        publish_every: updates between weight versions published to the actors.
+        beta_start, beta_end, beta_anneal_updates: importance-sampling exponent, annealed linearly (PER).
+        min_replay_size: rows the fleet must hold before training starts.
+        priority_epsilon: added to |TD error| so no sampled row drops to priority 0.
+        checkpoint_every: updates between checkpoints (one more is written at exit).
+    """
+
+    replay_addresses: tuple[str, ...]
+    obs_dim: int
+    num_actions: int
+    env_id: str = "CartPole-v1"
+    hidden_sizes: tuple[int, ...] = (128, 128)
+    # Optimisation
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    max_grad_norm: float = 10.0
+    target_update_period: int = 250
+    # Prioritized replay
+    beta_start: float = 0.4
+    beta_end: float = 1.0
+    beta_anneal_updates: int = 20_000
+    priority_epsilon: float = 1e-3
+    min_replay_size: int = 1_000
+    prefetch_depth: int = 4
+    # Weights and checkpoints
+    publish_every: int = 10
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 2_000
+    # Limits
+    max_updates: int | None = None
+    device: str = "auto"
+    seed: int | None = None
+    token: str | None = None
+    sample_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "target_update_period", "publish_every", "checkpoint_every", "prefetch_depth"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
+        if not self.replay_addresses:
+            raise ValueError("the learner needs at least one replay address")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate ({self.learning_rate}) must be > 0")
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+class LearnerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.updates = Counter("apexrl_learner_updates", "Gradient updates done", registry=registry)
+        self.rows_trained = Counter("apexrl_learner_trained_rows", "Sampled rows trained on", registry=registry)
+        self.updates_per_second = Gauge("apexrl_learner_updates_per_second",
+                                        "Updates per second over the last progress interval", registry=registry)
+        self.sample_wait = Histogram("apexrl_learner_sample_wait_seconds", "Time the train step waited for a batch",
+                                     buckets=LATENCY_BUCKETS, registry=registry)
+        self.step_time = Histogram("apexrl_learner_train_step_seconds", "Time of one train step (forward, backward, "
+                                   "optimiser)", buckets=LATENCY_BUCKETS, registry=registry)
+        self.loss = Gauge("apexrl_learner_loss", "Importance-weighted Huber loss of the last update", registry=registry)
+        self.mean_q = Gauge("apexrl_learner_mean_q", "Mean Q(s, a) of the last batch", registry=registry)
+        self.weight_version = Gauge("apexrl_learner_weight_version", "Newest published weights version",
+                                    registry=registry)
+        self.fleet_size = Gauge("apexrl_learner_replay_size_rows", "Rows held by all shards (last view)",
+                                registry=registry)
+        self.stale = Gauge("apexrl_learner_stale_priority_updates", "Priority updates the shards ignored as stale "
+                           "(since start)", registry=registry)
+        self.update_errors = Gauge("apexrl_learner_priority_update_errors", "Priority updates that failed "
+                                   "(since start)", registry=registry)
+
+
+class Learner:
+    """Trains from the sharded replay and publishes weights through `publish(weights, version) -> version`.
+    Versions continue across restarts from the checkpoint, so actors never see a version go backwards."""
+
+    def __init__(self, config: LearnerConfig, publish: Callable[[dict[str, np.ndarray], int], int],
+                 registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.device = config.resolve_device()
+        if config.seed is not None:
+            torch.manual_seed(config.seed)
+        self.online = DuelingQNetwork(config.obs_dim, config.num_actions, config.hidden_sizes).to(self.device)
+        self.target = DuelingQNetwork(config.obs_dim, config.num_actions, config.hidden_sizes).to(self.device)
+        self.target.load_state_dict(self.online.state_dict())
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learning_rate)
+        self.metrics = LearnerMetrics(registry if registry is not None else CollectorRegistry())
+        self.sampler = ShardedReplayClient(config.replay_addresses, timeout=config.sample_timeout, seed=config.seed,
+                                           token=config.token)
+        self._publish = publish
+        self.updates = 0
+        self.weight_version = 0
+        self._resume()
+
+    # ------------------------------------------------------------------------------------------- one update
+    def beta(self) -> float:
+        c = self.config
+        fraction = min(1.0, self.updates / max(1, c.beta_anneal_updates))
+        return c.beta_start + fraction * (c.beta_end - c.beta_start)
+
+    def train_step(self, batch: PrioritizedBatch) -> float:
+        """One double-DQN update on a prioritized batch; new priorities go back to the shards asynchronously."""
+        col = {k: torch.as_tensor(v, device=self.device) for k, v in batch.columns.items()}
+        weights = torch.as_tensor(batch.weights, device=self.device)
+        loss, td_abs = double_dqn_loss(self.online, self.target, col["obs"], col["action"], col["reward"],
+                                       col["discount"], col["next_obs"], weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.sampler.update_priorities(batch, td_abs.cpu().numpy().astype(np.float64) + self.config.priority_epsilon)
+        self.updates += 1
+        if self.updates % self.config.target_update_period == 0:
+            self.target.load_state_dict(self.online.state_dict())
+        if self.updates % self.config.publish_every == 0:
+            self.publish_weights()
+        return loss.item()
+
+    def publish_weights(self) -> int:
+        self.weight_version = self._publish(state_dict_to_numpy(self.online), self.weight_version + 1)
+        self.metrics.weight_version.set(self.weight_version)
+        return self.weight_version
+
+    # ------------------------------------------------------------------------------------------------- loop
+    def run(self, stop: threading.Event, progress_every: float = 10.0) -> None:
+        """Train until `stop` is set or max_updates is reached; checkpoint periodically and at the end."""
+        c = self.config
+        self.publish_weights()  # actors can start acting before the first update
+        prefetcher = Prefetcher(self.sampler, c.batch_size, self.beta, c.prefetch_depth, c.min_replay_size).start()
+        log.info("learner on %s: waiting for %d rows in replay (%s)", self.device, c.min_replay_size,
+                 ", ".join(c.replay_addresses))
+        last_log, last_updates = time.monotonic(), self.updates
+        try:
+            while not stop.is_set() and (c.max_updates is None or self.updates < c.max_updates):
+                wait_start = time.perf_counter()
+                batch = prefetcher.get(timeout=0.5)
+                if batch is None:
+                    continue
+                self.metrics.sample_wait.observe(time.perf_counter() - wait_start)
+                with self.metrics.step_time.time():
+                    loss = self.train_step(batch)
+                self.metrics.updates.inc()
+                self.metrics.rows_trained.inc(len(batch.keys))
+                if self.updates % 20 == 0:
+                    with torch.no_grad():
+                        q = self.online(torch.as_tensor(batch.columns["obs"], device=self.device))
+                    self.metrics.loss.set(loss)
+                    self.metrics.mean_q.set(float(q.mean()))
+                    self.metrics.fleet_size.set(batch.fleet_size)
+                    self.metrics.stale.set(self.sampler.updates_stale)
+                    self.metrics.update_errors.set(self.sampler.update_errors)
+                if c.checkpoint_dir and self.updates % c.checkpoint_every == 0:
+                    self.save()
+                now = time.monotonic()
+                if now - last_log >= progress_every:
+                    rate = (self.updates - last_updates) / (now - last_log)
+                    self.metrics.updates_per_second.set(rate)
+                    log.info("updates %d (%.1f/s), loss %.4f, beta %.2f, weights v%d, replay %d rows, "
+                             "stale priority updates %d", self.updates, rate, loss, self.beta(), self.weight_version,
+                             batch.fleet_size, self.sampler.updates_stale)
+                    last_log, last_updates = now, self.updates
+        finally:
+            prefetcher.stop()
+            try:
+                self.sampler.flush_updates(timeout=5)
+            except TimeoutError:
+                log.warning("some priority updates were still in flight at exit")
+            if c.checkpoint_dir:
+                log.info("final checkpoint: %s", self.save())
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def save(self) -> Path:
+        return save_checkpoint(Path(self.config.checkpoint_dir) / CHECKPOINT_NAME, Checkpoint(
+            env_id=self.config.env_id, obs_dim=self.config.obs_dim, num_actions=self.config.num_actions,
+            hidden_sizes=self.config.hidden_sizes, online=self.online.state_dict(), target=self.target.state_dict(),
+            optimizer=self.optimizer.state_dict(), updates=self.updates, weight_version=self.weight_version,
+        ))
+
+    def _resume(self) -> None:
+        """Continue from checkpoint_dir/checkpoint.pt when it exists (same network shape required)."""
+        if not self.config.checkpoint_dir:
+            return
+        path = Path(self.config.checkpoint_dir) / CHECKPOINT_NAME
+        if not path.exists():
+            return
+        ckpt = load_checkpoint(path, map_location=self.device)
+        if (ckpt.obs_dim, ckpt.num_actions, ckpt.hidden_sizes) != (self.config.obs_dim, self.config.num_actions,
+                                                                  self.config.hidden_sizes):
+            raise ValueError(f"checkpoint {path} has network {ckpt.obs_dim}->{ckpt.hidden_sizes}->{ckpt.num_actions}, "
+                             f"the configuration wants {self.config.obs_dim}->{self.config.hidden_sizes}->"
+                             f"{self.config.num_actions}")
+        self.online.load_state_dict(ckpt.online)
+        self.target.load_state_dict(ckpt.target)
+        if ckpt.optimizer is not None:
+            self.optimizer.load_state_dict(ckpt.optimizer)
+        self.updates = ckpt.updates
+        self.weight_version = ckpt.weight_version
+        log.info("resumed from %s at update %d", path, self.updates)
+
+    def close(self) -> None:
+        self.sampler.close()

@@ -1,0 +1,76 @@
+"""A background sampler that keeps a few prioritized batches ready, so the train step does not wait on the network
+while the shards keep up (ARCHITECTURE §3)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from apexrl.common.errors import ApexError, FailedPreconditionError
+from apexrl.learner.sharded_client import PrioritizedBatch, ShardedReplayClient
+
+log = logging.getLogger(__name__)
+
+
+class Prefetcher:
+    """Samples `batch_size` rows with the current beta in a daemon thread into a bounded queue."""
+
+    def __init__(self, sampler: ShardedReplayClient, batch_size: int, beta: Callable[[], float],
+                 depth: int = 4, min_fleet_size: int = 1) -> None:
+        self._sampler = sampler
+        self._batch_size = batch_size
+        self._beta = beta
+        self._min_fleet_size = min_fleet_size
+        self._queue: queue.Queue[PrioritizedBatch] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="apexrl-prefetch", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> Prefetcher:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        backoff = 0.1
+        last_warning = 0.0
+        while not self._stop.is_set():
+            try:
+                if self._sampler.fleet_size < self._min_fleet_size:
+                    self._sampler.refresh(timeout=5.0)
+                    if self._sampler.fleet_size < self._min_fleet_size:
+                        raise FailedPreconditionError(
+                            f"replay holds {self._sampler.fleet_size} rows, waiting for {self._min_fleet_size}")
+                batch = self._sampler.sample(self._batch_size, beta=self._beta())
+                backoff = 0.1
+            except ApexError as err:
+                if time.monotonic() - last_warning > 10:
+                    log.info("sampling not possible yet: %s", err)
+                    last_warning = time.monotonic()
+                self._stop.wait(backoff)
+                backoff = min(2.0, backoff * 2)
+                continue
+            except BaseException as err:  # a bug: surface it in the train loop instead of dying silently
+                self.error = err
+                return
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(batch, timeout=0.2)
+                    break
+                except queue.Full:
+                    continue
+
+    def get(self, timeout: float) -> PrioritizedBatch | None:
+        """The next batch, or None when none arrived within `timeout` seconds."""
+        if self.error is not None:
+            raise RuntimeError("prefetch thread failed") from self.error
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create .venv (or reuse it) and install apexrl with everything needed to train and test.
+#   bash scripts/setup.sh           # train + dev extras
+#   APEXRL_EXTRAS=train bash scripts/setup.sh
+# torch is pinned to the CPU build first: a plain 'torch' requirement would otherwise pull a multi-GB CUDA build.
+# Set APEXRL_TORCH to choose another torch requirement (e.g. a CUDA build on a GPU machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${APEXRL_VENV:-.venv}
+EXTRAS=${APEXRL_EXTRAS:-train,dev}
+TORCH=${APEXRL_TORCH:-torch==2.13.0}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  python3 -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+echo "setup: installing $TORCH"
+"${PIP[@]}" "$TORCH" 2>&1 | grep -v "^WARNING: Location" || true
+"$VENV/bin/python" -c "import torch" 2>/dev/null || { echo "setup: torch failed to install" >&2; exit 1; }
+echo "setup: installing apexrl[$EXTRAS] (editable)"
+"${PIP[@]}" -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
+"$VENV/bin/python" -c "import apexrl.replay_server, apexrl.actor, apexrl.learner" \
+  || { echo "setup: apexrl failed to install" >&2; exit 1; }
+echo "setup: done ($("$VENV/bin/python" -c 'import torch, grpc, numpy; print(f"torch {torch.__version__}, grpcio {grpc.__version__}, numpy {numpy.__version__}")'))"

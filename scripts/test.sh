@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up .venv and run every check CI runs: generated code up to date, lint, the whole test suite.
+#   bash scripts/test.sh                 # everything (about 5-10 minutes on 2 cores)
+#   bash scripts/test.sh -k sharded      # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+VENV=${APEXRL_VENV:-.venv}
+echo "== generated protobuf code"
+"$VENV/bin/python" protos/generate.py --check
+echo "== ruff"
+"$VENV/bin/ruff" check .
+echo "== pytest"
+exec "$VENV/bin/python" -m pytest "$@"
