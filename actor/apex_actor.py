@@ -41,6 +41,8 @@ class ActorConfig:
         epsilon: fixed exploration rate; None uses Ape-X's 0.4 ** (1 + 7 i / (N - 1)) (0 when evaluating).
         evaluate: play only (no replay inserts) with the newest weights, fetched before every episode.
         pull_every: environment steps between checks for newer weights (Ape-X: 400 frames).
+        max_steps_per_second: pace of this actor; None runs as fast as the shards accept data. Evaluators use it
+            so that playing greedy episodes does not take CPU from the learner.
         batch_size: transitions per replay insert.
     """
 
@@ -60,6 +62,7 @@ class ActorConfig:
     pull_every: int = 100
     weights_wait_seconds: float = 120.0
     # Limits
+    max_steps_per_second: float | None = None
     max_env_steps: int | None = None
     max_episodes: int | None = None
     seed: int | None = None
@@ -196,7 +199,12 @@ class ApeXActor:
         lengths = np.zeros(len(self.envs), dtype=np.int64)
         outbox: list[Transition] = []
         steps_since_pull = 0
+        started = time.monotonic()
         while not stop.is_set():
+            if cfg.max_steps_per_second:
+                ahead = self.env_steps / cfg.max_steps_per_second - (time.monotonic() - started)
+                if ahead > 0.01:
+                    stop.wait(ahead)
             actions = epsilon_greedy(self.policy.q_values(obs), self.epsilon, self._rng)
             for i, env in enumerate(self.envs):
                 next_obs, reward, terminated, truncated, _ = env.step(int(actions[i]))

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="transitions per replay insert (default: %(default)s)")
     parser.add_argument("--pull-every", type=int, default=100,
                         help="environment steps between checks for newer weights (default: %(default)s)")
+    parser.add_argument("--max-steps-per-second", type=float, default=None,
+                        help="pace the actor to at most this many environment steps per second (default: "
+                             "unlimited; evaluators: 1000)")
     parser.add_argument("--max-env-steps", type=int, default=None, help="stop after this many environment steps")
     parser.add_argument("--max-episodes", type=int, default=None, help="stop after this many episodes")
     parser.add_argument("--episodes-csv", default=None,
@@ -57,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
             replay_addresses=args.replay, params_address=args.params, actor_index=args.actor_index,
             num_actors=args.num_actors, env_id=args.env, num_envs=args.num_envs, epsilon=args.epsilon,
             evaluate=args.evaluate, n_step=args.n_step, gamma=args.gamma, batch_size=args.batch_size,
-            pull_every=args.pull_every, max_env_steps=args.max_env_steps, max_episodes=args.max_episodes,
+            pull_every=args.pull_every, max_env_steps=args.max_env_steps,
+            max_steps_per_second=args.max_steps_per_second or (1000.0 if args.evaluate else None), max_episodes=args.max_episodes,
             seed=args.seed, token=args.token,
         )
     except ValueError as err:

@@ -39,6 +39,8 @@ from apexrl.proto import replay_pb2, replay_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# Per-batch answers that mean "not stored, try again later" rather than "this batch is wrong".
+_RETRY_ACK_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 # Stream failures after which reconnecting and resending cannot help.
 _FATAL_STREAM_CODES = {
     grpc.StatusCode.UNAUTHENTICATED,
@@ -134,6 +136,7 @@ class ReplayClient:
         self._errors: list[ApexError] = []
         self._closed = False
         self._writer_thread: threading.Thread | None = None
+        self._stream_call: grpc.Future | None = None
         self.reconnects = 0
         self.last_incarnation = 0
 
@@ -210,6 +213,8 @@ class ReplayClient:
                 self._stream_queue = stream_queue
             try:
                 call = self._stub.Insert(_drain(stream_queue))
+                with self._cond:
+                    self._stream_call = call
                 for ack in call:
                     self._on_ack(ack)
                     backoff = 0.05
@@ -218,6 +223,7 @@ class ReplayClient:
                 error = err
             with self._cond:
                 self._stream_queue = None
+                self._stream_call = None
                 stream_queue.put(None)
                 if self._closed:
                     return
@@ -229,10 +235,17 @@ class ReplayClient:
 
     def _on_ack(self, ack: replay_pb2.InsertAck) -> None:
         with self._cond:
-            request = self._pending.pop(ack.sequence, None)
             self.last_incarnation = ack.incarnation
-            if ack.error_code and request is not None:
-                code = status_code_from_int(ack.error_code)
+            code = status_code_from_int(ack.error_code) if ack.error_code else grpc.StatusCode.OK
+            if code in _RETRY_ACK_CODES:
+                # The shard is going away and stored nothing: keep this batch (and every later one) pending and
+                # resend them in order on a new stream, to this shard once it is back.
+                log.info("shard %s refused batch %d (%s); will resend", self.address, ack.sequence, code.name)
+                if self._stream_call is not None:
+                    self._stream_call.cancel()
+                return
+            request = self._pending.pop(ack.sequence, None)
+            if code != grpc.StatusCode.OK and request is not None:
                 self._errors.append(error_for_code(code, f"insert of batch {ack.sequence} to {self.address} "
                                                          f"rejected: {code.name}: {ack.error_message}"))
             self._cond.notify_all()

@@ -835,7 +835,8 @@ def format_rate(value: float | None) -> str:
 
 
 def print_table(bench: Bench, file=sys.stdout) -> None:
-    headers = ["figure", "value", "unit", "MB/s", "ceiling", "ratio", "target", "met", "cpu cli+srv"]
+    headers = ["figure", "value", "unit", "MB/s", "ceiling", "ratio", "target", "met", "cores cli+srv",
+               "CPU us/call cli/srv"]
     lines: list[list[str] | str] = []
     section = None
     # apexrl (and cpprb) figures first, grouped by section; the raw ceilings they refer to at the end.
@@ -845,16 +846,19 @@ def print_table(bench: Bench, file=sys.stdout) -> None:
         if row.section != section:
             section = row.section
             lines.append(f"-- {section}")
-        cpu = ""
-        if row.client_cpu is not None:
+        cpu = per_call = ""
+        if row.client_cpu is not None and row.calls:
             cpu = f"{row.client_cpu:.2f}" + ("" if row.server_cpu is None else f"+{row.server_cpu:.2f}")
+            per_call = f"{row.client_cpu * row.seconds / row.calls * 1e6:,.0f}"
+            if row.server_cpu is not None:
+                per_call += f"/{row.server_cpu * row.seconds / row.calls * 1e6:,.0f}"
         lines.append([row.name, format_rate(row.value), row.unit,
                       "" if row.mb_per_s is None else f"{row.mb_per_s:,.1f}", format_rate(row.ceiling),
                       "" if row.ratio is None else f"{row.ratio:.2f}", row.target_text or "",
-                      "" if row.met is None else ("yes" if row.met else "NO"), cpu])
+                      "" if row.met is None else ("yes" if row.met else "NO"), cpu, per_call])
     widths = [max(len(h), *(len(line[i]) for line in lines if isinstance(line, list))) for i, h in
               enumerate(headers)]
-    right = {1, 3, 4, 5, 8}
+    right = {1, 3, 4, 5, 8, 9}
 
     def fmt(cells: list[str]) -> str:
         text = "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
@@ -867,7 +871,10 @@ def print_table(bench: Bench, file=sys.stdout) -> None:
     print("ceiling: the raw gRPC figure for the same call shape and message size, measured in this run against a "
           "bytes-only server in its own process, in the unit of the figure; ratio = value / ceiling (for the "
           "in-process cycle: value / cpprb). MB/s: row payload (1 MB = 1e6 B), message bytes for ceilings. "
-          "cpu: cores used by the client process + the server process during the figure.", file=file)
+          "cores: CPU used by the client process + the server process during the figure (1.00 = one core busy); "
+          "CPU us/call: those CPU seconds per call (or per message/batch) in each process: under load from other "
+          "processes the rates drop but these stay put, and 1e6 / the larger of the two roughly bounds the rate on an idle machine.",
+          file=file)
     if bench.fill_rate:
         print(f"Shard filled at {bench.fill_rate:,.0f} rows/s in batches of {FILL_BATCH:,} through the SDK.",
               file=file)

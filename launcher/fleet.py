@@ -103,8 +103,9 @@ class Fleet:
             (self.run_dir / d).mkdir(parents=True, exist_ok=True)
         timeout = self.config.startup_timeout
         shard_ports: dict[int, int] = {}
-        for role in (r for r in self.roles if r.kind == "replay"):
-            child = self._spawn(role)
+        shards = [self._spawn(r) for r in self.roles if r.kind == "replay"]  # start together, then wait for each
+        for child in shards:
+            role = child.role
             port = self._wait_port_file(child, self.run_dir / "ports" / f"{role.name}.port", timeout)
             self._wait_healthy(address(self.config, self.host, port, self.host), timeout, child)
             shard_ports[role.index] = port

@@ -172,6 +172,8 @@ class Launch:
                      self.config.max_seconds, self.run_dir)
             fleet.start()
             self._write_config(fleet, start)
+            row = self._tick(progress, progress_csv, time.time())  # anchors the curve: 0 steps once all run
+            threading.Thread(target=_import_plotting, name="import-matplotlib", daemon=True).start()
             next_tick = time.time() + self.progress_seconds
             while True:
                 if self.stop.is_set():
@@ -207,7 +209,7 @@ class Launch:
             if fleet.children and not self.force.is_set():
                 try:
                     row = self._tick(progress, progress_csv, time.time(), echo=False)  # last counters
-                except Exception as err:  # noqa: BLE001 (the fleet must still be stopped)
+                except Exception as err:  # the fleet must still be stopped
                     log.warning("final progress read failed: %s", err)
             log.info("stopping %d roles (%s)", len(fleet.children), reason)
             fleet.stop(self.stop_grace, self.force)
@@ -292,13 +294,28 @@ class Launch:
 
         episodes = sorted((self.run_dir / "episodes").glob("*.csv"))
         count = merge_episode_files(episodes, self.run_dir / "episodes.csv")
-        try:
-            from apexrl.launcher.plot import plot_learning_curve
+        written = ["progress.csv", f"episodes.csv ({count} episodes)"]
+        if self.force.is_set():
+            log.info("skipping the learning curve (second signal)")
+        else:
+            try:
+                from apexrl.launcher.plot import plot_learning_curve
 
-            plot_learning_curve(self.run_dir / "progress.csv", self.run_dir / "episodes.csv",
-                                self.run_dir / "learning_curve.png",
-                                target_return=self.config.target_return, title=self.config.env)
-        except Exception as err:  # noqa: BLE001 (a missing plot must not hide the run's result)
-            log.warning("could not plot the learning curve: %s", err)
-        log.info("wrote %s (%d episodes), progress.csv and learning_curve.png to %s", "episodes.csv", count,
-                 self.run_dir)
+                plot_learning_curve(self.run_dir / "progress.csv", self.run_dir / "episodes.csv",
+                                    self.run_dir / "learning_curve.png",
+                                    target_return=self.config.target_return, title=self.config.env)
+                written.append("learning_curve.png")
+            except Exception as err:  # a missing plot must not hide the run's result
+                log.warning("could not plot the learning curve: %s", err)
+        log.info("wrote %s in %s", ", ".join(written), self.run_dir)
+
+
+def _import_plotting() -> None:
+    """Import matplotlib while the fleet trains, so that drawing the curve at exit takes a moment, not seconds."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except Exception:  # reported when plotting at exit
+        pass

@@ -93,7 +93,8 @@ def plot_learning_curve(progress_csv: str | os.PathLike, episodes_csv: str | os.
         ax.set_xlabel(xlabel)
         ax.set_ylabel("episode return (greedy evaluation)")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize="small")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right", fontsize="small")
     ax_steps.ticklabel_format(axis="x", style="sci", scilimits=(0, 4))
     fig.suptitle(f"{title} learning curve" if title else "learning curve")
     out = Path(out)

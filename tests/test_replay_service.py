@@ -203,3 +203,27 @@ def test_health_reflection_and_token(make_shard):
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
         names = {s.name for s in replies[0].list_services_response.service}
     assert {"apexrl.v1.ReplayService", "grpc.health.v1.Health"} <= names
+
+
+def test_batches_refused_by_a_shutting_down_shard_are_resent_to_its_replacement(shard):
+    """UNAVAILABLE in an ack means 'not stored, try later': the SDK keeps the batch and resends it when the shard
+    is back (here: a new shard process on the same address), instead of failing the writer."""
+    from apexrl.replay_server.service import create_replay_server
+    from apexrl.replay_server.table import ReplayTable
+
+    port = int(shard.address.rsplit(":", 1)[1])
+    with ReplayClient(shard.address, timeout=30) as client:
+        client.insert(cartpole_batch(10))
+        client.flush()
+        shard.table.close()  # shutting down: refuses every batch with UNAVAILABLE
+        client.insert(cartpole_batch(10, 10))
+        client.insert(cartpole_batch(10, 20))
+        with pytest.raises(DeadlineExceededError, match="unacknowledged"):
+            client.flush(timeout=1.0)
+        assert client.pending == 2
+        shard.server.stop(0)
+        replacement = ReplayTable(TableConfig(capacity=100))
+        shard.server, _, _, _ = create_replay_server(replacement, f"127.0.0.1:{port}")
+        client.flush(timeout=30)
+    assert replacement.info().inserted_total == 20
+    np.testing.assert_array_equal(np.sort(replacement.sample(200).columns["action"].reshape(-1))[[0, -1]], [10, 29])
