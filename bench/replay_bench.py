@@ -880,7 +880,8 @@ def print_table(bench: Bench, file=sys.stdout) -> None:
               file=file)
     load = bench.load_before, bench.load_after
     print(f"Load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f} on {os.cpu_count()} CPUs"
-          + ("  ** other processes were busy: figures are disturbed **" if max(load) > 1.5 else ""), file=file)
+          + ("  ** other processes were busy: figures are disturbed **" if max(load) > 1.5 else "")
+          + (f"; this run's niceness {os.nice(0)}" if os.nice(0) else ""), file=file)
 
 
 def metadata(args: argparse.Namespace) -> dict:
@@ -889,7 +890,7 @@ def metadata(args: argparse.Namespace) -> dict:
     meta = {
         "argv": sys.argv, "args": vars(args), "python": platform.python_version(), "numpy": np.__version__,
         "grpcio": grpc.__version__, "cpus": os.cpu_count(), "machine": platform.machine(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "nice": os.nice(0),
     }
     try:
         import google.protobuf

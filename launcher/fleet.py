@@ -39,7 +39,7 @@ class StartupError(Exception):
     """A role did not come up; the message names it and quotes the end of its log."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "") -> int:
     """A port nothing listens on right now (bind port 0, read, close); a small race with other programs remains."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -81,20 +81,16 @@ class Fleet:
         self.extra_args = extra_args
         self.stop_requested = stop
         self.children: list[Child] = []
-        # Fill in ports picked here: metrics ports of this machine's roles, and the learner's port if unset.
-        self.roles = [r if r.metrics_port is not None else replace(r, metrics_port=free_port())
-                      for r in roles_on(config, host)]
-        if config.learner.host == host and not config.learner.params_port:
-            self.config = with_ports(config, params_port=free_port())
-            self.roles = [replace(r, port=self.config.learner.params_port) if r.kind == "learner" else r
-                          for r in self.roles]
+        # Ports left open in the config (metrics ports, the local fleet's parameter-service port) are picked just
+        # before the role that binds them starts, to keep the window in which another program could take them short.
+        self.roles = roles_on(config, host)
 
     # --- start ----------------------------------------------------------------------------------------------------
 
-    def commands(self) -> dict[str, list[str]]:
-        """Every local role's command line as run, or as planned while shard ports are still unknown."""
+    def commands(self) -> dict[str, list[str] | None]:
+        """Every local role's command line, or None while it has not been started."""
         started = {child.role.name: child.argv for child in self.children}
-        return {r.name: started.get(r.name) or self._argv(r) for r in self.roles}
+        return {r.name: started.get(r.name) for r in self.roles}
 
     def start(self) -> None:
         """Start every local role; raises StartupError or Interrupted (children already started keep running
@@ -102,46 +98,50 @@ class Fleet:
         for d in ("logs", "ports", "episodes", "checkpoints"):
             (self.run_dir / d).mkdir(parents=True, exist_ok=True)
         timeout = self.config.startup_timeout
-        shard_ports: dict[int, int] = {}
         shards = [self._spawn(r) for r in self.roles if r.kind == "replay"]  # start together, then wait for each
+        shard_ports: dict[int, int] = {}
         for child in shards:
-            role = child.role
-            port = self._wait_port_file(child, self.run_dir / "ports" / f"{role.name}.port", timeout)
+            port = self._wait_port_file(child, self._port_file(child.role), timeout)
             self._wait_healthy(address(self.config, self.host, port, self.host), timeout, child)
-            shard_ports[role.index] = port
-            log.info("%s serving on port %d", role.name, port)
+            shard_ports[child.role.index] = port
+            log.info("%s serving on port %d", child.role.name, port)
         self.config = with_ports(self.config, shard_ports=shard_ports)
         for i, shard in enumerate(self.config.shards):
             if shard.host != self.host:
                 self._wait_healthy(address(self.config, shard.host, shard.port, self.host), timeout, None,
                                    f"shard-{i} on {shard.host}")
-        links = wiring(self.config, self.host)
         for role in (r for r in self.roles if r.kind == "learner"):
+            if not role.port:
+                self.config = with_ports(self.config, params_port=free_port())
+                role = replace(role, port=self.config.learner.params_port)
             child = self._spawn(role)
-            self._wait_healthy(links.params, timeout, child)
-            log.info("learner serving the parameter service at %s", links.params)
+            params = wiring(self.config, self.host).params
+            self._wait_healthy(params, timeout, child)
+            log.info("learner serving the parameter service at %s", params)
         if self.config.learner.host != self.host and any(r.kind in ("actor", "evaluator") for r in self.roles):
-            self._wait_healthy(links.params, timeout, None, f"learner on {self.config.learner.host}")
+            self._wait_healthy(wiring(self.config, self.host).params, timeout, None,
+                               f"learner on {self.config.learner.host}")
         for role in (r for r in self.roles if r.kind in ("actor", "evaluator")):
             self._spawn(role)
         log.info("started %d roles on %s: %s", len(self.children), self.host,
                  ", ".join(c.role.name for c in self.children))
 
-    def _argv(self, role: Role) -> list[str]:
-        cfg = self.config
-        links = wiring(cfg, self.host) if all(s.port for s in cfg.shards) else Wiring(  # planned, before start
-            replay=tuple(address(cfg, s.host, s.port, self.host) if s.port else "(port from port file)"
-                         for s in cfg.shards),
-            params=address(cfg, cfg.learner.host, cfg.learner.params_port or 0, self.host))
-        extra = list(self.extra_args.get(role.kind, ()))
-        if role.kind == "evaluator":  # --actor-arg reaches the evaluator too, before its own --evaluator-arg
-            extra = list(self.extra_args.get("actor", ())) + extra
-        return [sys.executable, "-m", "apexrl.launcher", *command(self.config, role, links, self.run_dir, extra)]
+    def _port_file(self, role: Role) -> Path:
+        return self.run_dir / "ports" / f"{role.name}.port"
 
     def _spawn(self, role: Role) -> Child:
         if self.stop_requested.is_set():
             raise Interrupted()
-        argv = self._argv(role)
+        if role.metrics_port is None:
+            role = replace(role, metrics_port=free_port())
+        self.roles = [role if r.name == role.name else r for r in self.roles]
+        if role.kind == "replay":
+            self._port_file(role).unlink(missing_ok=True)
+        links = wiring(self.config, self.host) if role.kind != "replay" else Wiring((), "")
+        extra = list(self.extra_args.get(role.kind, ()))
+        if role.kind == "evaluator":  # --actor-arg reaches the evaluator too, before its own --evaluator-arg
+            extra = list(self.extra_args.get("actor", ())) + extra
+        argv = [sys.executable, "-m", "apexrl.launcher", *command(self.config, role, links, self.run_dir, extra)]
         log_path = self.run_dir / "logs" / f"{role.name}.log"
         log_file = open(log_path, "ab")  # noqa: SIM115 (the child writes to it for its lifetime)
         log_file.write(f"# {' '.join(argv)}\n".encode())
@@ -207,11 +207,12 @@ class Fleet:
                 _signal(child, signal.SIGTERM)
             deadline = time.monotonic() + grace
             while any(c.process.poll() is None for c in group):
-                if time.monotonic() > deadline or (force is not None and force.is_set()):
+                forced = force is not None and force.is_set()
+                if forced or time.monotonic() > deadline:
                     for child in group:
                         if child.process.poll() is None:
-                            log.warning("%s did not stop within %.0fs of SIGTERM; killing it", child.role.name,
-                                        grace)
+                            log.warning("killing %s (%s)", child.role.name, "second signal" if forced else
+                                        f"still running {grace:.0f}s after SIGTERM")
                             _signal(child, signal.SIGKILL)
                     for child in group:
                         child.process.wait()

@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as err:
         print(f"apexrl launch: error: {err}", file=sys.stderr)
         return 2
-    return Launch(config, host, run_dir, extra, args.progress_seconds, args.stop_grace).run()
+    return Launch(config, host, run_dir, extra, args.progress_seconds, args.stop_grace,
+                  options={k: v for k, v in vars(args).items() if k != "func"}).run()
 
 
 def resolve_config(args: argparse.Namespace):
@@ -138,7 +139,7 @@ class Launch:
     """One run of one machine's roles, from start to the final JSON line."""
 
     def __init__(self, config, host: str, run_dir: Path, extra: dict[str, list[str]], progress_seconds: float,
-                 stop_grace: float) -> None:
+                 stop_grace: float, options: dict | None = None) -> None:
         from apexrl.launcher.config import checks_target
 
         self.config = config
@@ -147,38 +148,44 @@ class Launch:
         self.extra = extra
         self.progress_seconds = progress_seconds
         self.stop_grace = stop_grace
+        self.options = options or {}
         self.checks_target = checks_target(config, host)
         self.stop = threading.Event()
         self.force = threading.Event()
 
     def run(self) -> int:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        start = time.time()
+        signals = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
+        try:
+            return self._run(start)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self, start: float) -> int:
         from apexrl.launcher.fleet import Fleet, Interrupted, StartupError
         from apexrl.launcher.progress import Progress, ProgressCsv
 
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        start = time.time()
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         fleet = Fleet(self.config, self.host, self.run_dir, extra_args=self.extra, stop=self.stop)
         self._write_config(fleet, start)
-        progress = Progress(self.run_dir / "episodes", *self._metrics_urls(fleet), start_time=start)
         progress_csv = ProgressCsv(self.run_dir / "progress.csv")
-        failed = False
-        solved = False
-        reason = "signal"
+        progress: Progress | None = None
         row = None
+        failed = solved = False
+        reason = "signal"
         try:
             log.info("launching %s on %s (target return %s, at most %.0fs); run directory %s", self.config.env,
                      self.host, self.config.target_return if self.checks_target else "not checked here",
                      self.config.max_seconds, self.run_dir)
             fleet.start()
             self._write_config(fleet, start)
+            progress = Progress(self.run_dir / "episodes", *self._metrics_urls(fleet), start_time=start)
             row = self._tick(progress, progress_csv, time.time())  # anchors the curve: 0 steps once all run
             threading.Thread(target=_import_plotting, name="import-matplotlib", daemon=True).start()
             next_tick = time.time() + self.progress_seconds
-            while True:
-                if self.stop.is_set():
-                    reason = "signal"
-                    break
+            while not self.stop.is_set():
                 child = fleet.exited()
                 if child is not None:
                     reason = "role_exited"
@@ -197,6 +204,8 @@ class Launch:
                     row = self._tick(progress, progress_csv, now)
                     if self.checks_target and progress.solved(self.config.target_return):
                         solved, reason = True, "target"
+                        log.info("solved: the last 100 evaluation episodes average %.1f >= %g",
+                                 progress.eval_mean(), self.config.target_return)
                         break
                     next_tick += self.progress_seconds
                 self.stop.wait(0.2)
@@ -206,6 +215,8 @@ class Launch:
             failed, reason = True, "startup_failed"
             print(f"apexrl launch: fleet did not start: {err}", file=sys.stderr)
         finally:
+            if progress is None:  # startup did not finish: count what the started roles did
+                progress = Progress(self.run_dir / "episodes", *self._metrics_urls(fleet), start_time=start)
             if fleet.children and not self.force.is_set():
                 try:
                     row = self._tick(progress, progress_csv, time.time(), echo=False)  # last counters
@@ -215,9 +226,7 @@ class Launch:
             fleet.stop(self.stop_grace, self.force)
             progress_csv.close()
             progress.close()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        progress.read_episodes()  # episodes finished while stopping
+            self._write_config(fleet, start)
         wall = time.time() - start
         self._write_results()
         result = {
@@ -256,10 +265,10 @@ class Launch:
 
         local = {role.name: role for role in fleet.roles}
         urls: dict[str, str] = {}
-        for role in roles(self.config):
+        for role in roles(fleet.config):
             role = local.get(role.name, role)
             if role.kind in ("actor", "learner") and role.metrics_port:
-                urls[role.name] = f"http://{address(self.config, role.host, role.metrics_port, self.host)}/metrics"
+                urls[role.name] = f"http://{address(fleet.config, role.host, role.metrics_port, self.host)}/metrics"
         learner = urls.pop("learner", None)
         return list(urls.values()), learner
 
@@ -272,7 +281,7 @@ class Launch:
             "host_name": self.host,
             "run_dir": str(self.run_dir),
             "started_at": datetime.fromtimestamp(start).isoformat(timespec="seconds"),
-            "launcher": [sys.executable, "-m", "apexrl.launcher", *sys.argv[1:]],
+            "launch_options": self.options,
             "checks_target": self.checks_target,
             "num_actors": self.config.num_actors,
             "progress_seconds": self.progress_seconds,
@@ -295,8 +304,8 @@ class Launch:
         episodes = sorted((self.run_dir / "episodes").glob("*.csv"))
         count = merge_episode_files(episodes, self.run_dir / "episodes.csv")
         written = ["progress.csv", f"episodes.csv ({count} episodes)"]
-        if self.force.is_set():
-            log.info("skipping the learning curve (second signal)")
+        if self.force.is_set() or count == 0:
+            log.info("no learning curve: %s", "second signal" if count else "no episodes finished")
         else:
             try:
                 from apexrl.launcher.plot import plot_learning_curve

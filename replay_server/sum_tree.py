@@ -156,9 +156,6 @@ class SumTree:
         leaves = idx + self._leaf0
         ancestors = leaves >> self._shifts  # row h: ancestor h levels above each leaf
         siblings = ancestors[:-1] ^ 1
-        # Warm-up read: each sibling shares a cache line with the node it pairs with, so this one gather (many
-        # loads in flight) brings in every line the loop below writes; scattering into cold lines is far slower.
-        pairs[siblings]
         new = np.empty(idx.shape, dtype=np.complex128)
         new.real = values
         new.imag = np.where(values > 0.0, values, math.inf)

@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 
+from apexrl.launcher import cli  # noqa: E402
 from apexrl.learner.checkpoint import Checkpoint, save_checkpoint  # noqa: E402
 from apexrl.learner.networks import DuelingQNetwork  # noqa: E402
 
@@ -42,7 +43,14 @@ def test_evaluate_a_run_directory(tmp_path):
     assert result["std_return"] >= 0
 
 
-def test_evaluate_reports_a_missing_checkpoint(tmp_path):
-    done = evaluate(str(tmp_path), "--episodes", "1")
-    assert done.returncode == 2
-    assert "no checkpoint at" in done.stderr
+def test_evaluate_reports_a_missing_checkpoint_or_bad_episodes(tmp_path, capsys):
+    assert cli.main(["evaluate", str(tmp_path), "--episodes", "1"]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err
+    assert cli.main(["evaluate", str(tmp_path), "--episodes", "0"]) == 2
+    assert "--episodes (0) must be at least 1" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_an_environment_the_network_does_not_fit(tmp_path, capsys):
+    run_dir = make_run_dir(tmp_path)
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "1", "--env", "Acrobot-v1"]) == 2
+    assert "Acrobot-v1 has observations of size 6 and 3 actions" in capsys.readouterr().err

@@ -80,7 +80,7 @@ def batch(draw: st.DrawFn, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(indices, dtype=np.int64), np.array(priorities, dtype=np.float64)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(
     capacity=st.sampled_from(CAPACITIES),
     top_nodes=st.sampled_from(TOP_NODES),
@@ -108,7 +108,7 @@ def test_random_batched_updates_match_reference(
                 tree.sample(8, rng)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     capacity=st.integers(1, 70),
     top_nodes=st.sampled_from(TOP_NODES),
