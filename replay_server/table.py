@@ -67,8 +67,8 @@ class TableConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.capacity, int) or self.capacity < 1:
             raise ValueError(f"capacity ({self.capacity}) must be a positive integer")
-        if not (math.isfinite(self.alpha) and self.alpha >= 0):
-            raise ValueError(f"alpha ({self.alpha}) must be finite and >= 0")
+        if not 0 <= self.alpha <= 10:
+            raise ValueError(f"alpha ({self.alpha}) must be in [0, 10]")
         if self.min_size_to_sample < 1:
             raise ValueError(f"min_size_to_sample ({self.min_size_to_sample}) must be a positive integer")
         if self.min_size_to_sample > self.capacity:
@@ -99,18 +99,24 @@ class SampleResult:
     incarnation: int
 
 
+# Largest raw priority accepted: far above any |TD error|, and small enough that p ** alpha (alpha <= 10) summed
+# over any table stays finite in float64.
+MAX_PRIORITY = 1e25
+
+
 def check_priorities(priorities: np.ndarray, rows: int, what: str = "priorities") -> np.ndarray:
-    """Validate raw priorities: shape [rows], real dtype, finite, >= 0. Returns them as float64."""
+    """Validate raw priorities: shape [rows], real dtype, finite, in [0, MAX_PRIORITY]. Returns them as float64."""
     if priorities.ndim != 1 or priorities.shape[0] != rows:
         raise InvalidArgumentError(f"{what} has shape {list(priorities.shape)}, expected [{rows}]")
     if priorities.dtype.kind != "f":
         raise InvalidArgumentError(f"{what} must be float32 or float64, got {priorities.dtype.name}")
     values = priorities.astype(np.float64, copy=False)
-    bad = ~np.isfinite(values) | (values < 0)
+    bad = ~((values >= 0) & (values <= MAX_PRIORITY))  # also true for NaN
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise InvalidArgumentError(
-            f"{what} must be finite and >= 0; {int(bad.sum())} are not (first: index {i} = {float(values[i])})"
+            f"{what} must be finite, >= 0 and <= {MAX_PRIORITY:g}; {int(bad.sum())} are not "
+            f"(first: index {i} = {float(values[i])})"
         )
     return values
 

@@ -148,6 +148,7 @@ def _mutations():
         ("priority +inf", priority(np.inf), "first: index 3 = inf"),
         ("priority -inf", priority(-np.inf), "first: index 3 = -inf"),
         ("priority negative", priority(-0.5), "first: index 3 = -0.5"),
+        ("priority huge", priority(1e300), "<= 1e+25; 1 are not (first: index 3 = 1e+300)"),
         ("priorities length", priorities_wrong_length, "priorities has shape [5], expected [8]"),
         ("priorities dtype", priorities_int, "priorities must be float32 or float64, got int64"),
     ]
