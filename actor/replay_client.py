@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
+from apexrl.actor.priority_stream import PriorityStream
 from apexrl.common import codec, grpc_util
 from apexrl.common.errors import (
     ApexError,
@@ -145,15 +146,17 @@ class ReplayClient:
                timeout: float | None = None) -> int:
         """Queue a batch for the shard and return its sequence number; blocks while `max_in_flight` batches are
         unacknowledged. A batch the shard rejects raises its error from a later `insert` or `flush`."""
-        request = replay_pb2.InsertRequest(writer_id=self.writer_id)
-        codec.encode_batch(columns, request.batch)
-        if priorities is not None:
-            codec.encode_tensor(np.asarray(priorities), request.priorities)
-        size = request.ByteSize()
+        # The payload bounds the message size; ByteSize() would serialise a large batch once just to answer.
+        size = sum(np.asarray(a).nbytes for a in columns.values()) + 64 * len(columns) + len(self.writer_id)
+        size += 0 if priorities is None else np.asarray(priorities).nbytes
         if size > self.max_message_bytes - 1024:
             raise ResourceExhaustedError(
                 f"insert batch is {size} bytes, over the message limit of {self.max_message_bytes}; send fewer rows"
             )
+        request = replay_pb2.InsertRequest(writer_id=self.writer_id)
+        codec.encode_batch(columns, request.batch)
+        if priorities is not None:
+            codec.encode_tensor(np.asarray(priorities), request.priorities)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._cond:
             self._raise_pending_error()
@@ -305,6 +308,10 @@ class ReplayClient:
 
         call.add_done_callback(done)
         return result
+
+    def priority_stream(self, max_in_flight: int = 32) -> PriorityStream:
+        """A background StreamUpdatePriorities sender for fire-and-forget updates (what a learner wants)."""
+        return PriorityStream(self._stub, self.address, max_in_flight=max_in_flight)
 
     # -------------------------------------------------------------------------------------------------- info
     def info(self, *, timeout: float | None = None) -> ShardInfo:

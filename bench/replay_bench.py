@@ -8,8 +8,8 @@ One run measures, each figure for `--seconds` after a short warm-up:
      and Atari-size rows (obs and next_obs uint8[84,84,4]), batches of 64 and 256 rows with priorities.
   2. On a FULL shard (`--capacity` rows, 1,000,000 by default, CartPole-size): sample(256)/s blocking and
      pipelined (sample_future), update_priorities(256)/s blocking, pipelined (update_priorities_future with
-     `--window` calls in flight) and over the StreamUpdatePriorities RPC (raw stub, `--window` in flight), and a
-     learner-like cycle (blocking sample + asynchronous update).
+     `--window` calls in flight) and over the StreamUpdatePriorities RPC (raw stub, `--window` in flight),
+     and a learner-like cycle (blocking sample + asynchronous update).
   3. The same operations in-process on SumTree and ReplayTable (no gRPC, no codec).
   4. The raw gRPC ceiling, measured in the same run against a trivial bytes-in/bytes-out server defined below
      (generic handlers, no protobuf, run in its own process): client streams of messages of exactly the byte size
@@ -54,22 +54,31 @@ import numpy as np
 _T0 = time.perf_counter()
 ECHO_SERVICE = "apexrl.bench.Echo"
 CEILING_SECTION = "raw gRPC ceilings (bytes-only server, same message sizes)"
+FOOTER = """\
+ceiling: the raw gRPC figure for the same call shape and message size, measured in this run against a bytes-only
+  server in its own process, in the unit of the figure; ratio = value / ceiling (in-process cycle: value / cpprb).
+MB/s: row payload (1 MB = 1e6 B); message bytes for the ceilings.
+cores: CPU used by the client process + the server process during the figure (1.00 = one core busy).
+CPU us/call: those CPU seconds per call (per batch or message for streams) in each process. Other processes'
+  load lowers the rates much more than these (a VM's stolen time still inflates them); 1e6 / the larger of the
+  two roughly bounds the rate on an idle machine."""
 SAMPLE_BATCH = 256
 UPDATE_BATCH = 256
 FILL_BATCH = 16384
 
 # Targets of the issue (value, unit they apply to).
-TARGET_CARTPOLE_INSERT = 500_000     # transitions/s, batches of 256
-TARGET_ATARI_INSERT = 5_000          # transitions/s
-TARGET_SAMPLE = 500                  # sample(256)/s on a full shard
-TARGET_UPDATE = 1_000                # update_priorities(256)/s on a full shard
+TARGET_CARTPOLE_INSERT = 500_000  # transitions/s, batches of 256
+TARGET_ATARI_INSERT = 5_000  # transitions/s
+TARGET_SAMPLE = 500  # sample(256)/s on a full shard
+TARGET_UPDATE = 1_000  # update_priorities(256)/s on a full shard
 
 
 def progress(message: str) -> None:
     print(f"[{time.perf_counter() - _T0:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-# ---------------------------------------------------------------------------------------------------- workloads
+# -------------------------------------------------------------------------------------------------- workloads
+
 
 def cartpole_batch(rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {
@@ -103,10 +112,12 @@ def priorities(rows: int, rng: np.random.Generator, dtype=np.float32) -> np.ndar
     return (rng.random(rows) + 0.01).astype(dtype)
 
 
-# ---------------------------------------------------------------------------------------------- measurement loops
+# ------------------------------------------------------------------------------------------ measurement loops
 
-def measure_loop(step: Callable[[], object], seconds: float, warmup: float,
-                 finish: Callable[[], object] | None = None) -> tuple[int, float]:
+
+def measure_loop(
+    step: Callable[[], object], seconds: float, warmup: float, finish: Callable[[], object] | None = None
+) -> tuple[int, float]:
     """Call step() for `warmup` seconds (at least once), then count calls for `seconds`; `finish` (e.g. waiting
     for acks or in-flight calls) runs after each phase and its time counts. Returns (calls, elapsed seconds)."""
     deadline = time.perf_counter() + warmup
@@ -128,8 +139,9 @@ def measure_loop(step: Callable[[], object], seconds: float, warmup: float,
     return calls, time.perf_counter() - t0
 
 
-def measure_window(start: Callable[[], object], wait: Callable[[object], object], window: int, seconds: float,
-                   warmup: float) -> tuple[int, float]:
+def measure_window(
+    start: Callable[[], object], wait: Callable[[object], object], window: int, seconds: float, warmup: float
+) -> tuple[int, float]:
     """Keep up to `window` asynchronous calls in flight; a call counts once started, and all are awaited."""
     in_flight: deque = deque()
 
@@ -145,8 +157,9 @@ def measure_window(start: Callable[[], object], wait: Callable[[object], object]
     return measure_loop(step, seconds, warmup, finish)
 
 
-def measure_bidi(call: Callable, make_message: Callable[[], object], window: int, seconds: float,
-                 warmup: float) -> tuple[int, float]:
+def measure_bidi(
+    call: Callable, make_message: Callable[[], object], window: int, seconds: float, warmup: float
+) -> tuple[int, float]:
     """One bidirectional stream, one response per request, at most `window` requests unanswered.
     Returns (responses in the timed phase, its duration)."""
     credits = threading.Semaphore(window)
@@ -203,7 +216,9 @@ def measure_client_stream(call: Callable, message: bytes, seconds: float, warmup
         elapsed = time.perf_counter() - t0
         received, nbytes = struct.unpack("<QQ", reply)
         if received != sent or nbytes != sent * len(message):
-            raise RuntimeError(f"echo server counted {received} messages / {nbytes} bytes, client sent {sent}")
+            raise RuntimeError(
+                f"echo server counted {received} messages / {nbytes} bytes, client sent {sent}"
+            )
         return received, elapsed
 
     stream(warmup)
@@ -217,25 +232,26 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-# --------------------------------------------------------------------------------------------------- result rows
+# ------------------------------------------------------------------------------------------------ result rows
+
 
 @dataclass
 class Row:
     section: str
     name: str
-    value: float                      # the figure, in `unit`
+    value: float  # the figure, in `unit`
     unit: str
-    mb_per_s: float | None = None     # payload (row data) MB/s, 1 MB = 1e6 bytes
-    ceiling: float | None = None      # the raw gRPC figure of the same shape and message size, in `unit`
+    mb_per_s: float | None = None  # payload (row data) MB/s, 1 MB = 1e6 bytes
+    ceiling: float | None = None  # the raw gRPC figure of the same shape and message size, in `unit`
     ceiling_name: str | None = None
-    ratio: float | None = None        # value / ceiling
+    ratio: float | None = None  # value / ceiling
     target: float | None = None
     target_text: str | None = None
     met: bool | None = None
     calls: int = 0
     seconds: float = 0.0
-    client_cpu: float | None = None   # cores used by this (client) process during the figure, warm-up included
-    server_cpu: float | None = None   # cores used by the server process during the figure
+    client_cpu: float | None = None  # cores used by this (client) process during the figure, warm-up included
+    server_cpu: float | None = None  # cores used by the server process during the figure
     note: str = ""
 
 
@@ -257,7 +273,8 @@ class Results:
         return row
 
 
-# ------------------------------------------------------------------------------------------------ child processes
+# -------------------------------------------------------------------------------------------- child processes
+
 
 class Child:
     """A server process we started: waits for its port file; stopped with SIGTERM (then SIGKILL) by its pid."""
@@ -267,8 +284,9 @@ class Child:
         self.port_file = os.path.join(workdir, f"{name}.port")
         self.log_path = os.path.join(workdir, f"{name}.log")
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (open while the child runs)
-        self.proc = subprocess.Popen([*argv, "--port-file", self.port_file], stdout=self._log,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [*argv, "--port-file", self.port_file], stdout=self._log, stderr=subprocess.STDOUT
+        )
         self.port: int | None = None
 
     @property
@@ -312,9 +330,28 @@ class Child:
 
 
 def start_shard(name: str, capacity: int, workdir: str) -> Child:
-    return Child(name, [sys.executable, "-m", "apexrl.launcher", "--log-level", "WARNING", "replay",
-                        "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--capacity", str(capacity),
-                        "--seed", "0"], workdir)
+    return Child(
+        name,
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "--log-level",
+            "WARNING",
+            "replay",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--capacity",
+            str(capacity),
+            "--seed",
+            "0",
+        ],
+        workdir,
+    )
 
 
 def start_echo(workdir: str) -> Child:
@@ -322,6 +359,7 @@ def start_echo(workdir: str) -> Child:
 
 
 # --------------------------------------------------------------------------------------------- ceiling server
+
 
 def echo_server_main(argv: list[str]) -> int:
     """The raw gRPC ceiling: bytes in, bytes out, no protobuf, same server options as a replay shard."""
@@ -356,11 +394,14 @@ def echo_server_main(argv: list[str]) -> int:
     def unary(request: bytes, context) -> bytes:
         return sized_reply(request)
 
-    handler = grpc.method_handlers_generic_handler(ECHO_SERVICE, {
-        "Count": grpc.stream_unary_rpc_method_handler(count),
-        "Acked": grpc.stream_stream_rpc_method_handler(acked),
-        "Unary": grpc.unary_unary_rpc_method_handler(unary),
-    })
+    handler = grpc.method_handlers_generic_handler(
+        ECHO_SERVICE,
+        {
+            "Count": grpc.stream_unary_rpc_method_handler(count),
+            "Acked": grpc.stream_stream_rpc_method_handler(acked),
+            "Unary": grpc.unary_unary_rpc_method_handler(unary),
+        },
+    )
     server = grpc_util.create_server()
     server.add_generic_rpc_handlers((handler,))
     port = grpc_util.bind(server, "127.0.0.1:0")
@@ -393,7 +434,8 @@ class Echo:
         self.channel.close()
 
 
-# ----------------------------------------------------------------------------------------------- the benchmark
+# ---------------------------------------------------------------------------------------------- the benchmark
+
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
@@ -421,11 +463,24 @@ class Bench:
         self.cpu = (None, None)
         return self.results.add(key, row)
 
-    def ceiling_row(self, key: str, name: str, calls: int, elapsed: float, unit: str, msg_bytes: int) -> float:
+    def ceiling_row(
+        self, key: str, name: str, calls: int, elapsed: float, unit: str, msg_bytes: int
+    ) -> float:
         rate = calls / elapsed
         self.ceilings[key] = (rate, name)
-        self.add(key, Row(CEILING_SECTION, name, rate, unit, mb_per_s=rate * msg_bytes / 1e6,
-                                  calls=calls, seconds=elapsed, note=f"message {msg_bytes:,} B"))
+        self.add(
+            key,
+            Row(
+                CEILING_SECTION,
+                name,
+                rate,
+                unit,
+                mb_per_s=rate * msg_bytes / 1e6,
+                calls=calls,
+                seconds=elapsed,
+                note=f"message {msg_bytes:,} B",
+            ),
+        )
         return rate
 
     def s(self) -> tuple[float, float]:
@@ -453,34 +508,70 @@ class Bench:
 
                 progress(f"ceiling: client stream of {msg_bytes:,} B messages ({label} insert size)")
                 message = sized_request(msg_bytes, 0)
-                calls, elapsed = self.m(self.echo_pid, measure_client_stream, echo.count, message, seconds, warmup)
-                ceiling = self.ceiling_row(f"ceiling_stream_{workload}_{rows}",
-                                           f"client stream, {label} insert size", calls, elapsed, "msgs/s",
-                                           msg_bytes)
+                calls, elapsed = self.m(
+                    self.echo_pid, measure_client_stream, echo.count, message, seconds, warmup
+                )
+                ceiling = self.ceiling_row(
+                    f"ceiling_stream_{workload}_{rows}",
+                    f"client stream, {label} insert size",
+                    calls,
+                    elapsed,
+                    "msgs/s",
+                    msg_bytes,
+                )
                 progress(f"ceiling: bidi stream with 16 B acks, window {self.args.insert_window} ({label})")
                 ack_message = sized_request(msg_bytes, 16)
-                calls, elapsed = self.m(self.echo_pid, measure_bidi, echo.acked, lambda m=ack_message: m, self.args.insert_window,
-                                              seconds, warmup)
-                self.ceiling_row(f"ceiling_acked_{workload}_{rows}",
-                                 f"bidi stream + acks (window {self.args.insert_window}), {label} insert size",
-                                 calls, elapsed, "msgs/s", msg_bytes)
+                calls, elapsed = self.m(
+                    self.echo_pid,
+                    measure_bidi,
+                    echo.acked,
+                    lambda m=ack_message: m,
+                    self.args.insert_window,
+                    seconds,
+                    warmup,
+                )
+                self.ceiling_row(
+                    f"ceiling_acked_{workload}_{rows}",
+                    f"bidi stream + acks (window {self.args.insert_window}), {label} insert size",
+                    calls,
+                    elapsed,
+                    "msgs/s",
+                    msg_bytes,
+                )
 
                 progress(f"apexrl: ReplayClient.insert {label} (max_in_flight {self.args.insert_window})")
                 with ReplayClient(address, timeout=300, max_in_flight=self.args.insert_window) as client:
-                    calls, elapsed = self.m(self.shard_pid, measure_loop, lambda c=client, b=batch, p=pri: c.insert(b, p), seconds, warmup,
-                                                  finish=lambda c=client: c.flush(300))
+                    calls, elapsed = self.m(
+                        self.shard_pid,
+                        measure_loop,
+                        lambda c=client, b=batch, p=pri: c.insert(b, p),
+                        seconds,
+                        warmup,
+                        finish=lambda c=client: c.flush(300),
+                    )
                 rate = calls * rows / elapsed
                 if workload == "cartpole":
                     target = TARGET_CARTPOLE_INSERT if rows == 256 else None
                 else:
                     target = TARGET_ATARI_INSERT
-                self.add(f"grpc_insert_{workload}_{rows}", Row(
-                    "gRPC insert (SDK, loopback)", f"insert {label} ({row_bytes:,} B/row)", rate, "transitions/s",
-                    mb_per_s=rate * row_bytes / 1e6, ceiling=ceiling * rows,
-                    ceiling_name=f"client stream of {msg_bytes:,} B messages", target=target,
-                    target_text=None if target is None else f">= {target:,}", calls=calls, seconds=elapsed,
-                    note=f"{msg_bytes:,} B per message; acked-window ceiling "
-                         f"{self.ceilings[f'ceiling_acked_{workload}_{rows}'][0] * rows:,.0f} transitions/s"))
+                self.add(
+                    f"grpc_insert_{workload}_{rows}",
+                    Row(
+                        "gRPC insert (SDK, loopback)",
+                        f"insert {label} ({row_bytes:,} B/row)",
+                        rate,
+                        "transitions/s",
+                        mb_per_s=rate * row_bytes / 1e6,
+                        ceiling=ceiling * rows,
+                        ceiling_name=f"client stream of {msg_bytes:,} B messages",
+                        target=target,
+                        target_text=None if target is None else f">= {target:,}",
+                        calls=calls,
+                        seconds=elapsed,
+                        note=f"{msg_bytes:,} B per message; acked-window ceiling "
+                        f"{self.ceilings[f'ceiling_acked_{workload}_{rows}'][0] * rows:,.0f} transitions/s",
+                    ),
+                )
             if workload == "atari":
                 shards["atari"].stop()  # give its memory back before the full-shard figures
 
@@ -528,9 +619,12 @@ class Bench:
 
             # Message sizes of the real calls, for the ceilings.
             first = client.sample(SAMPLE_BATCH)
-            sample_response = replay_pb2.SampleResponse(total_priority=first.total_priority, size=first.size,
-                                                        min_priority=first.min_priority,
-                                                        incarnation=first.incarnation)
+            sample_response = replay_pb2.SampleResponse(
+                total_priority=first.total_priority,
+                size=first.size,
+                min_priority=first.min_priority,
+                incarnation=first.incarnation,
+            )
             codec.encode_tensor(first.keys, sample_response.keys)
             codec.encode_tensor(first.priorities, sample_response.priorities)
             codec.encode_batch(first.columns, sample_response.batch)
@@ -551,40 +645,98 @@ class Bench:
             progress(f"ceiling: blocking unary, {request_bytes} B request -> {sample_bytes:,} B answer")
             message = sized_request(request_bytes, sample_bytes)
             calls, elapsed = self.m(self.echo_pid, measure_loop, lambda: echo.unary(message), seconds, warmup)
-            c_sample = self.ceiling_row("ceiling_unary_sample", f"unary, {sample_bytes:,} B answer (sample size)",
-                                        calls, elapsed, "calls/s", sample_bytes)
+            c_sample = self.ceiling_row(
+                "ceiling_unary_sample",
+                f"unary, {sample_bytes:,} B answer (sample size)",
+                calls,
+                elapsed,
+                "calls/s",
+                sample_bytes,
+            )
             progress("apexrl: ReplayClient.sample(256), blocking")
-            calls, elapsed = self.m(self.shard_pid, measure_loop, lambda: client.sample(SAMPLE_BATCH), seconds, warmup)
+            calls, elapsed = self.m(
+                self.shard_pid, measure_loop, lambda: client.sample(SAMPLE_BATCH), seconds, warmup
+            )
             rate = calls / elapsed
-            self.add("grpc_sample", Row(
-                section, "sample(256), blocking", rate, "calls/s", mb_per_s=rate * SAMPLE_BATCH * row_bytes / 1e6,
-                ceiling=c_sample, ceiling_name="blocking unary, same answer size", target=TARGET_SAMPLE,
-                target_text=f">= {TARGET_SAMPLE:,}", calls=calls, seconds=elapsed,
-                note=f"answer {sample_bytes:,} B, decoded to numpy"))
+            self.add(
+                "grpc_sample",
+                Row(
+                    section,
+                    "sample(256), blocking",
+                    rate,
+                    "calls/s",
+                    mb_per_s=rate * SAMPLE_BATCH * row_bytes / 1e6,
+                    ceiling=c_sample,
+                    ceiling_name="blocking unary, same answer size",
+                    target=TARGET_SAMPLE,
+                    target_text=f">= {TARGET_SAMPLE:,}",
+                    calls=calls,
+                    seconds=elapsed,
+                    note=f"answer {sample_bytes:,} B, decoded to numpy",
+                ),
+            )
 
             # sample, pipelined
             progress(f"ceiling: unary futures, window {sample_window}, {sample_bytes:,} B answer")
-            calls, elapsed = self.m(self.echo_pid, measure_window, lambda: echo.unary.future(message), lambda f: f.result(),
-                                            sample_window, seconds, warmup)
-            c_sample_w = self.ceiling_row("ceiling_unary_sample_window",
-                                          f"unary futures (window {sample_window}), {sample_bytes:,} B answer",
-                                          calls, elapsed, "calls/s", sample_bytes)
+            calls, elapsed = self.m(
+                self.echo_pid,
+                measure_window,
+                lambda: echo.unary.future(message),
+                lambda f: f.result(),
+                sample_window,
+                seconds,
+                warmup,
+            )
+            c_sample_w = self.ceiling_row(
+                "ceiling_unary_sample_window",
+                f"unary futures (window {sample_window}), {sample_bytes:,} B answer",
+                calls,
+                elapsed,
+                "calls/s",
+                sample_bytes,
+            )
             progress(f"apexrl: ReplayClient.sample_future(256), window {sample_window}")
-            calls, elapsed = self.m(self.shard_pid, measure_window, lambda: client.sample_future(SAMPLE_BATCH),
-                                            lambda f: decode_sample(f.result()), sample_window, seconds, warmup)
+            calls, elapsed = self.m(
+                self.shard_pid,
+                measure_window,
+                lambda: client.sample_future(SAMPLE_BATCH),
+                lambda f: decode_sample(f.result()),
+                sample_window,
+                seconds,
+                warmup,
+            )
             rate = calls / elapsed
-            self.add("grpc_sample_window", Row(
-                section, f"sample(256), {sample_window} in flight", rate, "calls/s",
-                mb_per_s=rate * SAMPLE_BATCH * row_bytes / 1e6, ceiling=c_sample_w,
-                ceiling_name="unary futures, same window and answer size", target=TARGET_SAMPLE,
-                target_text=f">= {TARGET_SAMPLE:,}", calls=calls, seconds=elapsed))
+            self.add(
+                "grpc_sample_window",
+                Row(
+                    section,
+                    f"sample(256), {sample_window} in flight",
+                    rate,
+                    "calls/s",
+                    mb_per_s=rate * SAMPLE_BATCH * row_bytes / 1e6,
+                    ceiling=c_sample_w,
+                    ceiling_name="unary futures, same window and answer size",
+                    target=TARGET_SAMPLE,
+                    target_text=f">= {TARGET_SAMPLE:,}",
+                    calls=calls,
+                    seconds=elapsed,
+                ),
+            )
 
             # update, blocking
             progress(f"ceiling: blocking unary, {update_bytes:,} B request -> 8 B answer")
             umessage = sized_request(update_bytes, 8)
-            calls, elapsed = self.m(self.echo_pid, measure_loop, lambda: echo.unary(umessage), seconds, warmup)
-            c_update = self.ceiling_row("ceiling_unary_update", f"unary, {update_bytes:,} B request (update size)",
-                                        calls, elapsed, "calls/s", update_bytes)
+            calls, elapsed = self.m(
+                self.echo_pid, measure_loop, lambda: echo.unary(umessage), seconds, warmup
+            )
+            c_update = self.ceiling_row(
+                "ceiling_unary_update",
+                f"unary, {update_bytes:,} B request (update size)",
+                calls,
+                elapsed,
+                "calls/s",
+                update_bytes,
+            )
             progress("apexrl: ReplayClient.update_priorities(256), blocking")
 
             def update_blocking() -> None:
@@ -592,36 +744,80 @@ class Bench:
                 client.update_priorities(keys, pri, incarnation=first.incarnation)
 
             calls, elapsed = self.m(self.shard_pid, measure_loop, update_blocking, seconds, warmup)
-            self.add("grpc_update", Row(
-                section, "update_priorities(256), blocking", calls / elapsed, "calls/s", ceiling=c_update,
-                ceiling_name="blocking unary, same request size", target=TARGET_UPDATE,
-                target_text=f">= {TARGET_UPDATE:,}", calls=calls, seconds=elapsed,
-                note=f"request {update_bytes:,} B"))
+            self.add(
+                "grpc_update",
+                Row(
+                    section,
+                    "update_priorities(256), blocking",
+                    calls / elapsed,
+                    "calls/s",
+                    ceiling=c_update,
+                    ceiling_name="blocking unary, same request size",
+                    target=TARGET_UPDATE,
+                    target_text=f">= {TARGET_UPDATE:,}",
+                    calls=calls,
+                    seconds=elapsed,
+                    note=f"request {update_bytes:,} B",
+                ),
+            )
 
             # update, pipelined futures
             progress(f"ceiling: unary futures, window {window}, {update_bytes:,} B request")
-            calls, elapsed = self.m(self.echo_pid, measure_window, lambda: echo.unary.future(umessage), lambda f: f.result(), window,
-                                            seconds, warmup)
-            c_update_w = self.ceiling_row("ceiling_unary_update_window",
-                                          f"unary futures (window {window}), {update_bytes:,} B request",
-                                          calls, elapsed, "calls/s", update_bytes)
+            calls, elapsed = self.m(
+                self.echo_pid,
+                measure_window,
+                lambda: echo.unary.future(umessage),
+                lambda f: f.result(),
+                window,
+                seconds,
+                warmup,
+            )
+            c_update_w = self.ceiling_row(
+                "ceiling_unary_update_window",
+                f"unary futures (window {window}), {update_bytes:,} B request",
+                calls,
+                elapsed,
+                "calls/s",
+                update_bytes,
+            )
             progress(f"apexrl: ReplayClient.update_priorities_future(256), window {window}")
 
             def update_start():
                 keys, pri = next_update()
                 return client.update_priorities_future(keys, pri, incarnation=first.incarnation)
 
-            calls, elapsed = self.m(self.shard_pid, measure_window, update_start, lambda f: f.result(), window, seconds, warmup)
-            self.add("grpc_update_window", Row(
-                section, f"update_priorities_future(256), {window} in flight", calls / elapsed, "calls/s",
-                ceiling=c_update_w, ceiling_name="unary futures, same window and request size",
-                target=TARGET_UPDATE, target_text=f">= {TARGET_UPDATE:,}", calls=calls, seconds=elapsed))
+            calls, elapsed = self.m(
+                self.shard_pid, measure_window, update_start, lambda f: f.result(), window, seconds, warmup
+            )
+            self.add(
+                "grpc_update_window",
+                Row(
+                    section,
+                    f"update_priorities_future(256), {window} in flight",
+                    calls / elapsed,
+                    "calls/s",
+                    ceiling=c_update_w,
+                    ceiling_name="unary futures, same window and request size",
+                    target=TARGET_UPDATE,
+                    target_text=f">= {TARGET_UPDATE:,}",
+                    calls=calls,
+                    seconds=elapsed,
+                ),
+            )
 
             # update, StreamUpdatePriorities
             progress(f"ceiling: bidi stream, window {window}, {update_bytes:,} B messages, 8 B answers")
-            calls, elapsed = self.m(self.echo_pid, measure_bidi, echo.acked, lambda: umessage, window, seconds, warmup)
-            c_update_s = self.ceiling_row("ceiling_stream_update", f"bidi stream (window {window}), "
-                                          f"{update_bytes:,} B messages", calls, elapsed, "msgs/s", update_bytes)
+            calls, elapsed = self.m(
+                self.echo_pid, measure_bidi, echo.acked, lambda: umessage, window, seconds, warmup
+            )
+            c_update_s = self.ceiling_row(
+                "ceiling_stream_update",
+                f"bidi stream (window {window}), {update_bytes:,} B messages",
+                calls,
+                elapsed,
+                "msgs/s",
+                update_bytes,
+            )
             progress(f"apexrl: StreamUpdatePriorities (raw stub), window {window}")
             stub = replay_pb2_grpc.ReplayServiceStub(client._channel)
 
@@ -629,12 +825,30 @@ class Bench:
                 keys, pri = next_update()
                 return encode_update(keys, pri, first.incarnation)
 
-            calls, elapsed = self.m(self.shard_pid, measure_bidi, lambda it: stub.StreamUpdatePriorities(it, timeout=600), stream_message,
-                                          window, seconds, warmup)
-            self.add("grpc_update_stream", Row(
-                section, f"StreamUpdatePriorities(256), {window} in flight", calls / elapsed, "msgs/s",
-                ceiling=c_update_s, ceiling_name="bidi stream, same window and message size",
-                target=TARGET_UPDATE, target_text=f">= {TARGET_UPDATE:,}", calls=calls, seconds=elapsed))
+            calls, elapsed = self.m(
+                self.shard_pid,
+                measure_bidi,
+                lambda it: stub.StreamUpdatePriorities(it, timeout=600),
+                stream_message,
+                window,
+                seconds,
+                warmup,
+            )
+            self.add(
+                "grpc_update_stream",
+                Row(
+                    section,
+                    f"StreamUpdatePriorities(256), {window} in flight",
+                    calls / elapsed,
+                    "msgs/s",
+                    ceiling=c_update_s,
+                    ceiling_name="bidi stream, same window and message size",
+                    target=TARGET_UPDATE,
+                    target_text=f">= {TARGET_UPDATE:,}",
+                    calls=calls,
+                    seconds=elapsed,
+                ),
+            )
 
             # learner-like cycle: blocking sample, asynchronous update of the sampled keys
             progress(f"apexrl: cycle sample(256) + update_priorities_future(256), {window} updates in flight")
@@ -644,8 +858,11 @@ class Bench:
                 batch = client.sample(SAMPLE_BATCH)
                 if len(in_flight) >= window:
                     in_flight.popleft().result()
-                in_flight.append(client.update_priorities_future(batch.keys, pri_pool[counter[0] % 16],
-                                                                 incarnation=batch.incarnation))
+                in_flight.append(
+                    client.update_priorities_future(
+                        batch.keys, pri_pool[counter[0] % 16], incarnation=batch.incarnation
+                    )
+                )
                 counter[0] += 1
 
             def drain() -> None:
@@ -653,9 +870,18 @@ class Bench:
                     in_flight.popleft().result()
 
             calls, elapsed = self.m(self.shard_pid, measure_loop, cycle, seconds, warmup, drain)
-            self.add("grpc_cycle", Row(
-                section, "cycle: sample(256) + async update(256)", calls / elapsed, "cycles/s",
-                calls=calls, seconds=elapsed, note="what one learner thread does per train step"))
+            self.add(
+                "grpc_cycle",
+                Row(
+                    section,
+                    "cycle: sample(256) + async update(256)",
+                    calls / elapsed,
+                    "cycles/s",
+                    calls=calls,
+                    seconds=elapsed,
+                    note="what one learner thread does per train step",
+                ),
+            )
             info = client.info()
             if info.size != info.capacity:
                 raise RuntimeError("the shard stopped being full during the measurements")
@@ -685,12 +911,24 @@ class Bench:
             tree.update(idx_pool[i], pri_pool[i])
 
         calls, elapsed = self.m(None, measure_loop, tree_update, seconds, warmup)
-        self.add("tree_update", Row(section, "SumTree.update(256)", calls / elapsed, "calls/s",
-                                            calls=calls, seconds=elapsed))
-        calls, elapsed = self.m(None, measure_loop, lambda t=tree: t.sample(SAMPLE_BATCH, rng), seconds,
-                                  warmup)
-        self.add("tree_sample", Row(section, "SumTree.sample(256) (indices only)", calls / elapsed,
-                                            "calls/s", calls=calls, seconds=elapsed))
+        self.add(
+            "tree_update",
+            Row(section, "SumTree.update(256)", calls / elapsed, "calls/s", calls=calls, seconds=elapsed),
+        )
+        calls, elapsed = self.m(
+            None, measure_loop, lambda t=tree: t.sample(SAMPLE_BATCH, rng), seconds, warmup
+        )
+        self.add(
+            "tree_sample",
+            Row(
+                section,
+                "SumTree.sample(256) (indices only)",
+                calls / elapsed,
+                "calls/s",
+                calls=calls,
+                seconds=elapsed,
+            ),
+        )
         del tree
 
         for workload, cap in (("cartpole", capacity), ("atari", self.args.atari_capacity)):
@@ -708,11 +946,21 @@ class Bench:
                 calls, elapsed = self.m(None, measure_loop, insert, seconds, warmup)
                 rate = calls * rows / elapsed
                 grpc_row = self.results.by_key.get(f"grpc_insert_{workload}_{rows}")
-                self.add(f"table_insert_{workload}_{rows}", Row(
-                    section if workload == "cartpole" else f"in-process ({cap:,} slots, Atari rows)",
-                    f"ReplayTable.insert {workload} x{rows}", rate, "transitions/s",
-                    mb_per_s=rate * row_nbytes(batch) / 1e6, calls=calls, seconds=elapsed,
-                    note="" if grpc_row is None else f"gRPC SDK reaches {grpc_row.value / rate:.2f} of this"))
+                self.add(
+                    f"table_insert_{workload}_{rows}",
+                    Row(
+                        section if workload == "cartpole" else f"in-process ({cap:,} slots, Atari rows)",
+                        f"ReplayTable.insert {workload} x{rows}",
+                        rate,
+                        "transitions/s",
+                        mb_per_s=rate * row_nbytes(batch) / 1e6,
+                        calls=calls,
+                        seconds=elapsed,
+                        note=""
+                        if grpc_row is None
+                        else f"gRPC SDK reaches {grpc_row.value / rate:.2f} of this",
+                    ),
+                )
             if workload == "atari":
                 del table
                 continue
@@ -723,17 +971,37 @@ class Bench:
                 table.insert(big, priorities(FILL_BATCH, rng))
             key_pool = [table.sample(SAMPLE_BATCH).keys for _ in range(64)]
 
-            calls, elapsed = self.m(None, measure_loop, lambda t=table: t.sample(SAMPLE_BATCH), seconds, warmup)
-            self.add("table_sample", Row(section, "ReplayTable.sample(256) (+ gather, keys)",
-                                                 calls / elapsed, "calls/s", calls=calls, seconds=elapsed))
+            calls, elapsed = self.m(
+                None, measure_loop, lambda t=table: t.sample(SAMPLE_BATCH), seconds, warmup
+            )
+            self.add(
+                "table_sample",
+                Row(
+                    section,
+                    "ReplayTable.sample(256) (+ gather, keys)",
+                    calls / elapsed,
+                    "calls/s",
+                    calls=calls,
+                    seconds=elapsed,
+                ),
+            )
 
             def table_update(t=table, key_pool=key_pool) -> None:
                 i = counter[0] = (counter[0] + 1) % 64
                 t.update_priorities(key_pool[i], pri_pool[i])
 
             calls, elapsed = self.m(None, measure_loop, table_update, seconds, warmup)
-            self.add("table_update", Row(section, "ReplayTable.update_priorities(256)", calls / elapsed,
-                                                 "calls/s", calls=calls, seconds=elapsed))
+            self.add(
+                "table_update",
+                Row(
+                    section,
+                    "ReplayTable.update_priorities(256)",
+                    calls / elapsed,
+                    "calls/s",
+                    calls=calls,
+                    seconds=elapsed,
+                ),
+            )
 
             def table_cycle(t=table) -> None:
                 r = t.sample(SAMPLE_BATCH)
@@ -745,27 +1013,48 @@ class Bench:
 
             progress("in-process: cycle ReplayTable.sample(256) + IS weights + update_priorities(256)")
             calls, elapsed = self.m(None, measure_loop, table_cycle, seconds, warmup)
-            self.add("table_cycle", Row(section, "cycle: sample(256) + IS weights + update(256)",
-                                                calls / elapsed, "cycles/s", calls=calls, seconds=elapsed))
+            self.add(
+                "table_cycle",
+                Row(
+                    section,
+                    "cycle: sample(256) + IS weights + update(256)",
+                    calls / elapsed,
+                    "cycles/s",
+                    calls=calls,
+                    seconds=elapsed,
+                ),
+            )
             del table
 
     # -- 5: cpprb
     def cpprb(self) -> None:
         python = self.args.cpprb_python or sys.executable
         progress(f"cpprb: PrioritizedReplayBuffer({self.args.capacity:,}) with {python}")
-        cmd = [python, os.path.abspath(__file__), "_cpprb", "--capacity", str(self.args.capacity),
-               "--seconds", str(self.args.seconds), "--warmup", str(self.args.warmup)]
+        cmd = [
+            python,
+            os.path.abspath(__file__),
+            "_cpprb",
+            "--capacity",
+            str(self.args.capacity),
+            "--seconds",
+            str(self.args.seconds),
+            "--warmup",
+            str(self.args.warmup),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
-            progress(f"  cpprb skipped: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+            reason = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode
+            progress(f"  cpprb skipped: {reason}")
             self.cpprb_skipped = proc.stderr.strip()[-500:]
             return
         figures = json.loads(proc.stdout.strip().splitlines()[-1])
         section = f"cpprb {figures['version']} ({self.args.capacity:,} slots, in-process)"
-        for key, name, unit in (("add", "PrioritizedReplayBuffer.add x256", "transitions/s"),
-                                ("sample", "sample(256) (+ gather, IS weights)", "calls/s"),
-                                ("update", "update_priorities(256)", "calls/s"),
-                                ("cycle", "cycle: sample(256) + update(256)", "cycles/s")):
+        for key, name, unit in (
+            ("add", "PrioritizedReplayBuffer.add x256", "transitions/s"),
+            ("sample", "sample(256) (+ gather, IS weights)", "calls/s"),
+            ("update", "update_priorities(256)", "calls/s"),
+            ("cycle", "cycle: sample(256) + update(256)", "cycles/s"),
+        ):
             calls, elapsed = figures[key]
             rate = calls / elapsed * (256 if key == "add" else 1)
             self.results.add(f"cpprb_{key}", Row(section, name, rate, unit, calls=calls, seconds=elapsed))
@@ -824,7 +1113,8 @@ class Bench:
             self.load_after = os.getloadavg()[0]
 
 
-# ------------------------------------------------------------------------------------------------------ output
+# ----------------------------------------------------------------------------------------------------- output
+
 
 def format_rate(value: float | None) -> str:
     if value is None:
@@ -835,8 +1125,18 @@ def format_rate(value: float | None) -> str:
 
 
 def print_table(bench: Bench, file=sys.stdout) -> None:
-    headers = ["figure", "value", "unit", "MB/s", "ceiling", "ratio", "target", "met", "cores cli+srv",
-               "CPU us/call cli/srv"]
+    headers = [
+        "figure",
+        "value",
+        "unit",
+        "MB/s",
+        "ceiling",
+        "ratio",
+        "target",
+        "met",
+        "cores cli+srv",
+        "CPU us/call cli/srv",
+    ]
     lines: list[list[str] | str] = []
     section = None
     # apexrl (and cpprb) figures first, grouped by section; the raw ceilings they refer to at the end.
@@ -852,45 +1152,65 @@ def print_table(bench: Bench, file=sys.stdout) -> None:
             per_call = f"{row.client_cpu * row.seconds / row.calls * 1e6:,.0f}"
             if row.server_cpu is not None:
                 per_call += f"/{row.server_cpu * row.seconds / row.calls * 1e6:,.0f}"
-        lines.append([row.name, format_rate(row.value), row.unit,
-                      "" if row.mb_per_s is None else f"{row.mb_per_s:,.1f}", format_rate(row.ceiling),
-                      "" if row.ratio is None else f"{row.ratio:.2f}", row.target_text or "",
-                      "" if row.met is None else ("yes" if row.met else "NO"), cpu, per_call])
-    widths = [max(len(h), *(len(line[i]) for line in lines if isinstance(line, list))) for i, h in
-              enumerate(headers)]
+        lines.append(
+            [
+                row.name,
+                format_rate(row.value),
+                row.unit,
+                "" if row.mb_per_s is None else f"{row.mb_per_s:,.1f}",
+                format_rate(row.ceiling),
+                "" if row.ratio is None else f"{row.ratio:.2f}",
+                row.target_text or "",
+                "" if row.met is None else ("yes" if row.met else "NO"),
+                cpu,
+                per_call,
+            ]
+        )
+    widths = [
+        max(len(h), *(len(line[i]) for line in lines if isinstance(line, list)))
+        for i, h in enumerate(headers)
+    ]
     right = {1, 3, 4, 5, 8, 9}
 
     def fmt(cells: list[str]) -> str:
-        text = "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        text = "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
         return text.rstrip()
 
     print(fmt(headers), file=file)
     print("  ".join("-" * w for w in widths), file=file)
     for line in lines:
         print(line if isinstance(line, str) else fmt(line), file=file)
-    print("ceiling: the raw gRPC figure for the same call shape and message size, measured in this run against a "
-          "bytes-only server in its own process, in the unit of the figure; ratio = value / ceiling (for the "
-          "in-process cycle: value / cpprb). MB/s: row payload (1 MB = 1e6 B), message bytes for ceilings. "
-          "cores: CPU used by the client process + the server process during the figure (1.00 = one core busy); "
-          "CPU us/call: those CPU seconds per call (or per message/batch) in each process: under load from other "
-          "processes the rates drop but these stay put, and 1e6 / the larger of the two roughly bounds the rate on an idle machine.",
-          file=file)
+    print(FOOTER, file=file)
     if bench.fill_rate:
-        print(f"Shard filled at {bench.fill_rate:,.0f} rows/s in batches of {FILL_BATCH:,} through the SDK.",
-              file=file)
+        print(
+            f"Shard filled at {bench.fill_rate:,.0f} rows/s in batches of {FILL_BATCH:,} through the SDK.",
+            file=file,
+        )
     load = bench.load_before, bench.load_after
-    print(f"Load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f} on {os.cpu_count()} CPUs"
-          + ("  ** other processes were busy: figures are disturbed **" if max(load) > 1.5 else "")
-          + (f"; this run's niceness {os.nice(0)}" if os.nice(0) else ""), file=file)
+    print(
+        f"Load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f} on {os.cpu_count()} CPUs"
+        + ("  ** other processes were busy: figures are disturbed **" if max(load) > 1.5 else "")
+        + (f"; this run's niceness {os.nice(0)}" if os.nice(0) else ""),
+        file=file,
+    )
 
 
 def metadata(args: argparse.Namespace) -> dict:
     import grpc
 
     meta = {
-        "argv": sys.argv, "args": vars(args), "python": platform.python_version(), "numpy": np.__version__,
-        "grpcio": grpc.__version__, "cpus": os.cpu_count(), "machine": platform.machine(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "nice": os.nice(0),
+        "argv": sys.argv,
+        "args": vars(args),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "grpcio": grpc.__version__,
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "nice": os.nice(0),
     }
     try:
         import google.protobuf
@@ -899,12 +1219,16 @@ def metadata(args: argparse.Namespace) -> dict:
     except ImportError:
         pass
     with contextlib.suppress(OSError):
-        meta["git"] = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse",
-                                      "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        meta["git"] = subprocess.run(
+            ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     return meta
 
 
 # ----------------------------------------------------------------------------------------------- cpprb worker
+
 
 def cpprb_worker_main(argv: list[str]) -> int:
     """Runs under an interpreter with cpprb; prints one JSON line of (calls, seconds) per figure."""
@@ -918,9 +1242,13 @@ def cpprb_worker_main(argv: list[str]) -> int:
     import cpprb
 
     rng = np.random.default_rng(0)
-    env_dict = {"obs": {"shape": 4, "dtype": np.float32}, "action": {"dtype": np.int64},
-                "reward": {"dtype": np.float32}, "discount": {"dtype": np.float32},
-                "next_obs": {"shape": 4, "dtype": np.float32}}
+    env_dict = {
+        "obs": {"shape": 4, "dtype": np.float32},
+        "action": {"dtype": np.int64},
+        "reward": {"dtype": np.float32},
+        "discount": {"dtype": np.float32},
+        "next_obs": {"shape": 4, "dtype": np.float32},
+    }
     rb = cpprb.PrioritizedReplayBuffer(args.capacity, env_dict, alpha=0.6)
     batch = cartpole_batch(256, rng)
     pri = priorities(256, rng)
@@ -951,36 +1279,80 @@ def cpprb_worker_main(argv: list[str]) -> int:
 
 # ------------------------------------------------------------------------------------------------------- main
 
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="measured time per figure (default 3; 0.3 with --quick)")
-    parser.add_argument("--warmup", type=float, default=None,
-                        help="unmeasured warm-up before each figure (default 0.5; 0.1 with --quick)")
-    parser.add_argument("--capacity", type=int, default=None,
-                        help="slots of the full CartPole shard and the in-process table (default 1,000,000; "
-                             "50,000 with --quick)")
-    parser.add_argument("--atari-capacity", type=int, default=None,
-                        help="slots of the Atari shard/table; rows are 56 KiB (default 20,000; 1,000 with --quick)")
-    parser.add_argument("--window", type=int, default=16,
-                        help="priority updates in flight for the pipelined and streamed figures (default 16)")
-    parser.add_argument("--sample-window", type=int, default=4,
-                        help="samples in flight for the pipelined sample figure (default 4)")
-    parser.add_argument("--insert-window", type=int, default=32,
-                        help="ReplayClient max_in_flight for the insert figures (default 32, the SDK default)")
-    parser.add_argument("--sections", nargs="+", default=["insert", "shard", "inprocess"],
-                        choices=["insert", "shard", "inprocess"], help="what to measure (default: all)")
-    parser.add_argument("--cpprb", action="store_true",
-                        help="also measure cpprb's PrioritizedReplayBuffer (needs `import cpprb` in --cpprb-python)")
-    parser.add_argument("--cpprb-python", default=None,
-                        help="interpreter with numpy and cpprb for --cpprb (default: this one)")
-    parser.add_argument("--quick", action="store_true", help="small sizes and short figures (~20 s smoke run)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="measured time per figure (default 3; 0.3 with --quick)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="unmeasured warm-up before each figure (default 0.5; 0.1 with --quick)",
+    )
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help="slots of the full CartPole shard and the in-process table (default 1,000,000; "
+        "50,000 with --quick)",
+    )
+    parser.add_argument(
+        "--atari-capacity",
+        type=int,
+        default=None,
+        help="slots of the Atari shard/table; rows are 56 KiB (default 20,000; 1,000 with --quick)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=16,
+        help="priority updates in flight for the pipelined and streamed figures (default 16)",
+    )
+    parser.add_argument(
+        "--sample-window",
+        type=int,
+        default=4,
+        help="samples in flight for the pipelined sample figure (default 4)",
+    )
+    parser.add_argument(
+        "--insert-window",
+        type=int,
+        default=32,
+        help="ReplayClient max_in_flight for the insert figures (default 32, the SDK default)",
+    )
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        default=["insert", "shard", "inprocess"],
+        choices=["insert", "shard", "inprocess"],
+        help="what to measure (default: all)",
+    )
+    parser.add_argument(
+        "--cpprb",
+        action="store_true",
+        help="also measure cpprb's PrioritizedReplayBuffer (needs `import cpprb` in --cpprb-python)",
+    )
+    parser.add_argument(
+        "--cpprb-python",
+        default=None,
+        help="interpreter with numpy and cpprb for --cpprb (default: this one)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes and short figures (~20 s smoke run)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON to PATH")
     args = parser.parse_args(argv)
     quick = args.quick
-    defaults = {"seconds": (3.0, 0.3), "warmup": (0.5, 0.1), "capacity": (1_000_000, 50_000),
-                "atari_capacity": (20_000, 1_000)}
+    defaults = {
+        "seconds": (3.0, 0.3),
+        "warmup": (0.5, 0.1),
+        "capacity": (1_000_000, 50_000),
+        "atari_capacity": (20_000, 1_000),
+    }
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if quick else full)
@@ -1000,11 +1372,17 @@ def main(argv: list[str] | None = None) -> int:
     bench.run()
     print_table(bench)
     if args.json:
-        data = {"meta": metadata(args), "load_average_1min": [bench.load_before, bench.load_after],
-                "fill_rows_per_s": bench.fill_rate, "cpprb_skipped": bench.cpprb_skipped,
-                "figures": {key: asdict(row) for key, row in bench.results.by_key.items()}}
+        data = {
+            "meta": metadata(args),
+            "load_average_1min": [bench.load_before, bench.load_after],
+            "fill_rows_per_s": bench.fill_rate,
+            "cpprb_skipped": bench.cpprb_skipped,
+            "figures": {key: asdict(row) for key, row in bench.results.by_key.items()},
+        }
         with open(args.json, "w") as f:
-            json.dump(data, f, indent=2, default=lambda o: None if isinstance(o, float) and math.isnan(o) else o)
+            json.dump(
+                data, f, indent=2, default=lambda o: None if isinstance(o, float) and math.isnan(o) else o
+            )
         progress(f"wrote {args.json}")
     progress("done")
     return 0

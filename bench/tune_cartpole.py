@@ -59,6 +59,8 @@ class Config:
     # Learner.
     hidden: tuple[int, ...] = (128, 128)
     lr: float = 1e-3
+    lr_end: float = 1e-4  # reached after lr_decay_updates updates (linear decay)
+    lr_decay_updates: int = 0  # 0 keeps lr constant
     adam_eps: float = 1e-8
     batch_size: int = 256
     replay_ratio: float = 0.125  # learner updates per environment step
@@ -204,6 +206,9 @@ def run(cfg: Config) -> dict:
         # Learner: catch up with replay_ratio updates per env step since learning started.
         if replay.size >= cfg.learning_starts:
             while updates < cfg.replay_ratio * (env_steps - cfg.learning_starts):
+                if cfg.lr_decay_updates > 0:
+                    frac = min(1.0, updates / cfg.lr_decay_updates)
+                    optimizer.param_groups[0]["lr"] = cfg.lr + (cfg.lr_end - cfg.lr) * frac
                 beta = cfg.beta_start + (1.0 - cfg.beta_start) * min(1.0, updates / cfg.beta_updates)
                 slots, cols, weights = replay.sample(cfg.batch_size, beta, rng)
                 loss, td_abs = double_dqn_loss(

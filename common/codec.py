@@ -7,6 +7,7 @@ zero-copy, read-only views of the message bytes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -22,12 +23,16 @@ _TO_WIRE: dict[str, int] = {
     "uint64": tensor_pb2.UINT64, "bool": tensor_pb2.BOOL,
 }
 _FROM_WIRE: dict[int, np.dtype] = {v: np.dtype(k).newbyteorder("<") for k, v in _TO_WIRE.items()}
+# Hot path: dtype objects hash fast, while dtype.name is computed in Python by numpy 2 (measured at ~20% of the
+# client's insert cost). Native-order dtypes map straight to their wire number.
+_WIRE_BY_DTYPE: dict[np.dtype, int] = {np.dtype(k): v for k, v in _TO_WIRE.items()}
 # Dimensions above this are refused before any arithmetic on them (prod() of a few of these cannot overflow int64).
 MAX_DIM = 1 << 31
 
 
 def dtype_to_wire(dtype: np.dtype) -> int:
-    return _TO_WIRE[canonical_dtype(dtype).name]
+    wire = _WIRE_BY_DTYPE.get(dtype)
+    return wire if wire is not None else _TO_WIRE[canonical_dtype(dtype).name]
 
 
 def dtype_from_wire(value: int, what: str = "tensor") -> np.dtype:
@@ -48,11 +53,14 @@ def _checked_shape(dims, what: str) -> tuple[int, ...]:
 def encode_tensor(array: np.ndarray, out: tensor_pb2.Tensor | None = None) -> tensor_pb2.Tensor:
     """Encode an array (any layout; sent C-contiguous, little endian)."""
     array = np.asarray(array)
-    dt = canonical_dtype(array.dtype)
     msg = out if out is not None else tensor_pb2.Tensor()
-    msg.dtype = _TO_WIRE[dt.name]
+    wire = _WIRE_BY_DTYPE.get(array.dtype)
+    if wire is None:  # big-endian or unsupported: canonicalise (or raise InvalidArgumentError)
+        dt = canonical_dtype(array.dtype)
+        wire, array = _TO_WIRE[dt.name], array.astype(dt)
+    msg.dtype = wire
     msg.shape[:] = array.shape
-    msg.data = np.ascontiguousarray(array, dtype=dt).tobytes()
+    msg.data = array.tobytes()  # C order whatever the array's layout
     return msg
 
 
@@ -60,12 +68,13 @@ def decode_tensor(msg: tensor_pb2.Tensor, what: str = "tensor") -> np.ndarray:
     """Decode a tensor, checking dtype, shape and byte length first."""
     dt = dtype_from_wire(msg.dtype, what)
     shape = _checked_shape(msg.shape, what)
-    expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    if len(msg.data) != expected:
+    expected = math.prod(shape) * dt.itemsize
+    data = msg.data  # each read of a bytes field copies it: read once
+    if len(data) != expected:
         raise InvalidArgumentError(
-            f"{what}: {len(msg.data)} data bytes, but shape {list(shape)} of {dt.name} needs {expected}"
+            f"{what}: {len(data)} data bytes, but shape {list(shape)} of {dt.name} needs {expected}"
         )
-    return np.frombuffer(msg.data, dtype=dt).reshape(shape)
+    return np.frombuffer(data, dtype=dt).reshape(shape)
 
 
 def encode_batch(columns: Mapping[str, np.ndarray], out: tensor_pb2.Batch | None = None) -> tensor_pb2.Batch:

@@ -6,9 +6,11 @@ fixed by the first insert; every later batch is checked against it before anythi
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -40,9 +42,9 @@ class FieldSpec:
     def __str__(self) -> str:
         return f"{self.name}:{self.dtype.name}[{','.join(map(str, self.shape))}]"
 
-    @property
+    @cached_property
     def row_nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class Signature:
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
 
-    @property
+    @cached_property
     def row_nbytes(self) -> int:
         return sum(f.row_nbytes for f in self.fields)
 

@@ -102,8 +102,8 @@ class LearnerMetrics:
                                 registry=registry)
         self.stale = Gauge("apexrl_learner_stale_priority_updates", "Priority updates the shards ignored as stale "
                            "(since start)", registry=registry)
-        self.update_errors = Gauge("apexrl_learner_priority_update_errors", "Priority updates that failed "
-                                   "(since start)", registry=registry)
+        self.updates_dropped = Gauge("apexrl_learner_priority_updates_dropped", "Priority updates lost to broken "
+                                     "streams or backed-up shards (since start)", registry=registry)
 
 
 class Learner:
@@ -184,7 +184,7 @@ class Learner:
                     self.metrics.mean_q.set(float(q.mean()))
                     self.metrics.fleet_size.set(batch.fleet_size)
                     self.metrics.stale.set(self.sampler.updates_stale)
-                    self.metrics.update_errors.set(self.sampler.update_errors)
+                    self.metrics.updates_dropped.set(self.sampler.updates_dropped)
                 if c.checkpoint_dir and self.updates % c.checkpoint_every == 0:
                     self.save()
                 now = time.monotonic()

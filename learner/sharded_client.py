@@ -18,15 +18,14 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
-from apexrl.actor.replay_client import ReplayClient, SampledBatch, decode_sample
+from apexrl.actor.replay_client import ReplayClient, SampledBatch, decode_sample, encode_update
 from apexrl.common import grpc_util
-from apexrl.common.errors import ApexError, FailedPreconditionError, from_rpc_error
+from apexrl.common.errors import FailedPreconditionError, from_rpc_error
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +100,8 @@ class ShardedReplayClient:
         self._views = [_ShardView() for _ in addresses]
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()  # allocation and views; held across the sampling RPCs
-        self._stats_lock = threading.Lock()  # update counters; taken by gRPC callbacks, never held during I/O
-        self._updates = threading.BoundedSemaphore(max_updates_in_flight)
-        self.updates_applied = 0
-        self.updates_stale = 0
-        self.update_errors = 0
-        self._last_update_error: ApexError | None = None
+        self._streams = [c.priority_stream(max_updates_in_flight) for c in self.shards]
+        self._unsent = 0
 
     # ----------------------------------------------------------------------------------------------- views
     def refresh(self, *, timeout: float | None = None) -> None:
@@ -199,52 +194,51 @@ class ShardedReplayClient:
 
     # ------------------------------------------------------------------------------------------ priorities
     def update_priorities(self, batch: PrioritizedBatch, priorities: np.ndarray) -> None:
-        """Send new raw priorities for a sampled batch back to the owning shards, asynchronously.
+        """Send new raw priorities for a sampled batch back to the owning shards, asynchronously, over one
+        StreamUpdatePriorities stream per shard.
 
-        Blocks only when `max_updates_in_flight` updates are outstanding. Failures are counted (update_errors)
-        and logged, never raised: a lost priority update only delays a row's re-weighting."""
+        Blocks only while `max_updates_in_flight` updates to a shard are outstanding. Failures are counted
+        (`update_errors` requests, `updates_dropped` rows) and logged, never raised: a lost priority update only
+        delays a row's re-weighting."""
         priorities = np.asarray(priorities, dtype=np.float64)
         if priorities.shape != batch.keys.shape:
             raise ValueError(f"priorities {list(priorities.shape)} must match the batch {list(batch.keys.shape)}")
         for s in np.unique(batch.shard_ids):
             mask = batch.shard_ids == s
-            self._updates.acquire()
-            try:
-                future = self.shards[s].update_priorities_future(
-                    batch.keys[mask], priorities[mask], incarnation=batch.incarnations[s])
-            except BaseException:
-                self._updates.release()
-                raise
-            future.add_done_callback(self._update_done)
+            request = encode_update(batch.keys[mask], priorities[mask], batch.incarnations[s])
+            if not self._streams[s].send(request, int(mask.sum()), timeout=self.timeout):
+                log.warning("priority updates to %s backed up for %.0fs; dropping one", self.shards[s].address,
+                            self.timeout)
+                self._unsent += int(mask.sum())
 
-    def _update_done(self, future: Future) -> None:
-        self._updates.release()
-        try:
-            result = future.result()
-        except ApexError as err:
-            with self._stats_lock:
-                self.update_errors += 1
-                self._last_update_error = err
-            log.warning("priority update failed: %s", err)
-            return
-        with self._stats_lock:
-            self.updates_applied += result.applied
-            self.updates_stale += result.stale
+    @property
+    def updates_applied(self) -> int:
+        return sum(stream.applied for stream in self._streams)
+
+    @property
+    def updates_stale(self) -> int:
+        return sum(stream.stale for stream in self._streams)
+
+    @property
+    def updates_dropped(self) -> int:
+        """Rows whose update was lost to a broken stream or a backed-up shard."""
+        return self._unsent + sum(stream.dropped for stream in self._streams)
+
+    @property
+    def update_errors(self) -> int:
+        """Priority streams that failed (each drops the updates it had in flight)."""
+        return sum(stream.failures for stream in self._streams)
 
     def flush_updates(self, timeout: float | None = None) -> None:
-        """Wait until every asynchronous priority update has finished."""
+        """Wait until every priority update sent so far was answered (or dropped); TimeoutError otherwise."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        taken = 0
-        try:
-            while taken < self._updates._initial_value:  # noqa: SLF001 (BoundedSemaphore keeps its bound there)
-                if not self._updates.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                    raise TimeoutError("priority updates still in flight at the deadline")
-                taken += 1
-        finally:
-            for _ in range(taken):
-                self._updates.release()
+        for stream in self._streams:
+            if not stream.flush(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"priority updates to {stream.address} still in flight at the deadline")
 
     def close(self) -> None:
+        for stream in self._streams:
+            stream.close()
         for client in self.shards:
             client.close()
 

@@ -82,8 +82,17 @@ def test_a_dead_shard_is_skipped_and_sampling_continues(shard_processes):
     shards = shard_processes(3, "--alpha", "1.0")
     _fill(shards)
     with ShardedReplayClient([s.address for s in shards], seed=3, timeout=5) as sampler:
-        assert set(sampler.sample(256).shard_ids) == {0, 1, 2}
+        before = sampler.sample(256)
+        assert set(before.shard_ids) == {0, 1, 2}
         assert shards[1].stop() == 0
+        # Updates for the dead shard's rows are dropped and counted, never raised; the others apply (with the
+        # priorities the rows already have, so the distribution checked below stays known).
+        rows = before.columns["action"]
+        sampler.update_priorities(before, (rows % 100 + 1) * (rows // 100 + 1.0))
+        sampler.flush_updates(timeout=10)
+        lost = int(np.sum(before.shard_ids == 1))
+        assert sampler.updates_applied == 256 - lost
+        assert sampler.updates_dropped == lost and sampler.update_errors >= 1
         for _ in range(5):
             batch = sampler.sample(256)
             assert len(batch.keys) == 256 and set(batch.shard_ids) <= {0, 2}
