@@ -245,10 +245,12 @@ class ApeXActor:
                 episode_return=float(episode_return), length=int(length), weight_version=self.weight_version,
             ))
 
-    def close(self, flush_timeout: float = 5.0) -> None:
-        """Flush what was handed to the SDK (bounded), then close connections and environments."""
+    def close(self, flush_timeout: float = 2.0) -> None:
+        """Flush what was handed to the SDK within `flush_timeout` seconds in total (the learner may be gone and
+        the shards' rate limiters holding inserts back), then close connections and environments."""
+        deadline = time.monotonic() + flush_timeout
         for client in self.shards:
-            client.close(flush_timeout=flush_timeout)
+            client.close(flush_timeout=max(0.01, deadline - time.monotonic()))
         self.params.close()
         for env in self.envs:
             env.close()

@@ -37,7 +37,7 @@ import torch
 from apexrl.actor.exploration import apex_epsilon
 from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
 from apexrl.learner.losses import double_dqn_loss, td_error_abs
-from apexrl.learner.networks import DuelingQNetwork
+from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
 
 
 @dataclass
@@ -83,6 +83,7 @@ class Config:
     max_env_steps: int = 150_000
     max_seconds: float = 540.0
     seed: int = 0
+    save: str = ""  # write the final online weights here (.npz), if set
     # Throughput assumed for the fleet estimate.
     fleet_actor_steps_per_s: float = 600.0
     fleet_learner_updates_per_s: float = 50.0
@@ -250,6 +251,8 @@ def run(cfg: Config) -> dict:
             if wall > cfg.max_seconds:
                 break
 
+    if cfg.save:
+        np.savez(cfg.save, **state_dict_to_numpy(online))
     after = [e[2] for e in evals if solved_at is not None and e[0] > solved_at["env_steps"]]
     recent = [np.mean(r[-20:]) if r else math.nan for r in finished_returns]
     return {

@@ -12,6 +12,8 @@ pointing them at the addresses of the others. TOML (or YAML, for a .yaml/.yml su
     max_seconds = 1200           # stop after this long
     bind = "0.0.0.0"             # interface the services listen on
     replay_capacity = 100000     # rows over all shards together
+    samples_per_insert = 8.0     # replay ratio the shards enforce (0 = unlimited)
+    min_replay_size = 1000       # rows in all shards before the learner trains
     startup_timeout = 120        # seconds to wait for each service to report SERVING
 
     [hosts]                      # optional: the address other machines use for a host (default: its name)
@@ -108,6 +110,10 @@ class FleetConfig:
         max_seconds: wall-clock budget of the run.
         bind: interface every service listens on.
         replay_capacity: rows over all shards; each holds ceil(capacity / shards).
+        samples_per_insert: replay ratio the shards enforce (sampled rows per inserted row; 0 = unlimited): actors
+            wait when they run ahead of the learner, so learning per environment step does not depend on how
+            the machine's cores are shared. 8 solved CartPole in the fewest updates in our sweeps.
+        min_replay_size: rows the fleet holds before the learner trains (each shard: its share).
         startup_timeout: seconds each service may take to report SERVING.
         hosts: host name -> address other machines use (names not listed are their own address).
     """
@@ -123,6 +129,8 @@ class FleetConfig:
     max_seconds: float = 1200.0
     bind: str = "0.0.0.0"
     replay_capacity: int = 100_000
+    samples_per_insert: float = 8.0
+    min_replay_size: int = 1_000
     startup_timeout: float = 120.0
     hosts: Mapping[str, str] = field(default_factory=dict)
 
@@ -133,6 +141,10 @@ class FleetConfig:
     @property
     def shard_capacity(self) -> int:
         return -(-self.replay_capacity // len(self.shards))
+
+    @property
+    def shard_min_size(self) -> int:
+        return max(1, -(-self.min_replay_size // len(self.shards)))
 
 
 @dataclass(frozen=True)
@@ -226,7 +238,7 @@ def load_config(path: str | os.PathLike) -> FleetConfig:
 
 
 _FLEET_KEYS = ("env", "run_dir", "seed", "target_return", "max_seconds", "bind", "replay_capacity",
-               "startup_timeout")
+               "samples_per_insert", "min_replay_size", "startup_timeout")
 _SHARD_KEYS = ("host", "port", "metrics_port", "args")
 _LEARNER_KEYS = ("host", "params_port", "metrics_port", "args")
 _ACTORS_KEYS = ("host", "count", "first_index", "metrics_port", "args")
@@ -255,6 +267,12 @@ def parse_config(data: Mapping[str, Any]) -> FleetConfig:
         options["bind"] = _string(fleet["bind"], "[fleet] bind")
     if "replay_capacity" in fleet:
         options["replay_capacity"] = _integer(fleet["replay_capacity"], "[fleet] replay_capacity", minimum=1)
+    if "samples_per_insert" in fleet:
+        options["samples_per_insert"] = _number(fleet["samples_per_insert"], "[fleet] samples_per_insert")
+        if options["samples_per_insert"] < 0:
+            raise ConfigError(f"[fleet] samples_per_insert ({options['samples_per_insert']}) must be >= 0")
+    if "min_replay_size" in fleet:
+        options["min_replay_size"] = _integer(fleet["min_replay_size"], "[fleet] min_replay_size", minimum=1)
     if "startup_timeout" in fleet:
         options["startup_timeout"] = _number(fleet["startup_timeout"], "[fleet] startup_timeout", positive=True)
 
@@ -432,14 +450,18 @@ def command(config: FleetConfig, role: Role, links: Wiring, run_dir: Path,
     metrics = str(role.metrics_port if role.metrics_port is not None else -1)
     if role.kind == "replay":
         argv = ["replay", "--host", config.bind, "--port", str(role.port), "--metrics-port", metrics,
-                "--capacity", str(config.shard_capacity),
+                "--capacity", str(config.shard_capacity), "--min-size-to-sample", str(config.shard_min_size),
+                "--samples-per-insert", f"{config.samples_per_insert:g}",
+                # Let each side run ahead by a few learner batches before it waits.
+                "--samples-per-insert-tolerance", str(max(1024, 4 * config.shard_min_size)),
                 "--port-file", str(run_dir / "ports" / f"{role.name}.port")]
         if seed is not None:
             argv += ["--seed", str(seed + role.index)]
     elif role.kind == "learner":
         argv = ["learner", "--replay", ",".join(links.replay), "--params-host", config.bind,
                 "--params-port", str(role.port), "--env", config.env, "--metrics-host", config.bind,
-                "--metrics-port", metrics, "--run-dir", str(run_dir)]
+                "--metrics-port", metrics, "--run-dir", str(run_dir),
+                "--min-replay-size", str(config.shard_min_size * len(config.shards))]
         if seed is not None:
             argv += ["--seed", str(seed)]
     elif role.kind in ("actor", "evaluator"):

@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="base seed; each role derives its own (default: unseeded)")
     run.add_argument("--replay-capacity", type=int, default=None,
                      help="rows over all shards together (default: 100000)")
+    run.add_argument("--samples-per-insert", type=float, default=None,
+                     help="replay ratio the shards enforce: sampled rows per inserted row, 0 = unlimited "
+                          "(default: 8)")
+    run.add_argument("--min-replay-size", type=int, default=None,
+                     help="rows the shards hold in total before the learner trains (default: 1000)")
     run.add_argument("--startup-timeout", type=float, default=None,
                      help="seconds each service may take to report SERVING (default: 120)")
     passing = parser.add_argument_group(
@@ -105,6 +110,7 @@ def resolve_config(args: argparse.Namespace):
     overrides = {key: value for key, value in (
         ("env", args.env), ("target_return", args.target_return), ("max_seconds", args.max_seconds),
         ("run_dir", args.run_dir), ("seed", args.seed), ("replay_capacity", args.replay_capacity),
+        ("samples_per_insert", args.samples_per_insert), ("min_replay_size", args.min_replay_size),
         ("startup_timeout", args.startup_timeout)) if value is not None}
     if args.max_seconds is not None and args.max_seconds <= 0:
         raise ConfigError(f"--max-seconds ({args.max_seconds}) must be positive")
