@@ -111,12 +111,14 @@ class PriorityStream:
                 time.sleep(backoff)
                 backoff = min(5.0, backoff * 2)
 
-    def close(self) -> None:
-        """Stop after the requests already queued are sent (their answers are not awaited; flush() first)."""
+    def close(self, wait: float = 5.0) -> None:
+        """Stop sending (flush() first to wait for answers); wait up to `wait` seconds for the thread to end.
+        Closing the channel under a stream ends it at once."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout=5)
+        if wait:
+            self._thread.join(timeout=wait)
 
 
 class _StreamState:

@@ -196,13 +196,14 @@ class Learner:
                              batch.fleet_size, self.sampler.updates_stale)
                     last_log, last_updates = now, self.updates
         finally:
-            prefetcher.stop()
-            try:
-                self.sampler.flush_updates(timeout=5)
-            except TimeoutError:
-                log.warning("some priority updates were still in flight at exit")
+            # Checkpoint first: what follows waits on the network, and a supervisor's grace period is short.
             if c.checkpoint_dir:
                 log.info("final checkpoint: %s", self.save())
+            prefetcher.stop(wait=False)  # its Sample call may be held back by a rate limiter; close() cancels it
+            try:
+                self.sampler.flush_updates(timeout=2)
+            except TimeoutError:
+                log.warning("some priority updates were still in flight at exit")
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
@@ -234,4 +235,5 @@ class Learner:
         log.info("resumed from %s at update %d", path, self.updates)
 
     def close(self) -> None:
+        """Close the shard connections (cancelling a Sample still in flight)."""
         self.sampler.close()

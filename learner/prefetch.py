@@ -71,6 +71,8 @@ class Prefetcher:
         except queue.Empty:
             return None
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Stop sampling; with wait, join the thread (a Sample in flight ends at its deadline or on close)."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if wait:
+            self._thread.join(timeout=5)

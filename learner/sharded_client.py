@@ -237,10 +237,13 @@ class ShardedReplayClient:
                 raise TimeoutError(f"priority updates to {stream.address} still in flight at the deadline")
 
     def close(self) -> None:
+        """Close every connection; Sample calls and priority streams still in flight are cancelled."""
         for stream in self._streams:
-            stream.close()
+            stream.close(wait=0)
         for client in self.shards:
             client.close()
+        for stream in self._streams:
+            stream.close(wait=1.0)
 
     def __enter__(self) -> ShardedReplayClient:
         return self
