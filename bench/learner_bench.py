@@ -396,9 +396,28 @@ class Bench:
             for name, col in columns.items():
                 if not np.array_equal(sample.columns[name], col[keys]):
                     raise RuntimeError(f"shard {address}: sampled column {name} differs from the inserted rows")
+            # Same seed and contents: the table draws the same rows (and both sampling RNGs stay in step).
+            if not np.array_equal(table.sample(256).keys, sample.keys):
+                raise RuntimeError(f"shard {address} and its in-process table drew different rows")
             out.append({"size": remote.size, "total_priority": remote.total_priority,
                         "min_priority": remote.min_priority})
         return {"shards": out, "identical": True}
+
+    def check_same_batches(self, addresses: Sequence[str], sampler) -> bool:
+        """ShardedReplayClient (gRPC) and the in-process sampler, same seeds, draw the same prioritized batch:
+        keys, shards, probabilities and importance weights (the allocation and weight math are the same)."""
+        from apexrl.learner.sharded_client import ShardedReplayClient
+
+        with ShardedReplayClient(addresses, seed=self.args.seed) as client:
+            remote = client.sample(self.args.batch_size, beta=0.4)
+        local = sampler.sample(self.args.batch_size, beta=0.4)
+        for name in ("keys", "shard_ids", "probabilities", "weights"):
+            if not np.array_equal(getattr(remote, name), getattr(local, name)):
+                raise RuntimeError(f"gRPC and in-process batches differ in {name}")
+        for name, col in remote.columns.items():
+            if not np.array_equal(col, local.columns[name]):
+                raise RuntimeError(f"gRPC and in-process batches differ in column {name}")
+        return True
 
     def run(self) -> None:
         import torch
@@ -424,8 +443,10 @@ class Bench:
             progress(f"  filled in {self.fill_seconds:.1f}s; building the in-process tables")
             tables = self.build_tables(data)
             self.contents = self.check_same_contents(addresses, tables, data)
-            progress("  shards and in-process tables hold the same rows and priorities")
             sampler_class = _in_process_sampler_class()
+            self.contents["same_first_batch"] = self.check_same_batches(addresses, sampler_class(tables, seed=a.seed))
+            progress("  shards and in-process tables hold the same rows and priorities and, with the same seeds, "
+                     "ShardedReplayClient and the in-process sampler draw the same batch")
 
             def make_config() -> LearnerConfig:
                 return LearnerConfig(replay_addresses=tuple(addresses), obs_dim=OBS_DIM, num_actions=NUM_ACTIONS,
@@ -478,6 +499,7 @@ class Bench:
                 "train_step_fraction": sum(p.train_step_fraction * p.seconds for p in ps) / seconds,
                 "learner_cores": sum(p.learner_cpu_s for p in ps) / seconds,
                 "shard_cores": sum(sum(p.shard_cpu_s) for p in ps) / seconds,
+                "total_cores": sum(p.learner_cpu_s + sum(p.shard_cpu_s) for p in ps) / seconds,
                 "learner_cpu_ms_per_update": sum(p.learner_cpu_s for p in ps) / updates * 1e3,
                 "shard_cpu_ms_per_update": sum(sum(p.shard_cpu_s) for p in ps) / updates * 1e3,
             }
@@ -529,7 +551,8 @@ def print_table(bench: Bench, summary: dict, file=sys.stdout) -> None:
     for mode, m in summary["per_mode"].items():
         print(f"{MODE_NAMES[mode]:<30} {m['updates_per_s']:8,.1f} updates/s over {m['seconds']:5.1f}s; "
               f"sample wait {m['sample_wait_fraction']:.1%}; CPU per update: learner "
-              f"{m['learner_cpu_ms_per_update']:.2f} ms, shards {m['shard_cpu_ms_per_update']:.2f} ms",
+              f"{m['learner_cpu_ms_per_update']:.2f} ms + shards {m['shard_cpu_ms_per_update']:.2f} ms; "
+              f"{m['total_cores']:.2f} cores in all",
               file=file)
     if "ratio" in summary:
         print(f"ratio gRPC / in-process = {summary['ratio']:.3f} (per round: "
@@ -544,10 +567,25 @@ wait / step: share of measured wall time the train loop spent waiting in Prefetc
 learner cores: CPU of this process (train loop, prefetch thread, gRPC threads) / wall; shard cores: each shard
   process (/proc/<pid>/stat). On 2 cores the gRPC mode runs 3 busy processes, the in-process mode 1.""", file=file)
     load = bench.load_before, bench.load_after
+    group = autogroup()
     print(f"Load average (1 min) before / after: {load[0]:.2f} / {load[1]:.2f} on {os.cpu_count()} CPUs"
           + ("  ** other processes were busy: figures are disturbed **" if max(load) > 1.5 else "")
-          + (f"; niceness {os.nice(0)}" if os.nice(0) else ""), file=file)
+          + (f"; niceness {os.nice(0)}" if os.nice(0) else "")
+          + (f"; scheduler autogroup {group}" if group else ""), file=file)
     print(f"command: {shlex.join([sys.executable, *sys.argv])}", file=file)
+
+
+def autogroup() -> str | None:
+    """This process's scheduler autogroup and its nice value when autogroups are on (then `nice` only ranks
+    processes within the group; `echo -10 > /proc/$$/autogroup` ranks the group against other sessions)."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            if f.read().strip() != "1":
+                return None
+        with open("/proc/self/autogroup") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 # ------------------------------------------------------------------------------------------------------- main
@@ -595,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(bench, summary)
     if args.json:
         data = {
-            "meta": {**metadata(args), "torch": torch.__version__,
+            "meta": {**metadata(args), "torch": torch.__version__, "autogroup": autogroup(),
                      "command": shlex.join([sys.executable, *sys.argv])},
             "load_average_1min": [bench.load_before, bench.load_after],
             "fill_seconds": bench.fill_seconds,
