@@ -38,6 +38,8 @@ class LearnerConfig:
         beta_start, beta_end, beta_anneal_updates: importance-sampling exponent, annealed linearly (PER).
         min_replay_size: rows the fleet must hold before training starts.
         priority_epsilon: added to |TD error| so no sampled row drops to priority 0.
+        sample_batches_per_call: batches drawn per Sample call to each shard (then split): fewer, larger calls.
+        priority_coalesce_batches: batches' priority updates sent to a shard together in one message.
         checkpoint_every: updates between checkpoints (one more is written at exit).
     """
 
@@ -58,6 +60,8 @@ class LearnerConfig:
     priority_epsilon: float = 1e-3
     min_replay_size: int = 1_000
     prefetch_depth: int = 4
+    sample_batches_per_call: int = 4
+    priority_coalesce_batches: int = 4
     # Weights and checkpoints
     publish_every: int = 10
     checkpoint_dir: str | None = None
@@ -70,7 +74,8 @@ class LearnerConfig:
     sample_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "target_update_period", "publish_every", "checkpoint_every", "prefetch_depth"):
+        for name in ("batch_size", "target_update_period", "publish_every", "checkpoint_every", "prefetch_depth",
+                     "sample_batches_per_call", "priority_coalesce_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
         if not self.replay_addresses:
@@ -121,8 +126,11 @@ class Learner:
         self.target.load_state_dict(self.online.state_dict())
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learning_rate)
         self.metrics = LearnerMetrics(registry if registry is not None else CollectorRegistry())
-        self.sampler = ShardedReplayClient(config.replay_addresses, timeout=config.sample_timeout, seed=config.seed,
-                                           token=config.token)
+        self.sampler = ShardedReplayClient(
+            config.replay_addresses, timeout=config.sample_timeout, seed=config.seed, token=config.token,
+            # about k batches of rows per shard (each batch spreads over the shards)
+            coalesce_rows=(2 * config.priority_coalesce_batches - 1) * config.batch_size // (2 * len(config.replay_addresses)),
+        )
         self._publish = publish
         self.updates = 0
         self.weight_version = 0
@@ -162,7 +170,8 @@ class Learner:
         """Train until `stop` is set or max_updates is reached; checkpoint periodically and at the end."""
         c = self.config
         self.publish_weights()  # actors can start acting before the first update
-        prefetcher = Prefetcher(self.sampler, c.batch_size, self.beta, c.prefetch_depth, c.min_replay_size).start()
+        prefetcher = Prefetcher(self.sampler, c.batch_size, self.beta, c.prefetch_depth, c.min_replay_size,
+                                c.sample_batches_per_call, c.seed).start()
         log.info("learner on %s: waiting for %d rows in replay (%s)", self.device, c.min_replay_size,
                  ", ".join(c.replay_addresses))
         last_log, last_updates = time.monotonic(), self.updates

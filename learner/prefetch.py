@@ -9,6 +9,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from apexrl.common.errors import ApexError, FailedPreconditionError
 from apexrl.learner.sharded_client import PrioritizedBatch, ShardedReplayClient
 
@@ -16,15 +18,23 @@ log = logging.getLogger(__name__)
 
 
 class Prefetcher:
-    """Samples `batch_size` rows with the current beta in a daemon thread into a bounded queue."""
+    """Samples batches with the current beta in a daemon thread into a bounded queue.
+
+    With batches_per_call = k it draws k batches' rows in one Sample call per shard and splits them: a call costs
+    about 1 ms of CPU on each side whatever its size, and the learner's share of that competes with the train step
+    for the GIL (bench/README.md, learner benchmark)."""
 
     def __init__(self, sampler: ShardedReplayClient, batch_size: int, beta: Callable[[], float],
-                 depth: int = 4, min_fleet_size: int = 1) -> None:
+                 depth: int = 4, min_fleet_size: int = 1, batches_per_call: int = 1, seed: int | None = None) -> None:
+        if batches_per_call < 1:
+            raise ValueError(f"batches_per_call ({batches_per_call}) must be >= 1")
         self._sampler = sampler
         self._batch_size = batch_size
+        self._batches_per_call = batches_per_call
+        self._rng = np.random.default_rng(seed)
         self._beta = beta
         self._min_fleet_size = min_fleet_size
-        self._queue: queue.Queue[PrioritizedBatch] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[PrioritizedBatch] = queue.Queue(maxsize=max(depth, batches_per_call))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="apexrl-prefetch", daemon=True)
         self.error: BaseException | None = None
@@ -43,7 +53,8 @@ class Prefetcher:
                     if self._sampler.fleet_size < self._min_fleet_size:
                         raise FailedPreconditionError(
                             f"replay holds {self._sampler.fleet_size} rows, waiting for {self._min_fleet_size}")
-                batch = self._sampler.sample(self._batch_size, beta=self._beta())
+                drawn = self._sampler.sample(self._batch_size * self._batches_per_call, beta=self._beta())
+                batches = [drawn] if self._batches_per_call == 1 else drawn.split(self._batches_per_call, self._rng)
                 backoff = 0.1
             except ApexError as err:
                 if time.monotonic() - last_warning > 10:
@@ -55,12 +66,13 @@ class Prefetcher:
             except BaseException as err:  # a bug: surface it in the train loop instead of dying silently
                 self.error = err
                 return
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(batch, timeout=0.2)
-                    break
-                except queue.Full:
-                    continue
+            for batch in batches:
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(batch, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
 
     def get(self, timeout: float) -> PrioritizedBatch | None:
         """The next batch, or None when none arrived within `timeout` seconds."""

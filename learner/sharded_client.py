@@ -46,6 +46,17 @@ class PrioritizedBatch:
     incarnations: tuple[int, ...]  # per shard: the incarnation its keys belong to (0 if not sampled)
     fleet_size: int
 
+    def split(self, parts: int, rng: np.random.Generator) -> list[PrioritizedBatch]:
+        """Cut into `parts` batches of random rows. Rows arrive grouped by shard and stratum, so they are
+        shuffled first; every part is then a fair draw with the same probabilities and weights."""
+        order = rng.permutation(len(self.keys))
+        return [
+            PrioritizedBatch({name: col[idx] for name, col in self.columns.items()}, self.shard_ids[idx],
+                             self.keys[idx], self.probabilities[idx], self.weights[idx], self.incarnations,
+                             self.fleet_size)
+            for idx in np.array_split(order, parts)
+        ]
+
 
 @dataclass
 class _ShardView:
@@ -78,6 +89,9 @@ class ShardedReplayClient:
         seed: seed of the batch allocation.
         max_backoff: longest pause before a failed shard is tried again, seconds.
         max_updates_in_flight: asynchronous priority updates outstanding before update_priorities blocks.
+        coalesce_rows: priority updates for one shard are buffered until this many rows are waiting, then sent as
+            one message (a call costs ~1 ms of CPU on each side whatever its size; bench/README.md). 0 sends each
+            batch's updates at once. `flush_updates` sends what is buffered.
     """
 
     def __init__(
@@ -90,6 +104,7 @@ class ShardedReplayClient:
         max_message_bytes: int = grpc_util.DEFAULT_MAX_MESSAGE_BYTES,
         max_backoff: float = 10.0,
         max_updates_in_flight: int = 64,
+        coalesce_rows: int = 0,
     ) -> None:
         if not addresses:
             raise ValueError("ShardedReplayClient needs at least one shard address")
@@ -102,6 +117,10 @@ class ShardedReplayClient:
         self._lock = threading.Lock()  # allocation and views; held across the sampling RPCs
         self._streams = [c.priority_stream(max_updates_in_flight) for c in self.shards]
         self._unsent = 0
+        self.coalesce_rows = coalesce_rows
+        # Per shard: buffered (keys, priorities) pieces and their incarnation, waiting to be sent together.
+        self._buffered: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in addresses]
+        self._buffered_incarnation = [0] * len(addresses)
 
     # ----------------------------------------------------------------------------------------------- views
     def refresh(self, *, timeout: float | None = None) -> None:
@@ -205,11 +224,26 @@ class ShardedReplayClient:
             raise ValueError(f"priorities {list(priorities.shape)} must match the batch {list(batch.keys.shape)}")
         for s in np.unique(batch.shard_ids):
             mask = batch.shard_ids == s
-            request = encode_update(batch.keys[mask], priorities[mask], batch.incarnations[s])
-            if not self._streams[s].send(request, int(mask.sum()), timeout=self.timeout):
-                log.warning("priority updates to %s backed up for %.0fs; dropping one", self.shards[s].address,
-                            self.timeout)
-                self._unsent += int(mask.sum())
+            incarnation = batch.incarnations[s]
+            if self._buffered[s] and incarnation != self._buffered_incarnation[s]:
+                self._send_buffered(s)  # the shard restarted: keys of two incarnations never share a message
+            self._buffered[s].append((batch.keys[mask], priorities[mask]))
+            self._buffered_incarnation[s] = incarnation
+            if sum(len(k) for k, _ in self._buffered[s]) >= self.coalesce_rows:
+                self._send_buffered(s)
+
+    def _send_buffered(self, s: int) -> None:
+        """Send shard s's buffered updates as one message (later pieces last, so a repeated key's newest value
+        wins on the shard)."""
+        pieces, self._buffered[s] = self._buffered[s], []
+        if not pieces:
+            return
+        keys = np.concatenate([k for k, _ in pieces])
+        request = encode_update(keys, np.concatenate([p for _, p in pieces]), self._buffered_incarnation[s])
+        if not self._streams[s].send(request, len(keys), timeout=self.timeout):
+            log.warning("priority updates to %s backed up for %.0fs; dropping %d", self.shards[s].address,
+                        self.timeout, len(keys))
+            self._unsent += len(keys)
 
     @property
     def updates_applied(self) -> int:
@@ -230,7 +264,10 @@ class ShardedReplayClient:
         return sum(stream.failures for stream in self._streams)
 
     def flush_updates(self, timeout: float | None = None) -> None:
-        """Wait until every priority update sent so far was answered (or dropped); TimeoutError otherwise."""
+        """Send what is buffered, then wait until every priority update was answered (or dropped); TimeoutError
+        otherwise."""
+        for s in range(len(self.shards)):
+            self._send_buffered(s)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         for stream in self._streams:
             if not stream.flush(max(0.0, deadline - time.monotonic())):

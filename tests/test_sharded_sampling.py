@@ -117,3 +117,25 @@ def test_sampling_interleaved_with_async_updates_does_not_stall(shard_processes)
         sampler.flush_updates()
         assert sampler.update_errors == 0
         assert sampler.updates_applied + sampler.updates_stale == 300 * 32
+
+
+def test_large_draws_split_into_fair_batches_and_coalesced_updates_all_arrive(shard_processes):
+    """The learner draws 4 batches per call and sends 4 batches' priorities per message: nothing is lost."""
+    shards = shard_processes(2, "--alpha", "1.0")
+    _fill(shards)
+    with ShardedReplayClient([s.address for s in shards], seed=2, coalesce_rows=100) as sampler:
+        drawn = sampler.sample(256)
+        parts = drawn.split(4, np.random.default_rng(0))
+        assert [len(p.keys) for p in parts] == [64] * 4
+        # Together the parts are the draw, row for row (shuffled: each part mixes both shards).
+        merged = sorted(zip(*(np.concatenate([getattr(p, f) for p in parts]).tolist()
+                              for f in ("shard_ids", "keys", "probabilities", "weights")), strict=True))
+        original = sorted(zip(*(getattr(drawn, f).tolist() for f in ("shard_ids", "keys", "probabilities",
+                                                                      "weights")), strict=True))
+        assert merged == original
+        assert all(set(p.shard_ids) == {0, 1} for p in parts)
+        for p in parts:
+            np.testing.assert_array_equal(p.columns["action"], 100 * p.shard_ids + p.keys.astype(np.int64))
+            sampler.update_priorities(p, np.full(64, 5.0))
+        sampler.flush_updates()
+        assert sampler.updates_applied == 256 and sampler.updates_dropped == 0
