@@ -135,10 +135,14 @@ def _tensors(cols: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {name: torch.from_numpy(col) for name, col in cols.items()}
 
 
-def evaluate(net: DuelingQNetwork, episodes: int, seed: int) -> np.ndarray:
-    """Returns of `episodes` greedy episodes (the first episode of each env of a vectorised CartPole)."""
+def evaluate(net: DuelingQNetwork, episodes: int, seed: int) -> tuple[np.ndarray, float]:
+    """Returns of `episodes` greedy episodes (the first episode of each env of a vectorised CartPole), and the
+    mean max_a Q(s_0, a) over their first states: with gamma 0.99 it nears 100 once values have propagated over
+    the whole episode, and stalls far below when target updates are too slow (see `target_period`)."""
     env = gym.make_vec("CartPole-v1", num_envs=episodes, vectorization_mode="vector_entry_point")
     obs, _ = env.reset(seed=seed)
+    with torch.no_grad():
+        start_q = float(net(torch.from_numpy(obs)).max(dim=1).values.mean())
     returns = np.zeros(episodes)
     alive = np.ones(episodes, dtype=bool)
     with torch.no_grad():
@@ -148,7 +152,7 @@ def evaluate(net: DuelingQNetwork, episodes: int, seed: int) -> np.ndarray:
             returns += reward * alive
             alive &= ~(terminated | truncated)
     env.close()
-    return returns
+    return returns, start_q
 
 
 def run(cfg: Config) -> dict:
@@ -157,7 +161,9 @@ def run(cfg: Config) -> dict:
     envs = [gym.make("CartPole-v1") for _ in range(cfg.num_actors)]
     obs = np.stack([env.reset(seed=cfg.seed * 1000 + i)[0] for i, env in enumerate(envs)])
     obs_dim, num_actions = obs.shape[1], int(envs[0].action_space.n)
-    epsilons = np.array([apex_epsilon(i, cfg.num_actors, cfg.eps_base, cfg.eps_alpha) for i in range(cfg.num_actors)])
+    epsilons = np.array(
+        [apex_epsilon(i, cfg.num_actors, cfg.eps_base, cfg.eps_alpha) for i in range(cfg.num_actors)]
+    )
     accumulators = [NStepAccumulator(cfg.n_step, cfg.gamma) for _ in envs]
     outbox: list[list[Transition]] = [[] for _ in envs]
     episode_returns = np.zeros(cfg.num_actors)
@@ -213,7 +219,10 @@ def run(cfg: Config) -> dict:
                 beta = cfg.beta_start + (1.0 - cfg.beta_start) * min(1.0, updates / cfg.beta_updates)
                 slots, cols, weights = replay.sample(cfg.batch_size, beta, rng)
                 loss, td_abs = double_dqn_loss(
-                    online, target, **_tensors(cols), weights=torch.from_numpy(weights),
+                    online,
+                    target,
+                    **_tensors(cols),
+                    weights=torch.from_numpy(weights),
                     huber_delta=cfg.huber_delta,
                 )
                 optimizer.zero_grad(set_to_none=True)
@@ -232,9 +241,10 @@ def run(cfg: Config) -> dict:
         if env_steps >= next_eval:
             next_eval += cfg.eval_every
             t0 = time.perf_counter()
-            mean_return = float(evaluate(online, cfg.eval_episodes, seed=cfg.seed * 7919 + len(evals)).mean())
+            returns, start_q = evaluate(online, cfg.eval_episodes, seed=cfg.seed * 7919 + len(evals))
+            mean_return = float(returns.mean())
             eval_seconds += time.perf_counter() - t0
-            evals.append((env_steps, updates, mean_return))
+            evals.append((env_steps, updates, mean_return, start_q))
             wall = time.perf_counter() - start - eval_seconds
             if solved_at is None and mean_return >= cfg.solve_return:
                 solved_at = {
@@ -242,7 +252,10 @@ def run(cfg: Config) -> dict:
                     "updates": updates,
                     "sim_seconds": round(wall, 1),
                     "fleet_seconds": round(
-                        max(env_steps / cfg.fleet_actor_steps_per_s, updates / cfg.fleet_learner_updates_per_s), 1
+                        max(
+                            env_steps / cfg.fleet_actor_steps_per_s, updates / cfg.fleet_learner_updates_per_s
+                        ),
+                        1,
                     ),
                 }
                 solved_eval = len(evals)
@@ -261,19 +274,26 @@ def run(cfg: Config) -> dict:
         "solved_at": solved_at,
         "post_solve_evals": after,
         "post_solve_held": (sum(r >= cfg.solve_return for r in after), len(after)),
-        "final": {"env_steps": env_steps, "updates": updates, "sim_seconds": round(
-            time.perf_counter() - start - eval_seconds, 1)},
+        "final": {
+            "env_steps": env_steps,
+            "updates": updates,
+            "sim_seconds": round(time.perf_counter() - start - eval_seconds, 1),
+        },
         "actor_recent_returns": [round(float(r), 1) for r in recent],
-        "evals": [(s, u, round(r, 1)) for s, u, r in evals],
+        "evals": [(s, u, round(r, 1), round(q, 1)) for s, u, r, q in evals],
     }
 
 
 def _parse_args() -> Config:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     for field in dataclasses.fields(Config):
         flag = "--" + field.name.replace("_", "-")
         if field.name == "hidden":
-            parser.add_argument(flag, type=lambda s: tuple(int(h) for h in s.split(",")), default=field.default)
+            parser.add_argument(
+                flag, type=lambda s: tuple(int(h) for h in s.split(",")), default=field.default
+            )
         else:
             parser.add_argument(flag, type=type(field.default), default=field.default)
     return Config(**vars(parser.parse_args()))

@@ -30,8 +30,18 @@ def test_custom_base_and_alpha() -> None:
 
 @pytest.mark.parametrize(
     ("index", "num", "base", "alpha"),
-    [(0, 0, 0.4, 7.0), (-1, 4, 0.4, 7.0), (4, 4, 0.4, 7.0), (1.0, 4, 0.4, 7.0), (True, 4, 0.4, 7.0),
-     (0, 4, 1.5, 7.0), (0, 4, -0.1, 7.0), (0, 4, math.nan, 7.0), (0, 4, 0.4, -1.0), (0, 4, 0.4, math.nan)],
+    [
+        (0, 0, 0.4, 7.0),
+        (-1, 4, 0.4, 7.0),
+        (4, 4, 0.4, 7.0),
+        (1.0, 4, 0.4, 7.0),
+        (True, 4, 0.4, 7.0),
+        (0, 4, 1.5, 7.0),
+        (0, 4, -0.1, 7.0),
+        (0, 4, math.nan, 7.0),
+        (0, 4, 0.4, -1.0),
+        (0, 4, 0.4, math.nan),
+    ],
 )
 def test_apex_epsilon_rejects_bad_inputs(index: object, num: object, base: float, alpha: float) -> None:
     with pytest.raises(ValueError):

@@ -102,8 +102,14 @@ def test_state_dict_round_trip() -> None:
     source, dest = DuelingQNetwork(4, 2, (32, 16)), DuelingQNetwork(4, 2, (32, 16))
     weights = state_dict_to_numpy(source)
     assert set(weights) == {
-        "torso.0.weight", "torso.0.bias", "torso.2.weight", "torso.2.bias",
-        "value.weight", "value.bias", "advantage.weight", "advantage.bias",
+        "torso.0.weight",
+        "torso.0.bias",
+        "torso.2.weight",
+        "torso.2.bias",
+        "value.weight",
+        "value.bias",
+        "advantage.weight",
+        "advantage.bias",
     }
     assert all(isinstance(w, np.ndarray) and w.dtype == np.float32 for w in weights.values())
     assert weights["torso.0.weight"].shape == (32, 4)

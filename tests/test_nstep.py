@@ -15,15 +15,21 @@ def _obs(i: int) -> np.ndarray:
     return np.array([i, -i], dtype=np.float32)
 
 
-def _run(rewards: list[float], terminated_at_end: bool, truncated_at_end: bool, n: int = 3) -> list[Transition]:
+def _run(
+    rewards: list[float], terminated_at_end: bool, truncated_at_end: bool, n: int = 3
+) -> list[Transition]:
     """Push a single episode s_0..s_T with actions 10+t; return every emitted transition, checking order."""
     acc = NStepAccumulator(n=n, gamma=GAMMA)
     out: list[Transition] = []
     last = len(rewards) - 1
     for t, r in enumerate(rewards):
         emitted = acc.push(
-            _obs(t), 10 + t, r, _obs(t + 1),
-            terminated=terminated_at_end and t == last, truncated=truncated_at_end and t == last,
+            _obs(t),
+            10 + t,
+            r,
+            _obs(t + 1),
+            terminated=terminated_at_end and t == last,
+            truncated=truncated_at_end and t == last,
         )
         if t < last:
             # Mid-episode: nothing until n steps are pending, then exactly the oldest one.
