@@ -7,15 +7,13 @@ import logging
 import signal
 import threading
 
+from apexrl.common.grpc_util import parse_addresses
+
 log = logging.getLogger("apexrl.actor")
 
 
-def _addresses(text: str) -> tuple[str, ...]:
-    return tuple(a.strip() for a in text.split(",") if a.strip())
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replay", type=_addresses, default=(),
+    parser.add_argument("--replay", type=parse_addresses, default=(),
                         help="comma-separated host:port of the replay shards (required unless --evaluate)")
     parser.add_argument("--params", required=True, help="host:port of the parameter service to pull weights from")
     parser.add_argument("--actor-index", type=int, default=0, help="this actor's index i in the fleet (default: 0)")

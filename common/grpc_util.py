@@ -228,3 +228,8 @@ def write_port_file(path: str, port: int) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def parse_addresses(text: str) -> tuple[str, ...]:
+    """`host:port,host:port` (a command-line option) as a tuple; blanks ignored."""
+    return tuple(a.strip() for a in text.split(",") if a.strip())

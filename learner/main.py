@@ -7,11 +7,9 @@ import logging
 import signal
 import threading
 
+from apexrl.common.grpc_util import parse_addresses
+
 log = logging.getLogger("apexrl.learner")
-
-
-def _addresses(text: str) -> tuple[str, ...]:
-    return tuple(a.strip() for a in text.split(",") if a.strip())
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -19,7 +17,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replay", type=_addresses, required=True,
+    parser.add_argument("--replay", type=parse_addresses, required=True,
                         help="comma-separated host:port of every replay shard")
     parser.add_argument("--env", default="CartPole-v1",
                         help="Gymnasium environment id; sets the network's input and output sizes (default: %(default)s)")
