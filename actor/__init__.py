@@ -1,11 +1,11 @@
-"""Actors and the client SDK for custom actors.
+"""The built-in Ape-X actor (`apexrl.actor.apex_actor`, started with `apexrl actor`).
 
-Public SDK (no torch import): `ReplayClient` (one replay shard) and `ParameterClient` (versioned weights).
-The built-in Ape-X actor lives in `apexrl.actor.apex_actor` and is started with `apexrl actor`.
+For custom actors this package re-exports the SDK clients (no torch import); their home is beside their
+services: `apexrl.replay_server.client.ReplayClient` and `apexrl.parameter_server.client.ParameterClient`.
 """
 
-from apexrl.actor.parameter_client import ParameterClient
-from apexrl.actor.replay_client import ReplayClient, SampledBatch, UpdateResult
-from apexrl.common.shard_info import ShardInfo
+from apexrl.parameter_server.client import ParameterClient
+from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.wire import SampledBatch, ShardInfo, UpdateResult
 
 __all__ = ["ParameterClient", "ReplayClient", "SampledBatch", "ShardInfo", "UpdateResult"]

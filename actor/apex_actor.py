@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from apexrl.actor.episode_log import EpisodeLog, EpisodeRecord
 from apexrl.actor.exploration import apex_epsilon, epsilon_greedy
 from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
-from apexrl.actor.parameter_client import ParameterClient
 from apexrl.actor.policy import NumpyDuelingPolicy
-from apexrl.actor.replay_client import ReplayClient
 from apexrl.common.errors import DeadlineExceededError, UnavailableError
+from apexrl.parameter_server.client import ParameterClient
+from apexrl.replay_server.client import ReplayClient
 
 log = logging.getLogger("apexrl.actor")
 

@@ -93,10 +93,10 @@ def batches(columns: dict[str, np.ndarray], priorities: np.ndarray):
 
 def _in_process_sampler_class():
     """Defined lazily so `--help` does not import torch/grpc."""
-    from apexrl.actor.replay_client import SampledBatch
     from apexrl.common.errors import FailedPreconditionError
     from apexrl.learner.sharded_client import PrioritizedBatch, ShardedReplayClient, _ShardView
     from apexrl.replay_server.table import ReplayTable
+    from apexrl.replay_server.wire import SampledBatch
 
     class InProcessShardedSampler(ShardedReplayClient):
         """A ShardedReplayClient whose shards are in-process ReplayTables (the surface Learner and Prefetcher

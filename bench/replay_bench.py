@@ -601,9 +601,9 @@ class Bench:
 
     def grpc_full_shard(self, echo: Echo, shard: Child) -> None:
         from apexrl.actor import ReplayClient
-        from apexrl.actor.replay_client import decode_sample, encode_update
         from apexrl.common import codec
         from apexrl.proto import replay_pb2, replay_pb2_grpc
+        from apexrl.replay_server.wire import encode_update
 
         seconds, warmup = self.s()
         window = self.args.window
@@ -700,7 +700,7 @@ class Bench:
                 self.shard_pid,
                 measure_window,
                 lambda: client.sample_future(SAMPLE_BATCH),
-                lambda f: decode_sample(f.result()),
+                lambda f: f.result(),
                 sample_window,
                 seconds,
                 warmup,

@@ -52,6 +52,18 @@ class UnauthenticatedError(ApexError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class CancelledError(ApexError):
+    """The call was cancelled (by this client closing, or by the server going away mid-call)."""
+
+    code = grpc.StatusCode.CANCELLED
+
+
+class InternalError(ApexError):
+    """The server failed in a way that is not the request's fault; retrying later may help."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
 class NotFoundError(ApexError, LookupError):
     """The named thing (for example a weights version) does not exist."""
 
@@ -68,8 +80,21 @@ _BY_CODE: dict[grpc.StatusCode, type[ApexError]] = {
         UnavailableError,
         UnauthenticatedError,
         NotFoundError,
+        CancelledError,
+        InternalError,
     )
 }
+
+# Failures that say nothing about the request itself: the same call may succeed later or on another server.
+TRANSIENT_ERRORS: tuple[type[ApexError], ...] = (
+    UnavailableError, DeadlineExceededError, CancelledError, InternalError, FailedPreconditionError,
+)
+
+
+def is_transient(err: ApexError) -> bool:
+    """True for failures a caller should retry or route around (a shard down, busy, restarting or not ready),
+    false for a request that is wrong (bad argument, too large, unauthenticated) and would fail again."""
+    return isinstance(err, TRANSIENT_ERRORS) or err.code == grpc.StatusCode.UNKNOWN
 
 
 def error_for_code(code: grpc.StatusCode, message: str) -> ApexError:

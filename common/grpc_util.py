@@ -9,16 +9,49 @@ import signal
 import threading
 from collections.abc import Callable, Iterable
 from concurrent import futures
+from typing import Any, Generic, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from apexrl.common.errors import CancelledError, DeadlineExceededError, from_rpc_error
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 HEALTH_SERVICE = "grpc.health.v1.Health"
 _AUTH_HEADER = "authorization"
+
+
+T = TypeVar("T")
+
+
+class CallFuture(Generic[T]):
+    """A gRPC call in flight, as the SDK hands it out: `result()` decodes the answer in the caller's thread and
+    raises apexrl exceptions, so code above the clients never sees grpc.RpcError or a protobuf message."""
+
+    def __init__(self, call: grpc.Future, decode: Callable[[Any], T], what: str) -> None:
+        self._call = call
+        self._decode = decode
+        self._what = what
+
+    def result(self, timeout: float | None = None) -> T:
+        try:
+            reply = self._call.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise DeadlineExceededError(f"{self._what}: no answer within {timeout}s (the call goes on)") from None
+        except grpc.FutureCancelledError:
+            raise CancelledError(f"{self._what}: cancelled") from None
+        except grpc.RpcError as err:
+            raise from_rpc_error(err, self._what) from None
+        return self._decode(reply)
+
+    def done(self) -> bool:
+        return self._call.done()
+
+    def cancel(self) -> bool:
+        return self._call.cancel()
 
 
 def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:

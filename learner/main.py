@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     server = health = client = None
     if args.params:
-        from apexrl.actor.parameter_client import ParameterClient
+        from apexrl.parameter_server.client import ParameterClient
 
         client = ParameterClient(args.params, token=args.token)
 

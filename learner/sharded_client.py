@@ -19,19 +19,16 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
-import grpc
 import numpy as np
 
-from apexrl.actor.replay_client import ReplayClient, SampledBatch, decode_sample, encode_update
-from apexrl.common import grpc_util
-from apexrl.common.errors import FailedPreconditionError, from_rpc_error
+from apexrl.common.errors import ApexError, FailedPreconditionError, is_transient
+from apexrl.replay_server.client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
+from apexrl.replay_server.wire import SampledBatch, ShardInfo, ShardTotals
 
 log = logging.getLogger(__name__)
-
-# Failures after which a shard is taken out of sampling until its backoff expires.
-_SKIP_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-               grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+T_co = TypeVar("T_co", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -58,18 +55,24 @@ class PrioritizedBatch:
         ]
 
 
+_NO_TOTALS = ShardTotals(total_priority=0.0, size=0, min_priority=0.0, incarnation=0)
+
+
 @dataclass
 class _ShardView:
-    total: float = 0.0
-    size: int = 0
-    min_priority: float = 0.0
-    incarnation: int = 0
+    """The sampler's latest knowledge of one shard: its totals as last reported, and its failure backoff."""
+
+    totals: ShardTotals = _NO_TOTALS
     min_size: int = 1
     down_until: float = 0.0
     backoff: float = 0.0
 
-    def observe(self, total: float, size: int, min_priority: float, incarnation: int) -> None:
-        self.total, self.size, self.min_priority, self.incarnation = total, size, min_priority, incarnation
+    @property
+    def size(self) -> int:
+        return self.totals.size
+
+    def observe(self, totals: ShardTotals) -> None:
+        self.totals = totals
         self.backoff = 0.0
         self.down_until = 0.0
 
@@ -80,11 +83,47 @@ class _ShardView:
         return self.backoff
 
 
+class Shard(Protocol):
+    """What the sampler needs of one shard: a ReplayClient, or any object with the same calls (the learner
+    benchmark passes in-process tables through this seam)."""
+
+    address: str
+
+    def sample_future(self, batch_size: int, *, timeout: float | None = None) -> ResultFuture[SampledBatch]: ...
+
+    def info_future(self, *, timeout: float | None = None) -> ResultFuture[ShardInfo]: ...
+
+    def priority_stream(self, max_in_flight: int) -> PrioritySink: ...
+
+    def close(self) -> None: ...
+
+
+class ResultFuture(Protocol[T_co]):
+    def result(self, timeout: float | None = None) -> T_co: ...
+
+
+class PrioritySink(Protocol):
+    """Where a shard's priority updates go: `send` queues (False when it could not within `timeout`)."""
+
+    address: str
+    applied: int
+    stale: int
+    dropped: int
+    failures: int
+
+    def send(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int, timeout: float = 10.0) -> bool: ...
+
+    def flush(self, timeout: float) -> bool: ...
+
+    def close(self, wait: float = 5.0) -> None: ...
+
+
 class ShardedReplayClient:
     """Samples across shards weighted by their root sums and routes priority updates to the owning shard.
 
     Args:
-        addresses: `host:port` of every shard; shard ids are positions in this list.
+        addresses: `host:port` of every shard; shard ids are positions in this list. Or the shards themselves
+            (objects with the `Shard` calls), for example in-process tables in a benchmark.
         timeout: default deadline per call, seconds.
         seed: seed of the batch allocation.
         max_backoff: longest pause before a failed shard is tried again, seconds.
@@ -96,20 +135,22 @@ class ShardedReplayClient:
 
     def __init__(
         self,
-        addresses: Sequence[str],
+        addresses: Sequence[str] | Sequence[Shard],
         *,
         timeout: float = 10.0,
         seed: int | None = None,
         token: str | None = None,
-        max_message_bytes: int = grpc_util.DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_backoff: float = 10.0,
         max_updates_in_flight: int = 64,
         coalesce_rows: int = 0,
     ) -> None:
         if not addresses:
             raise ValueError("ShardedReplayClient needs at least one shard address")
-        self.shards = [ReplayClient(a, timeout=timeout, token=token, max_message_bytes=max_message_bytes)
-                       for a in addresses]
+        self.shards: list[Shard] = [
+            ReplayClient(a, timeout=timeout, token=token, max_message_bytes=max_message_bytes)
+            if isinstance(a, str) else a for a in addresses
+        ]
         self.timeout = timeout
         self.max_backoff = max_backoff
         self._views = [_ShardView() for _ in addresses]
@@ -130,12 +171,11 @@ class ShardedReplayClient:
         now = time.monotonic()
         for s, call in calls:
             try:
-                reply = call.result()
-                self._views[s].observe(reply.total_priority, reply.size, reply.min_priority, reply.incarnation)
-                self._views[s].min_size = reply.min_size_to_sample
-            except grpc.RpcError as err:
-                log.warning("shard %s unreachable (%s); skipping it for now", self.shards[s].address,
-                            err.code().name)
+                info = call.result()
+                self._views[s].observe(info.totals)
+                self._views[s].min_size = info.min_size_to_sample
+            except ApexError as err:
+                log.warning("shard %s unreachable (%s); skipping it for now", self.shards[s].address, err)
                 self._views[s].fail(now, self.max_backoff)
 
     @property
@@ -165,7 +205,7 @@ class ShardedReplayClient:
                 live = self._live()
                 if not live:
                     break
-            mass = np.array([self._views[s].total for s in live])
+            mass = np.array([self._views[s].totals.total_priority for s in live])
             if mass.sum() <= 0:  # every priority is 0: shards sample uniformly, so weigh them by size
                 mass = np.array([float(self._views[s].size) for s in live])
             share = mass / mass.sum()
@@ -175,16 +215,15 @@ class ShardedReplayClient:
             parts: dict[int, tuple[float, SampledBatch]] = {}
             for s, sh, call in calls:
                 try:
-                    part = decode_sample(call.result())
-                except grpc.RpcError as err:
-                    if err.code() not in _SKIP_CODES:
-                        raise from_rpc_error(err, f"sample on {self.shards[s].address}") from None
-                    log.warning("shard %s failed to sample (%s: %s); skipping it for %.1fs",
-                                self.shards[s].address, err.code().name, err.details(),
-                                self._views[s].fail(time.monotonic(), self.max_backoff))
+                    part = call.result()
+                except ApexError as err:
+                    if not is_transient(err):
+                        raise
+                    log.warning("shard %s failed to sample (%s); skipping it for %.1fs", self.shards[s].address,
+                                err, self._views[s].fail(time.monotonic(), self.max_backoff))
                     continue
                 parts[s] = (float(sh), part)
-                self._views[s].observe(part.total_priority, part.size, part.min_priority, part.incarnation)
+                self._views[s].observe(part.totals)
             if len(parts) == len(calls):
                 return self._assemble(parts, beta)
             # A shard failed: draw the whole batch again from the others, so every row's probability comes from
@@ -202,8 +241,8 @@ class ShardedReplayClient:
         columns = {name: np.concatenate([b.columns[name] for b in batches]) for name in batches[0].columns}
         fleet_size = self.fleet_size
         # Smallest probability any stored row has: the fleet-wide normaliser of the weights (PER / Ape-X).
-        total = sum(v.total for v in self._views if v.size > 0)
-        mins = [v.min_priority for v in self._views if v.size > 0 and v.min_priority > 0]
+        total = sum(v.totals.total_priority for v in self._views if v.size > 0)
+        mins = [v.totals.min_priority for v in self._views if v.size > 0 and v.totals.min_priority > 0]
         p_min = min(mins) / total if mins and total > 0 else probabilities.min()
         p_min = min(p_min, probabilities.min())
         weights = (fleet_size * probabilities) ** -beta / (fleet_size * p_min) ** -beta
@@ -239,8 +278,8 @@ class ShardedReplayClient:
         if not pieces:
             return
         keys = np.concatenate([k for k, _ in pieces])
-        request = encode_update(keys, np.concatenate([p for _, p in pieces]), self._buffered_incarnation[s])
-        if not self._streams[s].send(request, len(keys), timeout=self.timeout):
+        priorities = np.concatenate([p for _, p in pieces])
+        if not self._streams[s].send(keys, priorities, self._buffered_incarnation[s], timeout=self.timeout):
             log.warning("priority updates to %s backed up for %.0fs; dropping %d", self.shards[s].address,
                         self.timeout, len(keys))
             self._unsent += len(keys)

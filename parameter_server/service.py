@@ -17,54 +17,21 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from apexrl.common import codec, grpc_util
+from apexrl.common import grpc_util
 from apexrl.common.errors import ApexError, InvalidArgumentError
 from apexrl.common.metrics import RpcMetrics
-from apexrl.parameter_server.store import Layout, Snapshot, TensorEntry, WeightStore, check_layout
+from apexrl.parameter_server.store import Snapshot, WeightStore
+from apexrl.parameter_server.wire import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    SERVICE_NAME,
+    header_to_proto,
+    iter_chunks,
+    layout_from_proto,
+)
 from apexrl.proto import parameters_pb2, parameters_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-SERVICE_NAME = parameters_pb2.DESCRIPTOR.services_by_name["ParameterService"].full_name
-# Chunks of 1 MiB stream at ~0.6-0.95 GB/s on loopback (FACTS.md) and leave room under any message limit.
-DEFAULT_CHUNK_BYTES = 1024 * 1024
-# gRPC's own default. Chunking means the parameter service never needs a larger limit.
-DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-
-
-# --- wire <-> layout (shared with apexrl.actor.parameter_client) ---------------------------------------------------
-
-
-def header_to_proto(version: int, layout: Layout, total_bytes: int) -> parameters_pb2.WeightsHeader:
-    header = parameters_pb2.WeightsHeader(version=version, total_bytes=total_bytes)
-    for e in layout:
-        header.tensors.add(
-            name=e.name, dtype=codec.dtype_to_wire(e.dtype), shape=e.shape, offset=e.offset, nbytes=e.nbytes
-        )
-    return header
-
-
-def layout_from_proto(header: parameters_pb2.WeightsHeader) -> tuple[int, Layout, int]:
-    """(version, layout, total_bytes) of a header; InvalidArgumentError when the layout is inconsistent."""
-    layout = tuple(
-        TensorEntry(
-            t.name, codec.dtype_from_wire(t.dtype, f"tensor {t.name!r}"), tuple(t.shape), t.offset, t.nbytes
-        )
-        for t in header.tensors
-    )
-    check_layout(layout, header.total_bytes)
-    return header.version, layout, header.total_bytes
-
-
-def iter_chunks(payload: memoryview, chunk_bytes: int, first_chunk_bytes: int) -> Iterator[memoryview]:
-    """Slices of `payload`: the first of at most `first_chunk_bytes` (possibly empty), then of `chunk_bytes`."""
-    yield payload[:first_chunk_bytes]
-    for start in range(first_chunk_bytes, payload.nbytes, chunk_bytes):
-        yield payload[start : start + chunk_bytes]
-
-
-# --- servicer ------------------------------------------------------------------------------------------------------
-
 
 class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
     def __init__(

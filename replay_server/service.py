@@ -12,16 +12,14 @@ import grpc
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from apexrl.common import codec, grpc_util
+from apexrl.common import grpc_util
 from apexrl.common.errors import ApexError, InvalidArgumentError
 from apexrl.common.metrics import RpcMetrics
-from apexrl.common.shard_info import SCALAR_FIELDS
 from apexrl.proto import replay_pb2, replay_pb2_grpc
+from apexrl.replay_server import wire
 from apexrl.replay_server.table import ReplayTable
 
 log = logging.getLogger(__name__)
-
-SERVICE_NAME = replay_pb2.DESCRIPTOR.services_by_name["ReplayService"].full_name
 
 
 class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
@@ -40,10 +38,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             yield ack
 
     def _insert_one(self, request: replay_pb2.InsertRequest, context) -> replay_pb2.InsertAck:
-        ack = replay_pb2.InsertAck(sequence=request.sequence, incarnation=self.table.incarnation)
         try:
-            columns = codec.decode_batch(request.batch)
-            priorities = codec.decode_tensor(request.priorities, "priorities") if request.HasField("priorities") else None
+            columns, priorities = wire.decode_insert(request)
             result = self.table.insert(
                 columns,
                 priorities,
@@ -54,14 +50,10 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             )
         except ApexError as err:
             self._metrics.errors.labels("Insert", err.code.name).inc()
-            ack.error_code = err.code.value[0]
-            ack.error_message = str(err)
             log.debug("rejected batch %s/%d: %s", request.writer_id, request.sequence, err)
-            return ack
-        ack.duplicate = result.duplicate
-        ack.first_key = result.first_key
-        ack.rows = result.rows
-        return ack
+            return wire.encode_ack(request.sequence, self.table.incarnation, error_code=err.code.value[0],
+                                   error_message=str(err))
+        return wire.encode_ack(request.sequence, self.table.incarnation, result)
 
     def Sample(self, request, context) -> replay_pb2.SampleResponse:  # noqa: N802
         with self._metrics.time("Sample"):
@@ -74,26 +66,15 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 )
             except ApexError as err:
                 self._abort(context, "Sample", err)
-            response = replay_pb2.SampleResponse(
-                total_priority=result.total_priority,
-                size=result.size,
-                min_priority=result.min_priority,
-                incarnation=result.incarnation,
-            )
-            codec.encode_tensor(result.keys, response.keys)
-            codec.encode_tensor(result.priorities, response.priorities)
-            codec.encode_batch(result.columns, response.batch)
-            return response
+            return wire.encode_sample(result)
 
     def _update(self, request: replay_pb2.UpdatePrioritiesRequest) -> replay_pb2.UpdatePrioritiesResponse:
-        keys = codec.decode_tensor(request.keys, "keys")
-        priorities = codec.decode_tensor(request.priorities, "priorities")
+        keys, priorities, incarnation = wire.decode_update(request)
         if keys.shape != priorities.shape:
             raise InvalidArgumentError(
                 f"keys {list(keys.shape)} and priorities {list(priorities.shape)} must have the same shape [n]"
             )
-        applied, stale = self.table.update_priorities(keys, priorities, request.incarnation)
-        return replay_pb2.UpdatePrioritiesResponse(applied=applied, stale=stale)
+        return wire.encode_update_result(self.table.update_priorities(keys, priorities, incarnation))
 
     def UpdatePriorities(self, request, context) -> replay_pb2.UpdatePrioritiesResponse:  # noqa: N802
         with self._metrics.time("UpdatePriorities"):
@@ -112,11 +93,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             yield response
 
     def Info(self, request, context) -> replay_pb2.InfoResponse:  # noqa: N802
-        info = self.table.info()
-        response = replay_pb2.InfoResponse(**{name: getattr(info, name) for name in SCALAR_FIELDS})
-        if info.signature is not None:
-            codec.encode_signature(info.signature, response.signature)
-        return response
+        return wire.encode_info(self.table.info())
 
 
 class TableCollector:
@@ -165,7 +142,7 @@ def create_replay_server(
     registry.register(TableCollector(table))
     server = grpc_util.create_server(max_workers=max_workers, max_message_bytes=max_message_bytes, token=token)
     replay_pb2_grpc.add_ReplayServiceServicer_to_server(ReplayServicer(table, RpcMetrics(registry, "replay")), server)
-    health = grpc_util.add_health_and_reflection(server, [SERVICE_NAME])
+    health = grpc_util.add_health_and_reflection(server, [wire.SERVICE_NAME])
     port = grpc_util.bind(server, address)
     server.start()
     return server, port, health, registry

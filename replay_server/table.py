@@ -27,10 +27,10 @@ from apexrl.common.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from apexrl.common.shard_info import ShardInfo
 from apexrl.common.signature import Signature
 from apexrl.replay_server.rate_limiter import RateLimiter
 from apexrl.replay_server.sum_tree import SumTree
+from apexrl.replay_server.wire import InsertResult, SampledBatch, ShardInfo, UpdateResult
 
 # How often a blocked call re-checks whether its caller is still there.
 _WAIT_SLICE_SECONDS = 0.25
@@ -79,24 +79,6 @@ class TableConfig:
             raise ValueError(f"samples_per_insert_tolerance ({self.samples_per_insert_tolerance}) must be > 0")
         if self.max_sample_batch_size < 1:
             raise ValueError(f"max_sample_batch_size ({self.max_sample_batch_size}) must be a positive integer")
-
-
-@dataclass(frozen=True)
-class InsertResult:
-    first_key: int
-    rows: int
-    duplicate: bool
-
-
-@dataclass(frozen=True)
-class SampleResult:
-    keys: np.ndarray              # uint64 [B]
-    priorities: np.ndarray        # float64 [B], stored values p**alpha
-    columns: dict[str, np.ndarray]
-    total_priority: float
-    size: int
-    min_priority: float
-    incarnation: int
 
 
 # Largest raw priority accepted: far above any |TD error|, and small enough that p ** alpha (alpha <= 10) summed
@@ -227,7 +209,7 @@ class ReplayTable:
         wait: bool = True,
         timeout: float | None = None,
         is_active: Callable[[], bool] | None = None,
-    ) -> SampleResult:
+    ) -> SampledBatch:
         """Draw `batch_size` rows (with replacement) by stratified proportional sampling.
 
         Below the minimum size (or when the ratio limiter says so) the call waits until `timeout` and then raises
@@ -250,7 +232,7 @@ class ReplayTable:
             columns = {name: arr[slots] for name, arr in self._storage.items()}
             newest = self._next_key - 1
             keys = (newest - (newest - slots) % self.config.capacity).astype(np.uint64)
-            result = SampleResult(
+            result = SampledBatch(
                 keys=keys,
                 priorities=self._tree.get(slots),
                 columns=columns,
@@ -273,9 +255,9 @@ class ReplayTable:
         return f"rate limiter: {self._limiter.describe()}"
 
     # ---------------------------------------------------------------------------------------- priorities
-    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int = 0) -> tuple[int, int]:
-        """Set new raw priorities; return (applied, stale). Stale and unknown keys are ignored and counted.
-        When a key appears more than once, the last value wins."""
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int = 0) -> UpdateResult:
+        """Set new raw priorities. Stale and unknown keys are ignored and counted. When a key appears more than
+        once, the last value wins (and `applied` counts each entry)."""
         if keys.ndim != 1:
             raise InvalidArgumentError(f"keys has shape {list(keys.shape)}, expected [n]")
         if keys.dtype.kind not in "iu":
@@ -285,7 +267,7 @@ class ReplayTable:
         with self._cond:
             if incarnation not in (0, self.incarnation):
                 self._stale += n
-                return 0, n
+                return UpdateResult(applied=0, stale=n)
             keys = keys.astype(np.int64, copy=False)  # keys above 2**63 cannot be valid and become negative
             valid = (keys >= self._next_key - self._size) & (keys < self._next_key)
             applied = int(valid.sum())
@@ -295,7 +277,7 @@ class ReplayTable:
                 self._max_priority = max(self._max_priority, float(fresh.max()))
             self._updated += applied
             self._stale += n - applied
-        return applied, n - applied
+        return UpdateResult(applied=applied, stale=n - applied)
 
     # ---------------------------------------------------------------------------------------------- misc
     @property

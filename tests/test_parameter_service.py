@@ -20,7 +20,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from apexrl.actor.parameter_client import ParameterClient
 from apexrl.common.errors import (
     InvalidArgumentError,
     ResourceExhaustedError,
@@ -28,6 +27,7 @@ from apexrl.common.errors import (
     UnavailableError,
 )
 from apexrl.common.metrics import serve_metrics
+from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import SERVICE_NAME, create_parameter_server
 from apexrl.parameter_server.store import TensorEntry, WeightStore, check_layout
 from apexrl.proto import parameters_pb2, parameters_pb2_grpc, tensor_pb2

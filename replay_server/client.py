@@ -18,14 +18,11 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import Future
-from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
-from apexrl.actor.priority_stream import PriorityStream
-from apexrl.common import codec, grpc_util
+from apexrl.common import grpc_util
 from apexrl.common.errors import (
     ApexError,
     DeadlineExceededError,
@@ -35,10 +32,16 @@ from apexrl.common.errors import (
     from_rpc_error,
     status_code_from_int,
 )
-from apexrl.common.shard_info import SCALAR_FIELDS, ShardInfo
+from apexrl.common.grpc_util import CallFuture
 from apexrl.proto import replay_pb2, replay_pb2_grpc
+from apexrl.replay_server import wire
+from apexrl.replay_server.priority_stream import PriorityStream
+from apexrl.replay_server.wire import SampledBatch, ShardInfo, UpdateResult
 
 log = logging.getLogger(__name__)
+
+# A shard's default message limit (64 MiB: an insert of ~1,000 Atari transitions); larger batches are refused.
+DEFAULT_MAX_MESSAGE_BYTES = grpc_util.DEFAULT_MAX_MESSAGE_BYTES
 
 # Per-batch answers that mean "not stored, try again later" rather than "this batch is wrong".
 _RETRY_ACK_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -48,54 +51,6 @@ _FATAL_STREAM_CODES = {
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNIMPLEMENTED,
 }
-
-
-@dataclass(frozen=True)
-class SampledBatch:
-    """Rows drawn from one shard, with what a learner needs to weight them and update their priorities."""
-
-    keys: np.ndarray              # uint64 [B]
-    priorities: np.ndarray        # float64 [B]: stored priorities p**alpha
-    columns: dict[str, np.ndarray]
-    total_priority: float         # shard's sum of stored priorities at sampling time
-    size: int                     # shard's rows at sampling time
-    min_priority: float           # shard's smallest positive stored priority
-    incarnation: int
-
-    @property
-    def probabilities(self) -> np.ndarray:
-        """Probability of each row within this shard: priority / total_priority."""
-        return self.priorities / self.total_priority if self.total_priority > 0 else np.full(len(self.keys), 1 / self.size)
-
-
-@dataclass(frozen=True)
-class UpdateResult:
-    applied: int
-    stale: int
-
-
-def decode_sample(response: replay_pb2.SampleResponse) -> SampledBatch:
-    return SampledBatch(
-        keys=codec.decode_tensor(response.keys, "keys"),
-        priorities=codec.decode_tensor(response.priorities, "priorities"),
-        columns=codec.decode_batch(response.batch),
-        total_priority=response.total_priority,
-        size=response.size,
-        min_priority=response.min_priority,
-        incarnation=response.incarnation,
-    )
-
-
-def decode_info(reply: replay_pb2.InfoResponse) -> ShardInfo:
-    return ShardInfo(signature=codec.decode_signature(reply.signature),
-                     **{name: getattr(reply, name) for name in SCALAR_FIELDS})
-
-
-def encode_update(keys: np.ndarray, priorities: np.ndarray, incarnation: int) -> replay_pb2.UpdatePrioritiesRequest:
-    request = replay_pb2.UpdatePrioritiesRequest(incarnation=incarnation)
-    codec.encode_tensor(np.asarray(keys, dtype=np.uint64), request.keys)
-    codec.encode_tensor(np.asarray(priorities, dtype=np.float64), request.priorities)
-    return request
 
 
 class ReplayClient:
@@ -117,7 +72,7 @@ class ReplayClient:
         timeout: float = 10.0,
         writer_id: str | None = None,
         max_in_flight: int = 32,
-        max_message_bytes: int = grpc_util.DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         token: str | None = None,
     ) -> None:
         if max_in_flight < 1:
@@ -153,10 +108,7 @@ class ReplayClient:
             raise ResourceExhaustedError(
                 f"insert batch is {size} bytes, over the message limit of {self.max_message_bytes}; send fewer rows"
             )
-        request = replay_pb2.InsertRequest(writer_id=self.writer_id)
-        codec.encode_batch(columns, request.batch)
-        if priorities is not None:
-            codec.encode_tensor(np.asarray(priorities), request.priorities)
+        request = wire.encode_insert(columns, priorities, self.writer_id)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._cond:
             self._raise_pending_error()
@@ -273,41 +225,31 @@ class ReplayClient:
     def sample(self, batch_size: int, *, timeout: float | None = None, wait: bool = True) -> SampledBatch:
         """Draw `batch_size` rows. With wait=False a shard below its minimum size raises FailedPreconditionError
         at once; otherwise the call waits up to its deadline (DeadlineExceededError)."""
-        return decode_sample(self._call(self._stub.Sample, self.sample_request(batch_size, wait), "sample", timeout))
+        request = replay_pb2.SampleRequest(batch_size=batch_size, no_wait=not wait)
+        return wire.decode_sample(self._call(self._stub.Sample, request, "sample", timeout))
 
-    @staticmethod
-    def sample_request(batch_size: int, wait: bool = True) -> replay_pb2.SampleRequest:
-        return replay_pb2.SampleRequest(batch_size=batch_size, no_wait=not wait)
-
-    def sample_future(self, batch_size: int, *, timeout: float | None = None, wait: bool = True) -> grpc.Future:
-        """Start a Sample call without waiting (for sampling several shards in parallel); decode the result
-        with `decode_sample(future.result())`."""
-        return self._stub.Sample.future(self.sample_request(batch_size, wait), timeout=self._deadline(timeout))
+    def sample_future(self, batch_size: int, *, timeout: float | None = None,
+                      wait: bool = True) -> CallFuture[SampledBatch]:
+        """Start a Sample call without waiting (to sample several shards in parallel); the future's result() is
+        a SampledBatch or raises the apexrl error of the failed call."""
+        request = replay_pb2.SampleRequest(batch_size=batch_size, no_wait=not wait)
+        return CallFuture(self._stub.Sample.future(request, timeout=self._deadline(timeout)), wire.decode_sample,
+                          f"sample on {self.address}")
 
     # -------------------------------------------------------------------------------------------- priorities
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int = 0,
                           timeout: float | None = None) -> UpdateResult:
         """Set new raw priorities for sampled keys; stale keys are ignored and counted, never an error."""
-        reply = self._call(self._stub.UpdatePriorities, encode_update(keys, priorities, incarnation),
-                           "update_priorities", timeout)
-        return UpdateResult(applied=reply.applied, stale=reply.stale)
+        request = wire.encode_update(keys, priorities, incarnation)
+        return wire.decode_update_result(self._call(self._stub.UpdatePriorities, request, "update_priorities",
+                                                    timeout))
 
     def update_priorities_future(self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int = 0,
-                                 timeout: float | None = None) -> Future:
+                                 timeout: float | None = None) -> CallFuture[UpdateResult]:
         """Start an UpdatePriorities call without waiting; the future's result() is an UpdateResult."""
-        call = self._stub.UpdatePriorities.future(encode_update(keys, priorities, incarnation),
+        call = self._stub.UpdatePriorities.future(wire.encode_update(keys, priorities, incarnation),
                                                   timeout=self._deadline(timeout))
-        result: Future = Future()
-
-        def done(c: grpc.Future) -> None:
-            try:
-                reply = c.result()
-                result.set_result(UpdateResult(applied=reply.applied, stale=reply.stale))
-            except grpc.RpcError as err:
-                result.set_exception(from_rpc_error(err, f"update_priorities on {self.address}"))
-
-        call.add_done_callback(done)
-        return result
+        return CallFuture(call, wire.decode_update_result, f"update_priorities on {self.address}")
 
     def priority_stream(self, max_in_flight: int = 32) -> PriorityStream:
         """A background StreamUpdatePriorities sender for fire-and-forget updates (what a learner wants)."""
@@ -315,11 +257,12 @@ class ReplayClient:
 
     # -------------------------------------------------------------------------------------------------- info
     def info(self, *, timeout: float | None = None) -> ShardInfo:
-        return decode_info(self._call(self._stub.Info, replay_pb2.InfoRequest(), "info", timeout))
+        return wire.decode_info(self._call(self._stub.Info, replay_pb2.InfoRequest(), "info", timeout))
 
-    def info_future(self, *, timeout: float | None = None) -> grpc.Future:
-        """Start an Info call without waiting; `decode_info(future.result())` gives the ShardInfo."""
-        return self._stub.Info.future(replay_pb2.InfoRequest(), timeout=self._deadline(timeout))
+    def info_future(self, *, timeout: float | None = None) -> CallFuture[ShardInfo]:
+        """Start an Info call without waiting; the future's result() is a ShardInfo."""
+        call = self._stub.Info.future(replay_pb2.InfoRequest(), timeout=self._deadline(timeout))
+        return CallFuture(call, wire.decode_info, f"info on {self.address}")
 
     # ------------------------------------------------------------------------------------------------ common
     def _deadline(self, timeout: float | None) -> float:

@@ -16,8 +16,10 @@ import time
 from collections import deque
 
 import grpc
+import numpy as np
 
-from apexrl.proto import replay_pb2, replay_pb2_grpc
+from apexrl.proto import replay_pb2_grpc
+from apexrl.replay_server import wire
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +42,11 @@ class PriorityStream:
         self._thread = threading.Thread(target=self._run, name=f"apexrl-priorities-{address}", daemon=True)
         self._thread.start()
 
-    def send(self, request: replay_pb2.UpdatePrioritiesRequest, rows: int, timeout: float = 10.0) -> bool:
-        """Queue a request; block while `max_in_flight` are outstanding. False when the deadline passed first
-        (the update was not queued)."""
+    def send(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int, timeout: float = 10.0) -> bool:
+        """Queue new raw priorities for `keys` of `incarnation` as one message; block while `max_in_flight` are
+        outstanding. False when the deadline passed first (the update was not queued)."""
+        request = wire.encode_update(keys, priorities, incarnation)
+        rows = len(keys)
         deadline = time.monotonic() + timeout
         with self._cond:
             while self._outstanding >= self._max_in_flight and not self._closed:

@@ -16,14 +16,14 @@ import numpy as np
 
 from apexrl.common.errors import ApexError, InvalidArgumentError, from_rpc_error
 from apexrl.common.grpc_util import make_channel
-from apexrl.parameter_server.service import (
+from apexrl.parameter_server.store import MAX_VERSION, pack, unpack
+from apexrl.parameter_server.wire import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
     header_to_proto,
     iter_chunks,
     layout_from_proto,
 )
-from apexrl.parameter_server.store import MAX_VERSION, pack, unpack
 from apexrl.proto import parameters_pb2, parameters_pb2_grpc
 
 

@@ -1,0 +1,198 @@
+"""The ReplayService's messages as Python types, and their encoding: one type per wire message.
+
+The table produces these types, the servicer encodes them, the client decodes them back into the same types, so
+the three never drift apart (a field added here is added for all three). Numpy in, numpy out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from apexrl.common import codec
+from apexrl.common.signature import Signature
+from apexrl.proto import replay_pb2
+
+SERVICE_NAME = replay_pb2.DESCRIPTOR.services_by_name["ReplayService"].full_name
+
+
+@dataclass(frozen=True)
+class ShardTotals:
+    """What a sampler needs to know of a shard to weigh it against the others (carried by every Sample answer)."""
+
+    total_priority: float  # sum of stored priorities p**alpha
+    size: int              # rows held
+    min_priority: float    # smallest positive stored priority (0 when none is positive)
+    incarnation: int       # random per shard process; keys of another incarnation are stale
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """A snapshot of one shard's state and counters: the InfoResponse message (same field names)."""
+
+    signature: Signature | None   # None until declared or fixed by the first insert
+    capacity: int
+    size: int
+    total_priority: float         # sum of stored priorities p**alpha
+    min_priority: float           # smallest positive stored priority (0 when none is positive)
+    max_priority: float           # largest raw priority seen; rows inserted without priorities get it
+    alpha: float
+    incarnation: int
+    inserted_total: int           # rows stored since start (resent duplicates not counted)
+    inserted_bytes_total: int
+    evicted_total: int
+    sampled_total: int
+    updated_total: int
+    stale_updates_total: int
+    duplicate_batches_total: int
+    min_size_to_sample: int
+    samples_per_insert: float
+    max_sample_batch_size: int
+
+    @property
+    def totals(self) -> ShardTotals:
+        return ShardTotals(self.total_priority, self.size, self.min_priority, self.incarnation)
+
+
+# Every ShardInfo field except the signature maps one to one onto an InfoResponse field of the same name.
+_INFO_SCALARS: tuple[str, ...] = tuple(f.name for f in fields(ShardInfo) if f.name != "signature")
+
+
+@dataclass(frozen=True)
+class SampledBatch:
+    """Rows drawn from one shard (the SampleResponse message), with what a sampler needs to weight them and to
+    send their new priorities back."""
+
+    keys: np.ndarray              # uint64 [B]
+    priorities: np.ndarray        # float64 [B]: stored priorities p**alpha
+    columns: dict[str, np.ndarray]
+    total_priority: float         # the shard's sum of stored priorities when the batch was drawn
+    size: int                     # the shard's rows when the batch was drawn
+    min_priority: float           # the shard's smallest positive stored priority
+    incarnation: int
+
+    @property
+    def totals(self) -> ShardTotals:
+        return ShardTotals(self.total_priority, self.size, self.min_priority, self.incarnation)
+
+    @property
+    def probabilities(self) -> np.ndarray:
+        """Probability of each row within this shard: priority / total_priority (uniform when every stored
+        priority is 0, which is how the shard then samples)."""
+        if self.total_priority > 0:
+            return self.priorities / self.total_priority
+        return np.full(len(self.keys), 1 / self.size)
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    """What the shard reports for one stored (or recognised duplicate) batch: the InsertAck's payload."""
+
+    first_key: int   # key of the first stored row; 0 for a duplicate
+    rows: int        # rows stored by this batch; 0 for a duplicate
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """The UpdatePrioritiesResponse: `applied` counts entries set (a key repeated twice counts twice)."""
+
+    applied: int
+    stale: int
+
+
+# --- Sample --------------------------------------------------------------------------------------------------------
+
+
+def encode_sample(batch: SampledBatch) -> replay_pb2.SampleResponse:
+    response = replay_pb2.SampleResponse(
+        total_priority=batch.total_priority, size=batch.size, min_priority=batch.min_priority,
+        incarnation=batch.incarnation,
+    )
+    codec.encode_tensor(batch.keys, response.keys)
+    codec.encode_tensor(batch.priorities, response.priorities)
+    codec.encode_batch(batch.columns, response.batch)
+    return response
+
+
+def decode_sample(response: replay_pb2.SampleResponse) -> SampledBatch:
+    return SampledBatch(
+        keys=codec.decode_tensor(response.keys, "keys"),
+        priorities=codec.decode_tensor(response.priorities, "priorities"),
+        columns=codec.decode_batch(response.batch),
+        total_priority=response.total_priority,
+        size=response.size,
+        min_priority=response.min_priority,
+        incarnation=response.incarnation,
+    )
+
+
+# --- UpdatePriorities ----------------------------------------------------------------------------------------------
+
+
+def encode_update(keys: np.ndarray, priorities: np.ndarray, incarnation: int) -> replay_pb2.UpdatePrioritiesRequest:
+    request = replay_pb2.UpdatePrioritiesRequest(incarnation=incarnation)
+    codec.encode_tensor(np.asarray(keys, dtype=np.uint64), request.keys)
+    codec.encode_tensor(np.asarray(priorities, dtype=np.float64), request.priorities)
+    return request
+
+
+def decode_update(request: replay_pb2.UpdatePrioritiesRequest) -> tuple[np.ndarray, np.ndarray, int]:
+    """(keys, priorities, incarnation); InvalidArgumentError for a bad tensor. Shapes are checked by the table."""
+    return (codec.decode_tensor(request.keys, "keys"), codec.decode_tensor(request.priorities, "priorities"),
+            request.incarnation)
+
+
+def encode_update_result(result: UpdateResult) -> replay_pb2.UpdatePrioritiesResponse:
+    return replay_pb2.UpdatePrioritiesResponse(applied=result.applied, stale=result.stale)
+
+
+def decode_update_result(response: replay_pb2.UpdatePrioritiesResponse) -> UpdateResult:
+    return UpdateResult(applied=response.applied, stale=response.stale)
+
+
+# --- Info ----------------------------------------------------------------------------------------------------------
+
+
+def encode_info(info: ShardInfo) -> replay_pb2.InfoResponse:
+    response = replay_pb2.InfoResponse(**{name: getattr(info, name) for name in _INFO_SCALARS})
+    if info.signature is not None:
+        codec.encode_signature(info.signature, response.signature)
+    return response
+
+
+def decode_info(response: replay_pb2.InfoResponse) -> ShardInfo:
+    return ShardInfo(signature=codec.decode_signature(response.signature),
+                     **{name: getattr(response, name) for name in _INFO_SCALARS})
+
+
+# --- Insert --------------------------------------------------------------------------------------------------------
+
+
+def encode_insert(columns, priorities: np.ndarray | None, writer_id: str) -> replay_pb2.InsertRequest:
+    """An InsertRequest without its sequence number (the client numbers a batch when it queues it)."""
+    request = replay_pb2.InsertRequest(writer_id=writer_id)
+    codec.encode_batch(columns, request.batch)
+    if priorities is not None:
+        codec.encode_tensor(np.asarray(priorities), request.priorities)
+    return request
+
+
+def decode_insert(request: replay_pb2.InsertRequest) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """(columns, priorities or None); InvalidArgumentError for a bad tensor. The table checks the signature."""
+    columns = codec.decode_batch(request.batch)
+    priorities = codec.decode_tensor(request.priorities, "priorities") if request.HasField("priorities") else None
+    return columns, priorities
+
+
+def encode_ack(sequence: int, incarnation: int, result: InsertResult | None = None,
+               error_code: int = 0, error_message: str = "") -> replay_pb2.InsertAck:
+    """The InsertAck for one batch: its result, or the status code (an int) and message that rejected it."""
+    ack = replay_pb2.InsertAck(sequence=sequence, incarnation=incarnation, error_code=error_code,
+                               error_message=error_message)
+    if result is not None:
+        ack.duplicate = result.duplicate
+        ack.first_key = result.first_key
+        ack.rows = result.rows
+    return ack
