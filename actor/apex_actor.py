@@ -10,16 +10,17 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from apexrl.actor.episode_log import EpisodeLog, EpisodeRecord
-from apexrl.actor.exploration import apex_epsilon, epsilon_greedy
+from apexrl.actor.config import ActorConfig
+from apexrl.actor.exploration import epsilon_greedy
 from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
 from apexrl.actor.policy import NumpyDuelingPolicy
+from apexrl.common.environments import check_spaces
+from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
 from apexrl.common.errors import DeadlineExceededError, UnavailableError
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.replay_server.client import ReplayClient
@@ -28,62 +29,6 @@ log = logging.getLogger("apexrl.actor")
 
 # Added to |TD error| so no fresh transition starts with priority 0 (which would never be sampled).
 MIN_PRIORITY = 1e-3
-
-
-@dataclass(frozen=True)
-class ActorConfig:
-    """Configuration of one actor process.
-
-    Attributes:
-        replay_addresses: shards to send to; batches go round-robin starting at actor_index mod S.
-        params_address: the parameter service to pull weights from.
-        actor_index, num_actors: this actor's place in the fleet (sets its Ape-X epsilon).
-        epsilon: fixed exploration rate; None uses Ape-X's 0.4 ** (1 + 7 i / (N - 1)) (0 when evaluating).
-        evaluate: play only (no replay inserts) with the newest weights, fetched before every episode.
-        pull_every: environment steps between checks for newer weights (Ape-X: 400 frames).
-        max_steps_per_second: pace of this actor; None runs as fast as the shards accept data. Evaluators use it
-            so that playing greedy episodes does not take CPU from the learner.
-        batch_size: transitions per replay insert.
-    """
-
-    replay_addresses: tuple[str, ...]
-    params_address: str
-    actor_index: int = 0
-    num_actors: int = 1
-    env_id: str = "CartPole-v1"
-    num_envs: int = 1
-    epsilon: float | None = None
-    evaluate: bool = False
-    # Transitions
-    n_step: int = 3
-    gamma: float = 0.99
-    batch_size: int = 64
-    # Weights
-    pull_every: int = 100
-    weights_wait_seconds: float = 120.0
-    # Limits
-    max_steps_per_second: float | None = None
-    max_env_steps: int | None = None
-    max_episodes: int | None = None
-    seed: int | None = None
-    token: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.evaluate and not self.replay_addresses:
-            raise ValueError("an exploring actor needs at least one replay address")
-        if not 0 <= self.actor_index < max(1, self.num_actors):
-            raise ValueError(f"actor_index ({self.actor_index}) must be in [0, num_actors={self.num_actors})")
-        for name in ("num_envs", "n_step", "batch_size", "pull_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
-        if self.epsilon is not None and not 0 <= self.epsilon <= 1:
-            raise ValueError(f"epsilon ({self.epsilon}) must be in [0, 1]")
-
-    @property
-    def effective_epsilon(self) -> float:
-        if self.epsilon is not None:
-            return self.epsilon
-        return 0.0 if self.evaluate else apex_epsilon(self.actor_index, self.num_actors)
 
 
 class ActorMetrics:
@@ -114,14 +59,14 @@ class ApeXActor:
         self.metrics.epsilon.set(self.epsilon)
         seed = config.seed if config.seed is not None else int(time.time_ns() % 2**31)
         self._rng = np.random.default_rng([seed, config.actor_index])
-        self.envs = [gym.make(config.env_id) for _ in range(config.num_envs)]
-        _check_spaces(self.envs[0], config.env_id)
+        self.envs = [gym.make(config.env) for _ in range(config.num_envs)]
+        check_spaces(self.envs[0], config.env)
         self._env_seed = seed * 1000 + config.actor_index * config.num_envs
         self.accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in self.envs]
-        self.params = ParameterClient(config.params_address, timeout=5.0, token=config.token)
+        self.params = ParameterClient(config.params, timeout=5.0, token=config.token)
         self.shards = [] if config.evaluate else [
             ReplayClient(address, timeout=30.0, token=config.token, max_in_flight=8)
-            for address in config.replay_addresses
+            for address in config.replay
         ]
         self._next_shard = config.actor_index % max(1, len(self.shards))
         self.policy: NumpyDuelingPolicy | None = None
@@ -155,7 +100,7 @@ class ApeXActor:
             if stop.is_set():
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no weights from {self.config.params_address} after "
+                raise TimeoutError(f"no weights from {self.config.params} after "
                                    f"{self.config.weights_wait_seconds:.0f}s")
             if not self._pull_weights():
                 stop.wait(0.5)
@@ -200,9 +145,10 @@ class ApeXActor:
         outbox: list[Transition] = []
         steps_since_pull = 0
         started = time.monotonic()
+        pace = cfg.steps_per_second_limit
         while not stop.is_set():
-            if cfg.max_steps_per_second:
-                ahead = self.env_steps / cfg.max_steps_per_second - (time.monotonic() - started)
+            if pace:
+                ahead = self.env_steps / pace - (time.monotonic() - started)
                 if ahead > 0.01:
                     stop.wait(ahead)
             actions = epsilon_greedy(self.policy.q_values(obs), self.epsilon, self._rng)
@@ -241,7 +187,7 @@ class ApeXActor:
         if self.episode_log is not None:
             self.episode_log.write(EpisodeRecord(
                 wall_time=time.time(), actor=self.config.actor_index,
-                role="evaluate" if self.config.evaluate else "explore", env_steps=env_steps,
+                role=EVALUATE if self.config.evaluate else EXPLORE, env_steps=env_steps,
                 episode_return=float(episode_return), length=int(length), weight_version=self.weight_version,
             ))
 
@@ -256,22 +202,3 @@ class ApeXActor:
             env.close()
         if self.episode_log is not None:
             self.episode_log.close()
-
-
-def _check_spaces(env: gym.Env, env_id: str) -> None:
-    obs_space, action_space = env.observation_space, env.action_space
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        raise ValueError(f"{env_id}: the built-in actor needs a flat Box observation space, got {obs_space}")
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise ValueError(f"{env_id}: the built-in actor needs a Discrete action space, got {action_space}")
-
-
-def env_spaces(env_id: str) -> tuple[int, int]:
-    """(obs_dim, num_actions) of an environment the built-in actor can play."""
-    env = gym.make(env_id)
-    try:
-        _check_spaces(env, env_id)
-        return int(env.observation_space.shape[0]), int(env.action_space.n)
-    finally:
-        env.close()
-

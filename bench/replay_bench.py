@@ -402,11 +402,13 @@ def echo_server_main(argv: list[str]) -> int:
             "Unary": grpc.unary_unary_rpc_method_handler(unary),
         },
     )
+    from apexrl.common.files import atomic_write
+
     server = grpc_util.create_server()
     server.add_generic_rpc_handlers((handler,))
     port = grpc_util.bind(server, "127.0.0.1:0")
     server.start()
-    grpc_util.write_port_file(args.port_file, port)
+    atomic_write(args.port_file, f"{port}\n")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -5,7 +5,6 @@ token authentication, and a graceful SIGTERM/Ctrl-C shutdown.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Callable, Iterable
 from concurrent import futures
@@ -220,49 +219,22 @@ def wait_for_health(address: str, *, timeout: float, service: str = "", token: s
         channel.close()
 
 
-def serve_until_signal(
+def serve_until(
+    stop: threading.Event,
     server: grpc.Server,
     health_servicer: health.HealthServicer | None,
     *,
     grace: float = 5.0,
     before_stop: Callable[[], None] | None = None,
 ) -> None:
-    """Block until SIGTERM or SIGINT, then stop cleanly: report NOT_SERVING, run `before_stop` (wake calls that
-    wait on something, so they answer UNAVAILABLE), let calls in flight finish for up to `grace` seconds."""
-    stop = threading.Event()
-    received: list[int] = []
-
-    def handler(signum, frame):
-        received.append(signum)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while not stop.wait(0.5):
-            pass
-        log.info("received %s; shutting down (grace %.1fs)", signal.Signals(received[0]).name, grace)
-        if health_servicer is not None:
-            health_servicer.enter_graceful_shutdown()
-        if before_stop is not None:
-            before_stop()
-        server.stop(grace).wait()
-    finally:
-        for sig, prev in previous.items():
-            signal.signal(sig, prev)
-
-
-def write_port_file(path: str, port: int) -> None:
-    """Atomically write the bound port (write, fsync, rename), so a reader never sees a partial number."""
-    import os
-
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(f"{port}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def parse_addresses(text: str) -> tuple[str, ...]:
-    """`host:port,host:port` (a command-line option) as a tuple; blanks ignored."""
-    return tuple(a.strip() for a in text.split(",") if a.strip())
+    """Block until `stop` is set (by SIGTERM/SIGINT: common/process.py), then stop cleanly: report NOT_SERVING,
+    run `before_stop` (wake calls that wait on something, so they answer UNAVAILABLE), let calls in flight
+    finish for up to `grace` seconds."""
+    while not stop.wait(0.5):
+        pass
+    log.info("shutting down (grace %.1fs)", grace)
+    if health_servicer is not None:
+        health_servicer.enter_graceful_shutdown()
+    if before_stop is not None:
+        before_stop()
+    server.stop(grace).wait()

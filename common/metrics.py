@@ -14,10 +14,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> int:
-    """Expose `registry` at http://host:port/metrics in a daemon thread; return the bound port (port 0 picks one)."""
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> str:
+    """Expose `registry` at http://host:port/metrics in a daemon thread (port 0 picks one, -1 serves nothing);
+    return the URL, or "off". OSError when the port cannot be bound."""
+    if port < 0:
+        return "off"
     server, _thread = start_http_server(port, addr=host, registry=registry)
-    return int(server.server_address[1])
+    return f"http://{host}:{int(server.server_address[1])}/metrics"
 
 
 class RpcMetrics:

@@ -1,7 +1,9 @@
-"""`apexrl` command-line entry point: dispatches to one subcommand per role.
+"""`apexrl` command-line entry point: one subcommand per role, each run through the same process skeleton.
 
-Each role module (`<role>/main.py`) exposes `add_arguments(parser)` and `run(args) -> int` and imports its heavy
-dependencies inside `run`, so building the parser is cheap and `apexrl replay` never imports torch.
+A role module (`<role>/main.py`) exposes `CONFIG` (its settings dataclass), `HELP` and `run(config, stop) -> int`;
+the flags come from the dataclass (common/settings.py), the process skeleton (logging, the stop event on
+SIGTERM/Ctrl-C, exit codes) from common/process.py. Role modules import their heavy dependencies inside `run`, so
+building the parser is cheap and `apexrl replay` never imports torch. `launch` parses its own arguments.
 """
 
 from __future__ import annotations
@@ -11,14 +13,19 @@ import importlib
 import logging
 import sys
 
-# subcommand -> (module, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "replay": ("apexrl.replay_server.main", "run one prioritized replay shard (gRPC ReplayService)"),
-    "params": ("apexrl.parameter_server.main", "run a standalone parameter service (versioned weights)"),
-    "actor": ("apexrl.actor.main", "run one Ape-X actor (or an evaluator) that feeds the replay shards"),
-    "learner": ("apexrl.learner.main", "run the DQN learner, hosting the parameter service"),
-    "launch": ("apexrl.launcher.main", "start the roles of one machine (no arguments: a local CartPole fleet)"),
-    "evaluate": ("apexrl.launcher.evaluate", "play a learner checkpoint greedily and report its returns"),
+from apexrl.common.process import EXIT_BAD_CONFIG, EXIT_FAILURE, setup_logging, stop_on_signals
+from apexrl.common.settings import SettingsError, add_arguments, from_namespace
+
+log = logging.getLogger("apexrl")
+
+# subcommand -> module
+SUBCOMMANDS: dict[str, str] = {
+    "replay": "apexrl.replay_server.main",
+    "params": "apexrl.parameter_server.main",
+    "actor": "apexrl.actor.main",
+    "learner": "apexrl.learner.main",
+    "evaluate": "apexrl.learner.evaluate",
+    "launch": "apexrl.launcher.main",
 }
 
 
@@ -26,15 +33,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="apexrl",
         description="Distributed prioritized experience replay (Ape-X): replay shards, actors, a learner and a "
-                    "parameter service talking gRPC. Each subcommand runs one role; see 'apexrl ROLE --help'.",
+                    "parameter service talking gRPC. Each subcommand runs one role; see 'apexrl ROLE --help'. "
+                    "Exit status: 0 clean stop, 1 failure, 2 bad configuration.",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         help="log verbosity (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        role = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).add_arguments(role)
+    for name, module_name in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        help_text = module.HELP
+        role = sub.add_parser(name, help=help_text, description=_doc(module))
+        if hasattr(module, "CONFIG"):
+            add_arguments(role, module.CONFIG)
+        else:
+            module.add_arguments(role)
     return parser
+
+
+def _doc(module) -> str:
+    """The module docstring's first paragraph, without its leading "`apexrl ROLE`:" (the usage line says it)."""
+    text = " ".join((module.__doc__ or "").split("\n\n")[0].split())
+    return text.split(": ", 1)[1] if text.startswith("`apexrl") and ": " in text else text
 
 
 def tune_malloc() -> None:
@@ -58,15 +77,25 @@ def tune_malloc() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     tune_malloc()
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    module = importlib.import_module(SUBCOMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    module = importlib.import_module(SUBCOMMANDS[args.command])
+    if not hasattr(module, "CONFIG"):
+        return int(module.run(args) or 0)
+    try:
+        config = from_namespace(module.CONFIG, args)
+    except SettingsError as err:
+        print(f"apexrl {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    with stop_on_signals() as stop:
+        try:
+            return int(module.run(config, stop) or 0)
+        except SettingsError as err:  # found while starting: an unknown environment, a checkpoint that does not fit
+            print(f"apexrl {args.command}: error: {err}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+        except (OSError, RuntimeError, TimeoutError) as err:  # cannot bind, peer never came, ...
+            log.error("%s failed: %s", args.command, err)
+            return EXIT_FAILURE
 
 
 if __name__ == "__main__":

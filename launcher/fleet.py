@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import IO
 
 from apexrl.common.grpc_util import wait_for_health
-from apexrl.launcher.config import FleetConfig, Role, Wiring, address, command, roles_on, wiring, with_ports
+from apexrl.launcher.commands import command, extra_args_for
+from apexrl.launcher.fleet_config import FleetConfig
+from apexrl.launcher.topology import Role, Wiring, address, roles_on, wiring, with_ports
 
 log = logging.getLogger("apexrl.launch")
 
@@ -113,7 +115,7 @@ class Fleet:
         for role in (r for r in self.roles if r.kind == "learner"):
             if not role.port:
                 self.config = with_ports(self.config, params_port=free_port())
-                role = replace(role, port=self.config.learner.params_port)
+                role = replace(role, port=self.config.learner.port)
             child = self._spawn(role)
             params = wiring(self.config, self.host).params
             self._wait_healthy(params, timeout, child)
@@ -138,9 +140,7 @@ class Fleet:
         if role.kind == "replay":
             self._port_file(role).unlink(missing_ok=True)
         links = wiring(self.config, self.host) if role.kind != "replay" else Wiring((), "")
-        extra = list(self.extra_args.get(role.kind, ()))
-        if role.kind == "evaluator":  # --actor-arg reaches the evaluator too, before its own --evaluator-arg
-            extra = list(self.extra_args.get("actor", ())) + extra
+        extra = extra_args_for(role.kind, self.extra_args)
         argv = [sys.executable, "-m", "apexrl.launcher", *command(self.config, role, links, self.run_dir, extra)]
         log_path = self.run_dir / "logs" / f"{role.name}.log"
         log_file = open(log_path, "ab")  # noqa: SIM115 (the child writes to it for its lifetime)

@@ -2,7 +2,7 @@
 
 With no arguments: a complete local fleet that trains CartPole-v1 (2 replay shards, the learner hosting the
 parameter service, 4 exploring actors and 1 evaluator). With `--config FLEET.toml --host-name NAME`: the roles
-the fleet file assigns to NAME (see `apexrl.launcher.config` for the schema and examples/fleet.toml).
+the fleet file assigns to NAME (see `apexrl.launcher.fleet_file` for the schema and examples/fleet.toml).
 """
 
 from __future__ import annotations
@@ -19,7 +19,17 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from apexrl.common.files import atomic_write
+from apexrl.common.process import EXIT_BAD_CONFIG
+from apexrl.common.settings import SettingsError, settings_of
+from apexrl.common.settings import add_arguments as add_settings
+from apexrl.launcher.fleet_config import ConfigError, FleetConfig, FleetSettings, local_fleet
+from apexrl.launcher.fleet_file import load_config
+from apexrl.launcher.topology import host_names, roles_on
+
 log = logging.getLogger("apexrl.launch")
+
+HELP = "start the roles of one machine (no arguments: a local CartPole fleet)"
 
 DEFAULT_NUM_SHARDS = 2
 DEFAULT_NUM_ACTORS = 4
@@ -35,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Without --config: a local fleet on 127.0.0.1 (by default 2 shards, the learner, 4 actors, 1 evaluator). "
         "With --config: only the roles the fleet file assigns to --host-name. Only the machine running the "
         "learner and the evaluator checks the target return; the others run until a signal or --max-seconds.\n\n"
+        "Every role's command line is checked before any process starts: a bad setting, pass-through flag or "
+        "environment id is refused in one line with exit status 2.\n\n"
         "The last line on stdout is JSON: env_steps (exploring actors' environment steps), episodes (exploration "
         "episodes; evaluation episodes are not counted), updates (learner), mean_return_100 (mean return of the "
         "last 100 evaluation episodes), wall_seconds, solved, run_dir, reason.\n"
@@ -49,25 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"replay shards of the local fleet (default: {DEFAULT_NUM_SHARDS}; not with --config)")
     fleet.add_argument("--num-actors", type=int, default=None,
                        help=f"exploring actors of the local fleet (default: {DEFAULT_NUM_ACTORS}; not with --config)")
-    run = parser.add_argument_group("run (override the fleet file's [fleet] table)")
-    run.add_argument("--env", default=None, help="Gymnasium environment id (default: CartPole-v1)")
-    run.add_argument("--target-return", type=float, default=None,
-                     help="stop, solved, once the last 100 evaluation episodes average at least this (default: 475)")
-    run.add_argument("--max-seconds", type=float, default=None,
-                     help="stop after this many seconds of wall time (default: 1200)")
-    run.add_argument("--run-dir", default=None,
-                     help="directory of logs, episodes, checkpoints and results (default: runs/ENV-TIMESTAMP)")
-    run.add_argument("--seed", type=int, default=None,
-                     help="base seed; each role derives its own (default: unseeded)")
-    run.add_argument("--replay-capacity", type=int, default=None,
-                     help="rows over all shards together (default: 100000)")
-    run.add_argument("--samples-per-insert", type=float, default=None,
-                     help="replay ratio the shards enforce: sampled rows per inserted row, 0 = unlimited "
-                          "(default: 8)")
-    run.add_argument("--min-replay-size", type=int, default=None,
-                     help="rows the shards hold in total before the learner trains (default: 1000)")
-    run.add_argument("--startup-timeout", type=float, default=None,
-                     help="seconds each service may take to report SERVING (default: 120)")
+    run = parser.add_argument_group("run (the [fleet] table of a fleet file; a flag given here overrides it)")
+    add_settings(run, FleetSettings, overrides=True)
     passing = parser.add_argument_group(
         "pass-through", "Extra arguments appended to every local role of a kind, split like a shell line; write "
                         "them with '=': --learner-arg='--batch-size 256' --actor-arg=--num-envs=2.")
@@ -76,15 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              help=f"appended to every 'apexrl {'actor --evaluate' if kind == 'evaluator' else kind}'"
                                   + (" (after --actor-arg)" if kind == "evaluator" else "")
                                   + (" and to the evaluator" if kind == "actor" else ""))
-    ops = parser.add_argument_group("operation")
-    ops.add_argument("--progress-seconds", type=float, default=5.0,
-                     help="seconds between progress lines (default: %(default)s)")
-    ops.add_argument("--stop-grace", type=float, default=5.0,
-                     help="seconds a role may take to exit after SIGTERM before SIGKILL (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from apexrl.launcher.config import ConfigError
+    from apexrl.common.environments import env_spaces
+    from apexrl.launcher.commands import check_commands
 
     try:
         config, host = resolve_config(args)
@@ -93,29 +84,27 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{run_dir} already holds a run (config.json); choose another --run-dir")
         extra = {kind: [a for text in getattr(args, f"{kind}_arg") for a in shlex.split(text)]
                  for kind in ROLE_ARG_KINDS}
-        if args.progress_seconds <= 0 or args.stop_grace < 0:
-            raise ConfigError("--progress-seconds must be positive and --stop-grace non-negative")
-    except (ConfigError, ValueError) as err:
+        check_commands(config, host, run_dir, extra)
+        if any(r.kind != "replay" for r in roles_on(config, host)):
+            try:
+                env_spaces(config.env)
+            except ValueError as err:
+                raise ConfigError(f"--env: {err}") from None
+    except SettingsError as err:
         print(f"apexrl launch: error: {err}", file=sys.stderr)
-        return 2
-    return Launch(config, host, run_dir, extra, args.progress_seconds, args.stop_grace,
+        return EXIT_BAD_CONFIG
+    return Launch(config, host, run_dir, extra,
                   options={k: v for k, v in vars(args).items() if k != "func"}).run()
 
 
-def resolve_config(args: argparse.Namespace):
+def resolve_config(args: argparse.Namespace) -> tuple[FleetConfig, str]:
     """The fleet to run and this machine's name in it: the fleet file or the local fleet, with the command-line
     options taking precedence."""
-    from apexrl.launcher.config import ConfigError, host_names, load_config, local_fleet
-
-    overrides = {key: value for key, value in (
-        ("env", args.env), ("target_return", args.target_return), ("max_seconds", args.max_seconds),
-        ("run_dir", args.run_dir), ("seed", args.seed), ("replay_capacity", args.replay_capacity),
-        ("samples_per_insert", args.samples_per_insert), ("min_replay_size", args.min_replay_size),
-        ("startup_timeout", args.startup_timeout)) if value is not None}
-    if args.max_seconds is not None and args.max_seconds <= 0:
-        raise ConfigError(f"--max-seconds ({args.max_seconds}) must be positive")
-    if args.replay_capacity is not None and args.replay_capacity < 1:
-        raise ConfigError(f"--replay-capacity ({args.replay_capacity}) must be positive")
+    overrides = {s.name: getattr(args, s.name) for s in settings_of(FleetSettings) if hasattr(args, s.name)}
+    try:
+        FleetSettings(**overrides)
+    except SettingsError as err:
+        raise ConfigError(_as_flag(str(err))) from None
     if args.config is None:
         if args.host_name is not None:
             raise ConfigError("--host-name needs --config (the local fleet runs every role on this machine)")
@@ -137,6 +126,12 @@ def resolve_config(args: argparse.Namespace):
     return config, args.host_name
 
 
+def _as_flag(message: str) -> str:
+    """'max_seconds (-1) must be positive' -> '--max-seconds (-1) must be positive'."""
+    name, _, rest = message.partition(" ")
+    return f"--{name.replace('_', '-')} {rest}" if rest and name.isidentifier() else message
+
+
 def default_run_dir(env: str) -> str:
     return f"runs/{env.replace('/', '_')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
@@ -144,16 +139,16 @@ def default_run_dir(env: str) -> str:
 class Launch:
     """One run of one machine's roles, from start to the final JSON line."""
 
-    def __init__(self, config, host: str, run_dir: Path, extra: dict[str, list[str]], progress_seconds: float,
-                 stop_grace: float, options: dict | None = None) -> None:
-        from apexrl.launcher.config import checks_target
+    def __init__(self, config: FleetConfig, host: str, run_dir: Path, extra: dict[str, list[str]],
+                 options: dict | None = None) -> None:
+        from apexrl.launcher.topology import checks_target
 
         self.config = config
         self.host = host
         self.run_dir = run_dir
         self.extra = extra
-        self.progress_seconds = progress_seconds
-        self.stop_grace = stop_grace
+        self.progress_seconds = config.progress_seconds
+        self.stop_grace = config.stop_grace
         self.options = options or {}
         self.checks_target = checks_target(config, host)
         self.stop = threading.Event()
@@ -267,7 +262,7 @@ class Launch:
     def _metrics_urls(self, fleet) -> tuple[list[str], str | None]:
         """Exploring actors' and the learner's /metrics: this machine's roles, and other machines' roles whose
         metrics ports the fleet file fixes."""
-        from apexrl.launcher.config import address, roles
+        from apexrl.launcher.topology import address, roles
 
         local = {role.name: role for role in fleet.roles}
         urls: dict[str, str] = {}
@@ -279,7 +274,7 @@ class Launch:
         return list(urls.values()), learner
 
     def _write_config(self, fleet, start: float) -> None:
-        from apexrl.launcher.config import roles
+        from apexrl.launcher.topology import roles
 
         commands = fleet.commands()
         local = {role.name: role for role in fleet.roles}
@@ -300,12 +295,10 @@ class Launch:
                 for role in roles(fleet.config)
             ],
         }
-        tmp = self.run_dir / ".config.json.tmp"
-        tmp.write_text(json.dumps(doc, indent=2) + "\n")
-        tmp.replace(self.run_dir / "config.json")
+        atomic_write(self.run_dir / "config.json", json.dumps(doc, indent=2, default=str) + "\n")
 
     def _write_results(self) -> None:
-        from apexrl.launcher.progress import merge_episode_files
+        from apexrl.common.episodes import merge_episode_files
 
         episodes = sorted((self.run_dir / "episodes").glob("*.csv"))
         count = merge_episode_files(episodes, self.run_dir / "episodes.csv")

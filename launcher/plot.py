@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from apexrl.common.episodes import EVALUATE, read_episodes
+
 WINDOW = 100
 
 
@@ -32,16 +34,9 @@ def read_progress(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.n
 
 def read_eval_returns(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """(wall_time, return) of every evaluation episode, in time order."""
-    times, returns = [], []
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if row.get("role") != "evaluate":
-                continue
-            try:
-                times.append(float(row["wall_time"]))
-                returns.append(float(row["return"]))
-            except (KeyError, TypeError, ValueError):
-                continue
+    evaluations = [r for r in read_episodes(path) if r.role == EVALUATE]
+    times = [r.wall_time for r in evaluations]
+    returns = [r.episode_return for r in evaluations]
     order = np.argsort(times, kind="stable")
     return np.array(times)[order], np.array(returns)[order]
 

@@ -5,19 +5,17 @@ episodes the actors append to their CSV files, summed into one progress row per 
 from __future__ import annotations
 
 import csv
-import io
-import math
-import os
 import urllib.request
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-EPISODE_COLUMNS = ("wall_time", "actor", "role", "env_steps", "return", "length", "weight_version")
+from apexrl.common.episodes import EVALUATE, EpisodeTail
+
 WINDOW = 100  # episodes in the rolling mean, as in the "solved" criterion
 
 
@@ -67,38 +65,6 @@ class MetricsScraper:
             return None
 
 
-class EpisodeTail:
-    """Reads the lines an actor appended to its episode CSV since the last call; a half-written last line waits
-    for the next call."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-        self._header: list[str] | None = None
-
-    def read_new(self) -> list[dict[str, str]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
-        self._offset += end + 1
-        rows = []
-        for line in csv.reader(io.StringIO(chunk[: end + 1].decode("utf-8", "replace"))):
-            if not line:
-                continue
-            if self._header is None:
-                self._header = line
-                continue
-            if len(line) == len(self._header):
-                rows.append(dict(zip(self._header, line, strict=True)))
-        return rows
-
-
 @dataclass(frozen=True)
 class ProgressRow:
     """One tick of the fleet as this machine sees it (the columns of progress.csv)."""
@@ -142,12 +108,9 @@ class Progress:
     def read_episodes(self) -> None:
         for path in sorted(self.episodes_dir.glob("*.csv")):
             tail = self._tails.setdefault(path, EpisodeTail(path))
-            for row in tail.read_new():
-                try:
-                    value = float(row["return"])
-                except (KeyError, ValueError):
-                    continue
-                if row.get("role") == "evaluate":
+            for record in tail.read_new():
+                value = record.episode_return
+                if record.role == EVALUATE:
                     self.eval_returns.append(value)
                     self.eval_episodes += 1
                 else:
@@ -224,30 +187,8 @@ class ProgressCsv:
         self._file.close()
 
 
-def merge_episode_files(paths: Iterable[Path], out: Path) -> int:
-    """Every complete episode line of `paths`, sorted by wall time, into one CSV; returns the row count."""
-    rows: list[dict[str, str]] = []
-    for path in paths:
-        rows += EpisodeTail(path).read_new()
-    rows.sort(key=lambda r: _float(r.get("wall_time")))
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=EPISODE_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, out)
-    return len(rows)
-
-
 def _mean(values: Sequence[float] | deque[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _float(text: str | None) -> float:
-    try:
-        return float(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return math.inf
 
 
 def _round(value: float | int) -> float | int:

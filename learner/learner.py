@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from apexrl.common.metrics import LATENCY_BUCKETS
 from apexrl.learner.checkpoint import CHECKPOINT_NAME, Checkpoint, load_checkpoint, save_checkpoint
+from apexrl.learner.config import LearnerConfig
 from apexrl.learner.losses import double_dqn_loss
 from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
 from apexrl.learner.prefetch import Prefetcher
@@ -27,66 +27,11 @@ from apexrl.learner.sharded_client import PrioritizedBatch, ShardedReplayClient
 log = logging.getLogger("apexrl.learner")
 
 
-@dataclass(frozen=True)
-class LearnerConfig:
-    """Configuration of the learner.
-
-    Attributes:
-        batch_size: rows per update, drawn across all shards.
-        target_update_period: updates between copies of the online network into the target network.
-        publish_every: updates between weight versions published to the actors.
-        beta_start, beta_end, beta_anneal_updates: importance-sampling exponent, annealed linearly (PER).
-        min_replay_size: rows the fleet must hold before training starts.
-        priority_epsilon: added to |TD error| so no sampled row drops to priority 0.
-        sample_batches_per_call: batches drawn per Sample call to each shard (then split): fewer, larger calls.
-        priority_coalesce_batches: batches' priority updates sent to a shard together in one message.
-        checkpoint_every: updates between checkpoints (one more is written at exit).
-    """
-
-    replay_addresses: tuple[str, ...]
-    obs_dim: int
-    num_actions: int
-    env_id: str = "CartPole-v1"
-    hidden_sizes: tuple[int, ...] = (128, 128)
-    # Optimisation
-    batch_size: int = 128
-    learning_rate: float = 1e-3
-    max_grad_norm: float = 10.0
-    target_update_period: int = 250
-    # Prioritized replay
-    beta_start: float = 0.4
-    beta_end: float = 1.0
-    beta_anneal_updates: int = 20_000
-    priority_epsilon: float = 1e-3
-    min_replay_size: int = 1_000
-    prefetch_depth: int = 4
-    sample_batches_per_call: int = 4
-    priority_coalesce_batches: int = 4
-    # Weights and checkpoints
-    publish_every: int = 10
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 2_000
-    # Limits
-    max_updates: int | None = None
-    device: str = "auto"
-    seed: int | None = None
-    token: str | None = None
-    sample_timeout: float = 10.0
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "target_update_period", "publish_every", "checkpoint_every", "prefetch_depth",
-                     "sample_batches_per_call", "priority_coalesce_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
-        if not self.replay_addresses:
-            raise ValueError("the learner needs at least one replay address")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate ({self.learning_rate}) must be > 0")
-
-    def resolve_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+def resolve_device(name: str) -> torch.device:
+    """"auto" is CUDA when available, else the CPU; any other name is passed to torch."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 class LearnerMetrics:
@@ -111,26 +56,36 @@ class LearnerMetrics:
                                      "streams or backed-up shards (since start)", registry=registry)
 
 
-class Learner:
-    """Trains from the sharded replay and publishes weights through `publish(weights, version) -> version`.
-    Versions continue across restarts from the checkpoint, so actors never see a version go backwards."""
+def make_sampler(config: LearnerConfig) -> ShardedReplayClient:
+    """The sharded replay client the learner's settings describe."""
+    return ShardedReplayClient(
+        config.replay, timeout=config.sample_timeout, seed=config.seed, token=config.token,
+        # about k batches of rows per shard (each batch spreads over the shards)
+        coalesce_rows=(2 * config.priority_coalesce_batches - 1) * config.batch_size // (2 * len(config.replay)),
+    )
 
-    def __init__(self, config: LearnerConfig, publish: Callable[[dict[str, np.ndarray], int], int],
+
+class Learner:
+    """Trains from `sampler` (a ShardedReplayClient, or anything with its sample / update_priorities surface) and
+    publishes weights through `publish(weights, version) -> version`; it knows neither where the data comes from
+    nor where the weights go. Versions continue across restarts from the checkpoint, so actors never see a
+    version go backwards."""
+
+    def __init__(self, config: LearnerConfig, obs_dim: int, num_actions: int, sampler: ShardedReplayClient,
+                 publish: Callable[[dict[str, np.ndarray], int], int],
                  registry: CollectorRegistry | None = None) -> None:
         self.config = config
-        self.device = config.resolve_device()
+        self.obs_dim = obs_dim
+        self.num_actions = num_actions
+        self.device = resolve_device(config.device)
         if config.seed is not None:
             torch.manual_seed(config.seed)
-        self.online = DuelingQNetwork(config.obs_dim, config.num_actions, config.hidden_sizes).to(self.device)
-        self.target = DuelingQNetwork(config.obs_dim, config.num_actions, config.hidden_sizes).to(self.device)
+        self.online = DuelingQNetwork(obs_dim, num_actions, config.hidden_sizes).to(self.device)
+        self.target = DuelingQNetwork(obs_dim, num_actions, config.hidden_sizes).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learning_rate)
         self.metrics = LearnerMetrics(registry if registry is not None else CollectorRegistry())
-        self.sampler = ShardedReplayClient(
-            config.replay_addresses, timeout=config.sample_timeout, seed=config.seed, token=config.token,
-            # about k batches of rows per shard (each batch spreads over the shards)
-            coalesce_rows=(2 * config.priority_coalesce_batches - 1) * config.batch_size // (2 * len(config.replay_addresses)),
-        )
+        self.sampler = sampler
         self._publish = publish
         self.updates = 0
         self.weight_version = 0
@@ -173,7 +128,7 @@ class Learner:
         prefetcher = Prefetcher(self.sampler, c.batch_size, self.beta, c.prefetch_depth, c.min_replay_size,
                                 c.sample_batches_per_call, c.seed).start()
         log.info("learner on %s: waiting for %d rows in replay (%s)", self.device, c.min_replay_size,
-                 ", ".join(c.replay_addresses))
+                 ", ".join(c.replay))
         last_log, last_updates = time.monotonic(), self.updates
         try:
             while not stop.is_set() and (c.max_updates is None or self.updates < c.max_updates):
@@ -216,8 +171,8 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
-        return save_checkpoint(Path(self.config.checkpoint_dir) / CHECKPOINT_NAME, Checkpoint(
-            env_id=self.config.env_id, obs_dim=self.config.obs_dim, num_actions=self.config.num_actions,
+        return save_checkpoint(self.config.checkpoint_dir / CHECKPOINT_NAME, Checkpoint(
+            env_id=self.config.env, obs_dim=self.obs_dim, num_actions=self.num_actions,
             hidden_sizes=self.config.hidden_sizes, online=self.online.state_dict(), target=self.target.state_dict(),
             optimizer=self.optimizer.state_dict(), updates=self.updates, weight_version=self.weight_version,
         ))
@@ -226,15 +181,15 @@ class Learner:
         """Continue from checkpoint_dir/checkpoint.pt when it exists (same network shape required)."""
         if not self.config.checkpoint_dir:
             return
-        path = Path(self.config.checkpoint_dir) / CHECKPOINT_NAME
+        path = self.config.checkpoint_dir / CHECKPOINT_NAME
         if not path.exists():
             return
         ckpt = load_checkpoint(path, map_location=self.device)
-        if (ckpt.obs_dim, ckpt.num_actions, ckpt.hidden_sizes) != (self.config.obs_dim, self.config.num_actions,
-                                                                  self.config.hidden_sizes):
+        wanted = (self.obs_dim, self.num_actions, self.config.hidden_sizes)
+        if (ckpt.obs_dim, ckpt.num_actions, ckpt.hidden_sizes) != wanted:
             raise ValueError(f"checkpoint {path} has network {ckpt.obs_dim}->{ckpt.hidden_sizes}->{ckpt.num_actions}, "
-                             f"the configuration wants {self.config.obs_dim}->{self.config.hidden_sizes}->"
-                             f"{self.config.num_actions}")
+                             f"the configuration wants {self.obs_dim}->{self.config.hidden_sizes}->"
+                             f"{self.num_actions}")
         self.online.load_state_dict(ckpt.online)
         self.target.load_state_dict(ckpt.target)
         if ckpt.optimizer is not None:
@@ -244,5 +199,5 @@ class Learner:
         log.info("resumed from %s at update %d", path, self.updates)
 
     def close(self) -> None:
-        """Close the shard connections (cancelling a Sample still in flight)."""
+        """Close the sampler (cancelling a Sample still in flight)."""
         self.sampler.close()

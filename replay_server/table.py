@@ -27,6 +27,7 @@ from apexrl.common.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
+from apexrl.common.settings import setting
 from apexrl.common.signature import Signature
 from apexrl.replay_server.rate_limiter import RateLimiter
 from apexrl.replay_server.sum_tree import SumTree
@@ -38,7 +39,7 @@ _WAIT_SLICE_SECONDS = 0.25
 
 @dataclass(frozen=True)
 class TableConfig:
-    """Configuration of one replay table.
+    """Configuration of one replay table (the shard process adds its server settings in ReplayConfig).
 
     Attributes:
         capacity: rows kept; the oldest row is evicted first (FIFO, as in Ape-X).
@@ -52,17 +53,25 @@ class TableConfig:
         seed: seed for sampling; None draws one from the OS.
     """
 
-    capacity: int
-    alpha: float = 0.6
-    signature: Signature | None = None
+    capacity: int = setting(1_000_000, "rows the shard keeps; the oldest is evicted first",
+                            wiring="[fleet] replay_capacity / number of shards")
+    alpha: float = setting(0.6, "priority exponent: rows are sampled with probability p**alpha / sum")
+    signature: Signature | None = setting(
+        None, "fields of every row, e.g. 'obs:float32[4],action:int64[],reward:float32[]'; none: the first "
+              "insert fixes them", metavar="SIGNATURE")
     # Rate limiting
-    min_size_to_sample: int = 1
-    samples_per_insert: float = 0.0
-    samples_per_insert_tolerance: float = 10_000.0
+    min_size_to_sample: int = setting(1, "rows the shard must hold before Sample answers",
+                                      wiring="[fleet] min_replay_size / number of shards")
+    samples_per_insert: float = setting(0.0, "target ratio of sampled to inserted rows; 0 turns the ratio limiter "
+                                             "off", wiring="[fleet] samples_per_insert")
+    samples_per_insert_tolerance: float = setting(
+        10_000.0, "sampled rows the ratio may run ahead or behind before a side blocks",
+        wiring="the shard's minimum size (4x, at least 1024)")
     # Limits
-    max_sample_batch_size: int = 4096
-    max_tracked_writers: int = 100_000
-    seed: int | None = None
+    max_sample_batch_size: int = setting(4096, "largest batch one Sample may ask for")
+    max_tracked_writers: int = setting(100_000, "writers whose last sequence number the shard remembers for "
+                                                "de-duplication (least recently used forgotten first)")
+    seed: int | None = setting(None, "sampling seed (none: from the OS)", wiring="[fleet] seed + shard index")
 
     def __post_init__(self) -> None:
         if not isinstance(self.capacity, int) or self.capacity < 1:
@@ -79,6 +88,8 @@ class TableConfig:
             raise ValueError(f"samples_per_insert_tolerance ({self.samples_per_insert_tolerance}) must be > 0")
         if self.max_sample_batch_size < 1:
             raise ValueError(f"max_sample_batch_size ({self.max_sample_batch_size}) must be a positive integer")
+        if self.max_tracked_writers < 1:
+            raise ValueError(f"max_tracked_writers ({self.max_tracked_writers}) must be a positive integer")
 
 
 # Largest raw priority accepted: far above any |TD error|, and small enough that p ** alpha (alpha <= 10) summed

@@ -8,19 +8,10 @@ from pathlib import Path
 import pytest
 
 from apexrl.launcher import main as launch_main
-from apexrl.launcher.config import (
-    ConfigError,
-    address,
-    checks_target,
-    command,
-    host_names,
-    load_config,
-    local_fleet,
-    parse_config,
-    roles,
-    roles_on,
-    wiring,
-)
+from apexrl.launcher.commands import command
+from apexrl.launcher.fleet_config import ConfigError, local_fleet
+from apexrl.launcher.fleet_file import load_config, parse_config
+from apexrl.launcher.topology import address, checks_target, host_names, roles, roles_on, wiring
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fleet.toml"
 
@@ -32,7 +23,7 @@ def fleet(**changes) -> dict:
         "hosts": {"m1": "10.0.0.1", "m2": "10.0.0.2"},
         "shard": [{"host": "m1", "port": 7000, "metrics_port": 9100},
                   {"host": "m1", "port": 7001, "metrics_port": 9101}],
-        "learner": {"host": "m1", "params_port": 7100, "metrics_port": 9200},
+        "learner": {"host": "m1", "port": 7100, "metrics_port": 9200},
         "actors": [{"host": "m2", "count": 3, "metrics_port": 9300},
                    {"host": "m1", "count": 2, "metrics_port": 9300}],
         "evaluator": {"host": "m1", "metrics_port": 9400},
@@ -84,7 +75,7 @@ def test_wiring_uses_loopback_on_the_same_machine_and_host_addresses_across():
 
 
 def test_command_lines_carry_the_wiring(tmp_path):
-    config = parse_config(fleet(learner={"host": "m1", "params_port": 7100, "args": ["--batch-size", "64"]}))
+    config = parse_config(fleet(learner={"host": "m1", "port": 7100, "batch_size": 64}))
     by_name = {r.name: r for r in roles(config)}
     actor = command(config, by_name["actor-1"], wiring(config, "m2"), tmp_path)
     assert actor[0] == "actor"
@@ -97,11 +88,12 @@ def test_command_lines_carry_the_wiring(tmp_path):
     evaluator = command(config, by_name["evaluator"], wiring(config, "m1"), tmp_path)
     assert "--evaluate" in evaluator
     assert evaluator[evaluator.index("--episodes-csv") + 1] == str(tmp_path / "episodes" / "evaluator.csv")
-    learner = command(config, by_name["learner"], wiring(config, "m1"), tmp_path, ["--lr", "3e-4"])
+    learner = command(config, by_name["learner"], wiring(config, "m1"), tmp_path, ["--learning-rate", "3e-4"])
     assert learner[:3] == ["learner", "--replay", "127.0.0.1:7000,127.0.0.1:7001"]
-    assert learner[learner.index("--params-port") + 1] == "7100"
+    assert learner[learner.index("--port") + 1] == "7100"
     assert learner[learner.index("--run-dir") + 1] == str(tmp_path)
-    assert learner[-4:] == ["--batch-size", "64", "--lr", "3e-4"]  # the file's args, then pass-through args
+    assert learner[learner.index("--batch-size") + 1] == "64"  # the file's setting
+    assert learner[-2:] == ["--learning-rate", "3e-4"]  # pass-through args come last
     shard = command(config, by_name["shard-1"], wiring(config, "m1"), tmp_path)
     assert shard[shard.index("--port") + 1] == "7001"
     assert shard[shard.index("--capacity") + 1] == "50000"
@@ -125,17 +117,20 @@ def test_local_fleet_puts_every_role_on_this_machine():
 @pytest.mark.parametrize(("change", "message"), [
     ({"fleets": {}}, "unknown table 'fleets'"),
     ({"fleet": {"env": "CartPole-v1", "max_second": 5}}, r"\[fleet\]: unknown key 'max_second'"),
-    ({"fleet": {"max_seconds": -1}}, r"\[fleet\] max_seconds \(-1\) must be positive"),
-    ({"fleet": {"seed": True}}, "seed must be an integer, got True"),
+    ({"fleet": {"max_seconds": -1}}, r"\[fleet\]: max_seconds \(-1\) must be positive"),
+    ({"fleet": {"seed": True}}, "seed must be int, got True"),
     ({"shard": [{"port": 7000}]}, r"\[\[shard\]\] #0: missing 'host'"),
     ({"shard": [{"host": "m1", "port": 7000, "metric_port": 1}]}, "#0: unknown key 'metric_port'"),
     ({"shard": [{"host": "m1"}]}, r"\[\[shard\]\] #0: missing 'port'"),
     ({"shard": [{"host": "m1", "port": 70000}]}, r"port \(70000\) must be in 1..65535"),
     ({"shard": []}, "non-empty array"),
-    ({"learner": {"params_port": 7100}}, r"\[learner\]: missing 'host'"),
+    ({"learner": {"port": 7100}}, r"\[learner\]: missing 'host'"),
+    ({"learner": {"host": "m1", "port": 7100, "replay": "x:1"}},
+     r"\[learner\]: replay is set by the launcher from the \[\[shard\]\] tables"),
+    ({"learner": {"host": "m1", "port": 7100, "batch_size": "big"}}, r"\[learner\]: batch_size must be int"),
     ({"actors": [{"host": "m2"}]}, "missing 'count'"),
     ({"actors": [{"host": "m2", "count": 0}]}, r"count \(0\) must be at least 1"),
-    ({"actors": [{"host": "m2", "count": 2, "args": "--x"}]}, "args must be a list of strings"),
+    ({"actors": [{"host": "m2", "count": 2, "args": "--x"}]}, r"#0: unknown key 'args'"),
     ({"evaluator": {"host": "m2"}}, "must be the learner's host"),
     ({"hosts": {"m1": 5}}, r"\[hosts\] m1 must be a non-empty string"),
 ])
@@ -153,8 +148,8 @@ def test_missing_learner_and_shards():
 
 
 def test_duplicate_ports_on_one_host_are_refused_but_not_across_hosts():
-    message = error(fleet(learner={"host": "m1", "params_port": 7000}))
-    assert message == "port 7000 on host 'm1' is used by both shard-0 (port) and learner (params_port)"
+    message = error(fleet(learner={"host": "m1", "port": 7000}))
+    assert message == "port 7000 on host 'm1' is used by both shard-0 (port) and learner (port)"
     # actor-4 (m1, second group) takes 9301 from its range start 9300; the evaluator may not reuse it.
     assert "actor-4 (metrics_port) and evaluator (metrics_port)" in error(
         fleet(evaluator={"host": "m1", "metrics_port": 9301}))
@@ -175,7 +170,7 @@ def test_yaml_fleet_file_matches_toml(tmp_path):
         "fleet: {env: CartPole-v1, seed: 3}\n"
         "hosts: {m1: 10.0.0.1, m2: 10.0.0.2}\n"
         "shard:\n  - {host: m1, port: 7000, metrics_port: 9100}\n  - {host: m1, port: 7001, metrics_port: 9101}\n"
-        "learner: {host: m1, params_port: 7100, metrics_port: 9200}\n"
+        "learner: {host: m1, port: 7100, metrics_port: 9200}\n"
         "actors:\n  - {host: m2, count: 3, metrics_port: 9300}\n  - {host: m1, count: 2, metrics_port: 9300}\n"
         "evaluator: {host: m1, metrics_port: 9400}\n")
     assert load_config(yaml_file) == parse_config(fleet())

@@ -7,7 +7,8 @@ import csv
 import numpy as np
 
 from apexrl.launcher.plot import plot_learning_curve, read_eval_returns, rolling_mean
-from apexrl.launcher.progress import EPISODE_COLUMNS, ProgressRow
+from apexrl.common.episodes import COLUMNS as EPISODE_COLUMNS
+from apexrl.launcher.progress import ProgressRow
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 START = 1_700_000_000.0
@@ -59,7 +60,8 @@ def test_rolling_mean_and_eval_filter(tmp_path):
 
 def test_episode_files_are_read_incrementally_and_merged(tmp_path):
     """The launcher reads whole lines only (actors may be mid-write) and merges the files by wall time."""
-    from apexrl.launcher.progress import EpisodeTail, Progress, merge_episode_files
+    from apexrl.common.episodes import EpisodeTail, merge_episode_files
+    from apexrl.launcher.progress import Progress
 
     episodes = tmp_path / "episodes"
     episodes.mkdir()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from apexrl.proto import tensor_pb2 as apexrl_dot_proto_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61pexrl/proto/parameters.proto\x12\tapexrl.v1\x1a\x19\x61pexrl/proto/tensor.proto\"l\n\x0cTensorLayout\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.apexrl.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"_\n\rWeightsHeader\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.apexrl.v1.TensorLayout\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\"I\n\x0ePublishRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.apexrl.v1.WeightsHeader\x12\r\n\x05\x63hunk\x18\x02 \x01(\x0c\"\"\n\x0fPublishResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\"$\n\x0c\x46\x65tchRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x04\"[\n\rFetchResponse\x12\x11\n\tnot_newer\x18\x01 \x01(\x08\x12(\n\x06header\x18\x02 \x01(\x0b\x32\x18.apexrl.v1.WeightsHeader\x12\r\n\x05\x63hunk\x18\x03 \x01(\x0c\"\x13\n\x11GetVersionRequest\"%\n\x12GetVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x32\xdf\x01\n\x10ParameterService\x12\x42\n\x07Publish\x12\x19.apexrl.v1.PublishRequest\x1a\x1a.apexrl.v1.PublishResponse(\x01\x12<\n\x05\x46\x65tch\x12\x17.apexrl.v1.FetchRequest\x1a\x18.apexrl.v1.FetchResponse0\x01\x12I\n\nGetVersion\x12\x1c.apexrl.v1.GetVersionRequest\x1a\x1d.apexrl.v1.GetVersionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61pexrl/proto/parameters.proto\x12\tapexrl.v1\x1a\x19\x61pexrl/proto/tensor.proto\"l\n\x0cTensorLayout\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.apexrl.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"_\n\rWeightsHeader\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.apexrl.v1.TensorLayout\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x04\"I\n\x0ePublishRequest\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.apexrl.v1.WeightsHeader\x12\r\n\x05\x63hunk\x18\x02 \x01(\x0c\"\"\n\x0fPublishResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\"$\n\x0c\x46\x65tchRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x04\"i\n\rFetchResponse\x12\x13\n\tnot_newer\x18\x01 \x01(\x08H\x00\x12*\n\x06header\x18\x02 \x01(\x0b\x32\x18.apexrl.v1.WeightsHeaderH\x00\x12\r\n\x05\x63hunk\x18\x03 \x01(\x0c\x42\x08\n\x06\x61nswer\"\x13\n\x11GetVersionRequest\"%\n\x12GetVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x32\xdf\x01\n\x10ParameterService\x12\x42\n\x07Publish\x12\x19.apexrl.v1.PublishRequest\x1a\x1a.apexrl.v1.PublishResponse(\x01\x12<\n\x05\x46\x65tch\x12\x17.apexrl.v1.FetchRequest\x1a\x18.apexrl.v1.FetchResponse0\x01\x12I\n\nGetVersion\x12\x1c.apexrl.v1.GetVersionRequest\x1a\x1d.apexrl.v1.GetVersionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,11 +43,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FETCHREQUEST']._serialized_start=389
   _globals['_FETCHREQUEST']._serialized_end=425
   _globals['_FETCHRESPONSE']._serialized_start=427
-  _globals['_FETCHRESPONSE']._serialized_end=518
-  _globals['_GETVERSIONREQUEST']._serialized_start=520
-  _globals['_GETVERSIONREQUEST']._serialized_end=539
-  _globals['_GETVERSIONRESPONSE']._serialized_start=541
-  _globals['_GETVERSIONRESPONSE']._serialized_end=578
-  _globals['_PARAMETERSERVICE']._serialized_start=581
-  _globals['_PARAMETERSERVICE']._serialized_end=804
+  _globals['_FETCHRESPONSE']._serialized_end=532
+  _globals['_GETVERSIONREQUEST']._serialized_start=534
+  _globals['_GETVERSIONREQUEST']._serialized_end=553
+  _globals['_GETVERSIONRESPONSE']._serialized_start=555
+  _globals['_GETVERSIONRESPONSE']._serialized_end=592
+  _globals['_PARAMETERSERVICE']._serialized_start=595
+  _globals['_PARAMETERSERVICE']._serialized_end=818
 # @@protoc_insertion_point(module_scope)

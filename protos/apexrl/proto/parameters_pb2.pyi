@@ -3,8 +3,27 @@
 isort:skip_file
 ParameterService: versioned model weights that actors pull from the learner.
 
-Weights are a flat list of named tensors (no pickle, language neutral). Versions are integers that strictly
-increase. Large models travel in chunks of at most a few MiB so no message exceeds gRPC's default 4 MiB limit.
+Conventions shared with every apexrl service (compatibility and `reserved` field numbers, 64-bit integers,
+tensor encoding) are in tensor.proto. Versions, offsets and sizes are uint64: never read them as doubles (in
+JavaScript use strings or BigInt).
+
+Authentication: a service started with a token (setting `token`) requires the metadata
+`authorization: Bearer <token>` on every call (UNAUTHENTICATED otherwise), except the grpc.health.v1.Health
+service, which needs no token.
+
+Weights are a flat list of named tensors (no pickle, language neutral), packed into one concatenation of raw
+tensor bytes (each tensor little endian, C order) plus a layout saying where each tensor lives. Versions are
+integers >= 1 that strictly increase; 0 means "none". The service keeps only the newest version, in memory: a
+service process that restarts holds nothing, and its versions start again from whatever is published next.
+
+Message size: the service receives and sends messages of at most 4 MiB by default (gRPC's own default;
+start-up setting `max_message_bytes`). Weights of any size travel in chunks: Fetch sends chunks of at
+most 1 MiB by default (setting `chunk_bytes`); a publisher chooses its own chunk size but every PublishRequest
+must stay under the limit (RESOURCE_EXHAUSTED otherwise, which ends the call; nothing is stored).
+
+Errors: every problem in a Publish stream is INVALID_ARGUMENT (a version that is not newer included) and
+stores nothing; the previous version stays current. Fetch and GetVersion have no errors of their own (only
+UNAUTHENTICATED and transport errors such as UNAVAILABLE or DEADLINE_EXCEEDED).
 """
 
 from apexrl.proto import tensor_pb2 as _tensor_pb2
@@ -25,7 +44,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class TensorLayout(_message.Message):
-    """Where one tensor lives in the concatenated bytes of a version."""
+    """Where one tensor lives in the concatenated bytes of a version. Next ID: 6"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -35,13 +54,19 @@ class TensorLayout(_message.Message):
     OFFSET_FIELD_NUMBER: _builtins.int
     NBYTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Non-empty and unique within the version."""
     dtype: _tensor_pb2.DType.ValueType
+    """Any DType but DTYPE_UNSPECIFIED."""
     offset: _builtins.int
-    """Byte offset in the concatenation."""
+    """Byte offset in the concatenation. Tensors may appear in any order of offsets, and an offset need not be a
+    multiple of the item size (a reader copies such a tensor to align it). Non-empty tensors must not overlap.
+    """
     nbytes: _builtins.int
-    """prod(shape) * itemsize(dtype)."""
+    """Must equal prod(shape) * itemsize(dtype)."""
     @_builtins.property
-    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Dimensions, outermost first; empty for a scalar; each in [0, 2**31]."""
+
     def __init__(
         self,
         *,
@@ -61,19 +86,26 @@ Global___TensorLayout: _TypeAlias = TensorLayout  # noqa: Y015
 
 @_typing.final
 class WeightsHeader(_message.Message):
+    """Next ID: 4"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
     TENSORS_FIELD_NUMBER: _builtins.int
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     version: _builtins.int
-    """Strictly greater than every version published before; versions start at 1. In a PublishRequest, 0 asks the
-    server to assign the previous version + 1 (the reply says which version was stored).
+    """Strictly greater than every version published before; versions start at 1 and are at most 2**64 - 1. In a
+    PublishRequest, 0 asks the server to assign the previous version + 1 (the reply says which version was
+    stored; concurrent publishers get distinct versions). In a FetchResponse, the version being sent.
     """
     total_bytes: _builtins.int
-    """Total bytes of the concatenation (sum of every tensor's nbytes)."""
+    """Total bytes of the concatenation: must equal the sum of every tensor's nbytes, so the tensors tile
+    [0, total_bytes) exactly, with no gap and no overlap.
+    """
     @_builtins.property
-    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorLayout]: ...
+    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorLayout]:
+        """At least one tensor."""
+
     def __init__(
         self,
         *,
@@ -91,15 +123,19 @@ Global___WeightsHeader: _TypeAlias = WeightsHeader  # noqa: Y015
 
 @_typing.final
 class PublishRequest(_message.Message):
+    """Next ID: 3"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     HEADER_FIELD_NUMBER: _builtins.int
     CHUNK_FIELD_NUMBER: _builtins.int
     chunk: _builtins.bytes
-    """The next piece of the concatenated tensor bytes."""
+    """The next piece of the concatenated tensor bytes; any length, possibly empty (the first message may carry
+    both the header and a piece). The pieces, concatenated in message order, must be exactly total_bytes long.
+    """
     @_builtins.property
     def header(self) -> Global___WeightsHeader:
-        """Only in the first message."""
+        """In the first message only (INVALID_ARGUMENT when missing there or present in a later message)."""
 
     def __init__(
         self,
@@ -117,10 +153,13 @@ Global___PublishRequest: _TypeAlias = PublishRequest  # noqa: Y015
 
 @_typing.final
 class PublishResponse(_message.Message):
+    """Next ID: 2"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
     version: _builtins.int
+    """The version stored."""
     def __init__(
         self,
         *,
@@ -136,11 +175,17 @@ Global___PublishResponse: _TypeAlias = PublishResponse  # noqa: Y015
 
 @_typing.final
 class FetchRequest(_message.Message):
+    """Next ID: 2"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     HAVE_VERSION_FIELD_NUMBER: _builtins.int
     have_version: _builtins.int
-    """The version the caller already holds (0 when it has none)."""
+    """The version the caller already holds (0 when it has none). Only numbers are compared: when have_version is
+    at least the newest version the answer is not_newer, also after the service restarted and counts from a
+    lower number than the caller holds. A caller that sees GetVersion answer below its own version should fetch
+    with have_version = 0.
+    """
     def __init__(
         self,
         *,
@@ -156,18 +201,24 @@ Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
 
 @_typing.final
 class FetchResponse(_message.Message):
+    """One message of a Fetch answer. Next ID: 4"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NOT_NEWER_FIELD_NUMBER: _builtins.int
     HEADER_FIELD_NUMBER: _builtins.int
     CHUNK_FIELD_NUMBER: _builtins.int
     not_newer: _builtins.bool
-    """Only in a single reply: nothing newer than have_version exists."""
+    """Only in a single reply: nothing newer than have_version exists (or nothing was published yet). No data
+    follows and the stream ends.
+    """
     chunk: _builtins.bytes
-    """The next piece of the concatenated tensor bytes."""
+    """The next piece of the concatenated tensor bytes, possibly empty. The first message carries up to
+    (chunk size - header size) bytes beside the header, later ones up to the chunk size (1 MiB by default).
+    """
     @_builtins.property
     def header(self) -> Global___WeightsHeader:
-        """Only in the first message."""
+        """Only in the first message of an answer with data: the version and layout of the weights that follow."""
 
     def __init__(
         self,
@@ -176,16 +227,20 @@ class FetchResponse(_message.Message):
         header: Global___WeightsHeader | None = ...,
         chunk: _builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "header", b"header", "not_newer", b"not_newer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "header", b"header", "not_newer", b"not_newer"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "chunk", b"chunk", "header", b"header", "not_newer", b"not_newer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["not_newer", "header"]  # noqa: Y015
+    _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_answer) -> _WhichOneofReturnType_answer | None: ...
 
 Global___FetchResponse: _TypeAlias = FetchResponse  # noqa: Y015
 
 @_typing.final
 class GetVersionRequest(_message.Message):
+    """Next ID: 1"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -201,6 +256,8 @@ Global___GetVersionRequest: _TypeAlias = GetVersionRequest  # noqa: Y015
 
 @_typing.final
 class GetVersionResponse(_message.Message):
+    """Next ID: 2"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int

@@ -56,8 +56,14 @@ class ParameterServiceServicer:
 
     def Publish(self, request_iterator, context):
         """Stores a new version. Message order: the first message carries the header (version and the layout of every
-        tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes.
-        The new version becomes visible atomically when the stream ends with all bytes received.
+        tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes. The
+        new version becomes visible atomically when the stream ends with exactly header.total_bytes bytes received
+        and every check passed; a stream that fails or is cancelled stores nothing.
+        INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
+        inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
+        than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
+        explicit version not greater than the current one (checked when the header arrives, before the bytes, and
+        again when the version is stored, in case another publisher got there first).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -65,8 +71,10 @@ class ParameterServiceServicer:
 
     def Fetch(self, request, context):
         """Returns the newest weights when they are newer than `have_version`; otherwise one message with
-        not_newer = true and no data, at once. Message order: the first message carries the header, later
-        messages the remaining chunks of the concatenated tensor bytes.
+        not_newer = true and no data, at once. Message order: the first message carries the header and the first
+        piece of the concatenated tensor bytes (possibly empty); later messages carry the following pieces, in order,
+        until header.total_bytes bytes were sent; then the stream ends. The bytes all belong to the one version named
+        in the header, even when a newer version is published meanwhile.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

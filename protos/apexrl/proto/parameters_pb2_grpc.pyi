@@ -3,8 +3,27 @@
 isort:skip_file
 ParameterService: versioned model weights that actors pull from the learner.
 
-Weights are a flat list of named tensors (no pickle, language neutral). Versions are integers that strictly
-increase. Large models travel in chunks of at most a few MiB so no message exceeds gRPC's default 4 MiB limit.
+Conventions shared with every apexrl service (compatibility and `reserved` field numbers, 64-bit integers,
+tensor encoding) are in tensor.proto. Versions, offsets and sizes are uint64: never read them as doubles (in
+JavaScript use strings or BigInt).
+
+Authentication: a service started with a token (setting `token`) requires the metadata
+`authorization: Bearer <token>` on every call (UNAUTHENTICATED otherwise), except the grpc.health.v1.Health
+service, which needs no token.
+
+Weights are a flat list of named tensors (no pickle, language neutral), packed into one concatenation of raw
+tensor bytes (each tensor little endian, C order) plus a layout saying where each tensor lives. Versions are
+integers >= 1 that strictly increase; 0 means "none". The service keeps only the newest version, in memory: a
+service process that restarts holds nothing, and its versions start again from whatever is published next.
+
+Message size: the service receives and sends messages of at most 4 MiB by default (gRPC's own default;
+start-up setting `max_message_bytes`). Weights of any size travel in chunks: Fetch sends chunks of at
+most 1 MiB by default (setting `chunk_bytes`); a publisher chooses its own chunk size but every PublishRequest
+must stay under the limit (RESOURCE_EXHAUSTED otherwise, which ends the call; nothing is stored).
+
+Errors: every problem in a Publish stream is INVALID_ARGUMENT (a version that is not newer included) and
+stores nothing; the previous version stays current. Fetch and GetVersion have no errors of their own (only
+UNAUTHENTICATED and transport errors such as UNAVAILABLE or DEADLINE_EXCEEDED).
 """
 
 from apexrl.proto import parameters_pb2 as _parameters_pb2
@@ -37,13 +56,21 @@ class ParameterServiceStub:
     def __new__(cls, channel: _aio.Channel) -> ParameterServiceAsyncStub: ...
     Publish: _grpc.StreamUnaryMultiCallable[_parameters_pb2.PublishRequest, _parameters_pb2.PublishResponse]
     """Stores a new version. Message order: the first message carries the header (version and the layout of every
-    tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes.
-    The new version becomes visible atomically when the stream ends with all bytes received.
+    tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes. The
+    new version becomes visible atomically when the stream ends with exactly header.total_bytes bytes received
+    and every check passed; a stream that fails or is cancelled stores nothing.
+    INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
+    inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
+    than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
+    explicit version not greater than the current one (checked when the header arrives, before the bytes, and
+    again when the version is stored, in case another publisher got there first).
     """
     Fetch: _grpc.UnaryStreamMultiCallable[_parameters_pb2.FetchRequest, _parameters_pb2.FetchResponse]
     """Returns the newest weights when they are newer than `have_version`; otherwise one message with
-    not_newer = true and no data, at once. Message order: the first message carries the header, later
-    messages the remaining chunks of the concatenated tensor bytes.
+    not_newer = true and no data, at once. Message order: the first message carries the header and the first
+    piece of the concatenated tensor bytes (possibly empty); later messages carry the following pieces, in order,
+    until header.total_bytes bytes were sent; then the stream ends. The bytes all belong to the one version named
+    in the header, even when a newer version is published meanwhile.
     """
     GetVersion: _grpc.UnaryUnaryMultiCallable[_parameters_pb2.GetVersionRequest, _parameters_pb2.GetVersionResponse]
     """The newest version number without moving any weights (cheap polling)."""
@@ -53,13 +80,21 @@ class ParameterServiceAsyncStub(ParameterServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Publish: _aio.StreamUnaryMultiCallable[_parameters_pb2.PublishRequest, _parameters_pb2.PublishResponse]  # type: ignore[assignment]
     """Stores a new version. Message order: the first message carries the header (version and the layout of every
-    tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes.
-    The new version becomes visible atomically when the stream ends with all bytes received.
+    tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes. The
+    new version becomes visible atomically when the stream ends with exactly header.total_bytes bytes received
+    and every check passed; a stream that fails or is cancelled stores nothing.
+    INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
+    inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
+    than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
+    explicit version not greater than the current one (checked when the header arrives, before the bytes, and
+    again when the version is stored, in case another publisher got there first).
     """
     Fetch: _aio.UnaryStreamMultiCallable[_parameters_pb2.FetchRequest, _parameters_pb2.FetchResponse]  # type: ignore[assignment]
     """Returns the newest weights when they are newer than `have_version`; otherwise one message with
-    not_newer = true and no data, at once. Message order: the first message carries the header, later
-    messages the remaining chunks of the concatenated tensor bytes.
+    not_newer = true and no data, at once. Message order: the first message carries the header and the first
+    piece of the concatenated tensor bytes (possibly empty); later messages carry the following pieces, in order,
+    until header.total_bytes bytes were sent; then the stream ends. The bytes all belong to the one version named
+    in the header, even when a newer version is published meanwhile.
     """
     GetVersion: _aio.UnaryUnaryMultiCallable[_parameters_pb2.GetVersionRequest, _parameters_pb2.GetVersionResponse]  # type: ignore[assignment]
     """The newest version number without moving any weights (cheap polling)."""
@@ -72,8 +107,14 @@ class ParameterServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_parameters_pb2.PublishResponse, _abc.Awaitable[_parameters_pb2.PublishResponse]]:
         """Stores a new version. Message order: the first message carries the header (version and the layout of every
-        tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes.
-        The new version becomes visible atomically when the stream ends with all bytes received.
+        tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes. The
+        new version becomes visible atomically when the stream ends with exactly header.total_bytes bytes received
+        and every check passed; a stream that fails or is cancelled stores nothing.
+        INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
+        inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
+        than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
+        explicit version not greater than the current one (checked when the header arrives, before the bytes, and
+        again when the version is stored, in case another publisher got there first).
         """
 
     @_abc_1.abstractmethod
@@ -83,8 +124,10 @@ class ParameterServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_parameters_pb2.FetchResponse], _abc.AsyncIterator[_parameters_pb2.FetchResponse]]:
         """Returns the newest weights when they are newer than `have_version`; otherwise one message with
-        not_newer = true and no data, at once. Message order: the first message carries the header, later
-        messages the remaining chunks of the concatenated tensor bytes.
+        not_newer = true and no data, at once. Message order: the first message carries the header and the first
+        piece of the concatenated tensor bytes (possibly empty); later messages carry the following pieces, in order,
+        until header.total_bytes bytes were sent; then the stream ends. The bytes all belong to the one version named
+        in the header, even when a newer version is published meanwhile.
         """
 
     @_abc_1.abstractmethod

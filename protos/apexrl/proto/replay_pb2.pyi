@@ -3,24 +3,53 @@
 isort:skip_file
 ReplayService: one prioritized replay shard (a ring buffer of rows plus a sum tree over their priorities).
 
+Conventions shared with every apexrl service (compatibility and `reserved` field numbers, 64-bit integers,
+tensor encoding) are in tensor.proto. In short: never read a 64-bit field (keys, sequence, incarnation,
+counters) as a double; in JavaScript use strings or BigInt.
+
+Authentication: a shard started with a token (setting `token`) requires the metadata
+`authorization: Bearer <token>` on every call (UNAUTHENTICATED otherwise), except the grpc.health.v1.Health
+service, which needs no token.
+
 Keys: every stored row has a key, the row's insertion index (0, 1, 2, ... in insertion order) on this shard.
 FIFO eviction makes a key valid while  inserted_total - size <= key < inserted_total;  a key outside that
 range names a row that was evicted (stale) or never existed (unknown). Keys are only meaningful together with
-the shard's `incarnation`, a random number drawn when the shard process starts: after a restart every key of
-the old incarnation is stale.
+the shard's `incarnation`, a random nonzero 63-bit number drawn when the shard process starts: after a restart
+every key of the old incarnation is stale.
 
-Priorities: clients send raw priorities p >= 0 (finite). The shard stores p ** alpha in its sum tree and
-samples row i with probability (p_i ** alpha) / total_priority. Fields called *priority in responses are
-these stored values (p ** alpha), which is what a client needs to compute sampling probabilities.
-A row with priority 0 is never sampled unless every row has priority 0 (the shard then samples uniformly).
+Priorities: clients send raw priorities p, finite and 0 <= p <= 1e25 (MAX_PRIORITY; larger values, NaN, +inf,
+-inf and negative values are refused with INVALID_ARGUMENT), as FLOAT32 or FLOAT64 tensors (FLOAT16 is accepted
+too). The shard stores p ** alpha in its sum tree and samples row i with probability
+(p_i ** alpha) / total_priority. Fields called *priority in responses are these stored values (p ** alpha),
+except InfoResponse.max_priority, which is raw. A row with priority 0 is stored but never sampled unless every
+row has priority 0 (the shard then samples uniformly among its rows); this holds for every alpha, alpha = 0
+included. A positive priority stays sampleable even when p ** alpha underflows float64 (it is stored as the
+smallest positive double).
+
+Rate limiting (Reverb's SampleToInsertRatio): Sample waits until the shard holds min_size_to_sample rows. When
+samples_per_insert > 0, let diff = inserted_rows * samples_per_insert - sampled_rows, counted from the moment
+the shard first reached min_size_to_sample rows: Sample is allowed while diff >= -tolerance and Insert while
+diff <= +tolerance (setting `samples_per_insert_tolerance`, 10,000 rows by default, not reported by Info).
+
+Limits:
+  message size        64 MiB by default in both directions (setting `max_message_bytes`; not reported by
+                      Info). Most gRPC client libraries receive at most 4 MiB by default: raise the
+                      client's receive limit for large Sample answers.
+  rows per insert     1 .. capacity (InfoResponse.capacity).
+  rows per sample     1 .. max_sample_batch_size (InfoResponse.max_sample_batch_size, 4096 by default).
+  priorities          0 .. 1e25, finite.
+  tensor dimensions   0 .. 2**31 each.
+  writers tracked     100,000 by default (setting `max_tracked_writers`; least recently used forgotten first;
+                      see Insert).
 
 Errors are gRPC status codes with a message naming the bad value:
-  INVALID_ARGUMENT     schema mismatch, bad tensor encoding, NaN/inf/negative priority, bad batch_size
-  RESOURCE_EXHAUSTED   message larger than the shard's receive limit
-  FAILED_PRECONDITION  not enough rows to sample and the request asked not to wait
+  INVALID_ARGUMENT     schema mismatch, bad tensor encoding, NaN/inf/negative/too large priority, bad batch_size
+                       (in an InsertAck's error_code for Insert)
+  RESOURCE_EXHAUSTED   message larger than the shard's receive or send limit (or the client's receive limit)
+  FAILED_PRECONDITION  not enough rows to sample (or the rate limiter says wait) and the request said no_wait
   DEADLINE_EXCEEDED    a rate-limited call waited until its deadline
   UNAUTHENTICATED      missing or wrong token (when the shard requires one)
-  UNAVAILABLE          the shard is shutting down
+  UNAVAILABLE          the shard is shutting down (or cannot be reached)
 """
 
 from apexrl.proto import tensor_pb2 as _tensor_pb2
@@ -39,6 +68,8 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class InsertRequest(_message.Message):
+    """One batch of rows for Insert. Next ID: 5"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     WRITER_ID_FIELD_NUMBER: _builtins.int
@@ -46,17 +77,27 @@ class InsertRequest(_message.Message):
     BATCH_FIELD_NUMBER: _builtins.int
     PRIORITIES_FIELD_NUMBER: _builtins.int
     writer_id: _builtins.str
-    """Identifies the writer for de-duplication. Each writer uses its own id (a UUID is a good choice)."""
+    """Identifies the writer for de-duplication (see Insert). Each writer, and each concurrent stream, uses its own
+    id (a UUID is a good choice). Empty: no de-duplication.
+    """
     sequence: _builtins.int
-    """Strictly increasing per writer, starting anywhere. Resent batches keep their sequence number."""
+    """Increasing per writer (gaps allowed, any start, 0 included). Resent batches keep their sequence number."""
     @_builtins.property
     def batch(self) -> _tensor_pb2.Batch:
-        """Rows to store; must match the table signature (which the first insert fixes if none was declared)."""
+        """Rows to store: 1 .. capacity rows. The batch must match the table signature exactly: the same set of column
+        names (in any order), each with the field's dtype and per-row shape. When no signature was declared at
+        start-up (setting `signature`), the first stored batch fixes it for the shard's lifetime: its column
+        names, order, dtypes and per-row shapes (InfoResponse.signature shows it). Missing, unknown or duplicate
+        columns, another dtype or shape, a ragged batch, 0 rows, no columns, more rows than the capacity or a bad
+        tensor encoding: INVALID_ARGUMENT in the ack.
+        """
 
     @_builtins.property
     def priorities(self) -> _tensor_pb2.Tensor:
-        """Optional raw priorities, one per row, FLOAT32 or FLOAT64 of shape [rows]. When absent, rows get the
-        largest priority the shard has seen so far (1.0 on an empty shard), so new data is sampled soon.
+        """Optional raw priorities, one per row: FLOAT32 or FLOAT64 (FLOAT16 is accepted too) of shape exactly [rows],
+        each finite and in [0, 1e25] (INVALID_ARGUMENT otherwise, nothing stored). Leave the field unset to use the
+        default: a present but empty Tensor is INVALID_ARGUMENT (dtype unspecified). When unset, every row gets the
+        shard's current InfoResponse.max_priority (1.0 on a fresh shard), so new data is sampled soon.
         """
 
     def __init__(
@@ -77,6 +118,8 @@ Global___InsertRequest: _TypeAlias = InsertRequest  # noqa: Y015
 
 @_typing.final
 class InsertAck(_message.Message):
+    """The answer to one InsertRequest (see Insert). Check error_code first, then duplicate. Next ID: 8"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SEQUENCE_FIELD_NUMBER: _builtins.int
@@ -89,17 +132,22 @@ class InsertAck(_message.Message):
     sequence: _builtins.int
     """The sequence number of the request this acknowledges."""
     duplicate: _builtins.bool
-    """True when the batch had been stored before and was not stored again."""
+    """True when this writer had already stored a batch with this or a higher sequence number: nothing was stored."""
     first_key: _builtins.int
-    """Key of the first row stored (rows got consecutive keys). Unset for duplicates and errors."""
+    """Key of the first row stored; the rows got the consecutive keys first_key .. first_key + rows - 1. It is 0 for
+    duplicates and errors, and 0 is also a real key (the shard's first row): look at error_code and duplicate
+    before using it.
+    """
     rows: _builtins.int
-    """Number of rows stored by this request."""
+    """Number of rows stored by this request (0 for duplicates and errors)."""
     error_code: _builtins.int
-    """0 (OK) or the gRPC status code that rejected this batch (e.g. 3 = INVALID_ARGUMENT); nothing was stored."""
+    """0 (OK) or the gRPC status code that rejected this batch (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED,
+    14 UNAVAILABLE; see Insert); nothing was stored.
+    """
     error_message: _builtins.str
     """Human-readable reason when error_code != 0."""
     incarnation: _builtins.int
-    """The shard's incarnation (see the file comment)."""
+    """The shard's incarnation (see the file comment); set on every ack, duplicates and errors included."""
     def __init__(
         self,
         *,
@@ -121,16 +169,19 @@ Global___InsertAck: _TypeAlias = InsertAck  # noqa: Y015
 
 @_typing.final
 class SampleRequest(_message.Message):
+    """Next ID: 3"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     NO_WAIT_FIELD_NUMBER: _builtins.int
     batch_size: _builtins.int
-    """Rows to draw, 1..max_sample_batch_size (see InfoResponse). Rows are drawn with replacement."""
+    """Rows to draw, 1 .. InfoResponse.max_sample_batch_size (4096 by default); 0 (unset) and values above the
+    maximum are INVALID_ARGUMENT. Rows are drawn with replacement: a row may appear more than once.
+    """
     no_wait: _builtins.bool
-    """When the table has fewer rows than its minimum size to sample (or the rate limiter says wait): false waits
-    until the call's deadline and then fails with DEADLINE_EXCEEDED; true fails at once with
-    FAILED_PRECONDITION.
+    """When the table holds fewer than min_size_to_sample rows, or the rate limiter says wait: false waits until
+    the call's deadline and then fails with DEADLINE_EXCEEDED; true fails at once with FAILED_PRECONDITION.
     """
     def __init__(
         self,
@@ -148,6 +199,8 @@ Global___SampleRequest: _TypeAlias = SampleRequest  # noqa: Y015
 
 @_typing.final
 class SampleResponse(_message.Message):
+    """Next ID: 8"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     KEYS_FIELD_NUMBER: _builtins.int
@@ -158,15 +211,22 @@ class SampleResponse(_message.Message):
     MIN_PRIORITY_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     total_priority: _builtins.float
-    """Sum of all stored priorities on this shard when the batch was drawn."""
+    """Sum of all stored priorities on this shard when the batch was drawn. Row i was drawn with probability
+    priorities[i] / total_priority per draw (1 / size when total_priority is 0).
+    """
     size: _builtins.int
     """Rows held by the shard when the batch was drawn."""
     min_priority: _builtins.float
-    """Smallest positive stored priority on the shard (0 when no row has a positive priority)."""
+    """Smallest positive stored priority on the shard (0 when no row has a positive priority): what a learner needs
+    to normalise importance weights.
+    """
     incarnation: _builtins.int
+    """The shard's incarnation: send it back in UpdatePrioritiesRequest.incarnation."""
     @_builtins.property
     def keys(self) -> _tensor_pb2.Tensor:
-        """Keys of the drawn rows, UINT64 [batch_size]."""
+        """Keys of the drawn rows, UINT64 [batch_size] (little-endian unsigned 64-bit: BigInt in JavaScript). Row i of
+        `batch` has key keys[i].
+        """
 
     @_builtins.property
     def priorities(self) -> _tensor_pb2.Tensor:
@@ -174,7 +234,9 @@ class SampleResponse(_message.Message):
 
     @_builtins.property
     def batch(self) -> _tensor_pb2.Batch:
-        """The rows, one column per field of the signature, first dimension batch_size."""
+        """The rows: one column per field of the signature, in the signature's order, each of the field's dtype and of
+        shape [batch_size, *field shape].
+        """
 
     def __init__(
         self,
@@ -197,20 +259,28 @@ Global___SampleResponse: _TypeAlias = SampleResponse  # noqa: Y015
 
 @_typing.final
 class UpdatePrioritiesRequest(_message.Message):
+    """Next ID: 4"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     KEYS_FIELD_NUMBER: _builtins.int
     PRIORITIES_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     incarnation: _builtins.int
-    """The incarnation the keys came from; 0 means "the current one". Keys of another incarnation are stale."""
+    """The incarnation the keys came from; 0 means "the current one". Any other value than the shard's current
+    incarnation makes every key stale (nothing is applied).
+    """
     @_builtins.property
     def keys(self) -> _tensor_pb2.Tensor:
-        """Keys from SampleResponse.keys, UINT64 [n]."""
+        """Keys from SampleResponse.keys: an integer tensor of shape [n], normally UINT64 (INT64 and the other integer
+        dtypes are accepted too). Keys at or above 2**63 are stale. n may be 0.
+        """
 
     @_builtins.property
     def priorities(self) -> _tensor_pb2.Tensor:
-        """New raw priorities, FLOAT32 or FLOAT64 [n], finite and >= 0. When a key appears twice the last value wins."""
+        """New raw priorities: FLOAT32 or FLOAT64 (FLOAT16 is accepted too), the same shape [n] as keys, each finite and
+        in [0, 1e25]. When a key appears more than once, the last entry wins.
+        """
 
     def __init__(
         self,
@@ -229,14 +299,16 @@ Global___UpdatePrioritiesRequest: _TypeAlias = UpdatePrioritiesRequest  # noqa: 
 
 @_typing.final
 class UpdatePrioritiesResponse(_message.Message):
+    """applied + stale == n, the number of entries in the request. Next ID: 3"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     APPLIED_FIELD_NUMBER: _builtins.int
     STALE_FIELD_NUMBER: _builtins.int
     applied: _builtins.int
-    """Keys whose priority was set."""
+    """Entries whose priority was set. It counts entries, not distinct keys: a key given twice counts twice."""
     stale: _builtins.int
-    """Keys ignored because their row was evicted, never existed, or belongs to another incarnation."""
+    """Entries ignored because their row was evicted, never existed, or belongs to another incarnation."""
     def __init__(
         self,
         *,
@@ -253,6 +325,8 @@ Global___UpdatePrioritiesResponse: _TypeAlias = UpdatePrioritiesResponse  # noqa
 
 @_typing.final
 class InfoRequest(_message.Message):
+    """Next ID: 1"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -268,6 +342,8 @@ Global___InfoRequest: _TypeAlias = InfoRequest  # noqa: Y015
 
 @_typing.final
 class InfoResponse(_message.Message):
+    """Next ID: 19"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SIGNATURE_FIELD_NUMBER: _builtins.int
@@ -289,33 +365,51 @@ class InfoResponse(_message.Message):
     MAX_SAMPLE_BATCH_SIZE_FIELD_NUMBER: _builtins.int
     INSERTED_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
     capacity: _builtins.int
+    """Rows the shard holds at most (the oldest is evicted first); also the most rows one InsertRequest may carry."""
     size: _builtins.int
+    """Rows held now (<= capacity)."""
     total_priority: _builtins.float
+    """Sum of stored priorities (p ** alpha)."""
     min_priority: _builtins.float
     """As in SampleResponse."""
     max_priority: _builtins.float
-    """Largest raw priority seen (what rows without a given priority receive)."""
+    """The raw priority (not raised to alpha) that rows inserted without priorities receive: the largest of 1.0 and
+    every raw priority ever inserted or set by an applied update. It starts at 1.0 and never decreases: not when
+    those rows are evicted or updated to lower values (so on a shard whose priorities are all below 1, rows
+    inserted without priorities get 1.0). Stale update entries do not raise it; an entry overridden by a later
+    duplicate key in the same update does.
+    """
     alpha: _builtins.float
+    """The priority exponent."""
     incarnation: _builtins.int
+    """Random per shard process, nonzero; changes when the shard restarts."""
     inserted_total: _builtins.int
-    """Rows stored since start (duplicates not counted)."""
+    """Rows stored since start (duplicates and rejected batches not counted). Also the key the next stored row gets;
+    the keys held now are [inserted_total - size, inserted_total).
+    """
     evicted_total: _builtins.int
-    """Rows overwritten by FIFO eviction."""
+    """Rows overwritten by FIFO eviction (inserted_total - size)."""
     sampled_total: _builtins.int
-    """Rows returned by Sample."""
+    """Rows returned by Sample (every drawn row counts, repeats included)."""
     updated_total: _builtins.int
-    """Priority updates applied."""
+    """Priority update entries applied (the sum of UpdatePrioritiesResponse.applied)."""
     stale_updates_total: _builtins.int
+    """Priority update entries ignored as stale (the sum of UpdatePrioritiesResponse.stale)."""
     duplicate_batches_total: _builtins.int
+    """InsertRequests acknowledged as duplicates."""
     min_size_to_sample: _builtins.int
+    """Rows the shard must hold before Sample answers."""
     samples_per_insert: _builtins.float
-    """0 when the ratio limiter is off."""
+    """Target ratio of sampled rows to inserted rows; 0 when the ratio limiter is off."""
     max_sample_batch_size: _builtins.int
+    """Largest SampleRequest.batch_size accepted."""
     inserted_bytes_total: _builtins.int
-    """Bytes of row data stored since start."""
+    """Bytes of row data stored since start (rows * bytes per row; duplicates not counted)."""
     @_builtins.property
     def signature(self) -> _tensor_pb2.Signature:
-        """Empty until declared at start-up or fixed by the first insert."""
+        """Empty until declared at start-up or fixed by the first stored batch. Fields are in the table's order (the
+        order of SampleResponse.batch's columns).
+        """
 
     def __init__(
         self,

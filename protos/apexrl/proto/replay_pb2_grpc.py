@@ -65,40 +65,94 @@ class ReplayServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Insert(self, request_iterator, context):
-        """Streams batches into the table. Message order: the client sends InsertRequests in increasing `sequence`
-        order; the shard answers each with exactly one InsertAck, in the same order. A batch whose
-        (writer_id, sequence) the shard has already stored is acknowledged again (duplicate = true) and not stored
-        twice, so a client that lost its stream resends every unacknowledged batch on a new stream without loss
-        or duplicates. A bad batch is answered by an ack carrying an error code; the stream stays open.
+        """Streams batches into the table; the shard acknowledges each one. Ingestion is at-least-once on the wire and
+        exactly-once in the table.
+
+        Order and flow control. The shard processes the requests of one stream one at a time, in order, and answers
+        each with exactly one InsertAck, in the same order (ack.sequence names the request). Keep every batch until
+        its ack arrives, and bound the number of unacknowledged batches in flight (the Python SDK keeps 32).
+
+        De-duplication per writer_id. For each non-empty writer_id the shard remembers the sequence number of the
+        last batch it STORED. A valid batch whose sequence is lower than or equal to that number is not stored: it is
+        acknowledged with duplicate = true (rows = 0, first_key = 0) and counted in duplicate_batches_total. So after
+        a broken stream the client opens a new one and resends every unacknowledged batch, in order, with its
+        original writer_id and sequence: those already stored are acknowledged as duplicates, the others are stored.
+        Consequences a client must know:
+        - Sequence numbers must increase per writer_id (gaps are fine; any start, 0 included). A batch with a number
+        lower than an already stored one is dropped and acknowledged as a duplicate.
+        - The check compares numbers; it does not remember which batches were stored. Two streams (or processes)
+        using the same writer_id at the same time lose batches: give each concurrent stream its own writer_id
+        (a UUID).
+        - A rejected batch (error_code != 0) stores nothing and does NOT advance the writer's last stored sequence.
+        Resending it under the same number works only while no later batch of this writer was stored; once one
+        was, the resend is acknowledged as a duplicate and dropped. Give a corrected batch a new, higher number.
+        - The batch is validated before the duplicate check: an invalid batch gets its error ack even when its
+        sequence number is old.
+        - An empty writer_id turns de-duplication off: every valid batch is stored, resends included.
+        - The shard tracks at most max_tracked_writers writer ids (100,000 by default); the least recently used
+        (stored or acknowledged as duplicate) is forgotten first, and a forgotten writer's resent batches are
+        stored again. A shard process that restarts forgets every writer (its incarnation changes and its table
+        starts empty).
+
+        Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
+        nothing of it was stored, and the stream stays open for the next batch:
+        3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
+        14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
+        4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
+        Insert stream is long-lived: give it no deadline (then a held batch waits).
+
+        Stream errors. A request larger than the shard's receive limit (64 MiB by default) is refused by the gRPC
+        library before the shard's handler sees it: the WHOLE stream ends with status RESOURCE_EXHAUSTED. The
+        requests before it were processed (their acks may or may not have reached the client); it and every request
+        after it were not. The client must open a new stream and resend its unacknowledged batches except the
+        oversize one (those already stored come back as duplicates); the oversize batch can never be accepted: split
+        its rows into smaller batches, numbered above every sequence number the writer has used. Other statuses that
+        end the stream: UNAUTHENTICATED (wrong token: do not retry), UNAVAILABLE or CANCELLED (connection lost or
+        shard stopped: reconnect with backoff and resend the unacknowledged batches).
+
+        A stream cancelled by the client mid-way leaves no half-stored batch: a batch is stored whole or not at all.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Sample(self, request, context):
-        """Draws a batch of rows with probability proportional to their stored priority (stratified sampling).
+        """Draws batch_size rows, with replacement, each with probability (stored priority) / total_priority, by
+        stratified sampling (the total mass is cut into batch_size equal strata, one draw in each). When every stored
+        priority is 0, rows are drawn uniformly instead.
+        Errors: INVALID_ARGUMENT (batch_size out of range, checked before any waiting); FAILED_PRECONDITION (not ready
+        and no_wait); DEADLINE_EXCEEDED (not ready by the call's deadline); UNAVAILABLE (shutting down);
+        RESOURCE_EXHAUSTED (the answer exceeds the shard's send limit or the client's receive limit: ask for fewer
+        rows or raise the client's limit). The drawn rows count in sampled_total and for the rate limiter even when
+        the answer could not be delivered. A call without a deadline that is not ready waits until the client
+        cancels or the shard shuts down: always set a deadline.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdatePriorities(self, request, context):
-        """Sets new priorities for sampled rows. Stale and unknown keys are ignored and counted, never an error.
+        """Sets new raw priorities for rows named by their keys. Keys of evicted rows, keys that never existed and keys
+        of another incarnation are ignored and counted as stale, never an error. A request is applied whole or
+        refused whole: one bad priority (NaN, infinite, negative, above 1e25) or a bad tensor refuses it with
+        INVALID_ARGUMENT and nothing is applied.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StreamUpdatePriorities(self, request_iterator, context):
-        """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the
-        client sends requests; the shard answers each with one response, in order.
+        """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the client
+        sends requests; the shard answers each with one response, in order. Unlike Insert, a bad request ends the
+        WHOLE stream with its status (INVALID_ARGUMENT): the requests before it were applied and answered, the ones
+        after it were not processed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Info(self, request, context):
-        """Table signature, sizes and counters.
+        """Table signature, sizes, settings and counters. Never fails (except UNAUTHENTICATED or transport errors).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -3,24 +3,53 @@
 isort:skip_file
 ReplayService: one prioritized replay shard (a ring buffer of rows plus a sum tree over their priorities).
 
+Conventions shared with every apexrl service (compatibility and `reserved` field numbers, 64-bit integers,
+tensor encoding) are in tensor.proto. In short: never read a 64-bit field (keys, sequence, incarnation,
+counters) as a double; in JavaScript use strings or BigInt.
+
+Authentication: a shard started with a token (setting `token`) requires the metadata
+`authorization: Bearer <token>` on every call (UNAUTHENTICATED otherwise), except the grpc.health.v1.Health
+service, which needs no token.
+
 Keys: every stored row has a key, the row's insertion index (0, 1, 2, ... in insertion order) on this shard.
 FIFO eviction makes a key valid while  inserted_total - size <= key < inserted_total;  a key outside that
 range names a row that was evicted (stale) or never existed (unknown). Keys are only meaningful together with
-the shard's `incarnation`, a random number drawn when the shard process starts: after a restart every key of
-the old incarnation is stale.
+the shard's `incarnation`, a random nonzero 63-bit number drawn when the shard process starts: after a restart
+every key of the old incarnation is stale.
 
-Priorities: clients send raw priorities p >= 0 (finite). The shard stores p ** alpha in its sum tree and
-samples row i with probability (p_i ** alpha) / total_priority. Fields called *priority in responses are
-these stored values (p ** alpha), which is what a client needs to compute sampling probabilities.
-A row with priority 0 is never sampled unless every row has priority 0 (the shard then samples uniformly).
+Priorities: clients send raw priorities p, finite and 0 <= p <= 1e25 (MAX_PRIORITY; larger values, NaN, +inf,
+-inf and negative values are refused with INVALID_ARGUMENT), as FLOAT32 or FLOAT64 tensors (FLOAT16 is accepted
+too). The shard stores p ** alpha in its sum tree and samples row i with probability
+(p_i ** alpha) / total_priority. Fields called *priority in responses are these stored values (p ** alpha),
+except InfoResponse.max_priority, which is raw. A row with priority 0 is stored but never sampled unless every
+row has priority 0 (the shard then samples uniformly among its rows); this holds for every alpha, alpha = 0
+included. A positive priority stays sampleable even when p ** alpha underflows float64 (it is stored as the
+smallest positive double).
+
+Rate limiting (Reverb's SampleToInsertRatio): Sample waits until the shard holds min_size_to_sample rows. When
+samples_per_insert > 0, let diff = inserted_rows * samples_per_insert - sampled_rows, counted from the moment
+the shard first reached min_size_to_sample rows: Sample is allowed while diff >= -tolerance and Insert while
+diff <= +tolerance (setting `samples_per_insert_tolerance`, 10,000 rows by default, not reported by Info).
+
+Limits:
+  message size        64 MiB by default in both directions (setting `max_message_bytes`; not reported by
+                      Info). Most gRPC client libraries receive at most 4 MiB by default: raise the
+                      client's receive limit for large Sample answers.
+  rows per insert     1 .. capacity (InfoResponse.capacity).
+  rows per sample     1 .. max_sample_batch_size (InfoResponse.max_sample_batch_size, 4096 by default).
+  priorities          0 .. 1e25, finite.
+  tensor dimensions   0 .. 2**31 each.
+  writers tracked     100,000 by default (setting `max_tracked_writers`; least recently used forgotten first;
+                      see Insert).
 
 Errors are gRPC status codes with a message naming the bad value:
-  INVALID_ARGUMENT     schema mismatch, bad tensor encoding, NaN/inf/negative priority, bad batch_size
-  RESOURCE_EXHAUSTED   message larger than the shard's receive limit
-  FAILED_PRECONDITION  not enough rows to sample and the request asked not to wait
+  INVALID_ARGUMENT     schema mismatch, bad tensor encoding, NaN/inf/negative/too large priority, bad batch_size
+                       (in an InsertAck's error_code for Insert)
+  RESOURCE_EXHAUSTED   message larger than the shard's receive or send limit (or the client's receive limit)
+  FAILED_PRECONDITION  not enough rows to sample (or the rate limiter says wait) and the request said no_wait
   DEADLINE_EXCEEDED    a rate-limited call waited until its deadline
   UNAUTHENTICATED      missing or wrong token (when the shard requires one)
-  UNAVAILABLE          the shard is shutting down
+  UNAVAILABLE          the shard is shutting down (or cannot be reached)
 """
 
 from apexrl.proto import replay_pb2 as _replay_pb2
@@ -52,43 +81,155 @@ class ReplayServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ReplayServiceAsyncStub: ...
     Insert: _grpc.StreamStreamMultiCallable[_replay_pb2.InsertRequest, _replay_pb2.InsertAck]
-    """Streams batches into the table. Message order: the client sends InsertRequests in increasing `sequence`
-    order; the shard answers each with exactly one InsertAck, in the same order. A batch whose
-    (writer_id, sequence) the shard has already stored is acknowledged again (duplicate = true) and not stored
-    twice, so a client that lost its stream resends every unacknowledged batch on a new stream without loss
-    or duplicates. A bad batch is answered by an ack carrying an error code; the stream stays open.
+    """Streams batches into the table; the shard acknowledges each one. Ingestion is at-least-once on the wire and
+    exactly-once in the table.
+
+    Order and flow control. The shard processes the requests of one stream one at a time, in order, and answers
+    each with exactly one InsertAck, in the same order (ack.sequence names the request). Keep every batch until
+    its ack arrives, and bound the number of unacknowledged batches in flight (the Python SDK keeps 32).
+
+    De-duplication per writer_id. For each non-empty writer_id the shard remembers the sequence number of the
+    last batch it STORED. A valid batch whose sequence is lower than or equal to that number is not stored: it is
+    acknowledged with duplicate = true (rows = 0, first_key = 0) and counted in duplicate_batches_total. So after
+    a broken stream the client opens a new one and resends every unacknowledged batch, in order, with its
+    original writer_id and sequence: those already stored are acknowledged as duplicates, the others are stored.
+    Consequences a client must know:
+      - Sequence numbers must increase per writer_id (gaps are fine; any start, 0 included). A batch with a number
+        lower than an already stored one is dropped and acknowledged as a duplicate.
+      - The check compares numbers; it does not remember which batches were stored. Two streams (or processes)
+        using the same writer_id at the same time lose batches: give each concurrent stream its own writer_id
+        (a UUID).
+      - A rejected batch (error_code != 0) stores nothing and does NOT advance the writer's last stored sequence.
+        Resending it under the same number works only while no later batch of this writer was stored; once one
+        was, the resend is acknowledged as a duplicate and dropped. Give a corrected batch a new, higher number.
+      - The batch is validated before the duplicate check: an invalid batch gets its error ack even when its
+        sequence number is old.
+      - An empty writer_id turns de-duplication off: every valid batch is stored, resends included.
+      - The shard tracks at most max_tracked_writers writer ids (100,000 by default); the least recently used
+        (stored or acknowledged as duplicate) is forgotten first, and a forgotten writer's resent batches are
+        stored again. A shard process that restarts forgets every writer (its incarnation changes and its table
+        starts empty).
+
+    Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
+    nothing of it was stored, and the stream stays open for the next batch:
+      3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
+      14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
+      4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
+                            Insert stream is long-lived: give it no deadline (then a held batch waits).
+
+    Stream errors. A request larger than the shard's receive limit (64 MiB by default) is refused by the gRPC
+    library before the shard's handler sees it: the WHOLE stream ends with status RESOURCE_EXHAUSTED. The
+    requests before it were processed (their acks may or may not have reached the client); it and every request
+    after it were not. The client must open a new stream and resend its unacknowledged batches except the
+    oversize one (those already stored come back as duplicates); the oversize batch can never be accepted: split
+    its rows into smaller batches, numbered above every sequence number the writer has used. Other statuses that
+    end the stream: UNAUTHENTICATED (wrong token: do not retry), UNAVAILABLE or CANCELLED (connection lost or
+    shard stopped: reconnect with backoff and resend the unacknowledged batches).
+
+    A stream cancelled by the client mid-way leaves no half-stored batch: a batch is stored whole or not at all.
     """
     Sample: _grpc.UnaryUnaryMultiCallable[_replay_pb2.SampleRequest, _replay_pb2.SampleResponse]
-    """Draws a batch of rows with probability proportional to their stored priority (stratified sampling)."""
+    """Draws batch_size rows, with replacement, each with probability (stored priority) / total_priority, by
+    stratified sampling (the total mass is cut into batch_size equal strata, one draw in each). When every stored
+    priority is 0, rows are drawn uniformly instead.
+    Errors: INVALID_ARGUMENT (batch_size out of range, checked before any waiting); FAILED_PRECONDITION (not ready
+    and no_wait); DEADLINE_EXCEEDED (not ready by the call's deadline); UNAVAILABLE (shutting down);
+    RESOURCE_EXHAUSTED (the answer exceeds the shard's send limit or the client's receive limit: ask for fewer
+    rows or raise the client's limit). The drawn rows count in sampled_total and for the rate limiter even when
+    the answer could not be delivered. A call without a deadline that is not ready waits until the client
+    cancels or the shard shuts down: always set a deadline.
+    """
     UpdatePriorities: _grpc.UnaryUnaryMultiCallable[_replay_pb2.UpdatePrioritiesRequest, _replay_pb2.UpdatePrioritiesResponse]
-    """Sets new priorities for sampled rows. Stale and unknown keys are ignored and counted, never an error."""
+    """Sets new raw priorities for rows named by their keys. Keys of evicted rows, keys that never existed and keys
+    of another incarnation are ignored and counted as stale, never an error. A request is applied whole or
+    refused whole: one bad priority (NaN, infinite, negative, above 1e25) or a bad tensor refuses it with
+    INVALID_ARGUMENT and nothing is applied.
+    """
     StreamUpdatePriorities: _grpc.StreamStreamMultiCallable[_replay_pb2.UpdatePrioritiesRequest, _replay_pb2.UpdatePrioritiesResponse]
-    """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the
-    client sends requests; the shard answers each with one response, in order.
+    """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the client
+    sends requests; the shard answers each with one response, in order. Unlike Insert, a bad request ends the
+    WHOLE stream with its status (INVALID_ARGUMENT): the requests before it were applied and answered, the ones
+    after it were not processed.
     """
     Info: _grpc.UnaryUnaryMultiCallable[_replay_pb2.InfoRequest, _replay_pb2.InfoResponse]
-    """Table signature, sizes and counters."""
+    """Table signature, sizes, settings and counters. Never fails (except UNAUTHENTICATED or transport errors)."""
 
 @_typing.type_check_only
 class ReplayServiceAsyncStub(ReplayServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Insert: _aio.StreamStreamMultiCallable[_replay_pb2.InsertRequest, _replay_pb2.InsertAck]  # type: ignore[assignment]
-    """Streams batches into the table. Message order: the client sends InsertRequests in increasing `sequence`
-    order; the shard answers each with exactly one InsertAck, in the same order. A batch whose
-    (writer_id, sequence) the shard has already stored is acknowledged again (duplicate = true) and not stored
-    twice, so a client that lost its stream resends every unacknowledged batch on a new stream without loss
-    or duplicates. A bad batch is answered by an ack carrying an error code; the stream stays open.
+    """Streams batches into the table; the shard acknowledges each one. Ingestion is at-least-once on the wire and
+    exactly-once in the table.
+
+    Order and flow control. The shard processes the requests of one stream one at a time, in order, and answers
+    each with exactly one InsertAck, in the same order (ack.sequence names the request). Keep every batch until
+    its ack arrives, and bound the number of unacknowledged batches in flight (the Python SDK keeps 32).
+
+    De-duplication per writer_id. For each non-empty writer_id the shard remembers the sequence number of the
+    last batch it STORED. A valid batch whose sequence is lower than or equal to that number is not stored: it is
+    acknowledged with duplicate = true (rows = 0, first_key = 0) and counted in duplicate_batches_total. So after
+    a broken stream the client opens a new one and resends every unacknowledged batch, in order, with its
+    original writer_id and sequence: those already stored are acknowledged as duplicates, the others are stored.
+    Consequences a client must know:
+      - Sequence numbers must increase per writer_id (gaps are fine; any start, 0 included). A batch with a number
+        lower than an already stored one is dropped and acknowledged as a duplicate.
+      - The check compares numbers; it does not remember which batches were stored. Two streams (or processes)
+        using the same writer_id at the same time lose batches: give each concurrent stream its own writer_id
+        (a UUID).
+      - A rejected batch (error_code != 0) stores nothing and does NOT advance the writer's last stored sequence.
+        Resending it under the same number works only while no later batch of this writer was stored; once one
+        was, the resend is acknowledged as a duplicate and dropped. Give a corrected batch a new, higher number.
+      - The batch is validated before the duplicate check: an invalid batch gets its error ack even when its
+        sequence number is old.
+      - An empty writer_id turns de-duplication off: every valid batch is stored, resends included.
+      - The shard tracks at most max_tracked_writers writer ids (100,000 by default); the least recently used
+        (stored or acknowledged as duplicate) is forgotten first, and a forgotten writer's resent batches are
+        stored again. A shard process that restarts forgets every writer (its incarnation changes and its table
+        starts empty).
+
+    Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
+    nothing of it was stored, and the stream stays open for the next batch:
+      3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
+      14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
+      4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
+                            Insert stream is long-lived: give it no deadline (then a held batch waits).
+
+    Stream errors. A request larger than the shard's receive limit (64 MiB by default) is refused by the gRPC
+    library before the shard's handler sees it: the WHOLE stream ends with status RESOURCE_EXHAUSTED. The
+    requests before it were processed (their acks may or may not have reached the client); it and every request
+    after it were not. The client must open a new stream and resend its unacknowledged batches except the
+    oversize one (those already stored come back as duplicates); the oversize batch can never be accepted: split
+    its rows into smaller batches, numbered above every sequence number the writer has used. Other statuses that
+    end the stream: UNAUTHENTICATED (wrong token: do not retry), UNAVAILABLE or CANCELLED (connection lost or
+    shard stopped: reconnect with backoff and resend the unacknowledged batches).
+
+    A stream cancelled by the client mid-way leaves no half-stored batch: a batch is stored whole or not at all.
     """
     Sample: _aio.UnaryUnaryMultiCallable[_replay_pb2.SampleRequest, _replay_pb2.SampleResponse]  # type: ignore[assignment]
-    """Draws a batch of rows with probability proportional to their stored priority (stratified sampling)."""
+    """Draws batch_size rows, with replacement, each with probability (stored priority) / total_priority, by
+    stratified sampling (the total mass is cut into batch_size equal strata, one draw in each). When every stored
+    priority is 0, rows are drawn uniformly instead.
+    Errors: INVALID_ARGUMENT (batch_size out of range, checked before any waiting); FAILED_PRECONDITION (not ready
+    and no_wait); DEADLINE_EXCEEDED (not ready by the call's deadline); UNAVAILABLE (shutting down);
+    RESOURCE_EXHAUSTED (the answer exceeds the shard's send limit or the client's receive limit: ask for fewer
+    rows or raise the client's limit). The drawn rows count in sampled_total and for the rate limiter even when
+    the answer could not be delivered. A call without a deadline that is not ready waits until the client
+    cancels or the shard shuts down: always set a deadline.
+    """
     UpdatePriorities: _aio.UnaryUnaryMultiCallable[_replay_pb2.UpdatePrioritiesRequest, _replay_pb2.UpdatePrioritiesResponse]  # type: ignore[assignment]
-    """Sets new priorities for sampled rows. Stale and unknown keys are ignored and counted, never an error."""
+    """Sets new raw priorities for rows named by their keys. Keys of evicted rows, keys that never existed and keys
+    of another incarnation are ignored and counted as stale, never an error. A request is applied whole or
+    refused whole: one bad priority (NaN, infinite, negative, above 1e25) or a bad tensor refuses it with
+    INVALID_ARGUMENT and nothing is applied.
+    """
     StreamUpdatePriorities: _aio.StreamStreamMultiCallable[_replay_pb2.UpdatePrioritiesRequest, _replay_pb2.UpdatePrioritiesResponse]  # type: ignore[assignment]
-    """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the
-    client sends requests; the shard answers each with one response, in order.
+    """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the client
+    sends requests; the shard answers each with one response, in order. Unlike Insert, a bad request ends the
+    WHOLE stream with its status (INVALID_ARGUMENT): the requests before it were applied and answered, the ones
+    after it were not processed.
     """
     Info: _aio.UnaryUnaryMultiCallable[_replay_pb2.InfoRequest, _replay_pb2.InfoResponse]  # type: ignore[assignment]
-    """Table signature, sizes and counters."""
+    """Table signature, sizes, settings and counters. Never fails (except UNAUTHENTICATED or transport errors)."""
 
 class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -97,11 +238,52 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_replay_pb2.InsertRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_replay_pb2.InsertAck], _abc.AsyncIterator[_replay_pb2.InsertAck]]:
-        """Streams batches into the table. Message order: the client sends InsertRequests in increasing `sequence`
-        order; the shard answers each with exactly one InsertAck, in the same order. A batch whose
-        (writer_id, sequence) the shard has already stored is acknowledged again (duplicate = true) and not stored
-        twice, so a client that lost its stream resends every unacknowledged batch on a new stream without loss
-        or duplicates. A bad batch is answered by an ack carrying an error code; the stream stays open.
+        """Streams batches into the table; the shard acknowledges each one. Ingestion is at-least-once on the wire and
+        exactly-once in the table.
+
+        Order and flow control. The shard processes the requests of one stream one at a time, in order, and answers
+        each with exactly one InsertAck, in the same order (ack.sequence names the request). Keep every batch until
+        its ack arrives, and bound the number of unacknowledged batches in flight (the Python SDK keeps 32).
+
+        De-duplication per writer_id. For each non-empty writer_id the shard remembers the sequence number of the
+        last batch it STORED. A valid batch whose sequence is lower than or equal to that number is not stored: it is
+        acknowledged with duplicate = true (rows = 0, first_key = 0) and counted in duplicate_batches_total. So after
+        a broken stream the client opens a new one and resends every unacknowledged batch, in order, with its
+        original writer_id and sequence: those already stored are acknowledged as duplicates, the others are stored.
+        Consequences a client must know:
+          - Sequence numbers must increase per writer_id (gaps are fine; any start, 0 included). A batch with a number
+            lower than an already stored one is dropped and acknowledged as a duplicate.
+          - The check compares numbers; it does not remember which batches were stored. Two streams (or processes)
+            using the same writer_id at the same time lose batches: give each concurrent stream its own writer_id
+            (a UUID).
+          - A rejected batch (error_code != 0) stores nothing and does NOT advance the writer's last stored sequence.
+            Resending it under the same number works only while no later batch of this writer was stored; once one
+            was, the resend is acknowledged as a duplicate and dropped. Give a corrected batch a new, higher number.
+          - The batch is validated before the duplicate check: an invalid batch gets its error ack even when its
+            sequence number is old.
+          - An empty writer_id turns de-duplication off: every valid batch is stored, resends included.
+          - The shard tracks at most max_tracked_writers writer ids (100,000 by default); the least recently used
+            (stored or acknowledged as duplicate) is forgotten first, and a forgotten writer's resent batches are
+            stored again. A shard process that restarts forgets every writer (its incarnation changes and its table
+            starts empty).
+
+        Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
+        nothing of it was stored, and the stream stays open for the next batch:
+          3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
+          14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
+          4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
+                                Insert stream is long-lived: give it no deadline (then a held batch waits).
+
+        Stream errors. A request larger than the shard's receive limit (64 MiB by default) is refused by the gRPC
+        library before the shard's handler sees it: the WHOLE stream ends with status RESOURCE_EXHAUSTED. The
+        requests before it were processed (their acks may or may not have reached the client); it and every request
+        after it were not. The client must open a new stream and resend its unacknowledged batches except the
+        oversize one (those already stored come back as duplicates); the oversize batch can never be accepted: split
+        its rows into smaller batches, numbered above every sequence number the writer has used. Other statuses that
+        end the stream: UNAUTHENTICATED (wrong token: do not retry), UNAVAILABLE or CANCELLED (connection lost or
+        shard stopped: reconnect with backoff and resend the unacknowledged batches).
+
+        A stream cancelled by the client mid-way leaves no half-stored batch: a batch is stored whole or not at all.
         """
 
     @_abc_1.abstractmethod
@@ -110,7 +292,16 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _replay_pb2.SampleRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_replay_pb2.SampleResponse, _abc.Awaitable[_replay_pb2.SampleResponse]]:
-        """Draws a batch of rows with probability proportional to their stored priority (stratified sampling)."""
+        """Draws batch_size rows, with replacement, each with probability (stored priority) / total_priority, by
+        stratified sampling (the total mass is cut into batch_size equal strata, one draw in each). When every stored
+        priority is 0, rows are drawn uniformly instead.
+        Errors: INVALID_ARGUMENT (batch_size out of range, checked before any waiting); FAILED_PRECONDITION (not ready
+        and no_wait); DEADLINE_EXCEEDED (not ready by the call's deadline); UNAVAILABLE (shutting down);
+        RESOURCE_EXHAUSTED (the answer exceeds the shard's send limit or the client's receive limit: ask for fewer
+        rows or raise the client's limit). The drawn rows count in sampled_total and for the rate limiter even when
+        the answer could not be delivered. A call without a deadline that is not ready waits until the client
+        cancels or the shard shuts down: always set a deadline.
+        """
 
     @_abc_1.abstractmethod
     def UpdatePriorities(
@@ -118,7 +309,11 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _replay_pb2.UpdatePrioritiesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_replay_pb2.UpdatePrioritiesResponse, _abc.Awaitable[_replay_pb2.UpdatePrioritiesResponse]]:
-        """Sets new priorities for sampled rows. Stale and unknown keys are ignored and counted, never an error."""
+        """Sets new raw priorities for rows named by their keys. Keys of evicted rows, keys that never existed and keys
+        of another incarnation are ignored and counted as stale, never an error. A request is applied whole or
+        refused whole: one bad priority (NaN, infinite, negative, above 1e25) or a bad tensor refuses it with
+        INVALID_ARGUMENT and nothing is applied.
+        """
 
     @_abc_1.abstractmethod
     def StreamUpdatePriorities(
@@ -126,8 +321,10 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_replay_pb2.UpdatePrioritiesRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_replay_pb2.UpdatePrioritiesResponse], _abc.AsyncIterator[_replay_pb2.UpdatePrioritiesResponse]]:
-        """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the
-        client sends requests; the shard answers each with one response, in order.
+        """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the client
+        sends requests; the shard answers each with one response, in order. Unlike Insert, a bad request ends the
+        WHOLE stream with its status (INVALID_ARGUMENT): the requests before it were applied and answered, the ones
+        after it were not processed.
         """
 
     @_abc_1.abstractmethod
@@ -136,6 +333,6 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _replay_pb2.InfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_replay_pb2.InfoResponse, _abc.Awaitable[_replay_pb2.InfoResponse]]:
-        """Table signature, sizes and counters."""
+        """Table signature, sizes, settings and counters. Never fails (except UNAUTHENTICATED or transport errors)."""
 
 def add_ReplayServiceServicer_to_server(servicer: ReplayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

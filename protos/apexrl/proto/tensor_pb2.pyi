@@ -3,8 +3,35 @@
 isort:skip_file
 Data schema shared by every apexrl service: tensors, columnar batches and table signatures.
 
-A tensor travels as raw bytes (C order, little endian) so that a server decodes it with one
-numpy.frombuffer call; a batch is a set of named columns whose first dimension is the batch size.
+These .proto files are the whole contract: a client written from them alone, in any language, must meet no
+surprise. Conventions that hold for every apexrl service (replay.proto, parameters.proto):
+
+Compatibility. The package is apexrl.v1. Field numbers, field names and enum values are never renumbered,
+renamed or reused. A retired field's number and name go to `reserved` in its message (for example
+`reserved 4; reserved "old_name";`), a retired enum value's number and name to `reserved` in its enum, so no
+later field can reuse them with another meaning. Every message says `// Next ID: N`: the number the next new
+field takes (then bump N). Nothing is reserved yet.
+
+64-bit integers. Keys, sequence numbers, incarnations, versions, byte offsets, sizes, counters and shape
+dimensions are int64/uint64 and use all 64 bits (a shard's incarnation is a random 63-bit number). Never read
+them as IEEE doubles: JavaScript's `number` loses precision above 2**53. Use strings or BigInt (in Node.js with
+@grpc/proto-loader: `longs: String`, then `BigInt(value)`); 64-bit values inside tensor bytes are read with
+`Buffer.readBigUInt64LE` / `readBigInt64LE`.
+
+Authentication. A server started with a token (setting `token`) requires the gRPC metadata (HTTP/2 header)
+`authorization: Bearer <token>` on every call, and answers UNAUTHENTICATED ("missing or wrong bearer token")
+without it. Exempt: the standard health service grpc.health.v1.Health (Check, Watch), so that probes need no
+token. Server reflection is not exempt. Health reports SERVING for "" and for the service's full name
+(apexrl.v1.ReplayService, apexrl.v1.ParameterService), and NOT_SERVING once a shutdown has begun.
+
+Errors are gRPC status codes with a human-readable message naming the bad value; each service file lists its
+own. Codes are the standard numeric gRPC codes (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, 8 RESOURCE_EXHAUSTED,
+9 FAILED_PRECONDITION, 14 UNAVAILABLE, 16 UNAUTHENTICATED).
+
+Tensor encoding (message Tensor below): raw bytes, little endian, C order (row-major: the last dimension varies
+fastest), no padding, exactly prod(shape) * itemsize(dtype) bytes, so a server decodes it with one
+numpy.frombuffer call. The server checks dtype, every dimension and the byte length before reading the data
+and answers INVALID_ARGUMENT on any mismatch.
 """
 
 from collections import abc as _abc
@@ -30,44 +57,74 @@ class _DType:
 class _DTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DType.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     DTYPE_UNSPECIFIED: _DType.ValueType  # 0
-    """Invalid on the wire: every tensor must name its dtype."""
+    """Invalid on the wire: every tensor must name its dtype (INVALID_ARGUMENT otherwise)."""
     FLOAT32: _DType.ValueType  # 1
+    """4 bytes, IEEE 754 binary32."""
     FLOAT64: _DType.ValueType  # 2
+    """8 bytes, IEEE 754 binary64."""
     FLOAT16: _DType.ValueType  # 3
+    """2 bytes, IEEE 754 binary16 (half precision)."""
     INT8: _DType.ValueType  # 4
+    """1 byte, two's complement."""
     INT16: _DType.ValueType  # 5
+    """2 bytes."""
     INT32: _DType.ValueType  # 6
+    """4 bytes."""
     INT64: _DType.ValueType  # 7
+    """8 bytes."""
     UINT8: _DType.ValueType  # 8
+    """1 byte."""
     UINT16: _DType.ValueType  # 9
+    """2 bytes."""
     UINT32: _DType.ValueType  # 10
+    """4 bytes."""
     UINT64: _DType.ValueType  # 11
+    """8 bytes."""
     BOOL: _DType.ValueType  # 12
-    """One byte per element, 0 or 1."""
+    """1 byte per element, 0 (false) or 1 (true). The parameter service rejects other byte values with
+    INVALID_ARGUMENT; the replay shard does not check them and stores them unchanged: send only 0 or 1.
+    A value not listed here (e.g. 99) is refused with INVALID_ARGUMENT.
+    """
 
 class DType(_DType, metaclass=_DTypeEnumTypeWrapper):
-    """Element type of a tensor. Values are stable wire numbers; never renumber."""
+    """Element type of a tensor. Values are stable wire numbers; never renumber. Item sizes in bytes are given for
+    each value. Next value: 13
+    """
 
 DTYPE_UNSPECIFIED: DType.ValueType  # 0
-"""Invalid on the wire: every tensor must name its dtype."""
+"""Invalid on the wire: every tensor must name its dtype (INVALID_ARGUMENT otherwise)."""
 FLOAT32: DType.ValueType  # 1
+"""4 bytes, IEEE 754 binary32."""
 FLOAT64: DType.ValueType  # 2
+"""8 bytes, IEEE 754 binary64."""
 FLOAT16: DType.ValueType  # 3
+"""2 bytes, IEEE 754 binary16 (half precision)."""
 INT8: DType.ValueType  # 4
+"""1 byte, two's complement."""
 INT16: DType.ValueType  # 5
+"""2 bytes."""
 INT32: DType.ValueType  # 6
+"""4 bytes."""
 INT64: DType.ValueType  # 7
+"""8 bytes."""
 UINT8: DType.ValueType  # 8
+"""1 byte."""
 UINT16: DType.ValueType  # 9
+"""2 bytes."""
 UINT32: DType.ValueType  # 10
+"""4 bytes."""
 UINT64: DType.ValueType  # 11
+"""8 bytes."""
 BOOL: DType.ValueType  # 12
-"""One byte per element, 0 or 1."""
+"""1 byte per element, 0 (false) or 1 (true). The parameter service rejects other byte values with
+INVALID_ARGUMENT; the replay shard does not check them and stores them unchanged: send only 0 or 1.
+A value not listed here (e.g. 99) is refused with INVALID_ARGUMENT.
+"""
 Global___DType: _TypeAlias = DType  # noqa: Y015
 
 @_typing.final
 class Tensor(_message.Message):
-    """An n-dimensional array."""
+    """An n-dimensional array. Next ID: 4"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -76,10 +133,15 @@ class Tensor(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     dtype: Global___DType.ValueType
     data: _builtins.bytes
-    """prod(shape) * itemsize(dtype) bytes, C order, little endian."""
+    """Exactly prod(shape) * itemsize(dtype) bytes (one byte more or less is INVALID_ARGUMENT), C order, little
+    endian. Example: FLOAT32 shape [2, 3] is 24 bytes: row 0's three floats, then row 1's.
+    """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Dimensions, outermost first. Empty for a scalar. Every dimension must be >= 0."""
+        """Dimensions, outermost first. Empty for a scalar (then data holds exactly one element). Every dimension must
+        be in [0, 2**31] (MAX_DIM); a dimension of 0 makes an empty tensor with empty data. Out-of-range dimensions
+        are refused with INVALID_ARGUMENT before any allocation.
+        """
 
     def __init__(
         self,
@@ -98,16 +160,19 @@ Global___Tensor: _TypeAlias = Tensor  # noqa: Y015
 
 @_typing.final
 class NamedTensor(_message.Message):
-    """One column of a batch."""
+    """One column of a batch. Next ID: 3"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     TENSOR_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Non-empty, unique within the batch (INVALID_ARGUMENT otherwise)."""
     @_builtins.property
     def tensor(self) -> Global___Tensor:
-        """First dimension is the batch size; the rest is the per-row shape of the field."""
+        """First dimension is the batch size (the number of rows); the rest is the per-row shape of the field. A scalar
+        (shape []) is not a column (INVALID_ARGUMENT): a scalar field of 8 rows has shape [8].
+        """
 
     def __init__(
         self,
@@ -125,8 +190,9 @@ Global___NamedTensor: _TypeAlias = NamedTensor  # noqa: Y015
 
 @_typing.final
 class Batch(_message.Message):
-    """A batch of rows stored column by column. All columns have the same first dimension, and the names are
-    unique. The order of columns carries no meaning.
+    """A batch of rows stored column by column. Every column has the same first dimension (the number of rows, at
+    least 1): a "ragged" batch whose columns differ in length, a batch with no columns and a batch of 0 rows are
+    refused with INVALID_ARGUMENT. The order of columns carries no meaning. Next ID: 2
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -149,7 +215,7 @@ Global___Batch: _TypeAlias = Batch  # noqa: Y015
 
 @_typing.final
 class FieldSpec(_message.Message):
-    """The type of one field of a table: the per-row dtype and shape (without the batch dimension)."""
+    """The type of one field of a table: the per-row dtype and shape (without the batch dimension). Next ID: 4"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -160,7 +226,7 @@ class FieldSpec(_message.Message):
     dtype: Global___DType.ValueType
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Empty for a scalar field."""
+        """Empty for a scalar field (one value per row)."""
 
     def __init__(
         self,
@@ -179,7 +245,7 @@ Global___FieldSpec: _TypeAlias = FieldSpec  # noqa: Y015
 
 @_typing.final
 class Signature(_message.Message):
-    """The ordered set of fields every row of a table has."""
+    """The ordered set of fields every row of a table has. Next ID: 2"""
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -3,8 +3,35 @@
 isort:skip_file
 Data schema shared by every apexrl service: tensors, columnar batches and table signatures.
 
-A tensor travels as raw bytes (C order, little endian) so that a server decodes it with one
-numpy.frombuffer call; a batch is a set of named columns whose first dimension is the batch size.
+These .proto files are the whole contract: a client written from them alone, in any language, must meet no
+surprise. Conventions that hold for every apexrl service (replay.proto, parameters.proto):
+
+Compatibility. The package is apexrl.v1. Field numbers, field names and enum values are never renumbered,
+renamed or reused. A retired field's number and name go to `reserved` in its message (for example
+`reserved 4; reserved "old_name";`), a retired enum value's number and name to `reserved` in its enum, so no
+later field can reuse them with another meaning. Every message says `// Next ID: N`: the number the next new
+field takes (then bump N). Nothing is reserved yet.
+
+64-bit integers. Keys, sequence numbers, incarnations, versions, byte offsets, sizes, counters and shape
+dimensions are int64/uint64 and use all 64 bits (a shard's incarnation is a random 63-bit number). Never read
+them as IEEE doubles: JavaScript's `number` loses precision above 2**53. Use strings or BigInt (in Node.js with
+@grpc/proto-loader: `longs: String`, then `BigInt(value)`); 64-bit values inside tensor bytes are read with
+`Buffer.readBigUInt64LE` / `readBigInt64LE`.
+
+Authentication. A server started with a token (setting `token`) requires the gRPC metadata (HTTP/2 header)
+`authorization: Bearer <token>` on every call, and answers UNAUTHENTICATED ("missing or wrong bearer token")
+without it. Exempt: the standard health service grpc.health.v1.Health (Check, Watch), so that probes need no
+token. Server reflection is not exempt. Health reports SERVING for "" and for the service's full name
+(apexrl.v1.ReplayService, apexrl.v1.ParameterService), and NOT_SERVING once a shutdown has begun.
+
+Errors are gRPC status codes with a human-readable message naming the bad value; each service file lists its
+own. Codes are the standard numeric gRPC codes (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, 8 RESOURCE_EXHAUSTED,
+9 FAILED_PRECONDITION, 14 UNAVAILABLE, 16 UNAUTHENTICATED).
+
+Tensor encoding (message Tensor below): raw bytes, little endian, C order (row-major: the last dimension varies
+fastest), no padding, exactly prod(shape) * itemsize(dtype) bytes, so a server decodes it with one
+numpy.frombuffer call. The server checks dtype, every dimension and the byte length before reading the data
+and answers INVALID_ARGUMENT on any mismatch.
 """
 
 from collections import abc as _abc

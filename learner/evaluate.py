@@ -7,34 +7,39 @@ Prints one line per episode, then one JSON line: episodes, mean_return, std_retu
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import sys
+import threading
+from dataclasses import dataclass
+
+from apexrl.common.settings import SettingsError, setting
 
 log = logging.getLogger("apexrl.evaluate")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT",
-                        help="a checkpoint file, or a run directory holding checkpoints/checkpoint.pt")
-    parser.add_argument("--episodes", type=int, default=10, help="greedy episodes to play (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="episode k resets the environment with seed S + k (default: unseeded)")
-    render = parser.add_mutually_exclusive_group()
-    render.add_argument("--render", action="store_const", const="human", dest="render_mode", default=None,
-                        help="show the episodes in a window (render_mode='human')")
-    render.add_argument("--render-none", action="store_const", const=None, dest="render_mode",
-                        help="render nothing (the default; for headless machines and scripts)")
-    parser.add_argument("--env", default=None,
-                        help="play this Gymnasium id instead of the checkpoint's own (same spaces required)")
+HELP = "play a learner checkpoint greedily and report its returns"
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.episodes < 1:
-        print(f"apexrl evaluate: error: --episodes ({args.episodes}) must be at least 1", file=sys.stderr)
-        return 2
+@dataclass(frozen=True)
+class EvaluateConfig:
+    path: str = setting(help="a checkpoint file, or a run directory holding checkpoints/checkpoint.pt",
+                        metavar="RUN_DIR_OR_CHECKPOINT", positional=True)
+    episodes: int = setting(10, "greedy episodes to play")
+    seed: int | None = setting(None, "episode k resets the environment with seed S + k (none: unseeded)")
+    render: bool = setting(False, "show the episodes in a window (render_mode='human'); off for headless machines")
+    env: str | None = setting(None, "play this Gymnasium id instead of the checkpoint's own (same spaces required)")
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1:
+            raise ValueError(f"episodes ({self.episodes}) must be at least 1")
+
+
+CONFIG = EvaluateConfig
+
+
+def run(args: EvaluateConfig, stop: threading.Event) -> int:
     import gymnasium as gym
     import numpy as np
     import torch
@@ -46,25 +51,25 @@ def run(args: argparse.Namespace) -> int:
         file = resolve_checkpoint(args.path)
         checkpoint = load_checkpoint(file)
     except (FileNotFoundError, ValueError) as err:
-        print(f"apexrl evaluate: error: {err}", file=sys.stderr)
-        return 2
+        raise SettingsError(str(err)) from None
     env_id = args.env or checkpoint.env_id
     net = DuelingQNetwork(checkpoint.obs_dim, checkpoint.num_actions, checkpoint.hidden_sizes)
     net.load_state_dict(checkpoint.online)
     net.eval()
-    env = gym.make(env_id, render_mode=args.render_mode)
+    env = gym.make(env_id, render_mode="human" if args.render else None)
     obs_dim = int(np.prod(env.observation_space.shape or (0,)))
     num_actions = getattr(env.action_space, "n", None)
     if obs_dim != checkpoint.obs_dim or num_actions != checkpoint.num_actions:
         env.close()
-        print(f"apexrl evaluate: error: {env_id} has observations of size {obs_dim} and {num_actions} actions; "
-              f"the checkpoint's network expects {checkpoint.obs_dim} and {checkpoint.num_actions}", file=sys.stderr)
-        return 2
+        raise SettingsError(f"{env_id} has observations of size {obs_dim} and {num_actions} actions; the "
+                            f"checkpoint's network expects {checkpoint.obs_dim} and {checkpoint.num_actions}")
     print(f"evaluating {file} (updates {checkpoint.updates}, weights v{checkpoint.weight_version}) on {env_id} "
           f"for {args.episodes} greedy episodes", flush=True)
     returns = []
     try:
         for k in range(args.episodes):
+            if stop.is_set():
+                raise KeyboardInterrupt
             obs, _info = env.reset(seed=None if args.seed is None else args.seed + k)
             total, length, done = 0.0, 0, False
             while not done:

@@ -1,0 +1,89 @@
+"""`apexrl actor` settings, declared once (see common/settings.py). No gymnasium or torch import: the launcher
+builds and checks actor command lines from this module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apexrl.actor.exploration import apex_epsilon
+from apexrl.common.process import host_setting, metrics_port_setting, token_setting
+from apexrl.common.settings import setting
+
+DEFAULT_METRICS_PORT = 9300
+# An evaluator plays at most this many steps per second unless told otherwise, so that playing greedy episodes
+# does not take CPU from the learner.
+EVALUATOR_STEPS_PER_SECOND = 1000.0
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """Configuration of one actor process (or, with `evaluate`, of the greedy evaluator).
+
+    Attributes are grouped as: wiring (set by the launcher), serving, exploration, transitions, weights, limits.
+    """
+
+    params: str = setting(help="host:port of the parameter service to pull weights from",
+                          wiring="the learner's address", metavar="ADDRESS")
+    replay: tuple[str, ...] = setting((), "comma-separated host:port of the replay shards (required unless "
+                                          "--evaluate); batches go round-robin from actor_index mod shards",
+                                      wiring="the [[shard]] tables", metavar="ADDRESSES")
+    actor_index: int = setting(0, "this actor's index i in the fleet", wiring="the [[actors]] groups")
+    num_actors: int = setting(1, "actors in the fleet N; with i it sets epsilon = 0.4 ** (1 + 7 i / (N - 1))",
+                              wiring="the [[actors]] groups")
+    env: str = setting("CartPole-v1", "Gymnasium environment id", wiring="[fleet] env")
+    evaluate: bool = setting(False, "evaluator: play greedily with the newest weights (pulled before every "
+                                    "episode), insert nothing", wiring="the [evaluator] table")
+    episodes_csv: str | None = setting(None, "append one CSV line per finished episode to this file",
+                                       wiring="RUN_DIR/episodes/ROLE.csv", metavar="PATH")
+    seed: int | None = setting(None, "seed of environments and exploration (none: unseeded)",
+                               wiring="[fleet] seed + 1000 + actor index (evaluator: + 999)")
+    # Serving
+    host: str = host_setting()
+    metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
+    token: str | None = token_setting()
+    # Exploration
+    num_envs: int = setting(1, "environments stepped together by this actor")
+    epsilon: float | None = setting(None, "fixed exploration rate instead of the Ape-X schedule (none: the "
+                                          "schedule; evaluators play with 0)")
+    # Transitions
+    n_step: int = setting(3, "n of the n-step returns")
+    gamma: float = setting(0.99, "discount factor")
+    batch_size: int = setting(64, "transitions per replay insert")
+    # Weights
+    pull_every: int = setting(100, "environment steps between checks for newer weights (Ape-X: 400 frames)")
+    weights_wait_seconds: float = setting(120.0, "how long to wait for the first weights before giving up")
+    # Limits
+    max_steps_per_second: float | None = setting(
+        None, f"pace this actor to at most this many environment steps per second (none: as fast as the shards "
+              f"accept data; evaluators: {EVALUATOR_STEPS_PER_SECOND:g})")
+    max_env_steps: int | None = setting(None, "stop after this many environment steps")
+    max_episodes: int | None = setting(None, "stop after this many episodes")
+
+    def __post_init__(self) -> None:
+        if not self.evaluate and not self.replay:
+            raise ValueError("replay must name at least one shard address (an exploring actor inserts)")
+        if self.num_actors < 1:
+            raise ValueError(f"num_actors ({self.num_actors}) must be a positive integer")
+        if not 0 <= self.actor_index < self.num_actors:
+            raise ValueError(f"actor_index ({self.actor_index}) must be in [0, num_actors={self.num_actors})")
+        for name in ("num_envs", "n_step", "batch_size", "pull_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
+        if self.epsilon is not None and not 0 <= self.epsilon <= 1:
+            raise ValueError(f"epsilon ({self.epsilon}) must be in [0, 1]")
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"gamma ({self.gamma}) must be in (0, 1]")
+        if self.max_steps_per_second is not None and not self.max_steps_per_second > 0:
+            raise ValueError(f"max_steps_per_second ({self.max_steps_per_second}) must be > 0")
+
+    @property
+    def effective_epsilon(self) -> float:
+        if self.epsilon is not None:
+            return self.epsilon
+        return 0.0 if self.evaluate else apex_epsilon(self.actor_index, self.num_actors)
+
+    @property
+    def steps_per_second_limit(self) -> float | None:
+        if self.max_steps_per_second is not None:
+            return self.max_steps_per_second
+        return EVALUATOR_STEPS_PER_SECOND if self.evaluate else None

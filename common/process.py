@@ -1,0 +1,68 @@
+"""The skeleton every role process shares: logging, exit codes, a stop event set by SIGTERM/SIGINT, and the
+settings shared by every process that listens (host, metrics port, token, message limit, port file).
+
+Exit codes: 0 clean stop, 1 failure, 2 bad configuration (refused before anything starts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+
+from apexrl.common.settings import setting
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_CONFIG = 2
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt="%H:%M:%S")
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event | None = None) -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT while the block runs (previous handlers restored after it).
+
+    Roles run until the event is set, then shut down in order; a second signal is not special here (the
+    launcher escalates to SIGKILL after its grace period)."""
+    stop = stop if stop is not None else threading.Event()
+    received: list[int] = []
+
+    def handler(signum, frame) -> None:
+        if not received:
+            logging.getLogger("apexrl").info("received %s; shutting down", signal.Signals(signum).name)
+        received.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, prev in previous.items():
+            signal.signal(sig, prev)
+
+
+def host_setting() -> str:
+    return setting("127.0.0.1", "interface this process listens on (gRPC and metrics); 0.0.0.0 for every "
+                                "interface", wiring="[fleet] bind")
+
+
+def metrics_port_setting(default: int) -> int:
+    return setting(default, "port of the Prometheus endpoint http://HOST:PORT/metrics; 0 picks a free port, -1 "
+                            "turns it off")
+
+
+def token_setting() -> str | None:
+    return setting(None, "bearer token: servers require 'authorization: Bearer TOKEN' on every call except health "
+                         "checks, clients send it (none: no authentication)")
+
+
+def port_file_setting() -> str | None:
+    return setting(None, "write the bound gRPC port to this file once serving (useful with --port 0)",
+                   wiring="RUN_DIR/ports/ROLE.port", metavar="PATH")

@@ -1,0 +1,99 @@
+"""The command line of every role, derived from the role's own settings dataclass: the launcher fills in what it
+wires (addresses, ports, seeds, the run directory, the shards' share of the replay) over the role's fleet-file
+settings, and `to_argv` writes the flags. `check_commands` parses every local role's command exactly as the role
+will, so a bad setting is refused before any process starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from apexrl.actor.config import ActorConfig
+from apexrl.common.settings import SettingsError, parse_argv, to_argv
+from apexrl.launcher.fleet_config import ConfigError, FleetConfig
+from apexrl.launcher.topology import Role, Wiring, roles_on
+from apexrl.learner.config import LearnerConfig
+from apexrl.replay_server.config import ReplayConfig
+
+# Role kind -> (apexrl subcommand, its settings dataclass).
+SUBCOMMANDS: dict[str, tuple[str, type]] = {
+    "replay": ("replay", ReplayConfig),
+    "learner": ("learner", LearnerConfig),
+    "actor": ("actor", ActorConfig),
+    "evaluator": ("actor", ActorConfig),
+}
+
+
+def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -> Any:
+    """The settings dataclass of `role`: its fleet-file settings with the launcher's wiring on top. Its ports
+    must be concrete (0 is allowed for a shard: it reports the port it got in its port file)."""
+    seed = config.seed
+    metrics = role.metrics_port if role.metrics_port is not None else -1
+    try:
+        if role.kind == "replay":
+            return ReplayConfig(
+                **config.shards[role.index].settings, host=config.bind, port=role.port or 0, metrics_port=metrics,
+                capacity=config.shard_capacity, min_size_to_sample=config.shard_min_size,
+                samples_per_insert=config.samples_per_insert,
+                # Let each side run ahead by a few learner batches before it waits.
+                samples_per_insert_tolerance=float(max(1024, 4 * config.shard_min_size)),
+                seed=None if seed is None else seed + role.index,
+                port_file=str(run_dir / "ports" / f"{role.name}.port"),
+            )
+        if role.kind == "learner":
+            return LearnerConfig(
+                **config.learner.settings, replay=links.replay, env=config.env, run_dir=str(run_dir), seed=seed,
+                host=config.bind, port=role.port or 0, metrics_port=metrics,
+                min_replay_size=config.shard_min_size * len(config.shards),
+            )
+        if role.kind in ("actor", "evaluator"):
+            evaluate = role.kind == "evaluator"
+            if evaluate:
+                settings = config.evaluator.settings if config.evaluator else {}
+            else:
+                settings = next(g.settings for g in config.actors
+                                if g.first_index <= role.index < g.first_index + g.count)
+            return ActorConfig(
+                **settings, params=links.params, replay=links.replay, actor_index=role.index,
+                num_actors=config.num_actors, env=config.env, evaluate=evaluate,
+                episodes_csv=str(run_dir / "episodes" / ("evaluator.csv" if evaluate else f"actor-{role.index}.csv")),
+                seed=None if seed is None else seed + (999 if evaluate else 1000 + role.index),
+                host=config.bind, metrics_port=metrics,
+            )
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{role.name}: {err}") from None
+    raise ValueError(f"unknown role kind {role.kind!r}")
+
+
+def command(config: FleetConfig, role: Role, links: Wiring, run_dir: Path,
+            extra_args: Sequence[str] = ()) -> list[str]:
+    """The `apexrl ...` arguments (after the program name) that run `role`; pass-through args come last."""
+    subcommand, _ = SUBCOMMANDS[role.kind]
+    return [subcommand, *to_argv(role_config(config, role, links, run_dir)), *extra_args]
+
+
+def check_commands(config: FleetConfig, host: str, run_dir: Path,
+                   extra_args: dict[str, list[str]]) -> None:
+    """Parse every command `host` would run, as the role itself will (placeholder ports where the launcher picks
+    them at start); ConfigError naming the role and the bad flag or value."""
+    placeholder = Wiring(replay=tuple(f"127.0.0.1:{7000 + i}" for i in range(len(config.shards))),
+                         params="127.0.0.1:7100")
+    for role in roles_on(config, host):
+        role = dataclasses.replace(role, port=role.port or 1)
+        argv = command(config, role, placeholder, run_dir, extra_args_for(role.kind, extra_args))
+        subcommand, cls = SUBCOMMANDS[role.kind]
+        try:
+            parse_argv(cls, argv[1:], prog=f"apexrl {subcommand} ({role.name})")
+        except SettingsError as err:
+            raise ConfigError(f"{role.name}: {err}") from None
+
+
+def extra_args_for(kind: str, extra_args: dict[str, list[str]]) -> list[str]:
+    """The pass-through args of a role kind; --actor-arg reaches the evaluator too, before its own."""
+    extra = list(extra_args.get(kind, ()))
+    if kind == "evaluator":
+        extra = list(extra_args.get("actor", ())) + extra
+    return extra

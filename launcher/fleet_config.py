@@ -1,0 +1,153 @@
+"""What a fleet is: its run settings (the `[fleet]` table and the `apexrl launch` flags, declared once) and where
+each role runs with which of its own settings. Pure data and validation: no files, no processes, no sockets.
+
+The fleet file's schema (`fleet_file.py` reads it) and examples/fleet.toml show these types as TOML.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from apexrl.common.settings import SettingsError, setting
+
+LOCAL_HOST = "local"
+DEFAULT_ENV = "CartPole-v1"
+
+
+class ConfigError(SettingsError):
+    """A fleet configuration that cannot run; the message names the table, key and value at fault."""
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """How a run goes: the `[fleet]` table of a fleet file, and the `apexrl launch` flags that override it.
+
+    Attributes:
+        seed: base seed (shard i: seed + i, learner: seed, actor i: seed + 1000 + i, evaluator: seed + 999).
+        samples_per_insert: replay ratio the shards enforce (sampled rows per inserted row; 0 = unlimited): actors
+            wait when they run ahead of the learner, so learning per environment step does not depend on how the
+            machine's cores are shared. 8 solved CartPole in the fewest updates in our sweeps.
+    """
+
+    env: str = setting(DEFAULT_ENV, "Gymnasium environment id played by actors and evaluator and learnt by the "
+                                    "learner")
+    run_dir: str | None = setting(None, "directory of logs, episodes, checkpoints and results on every machine "
+                                        "(none: runs/ENV-TIMESTAMP)", metavar="DIR")
+    seed: int | None = setting(None, "base seed; each role derives its own (none: unseeded)")
+    target_return: float = setting(475.0, "stop, solved, once the last 100 evaluation episodes average at least "
+                                          "this")
+    max_seconds: float = setting(1200.0, "stop after this many seconds of wall time")
+    bind: str = setting("127.0.0.1", "interface every service listens on (0.0.0.0: every interface, needed when "
+                                     "other machines connect)")
+    replay_capacity: int = setting(100_000, "rows over all shards together (each holds its share)")
+    samples_per_insert: float = setting(8.0, "replay ratio the shards enforce: sampled rows per inserted row, "
+                                             "0 = unlimited")
+    min_replay_size: int = setting(1_000, "rows the shards hold in total before the learner trains")
+    startup_timeout: float = setting(120.0, "seconds each service may take to report SERVING")
+    progress_seconds: float = setting(5.0, "seconds between progress lines")
+    stop_grace: float = setting(5.0, "seconds a role may take to exit after SIGTERM before SIGKILL")
+
+    def __post_init__(self) -> None:
+        if not self.env.strip():
+            raise ConfigError("env must not be empty")
+        if self.seed is not None and self.seed < 0:
+            raise ConfigError(f"seed ({self.seed}) must be at least 0")
+        for name in ("max_seconds", "startup_timeout", "progress_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} ({value}) must be positive")
+        if not self.stop_grace >= 0:
+            raise ConfigError(f"stop_grace ({self.stop_grace}) must be >= 0")
+        if self.replay_capacity < 1 or self.min_replay_size < 1:
+            raise ConfigError(f"replay_capacity ({self.replay_capacity}) and min_replay_size "
+                              f"({self.min_replay_size}) must be at least 1")
+        if not (math.isfinite(self.samples_per_insert) and self.samples_per_insert >= 0):
+            raise ConfigError(f"samples_per_insert ({self.samples_per_insert}) must be >= 0")
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    host: str
+    port: int  # 0: any free port (the launcher reads it from the shard's port file)
+    metrics_port: int | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)  # ReplayConfig keys
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    host: str
+    port: int | None  # the hosted parameter service; None: the launcher picks a free port
+    metrics_port: int | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)  # LearnerConfig keys
+
+
+@dataclass(frozen=True)
+class ActorGroup:
+    host: str
+    count: int
+    first_index: int
+    metrics_port: int | None = None  # the first of `count` consecutive ports
+    settings: Mapping[str, Any] = field(default_factory=dict)  # ActorConfig keys
+
+
+@dataclass(frozen=True)
+class EvaluatorSpec:
+    host: str
+    metrics_port: int | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)  # ActorConfig keys
+
+
+@dataclass(frozen=True)
+class FleetConfig(FleetSettings):
+    """A whole fleet, validated: the run settings, the roles and the machines' addresses."""
+
+    shards: tuple[ShardSpec, ...] = ()
+    learner: LearnerSpec = LearnerSpec(LOCAL_HOST, None)
+    actors: tuple[ActorGroup, ...] = ()
+    evaluator: EvaluatorSpec | None = None
+    hosts: Mapping[str, str] = field(default_factory=dict)  # host name -> address other machines use
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.shards:
+            raise ConfigError("the fleet needs at least one [[shard]]")
+        if not self.actors:
+            raise ConfigError("the fleet needs at least one [[actors]] group")
+
+    @property
+    def num_actors(self) -> int:
+        return sum(group.count for group in self.actors)
+
+    @property
+    def shard_capacity(self) -> int:
+        return -(-self.replay_capacity // len(self.shards))
+
+    @property
+    def shard_min_size(self) -> int:
+        return max(1, -(-self.min_replay_size // len(self.shards)))
+
+
+def local_fleet(*, num_shards: int = 2, num_actors: int = 4, evaluator: bool = True,
+                **settings: Any) -> FleetConfig:
+    """Every role on this machine, listening on 127.0.0.1; shards pick free ports and report them in port files,
+    the launcher picks the other ports."""
+    from apexrl.launcher.topology import validate
+
+    if num_shards < 1:
+        raise ConfigError(f"--num-shards ({num_shards}) must be at least 1")
+    if num_actors < 1:
+        raise ConfigError(f"--num-actors ({num_actors}) must be at least 1")
+    config = FleetConfig(
+        shards=tuple(ShardSpec(LOCAL_HOST, 0) for _ in range(num_shards)),
+        learner=LearnerSpec(LOCAL_HOST, None),
+        # One group per actor, so that each gets its own free metrics port.
+        actors=tuple(ActorGroup(LOCAL_HOST, 1, i) for i in range(num_actors)),
+        evaluator=EvaluatorSpec(LOCAL_HOST) if evaluator else None,
+        hosts={LOCAL_HOST: "127.0.0.1"},
+        **{"bind": "127.0.0.1", **settings},
+    )
+    validate(config)
+    return config

@@ -1,0 +1,94 @@
+"""`apexrl learner` settings, declared once (see common/settings.py). No torch import: the launcher builds and
+checks learner command lines from this module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from apexrl.common.process import host_setting, metrics_port_setting, port_file_setting, token_setting
+from apexrl.common.settings import setting
+
+DEFAULT_PORT = 7200
+DEFAULT_METRICS_PORT = 9200
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Configuration of the learner process (Ape-X's learner: dueling double DQN on n-step targets over
+    prioritized batches drawn across every shard).
+
+    Attributes are grouped as: wiring (set by the launcher), the hosted parameter service, the network and its
+    optimisation, prioritized replay, the data path, weights and checkpoints, limits.
+    """
+
+    replay: tuple[str, ...] = setting(help="comma-separated host:port of every replay shard",
+                                      wiring="the [[shard]] tables", metavar="ADDRESSES")
+    env: str = setting("CartPole-v1", "Gymnasium environment id; sets the network's input and output sizes",
+                       wiring="[fleet] env")
+    run_dir: str | None = setting(None, "directory for checkpoints (RUN_DIR/checkpoints/checkpoint.pt); resumes "
+                                        "from it when present (none: no checkpoints)", wiring="[fleet] run_dir",
+                                  metavar="DIR")
+    seed: int | None = setting(None, "seed of network initialisation and sampling (none: unseeded)",
+                               wiring="[fleet] seed")
+    # The parameter service hosted in this process (or a standalone one).
+    host: str = host_setting()
+    port: int = setting(DEFAULT_PORT, "port of the parameter service hosted in this process; 0 picks one "
+                                      "(see --port-file)")
+    params: str | None = setting(None, "publish to a standalone parameter service at host:port instead of hosting "
+                                       "one", metavar="ADDRESS")
+    metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
+    token: str | None = token_setting()
+    port_file: str | None = port_file_setting()
+    # Network and optimisation
+    hidden_sizes: tuple[int, ...] = setting((128, 128), "hidden layer sizes of the dueling MLP, comma-separated",
+                                            metavar="SIZES")
+    batch_size: int = setting(128, "rows per update, drawn across all shards")
+    learning_rate: float = setting(1e-3, "Adam learning rate")
+    max_grad_norm: float = setting(10.0, "gradient clipping norm")
+    target_update_period: int = setting(250, "updates between copies of the online network into the target network")
+    # Prioritized replay
+    beta_start: float = setting(0.4, "initial importance-sampling exponent (PER)")
+    beta_end: float = setting(1.0, "final importance-sampling exponent")
+    beta_anneal_updates: int = setting(20_000, "updates over which beta rises linearly from beta_start to beta_end")
+    priority_epsilon: float = setting(1e-3, "added to |TD error| so no sampled row drops to priority 0")
+    min_replay_size: int = setting(1_000, "rows the shards must hold in total before training starts",
+                                   wiring="[fleet] min_replay_size")
+    # Data path
+    prefetch_depth: int = setting(4, "batches sampled ahead of the train step")
+    sample_batches_per_call: int = setting(4, "batches drawn per Sample call to each shard, then split: fewer, "
+                                              "larger calls")
+    priority_coalesce_batches: int = setting(4, "batches whose priority updates go to a shard together in one "
+                                                "message")
+    sample_timeout: float = setting(10.0, "deadline of one Sample call, seconds")
+    # Weights and checkpoints
+    publish_every: int = setting(10, "updates between weight versions published to the actors")
+    checkpoint_every: int = setting(2_000, "updates between checkpoints; one more is written at exit")
+    # Limits and hardware
+    max_updates: int | None = setting(None, "stop after this many updates (none: run until stopped)")
+    device: str = setting("auto", "torch device: auto (CUDA when available), cpu, cuda:0, ...")
+    torch_threads: int = setting(1, "CPU threads for torch (the fleet shares the machine's cores)")
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "target_update_period", "publish_every", "checkpoint_every", "prefetch_depth",
+                     "sample_batches_per_call", "priority_coalesce_batches", "torch_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
+        if not self.replay:
+            raise ValueError("replay must name at least one shard address")
+        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
+            raise ValueError(f"hidden_sizes ({self.hidden_sizes}) must be one or more positive sizes")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate ({self.learning_rate}) must be > 0")
+        if not 0 <= self.beta_start <= 1 or not 0 <= self.beta_end <= 1:
+            raise ValueError(f"beta_start ({self.beta_start}) and beta_end ({self.beta_end}) must be in [0, 1]")
+        if self.min_replay_size < 1:
+            raise ValueError(f"min_replay_size ({self.min_replay_size}) must be a positive integer")
+        if not self.sample_timeout > 0:
+            raise ValueError(f"sample_timeout ({self.sample_timeout}) must be > 0")
+        if self.max_updates is not None and self.max_updates < 1:
+            raise ValueError(f"max_updates ({self.max_updates}) must be a positive integer")
+
+    @property
+    def checkpoint_dir(self) -> Path | None:
+        return Path(self.run_dir) / "checkpoints" if self.run_dir else None
