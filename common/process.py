@@ -10,7 +10,7 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from apexrl.common.settings import setting
 
@@ -26,21 +26,26 @@ def setup_logging(level: str = "INFO") -> None:
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: threading.Event | None = None) -> Iterator[threading.Event]:
-    """An event set by SIGTERM or SIGINT while the block runs (previous handlers restored after it).
+def stop_on_signals(stop: threading.Event | None = None, *, hangup: bool = False,
+                    on_repeat: Callable[[], None] | None = None) -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT (and SIGHUP with `hangup`) while the block runs; the previous handlers
+    come back after it.
 
-    Roles run until the event is set, then shut down in order; a second signal is not special here (the
-    launcher escalates to SIGKILL after its grace period)."""
+    Roles run until the event is set, then shut down in order. A second signal calls `on_repeat` (the launcher
+    then kills its children without waiting); roles need none, as the launcher escalates to SIGKILL itself."""
     stop = stop if stop is not None else threading.Event()
     received: list[int] = []
 
     def handler(signum, frame) -> None:
         if not received:
             logging.getLogger("apexrl").info("received %s; shutting down", signal.Signals(signum).name)
+        elif on_repeat is not None:
+            on_repeat()
         received.append(signum)
         stop.set()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signals = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hangup and hasattr(signal, "SIGHUP") else [])
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield stop
     finally:

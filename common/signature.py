@@ -118,16 +118,6 @@ class Signature:
                 )
         return rows
 
-    def difference(self, other: Signature) -> str:
-        """A readable description of how `other` differs from this signature ('' when equal)."""
-        if self == other:
-            return ""
-        mine, theirs = {f.name: f for f in self.fields}, {f.name: f for f in other.fields}
-        parts = [f"missing {n}" for n in mine if n not in theirs]
-        parts += [f"extra {theirs[n]}" for n in theirs if n not in mine]
-        parts += [f"{mine[n]} != {theirs[n]}" for n in mine if n in theirs and mine[n] != theirs[n]]
-        return "; ".join(parts) or "field order differs"
-
 
 def check_rows(columns: Mapping[str, np.ndarray]) -> int:
     """The common first dimension of all columns; InvalidArgumentError for a ragged or empty batch."""

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 import shlex
-import signal
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from apexrl.common.files import atomic_write
-from apexrl.common.process import EXIT_BAD_CONFIG
+from apexrl.common.process import EXIT_BAD_CONFIG, stop_on_signals
 from apexrl.common.settings import SettingsError, settings_of
 from apexrl.common.settings import add_arguments as add_settings
 from apexrl.launcher.fleet_config import ConfigError, FleetConfig, FleetSettings, local_fleet
@@ -156,14 +155,8 @@ class Launch:
 
     def run(self) -> int:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        start = time.time()
-        signals = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in signals}
-        try:
-            return self._run(start)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with stop_on_signals(self.stop, hangup=True, on_repeat=self.force.set):  # second Ctrl-C: kill at once
+            return self._run(time.time())
 
     def _run(self, start: float) -> int:
         from apexrl.launcher.fleet import Fleet, Interrupted, StartupError
@@ -244,11 +237,6 @@ class Launch:
         if solved:
             return 0
         return 0 if not self.checks_target and not failed and reason in ("signal", "max_seconds") else 1
-
-    def _on_signal(self, signum, frame) -> None:
-        if self.stop.is_set():
-            self.force.set()  # second Ctrl-C: kill without waiting
-        self.stop.set()
 
     def _tick(self, progress, progress_csv, now: float, echo: bool = True):
         from apexrl.launcher.progress import format_row

@@ -6,12 +6,15 @@ read back with `torch.load(weights_only=True)`, so loading one never runs pickle
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from apexrl.common.files import atomic_write
 
 FORMAT = "apexrl-dqn-v1"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -46,13 +49,9 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
         "updates": checkpoint.updates,
         "weight_version": checkpoint.weight_version,
     }
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return atomic_write(path, buffer.getvalue())
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:

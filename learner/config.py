@@ -66,7 +66,7 @@ class LearnerConfig:
     checkpoint_every: int = setting(2_000, "updates between checkpoints; one more is written at exit")
     # Limits and hardware
     max_updates: int | None = setting(None, "stop after this many updates (none: run until stopped)")
-    device: str = setting("auto", "torch device: auto (CUDA when available), cpu, cuda:0, ...")
+    device: str = setting("auto", "torch device: auto (CUDA when available), cpu, cuda:0 and so on")
     torch_threads: int = setting(1, "CPU threads for torch (the fleet shares the machine's cores)")
 
     def __post_init__(self) -> None:

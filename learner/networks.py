@@ -1,7 +1,8 @@
 """The Q-network (MLP torso + dueling head) and its language-neutral weight format.
 
-The parameter service moves weights as a flat mapping `name -> numpy array` (never pickle), so the learner
-publishes `state_dict_to_numpy(net)` and actors apply it with `load_numpy_state_dict(net, weights)`.
+The parameter service moves weights as a flat mapping `name -> numpy array` (never pickle): the learner publishes
+`state_dict_to_numpy(net)`, and actors evaluate the same network in numpy (`apexrl.actor.policy`), so they need
+no torch.
 """
 
 from __future__ import annotations

@@ -22,4 +22,13 @@ echo "setup: installing apexrl[$EXTRAS] (editable)"
 "${PIP[@]}" -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import apexrl.replay_server, apexrl.actor, apexrl.learner" \
   || { echo "setup: apexrl failed to install" >&2; exit 1; }
+# The Node.js reference client (examples/node) is run by tests/integration/test_node_client.py.
+if command -v npm >/dev/null 2>&1; then
+  echo "setup: installing the Node.js reference client's packages (examples/node)"
+  npm ci --prefix examples/node --no-audit --no-fund --silent \
+    || { echo "setup: npm ci in examples/node failed" >&2; exit 1; }
+else
+  echo "setup: WARNING: npm not found; install Node.js >= 18 and run 'npm ci --prefix examples/node'," \
+    "or tests/integration/test_node_client.py fails" >&2
+fi
 echo "setup: done ($("$VENV/bin/python" -c 'import torch, grpc, numpy; print(f"torch {torch.__version__}, grpcio {grpc.__version__}, numpy {numpy.__version__}")'))"

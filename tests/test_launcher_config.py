@@ -117,7 +117,7 @@ def test_local_fleet_puts_every_role_on_this_machine():
 @pytest.mark.parametrize(("change", "message"), [
     ({"fleets": {}}, "unknown table 'fleets'"),
     ({"fleet": {"env": "CartPole-v1", "max_second": 5}}, r"\[fleet\]: unknown key 'max_second'"),
-    ({"fleet": {"max_seconds": -1}}, r"\[fleet\]: max_seconds \(-1\) must be positive"),
+    ({"fleet": {"max_seconds": -1}}, r"\[fleet\]: max_seconds \(-1(\.0)?\) must be positive"),
     ({"fleet": {"seed": True}}, "seed must be int, got True"),
     ({"shard": [{"port": 7000}]}, r"\[\[shard\]\] #0: missing 'host'"),
     ({"shard": [{"host": "m1", "port": 7000, "metric_port": 1}]}, "#0: unknown key 'metric_port'"),

@@ -1,0 +1,260 @@
+#!/usr/bin/env node
+// Reference client of the apexrl ReplayService in Node.js, written from the .proto files alone (protos/apexrl/proto).
+// It walks through the whole protocol against a running shard and checks every answer:
+//
+//   1. Insert: batches of CartPole-like rows over the acknowledged bidi stream (writer_id + increasing sequence).
+//   2. Insert again: one already acknowledged batch, which must come back as a duplicate (not stored twice).
+//   3. Info: the shard's counters moved by exactly what we did.
+//   4. Sample: rows drawn by priority; keys (uint64), priorities (float64) and columns decoded from raw bytes.
+//   5. UpdatePriorities: new priorities for the sampled keys.
+//
+//   node replay_client.js HOST:PORT [--token TOKEN] [--batches N] [--rows N] [--sample N]
+//
+// It prints one JSON line with what it did and exits 1 on any mismatch.
+'use strict';
+
+const crypto = require('node:crypto');
+const path = require('node:path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+
+// --- Loading the contract ----------------------------------------------------------------------------------------
+
+const PROTO_ROOT = path.resolve(__dirname, '..', '..', 'protos');
+const definition = protoLoader.loadSync('apexrl/proto/replay.proto', {
+  includeDirs: [PROTO_ROOT], // replay.proto imports "apexrl/proto/tensor.proto" relative to this root
+  keepCase: true, // field names exactly as in the .proto (writer_id, not writerId)
+  longs: String, // 64-bit integers as decimal strings: a JS number (a double) would lose precision above 2**53
+  enums: String, // DType values by name ('FLOAT32'); the wire carries their numbers from tensor.proto
+  defaults: true, // fields the server left at their default read as 0 / '0' / false / '' instead of undefined
+});
+const { ReplayService } = grpc.loadPackageDefinition(definition).apexrl.v1;
+
+// --- Tensors: raw little-endian bytes in C order -----------------------------------------------------------------
+
+// Item size and Buffer accessors of the dtypes this client uses (tensor.proto lists all of them).
+const DTYPES = {
+  FLOAT32: { size: 4, write: 'writeFloatLE', read: 'readFloatLE' },
+  FLOAT64: { size: 8, write: 'writeDoubleLE', read: 'readDoubleLE' },
+  INT64: { size: 8, write: 'writeBigInt64LE', read: 'readBigInt64LE' }, // BigInt values
+  UINT64: { size: 8, write: 'writeBigUInt64LE', read: 'readBigUInt64LE' }, // BigInt values
+};
+
+const product = (shape) => shape.reduce((a, b) => a * b, 1);
+
+// A Tensor message from flat values in C order (row-major: the last dimension varies fastest).
+function encodeTensor(dtype, shape, values) {
+  const { size, write } = DTYPES[dtype];
+  if (values.length !== product(shape)) {
+    throw new Error(`${values.length} values for shape [${shape}]`);
+  }
+  const data = Buffer.alloc(values.length * size); // exactly prod(shape) * itemsize bytes
+  values.forEach((value, i) => data[write](value, i * size));
+  return { dtype, shape, data };
+}
+
+// Flat values of a Tensor message, after checking its dtype, shape and byte length.
+function decodeTensor(tensor, what, dtype, shape) {
+  const gotShape = tensor.shape.map(Number); // int64 dimensions arrive as strings; they are <= 2**31
+  check(tensor.dtype === dtype, `${what}: dtype ${tensor.dtype}, expected ${dtype}`);
+  check(JSON.stringify(gotShape) === JSON.stringify(shape), `${what}: shape [${gotShape}], expected [${shape}]`);
+  const { size, read } = DTYPES[dtype];
+  check(tensor.data.length === product(shape) * size,
+    `${what}: ${tensor.data.length} bytes, expected prod([${shape}]) * ${size} = ${product(shape) * size}`);
+  return Array.from({ length: product(shape) }, (_, i) => tensor.data[read](i * size));
+}
+
+// --- The rows we store -------------------------------------------------------------------------------------------
+
+// A CartPole-like batch whose rows are numbered: row n has action n, obs [n, n, n, n] and next_obs n + 1, so a
+// sampled row can be checked against what was inserted. Columns: obs float32[4], action int64[], reward float32[],
+// discount float32[], next_obs float32[4]; the first dimension of every column is the number of rows.
+function cartpoleBatch(start, rows) {
+  const ids = Array.from({ length: rows }, (_, i) => start + i);
+  return {
+    columns: [
+      { name: 'obs', tensor: encodeTensor('FLOAT32', [rows, 4], ids.flatMap((n) => Array(4).fill(n))) },
+      { name: 'action', tensor: encodeTensor('INT64', [rows], ids.map(BigInt)) },
+      { name: 'reward', tensor: encodeTensor('FLOAT32', [rows], ids.map(() => 1)) },
+      { name: 'discount', tensor: encodeTensor('FLOAT32', [rows], ids.map(() => 0.97)) },
+      { name: 'next_obs', tensor: encodeTensor('FLOAT32', [rows, 4], ids.flatMap((n) => Array(4).fill(n + 1))) },
+    ],
+  };
+}
+
+// The raw priority we give row n (any finite value in [0, 1e25] is accepted; float32 or float64).
+const priorityOf = (n) => 0.5 + (n % 4);
+
+// --- Calls -------------------------------------------------------------------------------------------------------
+
+class Mismatch extends Error {}
+
+function check(ok, message) {
+  if (!ok) throw new Mismatch(message);
+}
+
+const deadline = (seconds = 10) => ({ deadline: Date.now() + seconds * 1000 });
+
+// A unary call as a promise.
+function unary(client, method, request, metadata, seconds) {
+  return new Promise((resolve, reject) => {
+    client[method](request, metadata, deadline(seconds), (err, reply) => (err ? reject(err) : resolve(reply)));
+  });
+}
+
+// Sends `requests` on one Insert stream, keeping at most `maxInFlight` unacknowledged, and resolves with the acks.
+// The shard answers every request with exactly one InsertAck, in order. The stream has no deadline (it is meant to
+// live long); we half-close it once every ack has arrived. A real writer keeps each batch until its ack arrives and
+// resends the unacknowledged ones on a new stream if this one breaks (the shard drops those it already stored).
+function insertStream(client, metadata, requests, maxInFlight = 4) {
+  return new Promise((resolve, reject) => {
+    const call = client.Insert(metadata);
+    const acks = [];
+    let sent = 0;
+    const sendMore = () => {
+      while (sent < requests.length && sent - acks.length < maxInFlight) call.write(requests[sent++]);
+      if (acks.length === requests.length) call.end(); // all acknowledged: half-close, the shard then ends too
+    };
+    call.on('data', (ack) => {
+      acks.push(ack);
+      sendMore();
+    });
+    call.on('error', reject); // a status other than OK ends the whole stream (e.g. RESOURCE_EXHAUSTED, UNAVAILABLE)
+    call.on('end', () => resolve(acks));
+    sendMore();
+  });
+}
+
+// --- The walk-through --------------------------------------------------------------------------------------------
+
+function parseArgs(argv) {
+  const args = { address: null, token: null, batches: 5, rows: 64, sample: 32 };
+  for (let i = 0; i < argv.length; i++) {
+    const flag = argv[i];
+    if (flag === '--token') args.token = argv[++i];
+    else if (['--batches', '--rows', '--sample'].includes(flag)) args[flag.slice(2)] = Number(argv[++i]);
+    else if (!flag.startsWith('--') && args.address === null) args.address = flag;
+    else throw new Mismatch(`unknown argument ${flag}`);
+  }
+  if (!args.address) {
+    throw new Mismatch('usage: node replay_client.js HOST:PORT [--token T] [--batches N] [--rows N] [--sample N]');
+  }
+  return args;
+}
+
+async function main() {
+  const args = parseArgs(process.argv.slice(2));
+  const client = new ReplayService(args.address, grpc.credentials.createInsecure(), {
+    // gRPC libraries receive at most 4 MiB by default; a shard sends up to 64 MiB (large Sample answers).
+    'grpc.max_receive_message_length': 64 * 1024 * 1024,
+  });
+  // Every call carries the token as metadata when the shard requires one (health checks are exempt).
+  const metadata = new grpc.Metadata();
+  if (args.token) {
+    metadata.add('authorization', `Bearer ${args.token}`);
+    // Without it the shard refuses the call with UNAUTHENTICATED.
+    const refused = await unary(client, 'Info', {}, new grpc.Metadata()).then(() => null, (err) => err);
+    check(refused && refused.code === grpc.status.UNAUTHENTICATED, `Info without the token: ${refused}`);
+  }
+
+  const before = await unary(client, 'Info', {}, metadata);
+
+  // 1. Insert batches. The writer_id names this writer for de-duplication: one per writer and per concurrent stream.
+  const writerId = crypto.randomUUID();
+  const requests = Array.from({ length: args.batches }, (_, b) => {
+    const ids = Array.from({ length: args.rows }, (_, i) => b * args.rows + i);
+    return {
+      writer_id: writerId,
+      sequence: String(b + 1), // uint64: increasing per writer; a resent batch keeps its number
+      batch: cartpoleBatch(b * args.rows, args.rows),
+      priorities: encodeTensor('FLOAT32', [args.rows], ids.map(priorityOf)), // omit to get the shard's max priority
+    };
+  });
+  const acks = await insertStream(client, metadata, requests);
+  check(acks.length === requests.length, `${acks.length} acks for ${requests.length} batches`);
+  acks.forEach((ack, i) => {
+    // Check error_code first: first_key is 0 for duplicates and errors, and 0 is also a real key.
+    check(ack.error_code === 0, `batch ${ack.sequence} rejected: ${ack.error_code} ${ack.error_message}`);
+    const sent = requests[i].sequence;
+    check(ack.sequence === sent, `ack ${i} is for sequence ${ack.sequence}, not ${sent}`);
+    check(!ack.duplicate && ack.rows === args.rows, `batch ${sent}: duplicate ${ack.duplicate}, ${ack.rows} rows`);
+    check(ack.incarnation === acks[0].incarnation, 'the incarnation changed between acks');
+  });
+  // Rows got consecutive keys in insertion order: batch b's first key is the first batch's + b * rows.
+  const firstKey = BigInt(acks[0].first_key);
+  acks.forEach((ack, b) => check(BigInt(ack.first_key) === firstKey + BigInt(b * args.rows),
+    `batch ${ack.sequence}: first_key ${ack.first_key}`));
+  const rowsInserted = args.batches * args.rows;
+
+  // 2. Resend an acknowledged batch on a new stream, as after a reconnect: acknowledged again, not stored again.
+  const resent = requests[Math.min(1, requests.length - 1)];
+  const [dup] = await insertStream(client, metadata, [resent]);
+  check(dup.error_code === 0 && dup.duplicate && dup.rows === 0 && dup.sequence === resent.sequence,
+    `resent batch ${resent.sequence}: ${JSON.stringify(dup)}`);
+
+  // 3. Info: counters moved by exactly what we did (compare 64-bit counters as BigInt).
+  const info = await unary(client, 'Info', {}, metadata);
+  const delta = (field) => BigInt(info[field]) - BigInt(before[field]);
+  check(delta('inserted_total') === BigInt(rowsInserted), `inserted_total + ${delta('inserted_total')}`);
+  check(delta('duplicate_batches_total') === 1n, `duplicate_batches_total + ${delta('duplicate_batches_total')}`);
+  const expectedSize = BigInt(Math.min(Number(info.capacity), Number(before.size) + rowsInserted));
+  check(BigInt(info.size) === expectedSize, `size ${info.size}, expected ${expectedSize}`);
+  check(info.incarnation === acks[0].incarnation, 'Info reports another incarnation');
+  const fields = info.signature.fields.map((f) => `${f.name}:${f.dtype}[${f.shape}]`).join(',');
+  check(fields === 'obs:FLOAT32[4],action:INT64[],reward:FLOAT32[],discount:FLOAT32[],next_obs:FLOAT32[4]',
+    `signature ${fields}`);
+
+  // 4. Sample: keys are uint64 (BigInt), priorities float64 (stored p ** alpha), columns as inserted.
+  const n = args.sample;
+  const sample = await unary(client, 'Sample', { batch_size: n, no_wait: true }, metadata);
+  const keys = decodeTensor(sample.keys, 'keys', 'UINT64', [n]);
+  const priorities = decodeTensor(sample.priorities, 'priorities', 'FLOAT64', [n]);
+  const columns = Object.fromEntries(sample.batch.columns.map((c) => [c.name, c.tensor]));
+  const obs = decodeTensor(columns.obs, 'obs', 'FLOAT32', [n, 4]);
+  const action = decodeTensor(columns.action, 'action', 'INT64', [n]);
+  const nextObs = decodeTensor(columns.next_obs, 'next_obs', 'FLOAT32', [n, 4]);
+  decodeTensor(columns.reward, 'reward', 'FLOAT32', [n]);
+  decodeTensor(columns.discount, 'discount', 'FLOAT32', [n]);
+  const inserted = BigInt(info.inserted_total);
+  keys.forEach((key, i) => {
+    // Keys held are [inserted_total - size, inserted_total).
+    check(key >= inserted - BigInt(info.size) && key < inserted, `key ${key} is not held`);
+    check(priorities[i] > 0 && priorities[i] <= sample.total_priority, `priority ${priorities[i]}`);
+    if (key < firstKey) return; // a row some other writer stored before us
+    const id = Number(key - firstKey); // our row number
+    check(action[i] === BigInt(id) && obs[4 * i] === id && nextObs[4 * i] === id + 1,
+      `key ${key}: action ${action[i]}, obs ${obs[4 * i]}, next_obs ${nextObs[4 * i]}; expected row ${id}`);
+    const stored = Math.fround(priorityOf(id)) ** info.alpha; // the shard stores p ** alpha
+    check(Math.abs(priorities[i] - stored) <= 1e-9 * stored, `key ${key}: priority ${priorities[i]}, not ${stored}`);
+  });
+
+  // 5. UpdatePriorities for the sampled keys (a key drawn twice counts twice in `applied`; the last value wins).
+  const update = await unary(client, 'UpdatePriorities', {
+    keys: encodeTensor('UINT64', [n], keys),
+    priorities: encodeTensor('FLOAT64', [n], keys.map((_, i) => 2.0 + i / n)),
+    incarnation: sample.incarnation, // keys are only valid for the incarnation that produced them
+  }, metadata);
+  check(update.applied + update.stale === n, `applied ${update.applied} + stale ${update.stale} != ${n}`);
+  check(update.applied === n, `${update.stale} of ${n} freshly sampled keys were stale`);
+
+  client.close();
+  console.log(JSON.stringify({
+    address: args.address,
+    writer_id: writerId,
+    incarnation: acks[0].incarnation,
+    first_key: acks[0].first_key,
+    batches_inserted: args.batches,
+    rows_inserted: rowsInserted,
+    duplicates_acked: 1,
+    sampled_rows: n,
+    applied_updates: update.applied,
+    stale_updates: update.stale,
+  }));
+}
+
+main().catch((err) => {
+  if (err instanceof Mismatch) console.error(`mismatch: ${err.message}`);
+  else if (err.code !== undefined) console.error(`gRPC error: ${err.message}`); // e.g. "16 UNAUTHENTICATED: ..."
+  else console.error(err);
+  process.exit(1);
+});

@@ -1,0 +1,172 @@
+"""The module map's import rules (docs/architecture.md), enforced by parsing the imports of every module.
+
+Roles stand side by side on the SDK: clients live beside their services, the learner and the actor never import
+each other, only the wire edge (clients, servicers, wire modules, the codec and common's gRPC helpers) touches
+gRPC or generated code, the replay shard never imports torch, and the launcher starts processes without loading
+models. A violation names the module, the line and the rule, so the structure cannot silently decay.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Repository folder -> package (pyproject.toml's package-dir).
+PACKAGES = {
+    "common": "apexrl.common",
+    "replay_server": "apexrl.replay_server",
+    "parameter_server": "apexrl.parameter_server",
+    "actor": "apexrl.actor",
+    "learner": "apexrl.learner",
+    "launcher": "apexrl.launcher",
+}
+# The only modules that may import grpc (and grpc_health / grpc_reflection) or the generated apexrl.proto code.
+WIRE_EDGE = {
+    "apexrl.common.codec",
+    "apexrl.common.errors",
+    "apexrl.common.grpc_util",
+    "apexrl.replay_server.client",
+    "apexrl.replay_server.priority_stream",
+    "apexrl.replay_server.service",
+    "apexrl.replay_server.wire",
+    "apexrl.parameter_server.client",
+    "apexrl.parameter_server.service",
+    "apexrl.parameter_server.wire",
+}
+GRPC = ("grpc", "grpc_health", "grpc_reflection", "apexrl.proto")
+MODEL_LIBRARIES = ("torch", "apexrl.learner.learner", "apexrl.learner.networks", "apexrl.learner.checkpoint",
+                   "apexrl.learner.losses", "apexrl.learner.evaluate")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).glob("*.py")):
+            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            found[name] = path
+    return found
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) for every import in the file, inside functions too (lazy imports count)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    result = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            result += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            result.append((node.lineno, node.module))
+            # `from apexrl.x import y` may name a submodule y.
+            result += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return result
+
+
+def under(name: str, prefixes: tuple[str, ...] | str) -> bool:
+    prefixes = (prefixes,) if isinstance(prefixes, str) else prefixes
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def violations(rule) -> list[str]:
+    found = []
+    for module, path in modules().items():
+        for line, target in imports(path):
+            why = rule(module, target)
+            if why:
+                found.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {target}: {why}")
+    return sorted(set(found))
+
+
+def test_the_tree_is_what_the_rules_describe():
+    names = set(modules())
+    assert names >= WIRE_EDGE, f"wire-edge modules missing: {sorted(WIRE_EDGE - names)}"
+    assert {"apexrl.replay_server.client", "apexrl.parameter_server.client"} <= names
+    assert len(names) > 40
+
+
+def test_learner_and_actor_are_siblings():
+    def rule(module: str, target: str) -> str | None:
+        if under(module, "apexrl.learner") and under(target, "apexrl.actor"):
+            return "the learner may not import the actor (share through common/ or the SDK)"
+        if under(module, "apexrl.actor") and under(target, "apexrl.learner"):
+            return "the actor may not import the learner"
+        return None
+
+    assert violations(rule) == []
+
+
+def test_services_and_common_do_not_import_the_roles_above_them():
+    roles = ("apexrl.actor", "apexrl.learner", "apexrl.launcher")
+
+    def rule(module: str, target: str) -> str | None:
+        if under(module, ("apexrl.common", "apexrl.replay_server", "apexrl.parameter_server")) and \
+                under(target, roles):
+            return "services and common/ sit below the roles"
+        if under(module, "apexrl.common") and under(target, ("apexrl.replay_server", "apexrl.parameter_server")):
+            return "common/ holds what several roles share and imports no service"
+        return None
+
+    assert violations(rule) == []
+
+
+def test_no_client_imports_a_servicer():
+    clients = ("apexrl.replay_server.client", "apexrl.replay_server.priority_stream",
+               "apexrl.parameter_server.client")
+
+    def rule(module: str, target: str) -> str | None:
+        if module in clients and target.endswith(".service"):
+            return "a client shares wire helpers (wire.py) with its servicer, never the servicer itself"
+        return None
+
+    assert violations(rule) == []
+
+
+def test_only_the_wire_edge_touches_grpc_and_generated_code():
+    def rule(module: str, target: str) -> str | None:
+        if module not in WIRE_EDGE and under(target, GRPC):
+            return "only clients, servicers, wire modules, the codec and common's gRPC helpers may"
+        return None
+
+    assert violations(rule) == []
+
+
+def test_the_replay_shard_and_the_sdk_never_import_torch_or_gymnasium():
+    torch_free = ("apexrl.common", "apexrl.replay_server", "apexrl.parameter_server")
+    allowed = {"apexrl.common.environments"}  # gymnasium, used by the actor and learner only
+
+    def rule(module: str, target: str) -> str | None:
+        if under(module, torch_free) and module not in allowed and under(target, ("torch", "gymnasium")):
+            return "the shard image and the SDK carry no torch or gymnasium"
+        return None
+
+    assert violations(rule) == []
+
+
+def test_the_launcher_starts_processes_and_loads_no_model():
+    def rule(module: str, target: str) -> str | None:
+        if under(module, "apexrl.launcher") and under(target, MODEL_LIBRARIES):
+            return "the launcher starts processes; models load in the roles"
+        return None
+
+    assert violations(rule) == []
+
+
+def test_a_rule_violation_is_caught(tmp_path):
+    """The checker itself: a module that imports grpc outside the edge is reported with its line."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import numpy\n\ndef f():\n    import grpc\n")
+    assert (4, "grpc") in imports(bad)
+
+
+@pytest.mark.parametrize("module", [
+    "apexrl.replay_server.main", "apexrl.replay_server.service", "apexrl.parameter_server.main",
+    "apexrl.actor", "apexrl.learner", "apexrl.launcher.cli",
+])
+def test_importing_the_shard_sdk_and_cli_loads_no_torch(module):
+    code = f"import sys, {module}; print('torch' in sys.modules, 'gymnasium' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], f"{module} pulled in torch or gymnasium: {out.stdout}"
