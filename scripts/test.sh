@@ -8,6 +8,8 @@ bash scripts/setup.sh
 VENV=${APEXRL_VENV:-.venv}
 echo "== generated protobuf code"
 "$VENV/bin/python" protos/generate.py --check
+echo "== generated settings table (docs/settings.md)"
+"$VENV/bin/python" scripts/settings_doc.py --check
 echo "== ruff"
 "$VENV/bin/ruff" check .
 echo "== pytest"
