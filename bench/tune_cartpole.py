@@ -18,8 +18,8 @@ first solve, plus how the following evaluations went. `fleet_seconds` estimates 
 max(env_steps / actor_steps_per_s, updates / learner_updates_per_s).
 
 Usage (the defaults are the recommended configuration):
-    python bench/tune_cartpole.py --seed 0
-    python bench/tune_cartpole.py --target-period 500 --capacity 100000 --hidden 128,128 --seed 0
+    .venv/bin/python bench/tune_cartpole.py --seed 0
+    .venv/bin/python bench/tune_cartpole.py --target-period 500 --capacity 100000 --hidden 128,128 --seed 0
 
 Results (2 cores shared with other work, torch 1 thread; "solve" = 100 greedy episodes with mean >= 475):
   Recommended: 4 actors (Ape-X eps 0.4 .. 0.4^8), n = 3, gamma 0.99, dueling (256, 256), Adam lr 1e-3, batch 256,
@@ -173,133 +173,151 @@ def evaluate(net: DuelingQNetwork, episodes: int, seed: int) -> tuple[np.ndarray
     return returns, start_q
 
 
-def run(cfg: Config) -> dict:
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    envs = [gym.make("CartPole-v1") for _ in range(cfg.num_actors)]
-    obs = np.stack([env.reset(seed=cfg.seed * 1000 + i)[0] for i, env in enumerate(envs)])
-    obs_dim, num_actions = obs.shape[1], int(envs[0].action_space.n)
-    epsilons = np.array(
-        [apex_epsilon(i, cfg.num_actors, cfg.eps_base, cfg.eps_alpha) for i in range(cfg.num_actors)]
-    )
-    accumulators = [NStepAccumulator(cfg.n_step, cfg.gamma) for _ in envs]
-    outbox: list[list[Transition]] = [[] for _ in envs]
-    episode_returns = np.zeros(cfg.num_actors)
-    finished_returns: list[list[float]] = [[] for _ in envs]
+class Simulation:
+    """The whole loop's state, stepped in lockstep by `run`: actors act, the learner catches up, and every
+    `eval_every` env steps the online network is evaluated."""
 
-    online = DuelingQNetwork(obs_dim, num_actions, cfg.hidden)
-    target = DuelingQNetwork(obs_dim, num_actions, cfg.hidden)
-    actor_net = DuelingQNetwork(obs_dim, num_actions, cfg.hidden)
-    target.load_state_dict(online.state_dict())
-    actor_net.load_state_dict(online.state_dict())
-    optimizer = torch.optim.Adam(online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
-    replay = ProportionalReplay(cfg.capacity, obs_dim, cfg.priority_alpha, cfg.priority_eps)
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.envs = [gym.make("CartPole-v1") for _ in range(cfg.num_actors)]
+        self.obs = np.stack([env.reset(seed=cfg.seed * 1000 + i)[0] for i, env in enumerate(self.envs)])
+        obs_dim, self.num_actions = self.obs.shape[1], int(self.envs[0].action_space.n)
+        self.epsilons = np.array(
+            [apex_epsilon(i, cfg.num_actors, cfg.eps_base, cfg.eps_alpha) for i in range(cfg.num_actors)]
+        )
+        self.accumulators = [NStepAccumulator(cfg.n_step, cfg.gamma) for _ in self.envs]
+        self.outbox: list[list[Transition]] = [[] for _ in self.envs]
+        self.episode_returns = np.zeros(cfg.num_actors)
+        self.finished_returns: list[list[float]] = [[] for _ in self.envs]
 
-    env_steps = updates = 0
-    next_eval = cfg.eval_every
-    evals: list[tuple[int, int, float]] = []
-    solved_at: dict | None = None
-    solved_eval = 0
-    eval_seconds = 0.0
-    start = time.perf_counter()
-    tick = 0
-    while env_steps < cfg.max_env_steps:
-        # Actors: one step each, one forward pass for all of them (they hold the same copy of the weights).
+        self.online = DuelingQNetwork(obs_dim, self.num_actions, cfg.hidden)
+        self.target = DuelingQNetwork(obs_dim, self.num_actions, cfg.hidden)
+        self.actor_net = DuelingQNetwork(obs_dim, self.num_actions, cfg.hidden)
+        self.target.load_state_dict(self.online.state_dict())
+        self.actor_net.load_state_dict(self.online.state_dict())
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.replay = ProportionalReplay(cfg.capacity, obs_dim, cfg.priority_alpha, cfg.priority_eps)
+
+        self.env_steps = self.updates = self.tick = 0
+        self.next_eval = cfg.eval_every
+        self.evals: list[tuple[int, int, float, float]] = []
+        self.solved_at: dict | None = None
+        self.solved_eval = 0
+        self.eval_seconds = 0.0
+        self.start = time.perf_counter()
+
+    def act(self) -> None:
+        """Actors: one step each, one forward pass for all of them (they hold the same copy of the weights)."""
+        cfg = self.cfg
         with torch.no_grad():
-            q = actor_net(torch.from_numpy(obs)).numpy()
-        explore = rng.random(cfg.num_actors) < epsilons
-        actions = np.where(explore, rng.integers(num_actions, size=cfg.num_actors), q.argmax(axis=1))
-        for i, env in enumerate(envs):
+            q = self.actor_net(torch.from_numpy(self.obs)).numpy()
+        explore = self.rng.random(cfg.num_actors) < self.epsilons
+        actions = np.where(explore, self.rng.integers(self.num_actions, size=cfg.num_actors), q.argmax(axis=1))
+        for i, env in enumerate(self.envs):
             next_obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
-            outbox[i] += accumulators[i].push(obs[i], actions[i], reward, next_obs, terminated, truncated)
-            episode_returns[i] += reward
+            self.outbox[i] += self.accumulators[i].push(self.obs[i], actions[i], reward, next_obs, terminated,
+                                                        truncated)
+            self.episode_returns[i] += reward
             if terminated or truncated:
-                finished_returns[i].append(episode_returns[i])
-                episode_returns[i] = 0.0
+                self.finished_returns[i].append(self.episode_returns[i])
+                self.episode_returns[i] = 0.0
                 next_obs, _ = env.reset()
-            obs[i] = next_obs
-            if len(outbox[i]) >= cfg.actor_batch:
-                cols = stack_transitions(outbox[i])
-                priorities = td_error_abs(actor_net, actor_net, **_tensors(cols)).numpy()
-                replay.insert(cols, priorities)
-                outbox[i] = []
-        env_steps += cfg.num_actors
-        tick += 1
-        if tick % cfg.actor_sync_steps == 0:
-            actor_net.load_state_dict(online.state_dict())
+            self.obs[i] = next_obs
+            if len(self.outbox[i]) >= cfg.actor_batch:
+                cols = stack_transitions(self.outbox[i])
+                priorities = td_error_abs(self.actor_net, self.actor_net, **_tensors(cols)).numpy()
+                self.replay.insert(cols, priorities)
+                self.outbox[i] = []
+        self.env_steps += cfg.num_actors
+        self.tick += 1
+        if self.tick % cfg.actor_sync_steps == 0:
+            self.actor_net.load_state_dict(self.online.state_dict())
 
-        # Learner: catch up with replay_ratio updates per env step since learning started.
-        if replay.size >= cfg.learning_starts:
-            while updates < cfg.replay_ratio * (env_steps - cfg.learning_starts):
-                if cfg.lr_decay_updates > 0:
-                    frac = min(1.0, updates / cfg.lr_decay_updates)
-                    optimizer.param_groups[0]["lr"] = cfg.lr + (cfg.lr_end - cfg.lr) * frac
-                beta = cfg.beta_start + (1.0 - cfg.beta_start) * min(1.0, updates / cfg.beta_updates)
-                slots, cols, weights = replay.sample(cfg.batch_size, beta, rng)
-                loss, td_abs = double_dqn_loss(
-                    online,
-                    target,
-                    **_tensors(cols),
-                    weights=torch.from_numpy(weights),
-                    huber_delta=cfg.huber_delta,
-                )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(online.parameters(), cfg.grad_clip)
-                optimizer.step()
-                replay.update(slots, td_abs.numpy())
-                updates += 1
-                if cfg.tau > 0:
-                    with torch.no_grad():
-                        for t_param, o_param in zip(target.parameters(), online.parameters(), strict=True):
-                            t_param.lerp_(o_param, cfg.tau)
-                elif updates % cfg.target_period == 0:
-                    target.load_state_dict(online.state_dict())
+    def learn(self) -> None:
+        """Learner: catch up with replay_ratio updates per env step since learning started."""
+        cfg = self.cfg
+        if self.replay.size < cfg.learning_starts:
+            return
+        while self.updates < cfg.replay_ratio * (self.env_steps - cfg.learning_starts):
+            self.update()
 
-        if env_steps >= next_eval:
-            next_eval += cfg.eval_every
-            t0 = time.perf_counter()
-            returns, start_q = evaluate(online, cfg.eval_episodes, seed=cfg.seed * 7919 + len(evals))
-            mean_return = float(returns.mean())
-            eval_seconds += time.perf_counter() - t0
-            evals.append((env_steps, updates, mean_return, start_q))
-            wall = time.perf_counter() - start - eval_seconds
-            if solved_at is None and mean_return >= cfg.solve_return:
-                solved_at = {
-                    "env_steps": env_steps,
-                    "updates": updates,
-                    "sim_seconds": round(wall, 1),
-                    "fleet_seconds": round(
-                        max(
-                            env_steps / cfg.fleet_actor_steps_per_s, updates / cfg.fleet_learner_updates_per_s
-                        ),
-                        1,
-                    ),
-                }
-                solved_eval = len(evals)
-            if solved_at is not None and len(evals) - solved_eval >= cfg.post_solve_evals:
-                break
-            if wall > cfg.max_seconds:
-                break
+    def update(self) -> None:
+        cfg = self.cfg
+        if cfg.lr_decay_updates > 0:
+            frac = min(1.0, self.updates / cfg.lr_decay_updates)
+            self.optimizer.param_groups[0]["lr"] = cfg.lr + (cfg.lr_end - cfg.lr) * frac
+        beta = cfg.beta_start + (1.0 - cfg.beta_start) * min(1.0, self.updates / cfg.beta_updates)
+        slots, cols, weights = self.replay.sample(cfg.batch_size, beta, self.rng)
+        loss, td_abs = double_dqn_loss(self.online, self.target, **_tensors(cols),
+                                       weights=torch.from_numpy(weights), huber_delta=cfg.huber_delta)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.online.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.replay.update(slots, td_abs.numpy())
+        self.updates += 1
+        if cfg.tau > 0:
+            with torch.no_grad():
+                for t_param, o_param in zip(self.target.parameters(), self.online.parameters(), strict=True):
+                    t_param.lerp_(o_param, cfg.tau)
+        elif self.updates % cfg.target_period == 0:
+            self.target.load_state_dict(self.online.state_dict())
 
+    def wall(self) -> float:
+        """Simulated seconds so far (evaluation excluded)."""
+        return time.perf_counter() - self.start - self.eval_seconds
+
+    def evaluate(self) -> bool:
+        """Evaluate the online network when due; True when the run should stop (solved and followed by
+        `post_solve_evals` more evaluations, or out of time)."""
+        cfg = self.cfg
+        if self.env_steps < self.next_eval:
+            return False
+        self.next_eval += cfg.eval_every
+        t0 = time.perf_counter()
+        returns, start_q = evaluate(self.online, cfg.eval_episodes, seed=cfg.seed * 7919 + len(self.evals))
+        mean_return = float(returns.mean())
+        self.eval_seconds += time.perf_counter() - t0
+        self.evals.append((self.env_steps, self.updates, mean_return, start_q))
+        wall = self.wall()
+        if self.solved_at is None and mean_return >= cfg.solve_return:
+            fleet_seconds = max(self.env_steps / cfg.fleet_actor_steps_per_s,
+                                self.updates / cfg.fleet_learner_updates_per_s)
+            self.solved_at = {"env_steps": self.env_steps, "updates": self.updates, "sim_seconds": round(wall, 1),
+                              "fleet_seconds": round(fleet_seconds, 1)}
+            self.solved_eval = len(self.evals)
+        if self.solved_at is not None and len(self.evals) - self.solved_eval >= cfg.post_solve_evals:
+            return True
+        return wall > cfg.max_seconds
+
+    def report(self) -> dict:
+        cfg, solved_at = self.cfg, self.solved_at
+        after = [e[2] for e in self.evals if solved_at is not None and e[0] > solved_at["env_steps"]]
+        recent = [np.mean(r[-20:]) if r else math.nan for r in self.finished_returns]
+        return {
+            "config": {k: v for k, v in dataclasses.asdict(cfg).items() if v != getattr(Config, k, None)},
+            "solved": solved_at is not None,
+            "solved_at": solved_at,
+            "post_solve_evals": after,
+            "post_solve_held": (sum(r >= cfg.solve_return for r in after), len(after)),
+            "final": {"env_steps": self.env_steps, "updates": self.updates, "sim_seconds": round(self.wall(), 1)},
+            "actor_recent_returns": [round(float(r), 1) for r in recent],
+            "evals": [(s, u, round(r, 1), round(q, 1)) for s, u, r, q in self.evals],
+        }
+
+
+def run(cfg: Config) -> dict:
+    sim = Simulation(cfg)
+    while sim.env_steps < cfg.max_env_steps:
+        sim.act()
+        sim.learn()
+        if sim.evaluate():
+            break
     if cfg.save:
-        np.savez(cfg.save, **state_dict_to_numpy(online))
-    after = [e[2] for e in evals if solved_at is not None and e[0] > solved_at["env_steps"]]
-    recent = [np.mean(r[-20:]) if r else math.nan for r in finished_returns]
-    return {
-        "config": {k: v for k, v in dataclasses.asdict(cfg).items() if v != getattr(Config, k, None)},
-        "solved": solved_at is not None,
-        "solved_at": solved_at,
-        "post_solve_evals": after,
-        "post_solve_held": (sum(r >= cfg.solve_return for r in after), len(after)),
-        "final": {
-            "env_steps": env_steps,
-            "updates": updates,
-            "sim_seconds": round(time.perf_counter() - start - eval_seconds, 1),
-        },
-        "actor_recent_returns": [round(float(r), 1) for r in recent],
-        "evals": [(s, u, round(r, 1), round(q, 1)) for s, u, r, q in evals],
-    }
+        np.savez(cfg.save, **state_dict_to_numpy(sim.online))
+    return sim.report()
 
 
 def _parse_args() -> Config:

@@ -1,7 +1,7 @@
 """A custom actor written on the apexrl SDK only: plays CartPole with its own (random or greedy) policy and
 streams 1-step transitions to a replay shard, pulling weights when a parameter service is given.
 
-    python examples/custom_actor.py --replay 127.0.0.1:7000 [--params 127.0.0.1:7100] --steps 2000
+    python examples/custom_actor.py --replay 127.0.0.1:7000 [--params 127.0.0.1:7200] --steps 2000
 
 Any language can do the same from protos/apexrl/proto/*.proto; the SDK adds batching, acknowledged streaming
 with resend, and deadlines.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ from apexrl.learner.config import LearnerConfig
 from apexrl.learner.losses import double_dqn_loss
 from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
 from apexrl.learner.prefetch import Prefetcher
-from apexrl.learner.sharded_client import PrioritizedBatch, ShardedReplayClient
+from apexrl.learner.sharded_client import PrioritizedBatch, Shard, ShardedReplayClient
 
 log = logging.getLogger("apexrl.learner")
 
@@ -56,12 +56,14 @@ class LearnerMetrics:
                                      "streams or backed-up shards (since start)", registry=registry)
 
 
-def make_sampler(config: LearnerConfig) -> ShardedReplayClient:
-    """The sharded replay client the learner's settings describe."""
+def make_sampler(config: LearnerConfig, shards: Sequence[Shard] | None = None) -> ShardedReplayClient:
+    """The sharded replay client the learner's settings describe: over `config.replay`'s addresses, or over the
+    given shard objects (in-process tables in a benchmark) with the same allocation and weights."""
+    targets = config.replay if shards is None else shards
     return ShardedReplayClient(
-        config.replay, timeout=config.sample_timeout, seed=config.seed, token=config.token,
+        targets, timeout=config.sample_timeout, seed=config.seed, token=config.token,
         # about k batches of rows per shard (each batch spreads over the shards)
-        coalesce_rows=(2 * config.priority_coalesce_batches - 1) * config.batch_size // (2 * len(config.replay)),
+        coalesce_rows=(2 * config.priority_coalesce_batches - 1) * config.batch_size // (2 * len(targets)),
     )
 
 

@@ -92,6 +92,9 @@ class TableConfig:
             raise ValueError(f"max_tracked_writers ({self.max_tracked_writers}) must be a positive integer")
 
 
+_PRIORITY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_KEY_DTYPES = (np.dtype(np.uint64), np.dtype(np.int64))
+
 # Largest raw priority accepted: far above any |TD error|, and small enough that p ** alpha (alpha <= 10) summed
 # over any table stays finite in float64.
 MAX_PRIORITY = 1e25
@@ -101,7 +104,7 @@ def check_priorities(priorities: np.ndarray, rows: int, what: str = "priorities"
     """Validate raw priorities: shape [rows], real dtype, finite, in [0, MAX_PRIORITY]. Returns them as float64."""
     if priorities.ndim != 1 or priorities.shape[0] != rows:
         raise InvalidArgumentError(f"{what} has shape {list(priorities.shape)}, expected [{rows}]")
-    if priorities.dtype.kind != "f":
+    if priorities.dtype not in _PRIORITY_DTYPES:
         raise InvalidArgumentError(f"{what} must be float32 or float64, got {priorities.dtype.name}")
     values = priorities.astype(np.float64, copy=False)
     bad = ~((values >= 0) & (values <= MAX_PRIORITY))  # also true for NaN
@@ -271,7 +274,7 @@ class ReplayTable:
         once, the last value wins (and `applied` counts each entry)."""
         if keys.ndim != 1:
             raise InvalidArgumentError(f"keys has shape {list(keys.shape)}, expected [n]")
-        if keys.dtype.kind not in "iu":
+        if keys.dtype not in _KEY_DTYPES:
             raise InvalidArgumentError(f"keys must be uint64 or int64, got {keys.dtype.name}")
         values = check_priorities(priorities, keys.shape[0])
         n = int(keys.shape[0])

@@ -19,6 +19,15 @@ from apexrl.replay_server.service import create_replay_server
 from apexrl.replay_server.table import ReplayTable, TableConfig
 
 
+def wait_until(condition, what: str, timeout: float = 10.0) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `timeout` seconds. Tests synchronise on conditions
+    like this one, never on sleeps."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting until {what}"
+        time.sleep(0.01)
+
+
 @dataclass
 class Shard:
     address: str

@@ -18,8 +18,8 @@ the shard's `incarnation`, a random nonzero 63-bit number drawn when the shard p
 every key of the old incarnation is stale.
 
 Priorities: clients send raw priorities p, finite and 0 <= p <= 1e25 (MAX_PRIORITY; larger values, NaN, +inf,
--inf and negative values are refused with INVALID_ARGUMENT), as FLOAT32 or FLOAT64 tensors (FLOAT16 is accepted
-too). The shard stores p ** alpha in its sum tree and samples row i with probability
+-inf and negative values are refused with INVALID_ARGUMENT), as FLOAT32 or FLOAT64 tensors (any other dtype is
+INVALID_ARGUMENT). The shard stores p ** alpha in its sum tree and samples row i with probability
 (p_i ** alpha) / total_priority. Fields called *priority in responses are these stored values (p ** alpha),
 except InfoResponse.max_priority, which is raw. A row with priority 0 is stored but never sampled unless every
 row has priority 0 (the shard then samples uniformly among its rows); this holds for every alpha, alpha = 0
@@ -94,7 +94,7 @@ class InsertRequest(_message.Message):
 
     @_builtins.property
     def priorities(self) -> _tensor_pb2.Tensor:
-        """Optional raw priorities, one per row: FLOAT32 or FLOAT64 (FLOAT16 is accepted too) of shape exactly [rows],
+        """Optional raw priorities, one per row: FLOAT32 or FLOAT64 (nothing else) of shape exactly [rows],
         each finite and in [0, 1e25] (INVALID_ARGUMENT otherwise, nothing stored). Leave the field unset to use the
         default: a present but empty Tensor is INVALID_ARGUMENT (dtype unspecified). When unset, every row gets the
         shard's current InfoResponse.max_priority (1.0 on a fresh shard), so new data is sampled soon.
@@ -272,13 +272,13 @@ class UpdatePrioritiesRequest(_message.Message):
     """
     @_builtins.property
     def keys(self) -> _tensor_pb2.Tensor:
-        """Keys from SampleResponse.keys: an integer tensor of shape [n], normally UINT64 (INT64 and the other integer
-        dtypes are accepted too). Keys at or above 2**63 are stale. n may be 0.
+        """Keys from SampleResponse.keys: a UINT64 (or INT64) tensor of shape [n]; other dtypes are INVALID_ARGUMENT.
+        Keys at or above 2**63 are stale. n may be 0.
         """
 
     @_builtins.property
     def priorities(self) -> _tensor_pb2.Tensor:
-        """New raw priorities: FLOAT32 or FLOAT64 (FLOAT16 is accepted too), the same shape [n] as keys, each finite and
+        """New raw priorities: FLOAT32 or FLOAT64 (nothing else), the same shape [n] as keys, each finite and
         in [0, 1e25]. When a key appears more than once, the last entry wins.
         """
 

@@ -18,8 +18,8 @@ the shard's `incarnation`, a random nonzero 63-bit number drawn when the shard p
 every key of the old incarnation is stale.
 
 Priorities: clients send raw priorities p, finite and 0 <= p <= 1e25 (MAX_PRIORITY; larger values, NaN, +inf,
--inf and negative values are refused with INVALID_ARGUMENT), as FLOAT32 or FLOAT64 tensors (FLOAT16 is accepted
-too). The shard stores p ** alpha in its sum tree and samples row i with probability
+-inf and negative values are refused with INVALID_ARGUMENT), as FLOAT32 or FLOAT64 tensors (any other dtype is
+INVALID_ARGUMENT). The shard stores p ** alpha in its sum tree and samples row i with probability
 (p_i ** alpha) / total_priority. Fields called *priority in responses are these stored values (p ** alpha),
 except InfoResponse.max_priority, which is raw. A row with priority 0 is stored but never sampled unless every
 row has priority 0 (the shard then samples uniformly among its rows); this holds for every alpha, alpha = 0

@@ -81,8 +81,7 @@ class _DTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DType.ValueType
     UINT64: _DType.ValueType  # 11
     """8 bytes."""
     BOOL: _DType.ValueType  # 12
-    """1 byte per element, 0 (false) or 1 (true). The parameter service rejects other byte values with
-    INVALID_ARGUMENT; the replay shard does not check them and stores them unchanged: send only 0 or 1.
+    """1 byte per element, 0 (false) or 1 (true); any other byte value is refused with INVALID_ARGUMENT.
     A value not listed here (e.g. 99) is refused with INVALID_ARGUMENT.
     """
 
@@ -116,8 +115,7 @@ UINT32: DType.ValueType  # 10
 UINT64: DType.ValueType  # 11
 """8 bytes."""
 BOOL: DType.ValueType  # 12
-"""1 byte per element, 0 (false) or 1 (true). The parameter service rejects other byte values with
-INVALID_ARGUMENT; the replay shard does not check them and stores them unchanged: send only 0 or 1.
+"""1 byte per element, 0 (false) or 1 (true); any other byte value is refused with INVALID_ARGUMENT.
 A value not listed here (e.g. 99) is refused with INVALID_ARGUMENT.
 """
 Global___DType: _TypeAlias = DType  # noqa: Y015

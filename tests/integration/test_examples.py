@@ -11,7 +11,7 @@ import numpy as np
 from apexrl.actor import ReplayClient
 from apexrl.parameter_server.service import create_parameter_server
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_actor.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_actor.py"
 
 
 def test_custom_actor_example_fills_a_shard_and_pulls_weights(shard):

@@ -1,6 +1,10 @@
-"""A real replay shard on 127.0.0.1 through the SDK and the raw stub: storage, keys, de-duplication, health."""
+"""A real replay shard on 127.0.0.1 (replay_server/service.py) through the SDK and the raw stub: storage, keys,
+de-duplication, rate limiting, health, reflection and tokens."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import grpc
 import numpy as np
@@ -122,32 +126,6 @@ def test_resent_batches_are_acknowledged_but_stored_once(shard):
     assert (info.size, info.inserted_total, info.duplicate_batches_total) == (32, 32, 1)
 
 
-def test_client_resends_after_the_stream_breaks_without_loss_or_duplicates(shard):
-    """Stop the server under a writing client and start a new one on the same port over the same table: the
-    client reconnects, resends what was not acknowledged, and every row lands exactly once."""
-    from apexrl.replay_server.service import create_replay_server
-
-    port = int(shard.address.rsplit(":", 1)[1])
-    client = ReplayClient(shard.address, max_in_flight=64, timeout=30)
-    try:
-        for i in range(20):
-            client.insert(cartpole_batch(10, 10 * i))
-        shard.server.stop(0)  # breaks the stream, maybe with batches in flight
-        for i in range(20, 30):  # these queue up while the shard is down
-            client.insert(cartpole_batch(10, 10 * i))
-        shard.server, _, _, _ = create_replay_server(shard.table, f"127.0.0.1:{port}")
-        for i in range(30, 40):
-            client.insert(cartpole_batch(10, 10 * i))
-        client.flush(timeout=30)
-        assert client.reconnects >= 1
-    finally:
-        client.close()
-    info = shard.table.info()
-    assert info.inserted_total == info.size == 400
-    stored_ids = np.sort(shard.table._storage["action"][:400])  # white box: every row exactly once
-    np.testing.assert_array_equal(stored_ids, np.arange(400))
-
-
 def test_sample_below_min_size_waits_for_its_deadline_or_fails_at_once(make_shard):
     shard = make_shard(TableConfig(capacity=100, min_size_to_sample=50))
     with ReplayClient(shard.address) as client:
@@ -155,11 +133,28 @@ def test_sample_below_min_size_waits_for_its_deadline_or_fails_at_once(make_shar
         client.flush()
         with pytest.raises(FailedPreconditionError, match="fewer than min_size_to_sample"):
             client.sample(4, wait=False)
-        with pytest.raises(DeadlineExceededError, match="min_size_to_sample"):
+        start = time.monotonic()
+        # The shard's own answer ("waited until its deadline: ... min_size_to_sample") races with the client's
+        # deadline, which falls at the same moment: either way the call waited for its deadline.
+        with pytest.raises(DeadlineExceededError, match="DEADLINE_EXCEEDED"):
             client.sample(4, timeout=0.3)
+        assert time.monotonic() - start >= 0.25
         client.insert(cartpole_batch(40, 10))
         client.flush()
         assert client.sample(4, wait=False).size == 50
+
+
+def calls_reached(table, method: str) -> threading.Event:
+    """An event set when the servicer calls `table.<method>`: the request has reached the table."""
+    reached = threading.Event()
+    original = getattr(table, method)
+
+    def wrapper(*args, **kwargs):
+        reached.set()
+        return original(*args, **kwargs)
+
+    setattr(table, method, wrapper)
+    return reached
 
 
 def test_samples_per_insert_limiter_blocks_the_sampler_until_inserts_catch_up(make_shard):
@@ -171,9 +166,37 @@ def test_samples_per_insert_limiter_blocks_the_sampler_until_inserts_catch_up(ma
         client.sample(32)  # 0 >= -16 was allowed (checked before the call): 0 -> -32
         with pytest.raises(FailedPreconditionError, match="rate limiter"):
             client.sample(32, wait=False)  # diff -32 < -16
-        client.insert(cartpole_batch(32, 32))
+        # A waiting sampler is held by the shard until an insert lets it go.
+        reached = calls_reached(shard.table, "sample")
+        waiting = client.sample_future(32, timeout=30)
+        assert reached.wait(10)
+        with pytest.raises(DeadlineExceededError, match="no answer"):
+            waiting.result(timeout=0.3)  # still held
+        client.insert(cartpole_batch(32, 32))  # -32 -> 0: sampling is allowed again
         client.flush()
-        assert client.sample(32, wait=False).size == 64
+        batch = waiting.result(timeout=10)
+        assert batch.size == 64  # answered after the insert, from the grown table
+        assert client.info().sampled_total == 96
+        with pytest.raises(FailedPreconditionError, match="rate limiter"):
+            client.sample(32, wait=False)  # the released sample took diff 0 -> -32: the ratio holds again
+
+
+def test_samples_per_insert_limiter_blocks_writers_until_samples_catch_up(make_shard):
+    """The insert side (the shipped launcher turns the ratio on): writers that run ahead of the learner wait."""
+    shard = make_shard(TableConfig(capacity=1000, samples_per_insert=1.0, samples_per_insert_tolerance=16))
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(32))
+        client.flush()  # diff 0 -> 32, above the tolerance: the next insert must wait
+        reached = calls_reached(shard.table, "insert")
+        client.insert(cartpole_batch(32, 32))
+        assert reached.wait(10)
+        with pytest.raises(DeadlineExceededError, match="1 batches still unacknowledged"):
+            client.flush(timeout=0.3)
+        assert client.pending == 1 and shard.table.info().inserted_total == 32
+        client.sample(32)  # 32 -> 0: the writer may go on
+        client.flush(timeout=10)
+        info = client.info()
+        assert (info.inserted_total, info.size, info.sampled_total) == (64, 64, 32)
 
 
 def test_health_reflection_and_token(make_shard):
@@ -205,25 +228,3 @@ def test_health_reflection_and_token(make_shard):
     assert {"apexrl.v1.ReplayService", "grpc.health.v1.Health"} <= names
 
 
-def test_batches_refused_by_a_shutting_down_shard_are_resent_to_its_replacement(shard):
-    """UNAVAILABLE in an ack means 'not stored, try later': the SDK keeps the batch and resends it when the shard
-    is back (here: a new shard process on the same address), instead of failing the writer."""
-    from apexrl.replay_server.service import create_replay_server
-    from apexrl.replay_server.table import ReplayTable
-
-    port = int(shard.address.rsplit(":", 1)[1])
-    with ReplayClient(shard.address, timeout=30) as client:
-        client.insert(cartpole_batch(10))
-        client.flush()
-        shard.table.close()  # shutting down: refuses every batch with UNAVAILABLE
-        client.insert(cartpole_batch(10, 10))
-        client.insert(cartpole_batch(10, 20))
-        with pytest.raises(DeadlineExceededError, match="unacknowledged"):
-            client.flush(timeout=1.0)
-        assert client.pending == 2
-        shard.server.stop(0)
-        replacement = ReplayTable(TableConfig(capacity=100))
-        shard.server, _, _, _ = create_replay_server(replacement, f"127.0.0.1:{port}")
-        client.flush(timeout=30)
-    assert replacement.info().inserted_total == 20
-    np.testing.assert_array_equal(np.sort(replacement.sample(200).columns["action"].reshape(-1))[[0, -1]], [10, 29])

@@ -1,14 +1,9 @@
-"""The parameter service over a real gRPC server on 127.0.0.1 (and once as a real `python -m` process)."""
+"""The parameter service (parameter_server/service.py and client.py) over a real gRPC server on 127.0.0.1."""
 
 from __future__ import annotations
 
-import os
-import queue
 import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -29,8 +24,8 @@ from apexrl.common.errors import (
 from apexrl.common.metrics import serve_metrics
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import SERVICE_NAME, create_parameter_server
-from apexrl.parameter_server.store import TensorEntry, WeightStore, check_layout
 from apexrl.proto import parameters_pb2, parameters_pb2_grpc, tensor_pb2
+from tests.conftest import wait_until
 
 MiB = 1024 * 1024
 
@@ -276,26 +271,30 @@ def test_bad_publish_stream_is_invalid_argument_and_keeps_the_previous_version(s
     assert_same_weights(client.fetch(0)[1], kept)
 
 
-def test_cancelled_publish_stores_nothing(server, client, stub):
+def test_cancelled_publish_stores_nothing_even_with_every_byte_received(server, client, stub):
+    """A Publish is committed by the end of its stream, not by its byte count: a stream that carried all its bytes
+    and was then cancelled stores nothing."""
     client.publish(small_weights())
+    calls = lambda: server.registry.get_sample_value(  # noqa: E731 (Publish calls the server has finished)
+        "apexrl_params_request_duration_seconds_count", {"method": "Publish"})
+    received = lambda: server.registry.get_sample_value("apexrl_params_received_bytes_total")  # noqa: E731
     release = threading.Event()
 
     def requests():
-        yield parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16), chunk=b"\0" * 8)
-        release.wait(10)  # never sends the rest; the call is cancelled meanwhile
+        yield parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16), chunk=b"\1" * 16)
+        release.wait(10)  # the stream stays open (no half-close) until the call is cancelled
 
-    future = stub.Publish.future(requests(), timeout=5)
+    future = stub.Publish.future(requests(), timeout=10)
     try:
-        received = lambda: server.registry.get_sample_value("apexrl_params_received_bytes_total")  # noqa: E731
-        deadline = time.monotonic() + 5
-        while received() < 60 + 8 and time.monotonic() < deadline:  # the server holds half the bytes
-            time.sleep(0.01)
-        assert received() == 60 + 8
-        future.cancel()
+        wait_until(lambda: received() == 60 + 16, "the server holds every byte of the second version")
+        assert future.cancel()
+        # The server observed the cancellation: its Publish handler finished (it is timed however it ends).
+        wait_until(lambda: calls() == 2, "the server ended the cancelled Publish")
     finally:
         release.set()
-    assert client.version() == 1
+    assert client.version() == 1 and server.store.published_total == 1
     assert client.fetch(1) is None
+
 
 
 # --- failures, health, metrics, auth -------------------------------------------------------------------------------
@@ -337,8 +336,9 @@ def test_metrics_endpoint_serves_params_metrics(server, client):
     client.publish(small_weights())
     client.fetch(0)
     client.fetch(1)
-    port = serve_metrics(server.registry, 0, "127.0.0.1")
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+    url = serve_metrics(server.registry, 0, "127.0.0.1")
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+    with urllib.request.urlopen(url, timeout=5) as reply:
         text = reply.read().decode()
     values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
               for line in text.splitlines() if line.startswith("apexrl_params_")}
@@ -364,89 +364,3 @@ def test_token_is_required_when_set():
     finally:
         s.stop()
 
-
-# --- the pure store ------------------------------------------------------------------------------------------------
-
-
-def test_store_concurrent_publishers_get_distinct_increasing_versions():
-    store = WeightStore()
-    got: list[int] = []
-    lock = threading.Lock()
-
-    def publish_many():
-        for _ in range(50):
-            v = store.publish({"w": np.zeros(2, np.float32)})
-            with lock:
-                got.append(v)
-
-    threads = [threading.Thread(target=publish_many) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(got) == list(range(1, 201))
-    assert store.version == 200 and store.published_total == 200
-
-
-def test_store_wait_newer_and_snapshot_isolation():
-    store = WeightStore()
-    assert store.latest() is None and store.wait_newer(0, timeout=0.01) is None
-    source = np.arange(4, dtype=np.float32)
-    threading.Timer(0.05, store.publish, args=({"w": source},)).start()
-    snapshot = store.wait_newer(0, timeout=5)
-    assert snapshot is not None and snapshot.version == 1
-    source[:] = -1  # the store copied the arrays
-    arrays = snapshot.arrays()
-    np.testing.assert_array_equal(arrays["w"], [0, 1, 2, 3])
-    assert not arrays["w"].flags.writeable
-    assert store.wait_newer(1, timeout=0.01) is None
-
-
-def test_check_layout_accepts_any_order_and_empty_tensors():
-    f4 = np.dtype("<f4")
-    check_layout([TensorEntry("b", f4, (2,), 8, 8), TensorEntry("e", f4, (0,), 16, 0),
-                  TensorEntry("a", f4, (2,), 0, 8)], 16)
-    with pytest.raises(InvalidArgumentError, match="needs"):
-        check_layout([TensorEntry("a", f4, (1 << 31, 1 << 31, 1 << 31), 0, 0)], 0)  # no int64 overflow
-
-
-# --- the standalone process ----------------------------------------------------------------------------------------
-
-
-def test_standalone_process_serves_and_exits_0_on_sigterm(tmp_path):
-    port_file = tmp_path / "params.port"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "apexrl.parameter_server.main", "--host", "127.0.0.1", "--port", "0",
-         "--metrics-port", "0", "--port-file", str(port_file)],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
-    try:
-        deadline = time.monotonic() + 10
-        match = None
-        while match is None and time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            match = re.search(r"serving on 127\.0\.0\.1:(\d+) .*metrics (http://\S+)", line)
-        assert match, "no start line"
-        port, metrics_url = int(match.group(1)), match.group(2)
-        deadline = time.monotonic() + 5
-        while not port_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert int(port_file.read_text()) == port
-        with ParameterClient(f"127.0.0.1:{port}", timeout=5.0) as c:
-            assert c.publish(small_weights()) == 1
-            assert c.fetch(0)[0] == 1
-        with urllib.request.urlopen(metrics_url, timeout=5) as reply:
-            assert b"apexrl_params_current_version 1.0" in reply.read()
-        start = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-        assert time.monotonic() - start < 5
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

@@ -6,8 +6,8 @@ import csv
 
 import numpy as np
 
-from apexrl.launcher.plot import plot_learning_curve, read_eval_returns, rolling_mean
 from apexrl.common.episodes import COLUMNS as EPISODE_COLUMNS
+from apexrl.launcher.plot import plot_learning_curve, read_eval_returns, rolling_mean
 from apexrl.launcher.progress import ProgressRow
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -58,27 +58,3 @@ def test_rolling_mean_and_eval_filter(tmp_path):
     assert times.tolist() == [START + 1, START + 2, START + 3] and returns.size == 3
 
 
-def test_episode_files_are_read_incrementally_and_merged(tmp_path):
-    """The launcher reads whole lines only (actors may be mid-write) and merges the files by wall time."""
-    from apexrl.common.episodes import EpisodeTail, merge_episode_files
-    from apexrl.launcher.progress import Progress
-
-    episodes = tmp_path / "episodes"
-    episodes.mkdir()
-    evaluator = episodes / "evaluator.csv"
-    evaluator.write_text(",".join(EPISODE_COLUMNS) + "\n" + "".join(
-        f"{START + k:.3f},0,evaluate,{10 * k},480.0,480,1\n" for k in range(99)) + "1700000200.0,0,eval")
-    tail = EpisodeTail(evaluator)
-    assert len(tail.read_new()) == 99  # the half-written last line waits
-    with open(evaluator, "a") as f:
-        f.write("uate,990,490.0,490,2\n")
-    assert [row["return"] for row in tail.read_new()] == ["490.0"]
-    (episodes / "actor-0.csv").write_text(",".join(EPISODE_COLUMNS) + "\n" + f"{START + 0.5:.3f},0,explore,5,9.0,9,1\n")
-
-    progress = Progress(episodes, [], None, start_time=START)
-    row = progress.tick(START + 10)
-    assert progress.eval_episodes == 100 and progress.solved(475.0) and not progress.solved(485.0)
-    assert row.episodes == 1 and row.mean_explore_return_100 == 9.0 and row.updates is None
-    assert merge_episode_files(sorted(episodes.glob("*.csv")), tmp_path / "episodes.csv") == 101
-    merged = list(csv.DictReader((tmp_path / "episodes.csv").read_text().splitlines()))
-    assert [r["role"] for r in merged[:3]] == ["evaluate", "explore", "evaluate"]  # sorted by wall time

@@ -3,6 +3,8 @@ the shard keeps serving with its contents unchanged."""
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from apexrl.common.errors import InvalidArgumentError, ResourceExhaustedError
 from apexrl.common.grpc_util import make_channel
 from apexrl.proto import replay_pb2, replay_pb2_grpc, tensor_pb2
 from apexrl.replay_server.table import TableConfig
-from tests.conftest import cartpole_batch
+from tests.conftest import cartpole_batch, wait_until
 
 ROWS = 64
 
@@ -256,15 +258,39 @@ def test_empty_table_sample(make_shard):
 
 
 def test_cancelled_stream_leaves_no_half_batch(filled):
-    """A client that cancels mid-stream: every batch is stored whole or not at all."""
+    """A client that cancels mid-stream: the batches the shard got are stored whole and in order, nothing after the
+    cancellation is stored. Asserted once the shard itself has seen the cancellation."""
+    inserts = {"active": None, "running": 0}
+    original = filled.table.insert
+
+    def observed_insert(*args, **kwargs):  # the servicer hands the table its call's liveness check
+        inserts["active"] = kwargs["is_active"]
+        inserts["running"] += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            inserts["running"] -= 1
+
+    filled.table.insert = observed_insert
+    release = threading.Event()
+
+    def requests():
+        for i in range(50):
+            if i == 10:
+                release.wait(10)  # the rest would come after the cancellation
+            request = replay_pb2.InsertRequest(writer_id="cancelling", sequence=i + 1)
+            codec.encode_batch(cartpole_batch(8, 1000 + 8 * i), request.batch)
+            yield request
+
     channel, s = stub(filled)
-    requests = [good_request(8) for _ in range(50)]
-    for i, r in enumerate(requests):
-        r.sequence = i + 1
-        r.writer_id = "cancelling"
     with channel:
-        call = s.Insert(iter(requests), timeout=10)
-        next(call)  # at least one batch stored
+        call = s.Insert(requests(), timeout=10)
+        assert next(call).rows == 8  # at least one batch stored
         call.cancel()
+        wait_until(lambda: not inserts["active"]() and not inserts["running"], "the shard saw the cancellation")
+        release.set()
     info = filled.table.info()
-    assert info.size % 8 == 0 and info.size == info.inserted_total and info.size >= ROWS + 8
+    stored = info.size - ROWS
+    assert info.size == info.inserted_total and 8 <= stored <= 80 and stored % 8 == 0
+    ids = filled.table._storage["action"][ROWS:info.size]  # white box: the rows in insertion order
+    np.testing.assert_array_equal(ids, np.arange(1000, 1000 + stored))

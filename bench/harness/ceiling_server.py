@@ -1,0 +1,81 @@
+"""The raw gRPC ceiling server: bytes in, bytes out, no protobuf, the same thread-pool server options as a
+replay shard. Run as its own process by `harness.ceiling.start_ceiling_server`:
+
+    .venv/bin/python bench/harness/ceiling_server.py --port-file PATH
+
+Methods (generic handlers, no (de)serializers) of the service `apexrl.bench.Echo`:
+  Count  client stream: counts messages and bytes, answers both (two little-endian uint64).
+  Acked  bidi stream: one answer per message, of the size its first 8 bytes ask for.
+  Unary  one answer of the size the request's first 8 bytes ask for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import struct
+import sys
+import threading
+
+import grpc
+
+from apexrl.common import grpc_util
+from apexrl.common.files import atomic_write
+
+ECHO_SERVICE = "apexrl.bench.Echo"
+
+
+def make_handler() -> grpc.GenericRpcHandler:
+    replies: dict[int, bytes] = {}
+
+    def sized_reply(request: bytes) -> bytes:
+        size = struct.unpack_from("<Q", request)[0]
+        reply = replies.get(size)
+        if reply is None:
+            reply = replies[size] = bytes(size)
+        return reply
+
+    def count(request_iterator, context) -> bytes:
+        n = nbytes = 0
+        for request in request_iterator:
+            n += 1
+            nbytes += len(request)
+        return struct.pack("<QQ", n, nbytes)
+
+    def acked(request_iterator, context):
+        for request in request_iterator:
+            yield sized_reply(request)
+
+    def unary(request: bytes, context) -> bytes:
+        return sized_reply(request)
+
+    return grpc.method_handlers_generic_handler(
+        ECHO_SERVICE,
+        {
+            "Count": grpc.stream_unary_rpc_method_handler(count),
+            "Acked": grpc.stream_stream_rpc_method_handler(acked),
+            "Unary": grpc.unary_unary_rpc_method_handler(unary),
+        },
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="raw gRPC ceiling server for the benchmarks")
+    parser.add_argument("--port-file", required=True)
+    args = parser.parse_args(argv)
+    server = grpc_util.create_server()
+    server.add_generic_rpc_handlers((make_handler(),))
+    port = grpc_util.bind(server, "127.0.0.1:0")
+    server.start()
+    atomic_write(args.port_file, f"{port}\n")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    server.stop(1).wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,85 @@
+"""In-process replay shards: a ReplayTable behind the `Shard` protocol of `apexrl.learner.sharded_client`.
+
+Handed to the real `ShardedReplayClient` instead of addresses, so the learner benchmark's in-process mode runs
+the production allocation across shards, importance weights and priority coalescing; only the transport
+differs. A Sample "call" runs `ReplayTable.sample` at once in the caller's thread (one shard after the
+other, where the gRPC client waits for the shards in parallel), and priority updates run
+`ReplayTable.update_priorities` synchronously in the sender's thread (the train thread) instead of queueing
+on a stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from apexrl.common.errors import ApexError
+from apexrl.replay_server.table import ReplayTable
+from apexrl.replay_server.wire import SampledBatch, ShardInfo
+
+T = TypeVar("T")
+
+
+class Completed(Generic[T]):
+    """A call that already ran: `result()` returns its value or raises its apexrl error, like the SDK's
+    CallFuture."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._value: T | None = None
+        self._error: ApexError | None = None
+        try:
+            self._value = call()
+        except ApexError as err:
+            self._error = err
+
+    def result(self, timeout: float | None = None) -> T:
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+class TableSink:
+    """A PrioritySink that applies each update to the table at once; it never drops one."""
+
+    def __init__(self, table: ReplayTable, address: str) -> None:
+        self.table = table
+        self.address = address
+        self.applied = 0
+        self.stale = 0
+        self.dropped = 0
+        self.failures = 0
+
+    def send(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int, timeout: float = 10.0) -> bool:
+        result = self.table.update_priorities(np.asarray(keys, dtype=np.uint64),
+                                              np.asarray(priorities, dtype=np.float64), incarnation)
+        self.applied += result.applied
+        self.stale += result.stale
+        return True
+
+    def flush(self, timeout: float) -> bool:
+        return True
+
+    def close(self, wait: float = 5.0) -> None:
+        return None
+
+
+class TableShard:
+    """One in-process shard: the `Shard` calls answered by a ReplayTable."""
+
+    def __init__(self, table: ReplayTable, address: str) -> None:
+        self.table = table
+        self.address = address
+
+    def sample_future(self, batch_size: int, *, timeout: float | None = None) -> Completed[SampledBatch]:
+        return Completed(lambda: self.table.sample(batch_size, timeout=timeout))
+
+    def info_future(self, *, timeout: float | None = None) -> Completed[ShardInfo]:
+        return Completed(self.table.info)
+
+    def priority_stream(self, max_in_flight: int) -> TableSink:
+        return TableSink(self.table, self.address)
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,191 @@
+"""`apexrl launch` (launcher/main.py, fleet.py) as a real process running a tiny local fleet of real role processes:
+SIGTERM stops every role cleanly, a role that dies stops the fleet, a role that cannot start fails the launch; in
+every case no child process outlives the launcher and the last line on stdout is the JSON result."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROLES = ["shard-0", "learner", "actor-0", "evaluator"]
+# What each role logs once it runs (signal handlers in place, dependencies reached).
+RUNNING = {"shard-0": "replay shard serving on", "learner": "learner for CartPole-v1",
+           "actor-0": "actor 0/1 on CartPole-v1", "evaluator": "evaluator 0/1 on CartPole-v1"}
+
+
+class Launch:
+    """`apexrl launch --num-shards 1 --num-actors 1` in a child process, output in files."""
+
+    def __init__(self, tmp_path: Path, *argv: str) -> None:
+        self.run_dir = tmp_path / "run"
+        self.out_path, self.err_path = tmp_path / "launch.out", tmp_path / "launch.err"
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "apexrl.launcher", "launch", "--num-shards", "1", "--num-actors", "1",
+                 "--seed", "0", "--max-seconds", "90", "--progress-seconds", "1", "--run-dir", str(self.run_dir),
+                 *argv],
+                stdout=out, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.pids: dict[str, int] = {}
+
+    def config(self) -> dict | None:
+        try:
+            return json.loads((self.run_dir / "config.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def wait_running(self, timeout: float = 60) -> dict[str, int]:
+        """Wait until every role runs (its start line is in its log), and find each one's pid by its exact
+        command line (config.json records the commands)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.process.poll() is None, f"launcher exited early: {self.err_path.read_text()[-3000:]}"
+            config = self.config()
+            commands = {r["name"]: r["command"] for r in config["roles"]} if config else {}
+            if commands and all(commands.values()) and all(
+                    line in self.log(name) for name, line in RUNNING.items()):
+                self.pids = {name: pid_of(command) for name, command in commands.items()}
+                assert all(self.pids.values()), self.pids
+                return self.pids
+            assert time.monotonic() < deadline, "the fleet did not start"
+            time.sleep(0.1)
+
+    def log(self, role: str) -> str:
+        try:
+            return (self.run_dir / "logs" / f"{role}.log").read_text()
+        except FileNotFoundError:
+            return ""
+
+    def assert_no_role_left(self) -> None:
+        """No process runs the command of any role the launcher started (config.json records them)."""
+        commands = [r["command"] for r in self.config()["roles"] if r["command"]]
+        assert commands
+        deadline = time.monotonic() + 10
+        while left := [c[3] for c in commands if pid_of(c)]:
+            assert time.monotonic() < deadline, f"roles still running after the launcher exited: {left}"
+            time.sleep(0.05)
+
+    def wait(self, timeout: float = 60) -> tuple[int, dict, str]:
+        """The launcher's exit status, its final JSON line and its stderr."""
+        code = self.process.wait(timeout)
+        lines = self.out_path.read_text().strip().splitlines()
+        assert lines, self.err_path.read_text()[-3000:]
+        return code, json.loads(lines[-1]), self.err_path.read_text()
+
+    def cleanup(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        for pid in self.pids.values():
+            if pid and alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def pid_of(command: list[str]) -> int | None:
+    """The pid of the running process whose argv is exactly `command`."""
+    wanted = "\0".join(command).encode() + b"\0"
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes() == wanted:
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def assert_all_gone(pids: dict[str, int], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while [name for name, pid in pids.items() if alive(pid)]:
+        assert time.monotonic() < deadline, f"still running: {[n for n, p in pids.items() if alive(p)]}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def launch(tmp_path):
+    started: list[Launch] = []
+
+    def start(*argv: str) -> Launch:
+        started.append(Launch(tmp_path, *argv))
+        return started[-1]
+
+    yield start
+    for run in started:
+        run.cleanup()
+
+
+@pytest.mark.timeout(150)
+def test_sigterm_stops_every_role_cleanly_and_prints_the_result(launch):
+    run = launch()
+    pids = run.wait_running()
+    assert sorted(pids) == sorted(ROLES) and len(set(pids.values())) == len(ROLES)
+    run.process.send_signal(signal.SIGTERM)
+    code, result, err = run.wait()
+    assert code == 1  # the local fleet checks the target return, and a signal is not "solved"
+    assert result["reason"] == "signal" and result["solved"] is False
+    assert result["run_dir"] == str(run.run_dir) and result["wall_seconds"] > 0
+    assert_all_gone(pids)
+    # Every role shut down on its SIGTERM (none had to be killed after the grace period).
+    assert "killing" not in err
+    run.assert_no_role_left()
+    logs = {name: run.log(name) for name in ROLES}
+    for name, text in logs.items():
+        assert "received SIGTERM; shutting down" in text, name
+        assert "Traceback" not in text, name
+    assert "replay shard stopped" in logs["shard-0"] and "learner stopped after" in logs["learner"]
+    assert "actor 0 stopped after" in logs["actor-0"] and "evaluator 0 stopped after" in logs["evaluator"]
+    for name in ("progress.csv", "episodes.csv", "config.json"):
+        assert (run.run_dir / name).is_file(), name
+
+
+@pytest.mark.timeout(150)
+def test_a_role_that_dies_is_named_and_the_rest_of_the_fleet_is_stopped(launch):
+    run = launch()
+    pids = run.wait_running()
+    os.kill(pids["actor-0"], signal.SIGKILL)
+    code, result, err = run.wait()
+    assert code == 1
+    assert result["reason"] == "role_exited" and result["solved"] is False
+    assert "apexrl launch: actor-0 died unexpectedly: actor-0 was killed by SIGKILL; last lines of" in err
+    assert str(run.run_dir / "logs" / "actor-0.log") in err
+    assert_all_gone(pids)
+    run.assert_no_role_left()
+    for name in ("shard-0", "learner", "evaluator"):
+        assert "received SIGTERM; shutting down" in run.log(name), name
+
+
+@pytest.mark.timeout(150)
+def test_a_learner_that_cannot_start_fails_the_launch_and_stops_the_shards(launch, tmp_path):
+    from apexrl.learner.checkpoint import Checkpoint, save_checkpoint
+    from apexrl.learner.networks import DuelingQNetwork
+
+    state = DuelingQNetwork(4, 2, (8,)).state_dict()  # the fleet's learner wants (128, 128)
+    save_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint.pt", Checkpoint(
+        "CartPole-v1", 4, 2, (8,), state, state, None, updates=5, weight_version=2))
+    run = launch()
+    code, result, err = run.wait(timeout=90)
+    assert code == 1 and result["solved"] is False
+    # The learner reports SERVING before it loads its checkpoint, so the launcher may already have started the
+    # actors when it dies (reason role_exited) or not (startup_failed): either way it is named with its log tail.
+    assert result["reason"] in ("startup_failed", "role_exited"), result
+    assert ("apexrl launch: fleet did not start: learner exited with status" in err
+            or "apexrl launch: learner died unexpectedly: learner exited with status" in err), err
+    assert "has network 4->(8,)->2, the configuration wants 4->(128, 128)->2" in err  # the learner's log tail
+    run.assert_no_role_left()
+    assert "received SIGTERM; shutting down" in run.log("shard-0")
+    assert "replay shard stopped: 0 rows held" in run.log("shard-0")

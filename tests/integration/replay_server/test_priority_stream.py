@@ -1,0 +1,111 @@
+"""PriorityStream (replay_server/priority_stream.py): fire-and-forget priority updates over one long-lived stream
+to a real in-process shard; what the shard applied or found stale is counted, updates in flight when the shard
+goes away are dropped and counted, and the stream reconnects when the shard is back."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from apexrl.actor import ReplayClient
+from apexrl.replay_server.service import create_replay_server
+from apexrl.replay_server.table import ReplayTable, TableConfig
+from tests.conftest import cartpole_batch, wait_until
+
+
+@pytest.fixture
+def filled(make_shard):
+    """A shard holding keys 0..99 with priority 1 (alpha 1, so the total is the sum of raw priorities)."""
+    shard = make_shard(TableConfig(capacity=100, alpha=1.0, seed=0))
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(100), priorities=np.ones(100))
+        client.flush()
+    return shard
+
+
+def test_updates_are_applied_or_counted_stale_and_flush_waits_for_the_answers(filled):
+    incarnation = filled.table.incarnation
+    with ReplayClient(filled.address) as client:
+        stream = client.priority_stream(max_in_flight=4)
+        try:
+            for i in range(10):  # more messages than may be in flight: send blocks, then goes on
+                assert stream.send(np.arange(10 * i, 10 * i + 5, dtype=np.uint64), np.full(5, 3.0), incarnation)
+            assert stream.send(np.array([100, 5000], dtype=np.uint64), np.full(2, 9.0), incarnation)  # unknown
+            assert stream.send(np.arange(3, dtype=np.uint64), np.full(3, 9.0), incarnation ^ 2)  # restarted shard
+            assert stream.flush(timeout=10)
+            assert (stream.applied, stream.stale, stream.dropped, stream.failures) == (50, 5, 0, 0)
+        finally:
+            stream.close()
+    info = filled.table.info()
+    assert (info.updated_total, info.stale_updates_total) == (50, 5)
+    assert info.total_priority == pytest.approx(50 * 1.0 + 50 * 3.0)
+
+
+def test_updates_in_flight_when_the_shard_stops_are_dropped_and_the_stream_reconnects(filled):
+    port = int(filled.address.rsplit(":", 1)[1])
+    incarnation = filled.table.incarnation
+    original = filled.table.update_priorities
+    reached, release = threading.Event(), threading.Event()
+
+    def held_update(*args, **kwargs):  # the shard holds the first update: it is in flight when the shard stops
+        reached.set()
+        release.wait(10)
+        return original(*args, **kwargs)
+
+    filled.table.update_priorities = held_update
+    client = ReplayClient(filled.address)
+    stream = client.priority_stream()
+    try:
+        assert stream.send(np.arange(7, dtype=np.uint64), np.full(7, 5.0), incarnation)
+        assert reached.wait(10)
+        stopped = filled.server.stop(0)
+        assert stream.flush(timeout=10)  # the answer will never come: the update is dropped, not waited for
+        assert (stream.applied, stream.dropped) == (0, 7) and stream.failures >= 1
+        release.set()
+        assert stopped.wait(10)
+        # The shard comes back on the same address (a restarted process: a new table and incarnation).
+        replacement = ReplayTable(TableConfig(capacity=100, alpha=1.0, seed=1))
+        replacement.insert(cartpole_batch(100), np.ones(100))
+        filled.server, _, _, _ = create_replay_server(replacement, f"127.0.0.1:{port}")
+
+        def resend() -> bool:
+            stream.send(np.arange(10, 20, dtype=np.uint64), np.full(10, 4.0), replacement.incarnation)
+            return stream.flush(timeout=5) and stream.applied > 0
+
+        wait_until(resend, "the stream reconnected and an update was applied", timeout=20)
+    finally:
+        release.set()
+        stream.close()
+        client.close()
+        filled.server.stop(0)
+    assert stream.applied >= 10 and stream.dropped >= 7  # resends while it reconnected may be dropped too
+    info = replacement.info()
+    assert info.updated_total == stream.applied  # what the stream counts is what the shard applied
+    assert info.total_priority == pytest.approx(90 + 10 * 4.0)
+
+
+def test_send_gives_up_at_its_deadline_when_the_stream_is_backed_up(filled):
+    original = filled.table.update_priorities
+    release = threading.Event()
+
+    def held_update(*args, **kwargs):
+        release.wait(10)
+        return original(*args, **kwargs)
+
+    filled.table.update_priorities = held_update
+    with ReplayClient(filled.address) as client:
+        stream = client.priority_stream(max_in_flight=2)
+        try:
+            incarnation = filled.table.incarnation
+            assert stream.send(np.zeros(1, np.uint64), np.ones(1), incarnation)
+            assert stream.send(np.ones(1, np.uint64), np.ones(1), incarnation)
+            assert not stream.send(np.full(1, 2, np.uint64), np.ones(1), incarnation, timeout=0.2)  # not queued
+            assert not stream.flush(timeout=0.2)
+            release.set()
+            assert stream.flush(timeout=10)
+            assert stream.applied == 2 and stream.dropped == 0
+        finally:
+            release.set()
+            stream.close()

@@ -1,0 +1,76 @@
+"""Both benchmarks run end to end in their quick modes (real shard processes, the real learner) and report
+every figure with a positive value. No speed is asserted: speed is measured in bench/, never in tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+INSERT_SHAPES = [f"{w}_{rows}" for w in ("cartpole", "atari") for rows in (64, 256)]
+# Every gRPC figure and the raw-gRPC ceiling it is compared with (grpc_cycle has none).
+COMPARED = {
+    **{f"grpc_insert_{s}": f"ceiling_stream_{s}" for s in INSERT_SHAPES},
+    "grpc_sample": "ceiling_unary_sample",
+    "grpc_sample_window": "ceiling_unary_sample_window",
+    "grpc_update": "ceiling_unary_update",
+    "grpc_update_window": "ceiling_unary_update_window",
+    "grpc_update_stream": "ceiling_stream_update",
+}
+REPLAY_FIGURES = {
+    *COMPARED, *COMPARED.values(), *(f"ceiling_acked_{s}" for s in INSERT_SHAPES), "grpc_cycle",
+    "tree_update", "tree_sample", "table_sample", "table_update", "table_cycle",
+    *(f"table_insert_{s}" for s in INSERT_SHAPES),
+}
+
+
+def run_quick(script: str, tmp_path: Path) -> dict:
+    out = tmp_path / f"{script}.json"
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--json", str(out)], timeout=120,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(150)
+def test_replay_bench_quick_mode_reports_every_figure(tmp_path):
+    data = run_quick("replay_bench.py", tmp_path)
+    figures = data["figures"]
+    assert set(figures) == REPLAY_FIGURES
+    for key, f in figures.items():
+        assert f["value"] > 0 and f["calls"] > 0 and f["seconds"] > 0, key
+        assert f["client_cpu"] is not None and f["client_cpu"] > 0, key
+    # Every apexrl figure over gRPC is reported next to its raw-gRPC ceiling, as a ratio.
+    for key, ceiling in COMPARED.items():
+        f = figures[key]
+        rows = int(key.rsplit("_", 1)[1]) if key.startswith("grpc_insert_") else 1  # to transitions/s
+        assert f["ceiling"] == pytest.approx(figures[ceiling]["value"] * rows) and f["ceiling"] > 0, key
+        assert f["ratio"] == f["value"] / f["ceiling"] and f["ceiling_name"], key
+        assert f["server_cpu"] > 0, key
+    assert data["fill_rows_per_s"] is None or data["fill_rows_per_s"] > 0  # None: the inserts filled it
+    assert data["meta"]["grpcio"] and len(data["load_average_1min"]) == 2
+
+
+@pytest.mark.timeout(150)
+def test_learner_bench_quick_mode_reports_every_figure(tmp_path):
+    data = run_quick("learner_bench.py", tmp_path)
+    assert data["contents"]["identical"] and data["contents"]["same_first_batch"]
+    phases = data["phases"]
+    assert [p["mode"] for p in phases] == ["grpc", "inprocess", "reference"]
+    for p in phases:
+        assert p["updates"] > 0 and p["updates_per_s"] > 0 and p["seconds"] > 0, p["mode"]
+        assert p["train_step_ms"] > 0 and p["learner_cpu_s"] > 0, p["mode"]
+        assert len(p["shard_cpu_s"]) == 2
+    assert all(cpu > 0 for cpu in phases[0]["shard_cpu_s"])  # the gRPC phase kept both shards busy
+    summary = data["summary"]
+    assert set(summary["per_mode"]) == {"grpc", "inprocess", "reference"}
+    for mode, m in summary["per_mode"].items():
+        assert m["updates_per_s"] > 0 and m["learner_cpu_ms_per_update"] > 0, mode
+    assert summary["ratio"] > 0 and len(summary["round_ratios"]) == 1
+    assert set(summary["share_of_reference"]) == {"grpc", "inprocess"}
+    assert data["meta"]["torch"] and data["fill_seconds"] > 0

@@ -1,0 +1,139 @@
+"""The learner (learner/learner.py) with an injected in-process sampler and publish callable: the priorities it
+sends back, the target network's period, the weights it publishes, beta's annealing, and its training loop."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from apexrl.learner import ShardedReplayClient
+from apexrl.learner.learner import make_sampler
+from apexrl.learner.losses import double_dqn_loss
+from apexrl.learner.networks import state_dict_to_numpy
+from tests.conftest import wait_until
+from tests.unit.learner.fakes import config, learner, make_batch, params, same
+
+
+def test_train_step_sends_back_td_error_plus_epsilon_for_exactly_the_batchs_rows():
+    lrn, sampler, _ = learner(config(priority_epsilon=0.05))
+    batch = make_batch([5, 17, 2, 40, 33, 8, 11, 26])
+    online, target = copy.deepcopy(lrn.online), copy.deepcopy(lrn.target)
+    cols = {k: torch.as_tensor(v) for k, v in batch.columns.items()}
+    want_loss, want_td = double_dqn_loss(online, target, cols["obs"], cols["action"], cols["reward"],
+                                         cols["discount"], cols["next_obs"], torch.as_tensor(batch.weights))
+    before = params(lrn.online)
+    loss = lrn.train_step(batch)
+    assert loss == pytest.approx(want_loss.item(), rel=1e-6)
+    ((sent_batch, priorities),) = sampler.updates
+    assert sent_batch is batch  # the sampler routes each row to its shard by the batch's keys and shard ids
+    assert priorities.dtype == np.float64 and priorities.shape == (8,)
+    np.testing.assert_allclose(priorities, want_td.numpy() + 0.05, rtol=1e-5)  # row j's |TD| for row j
+    assert len(set(np.round(priorities, 6))) == 8  # distinct rows, so a permutation would be caught
+    assert not same(before, params(lrn.online))  # the optimiser stepped
+    assert lrn.updates == 1
+
+
+def test_importance_weights_scale_the_loss():
+    (plain, _, _), (heavy, _, _) = learner(config()), learner(config())  # same seed: the same networks
+    assert same(params(plain.online), params(heavy.online))
+    batch = make_batch(range(8))
+    tripled = dataclasses.replace(batch, weights=batch.weights * 3)
+    assert heavy.train_step(tripled) == pytest.approx(3 * plain.train_step(batch), rel=1e-5)
+
+
+def test_the_target_network_is_copied_every_target_update_period():
+    lrn, _, _ = learner(config(target_update_period=3, publish_every=100))
+    initial = params(lrn.target)
+    assert same(initial, params(lrn.online))
+    for update in range(1, 10):
+        lrn.train_step(make_batch(range(8 * update, 8 * update + 8)))
+        online = params(lrn.online)
+        if update % 3 == 0:
+            assert same(params(lrn.target), online), update
+            copied = online
+        else:
+            assert not same(params(lrn.target), online), update
+            assert same(params(lrn.target), initial if update < 3 else copied), update
+
+
+def test_weights_are_published_every_publish_every_with_increasing_versions():
+    lrn, _, publisher = learner(config(publish_every=2))
+    snapshots = {}
+    for update in range(1, 8):
+        lrn.train_step(make_batch(range(8 * update, 8 * update + 8)))
+        snapshots[update] = state_dict_to_numpy(lrn.online)
+    assert [version for version, _ in publisher.published] == [1, 2, 3]  # after updates 2, 4 and 6
+    assert lrn.weight_version == 3
+    for (_, weights), update in zip(publisher.published, (2, 4, 6), strict=True):
+        assert weights.keys() == snapshots[update].keys()
+        for name in weights:
+            np.testing.assert_array_equal(weights[name], snapshots[update][name])
+    # The published arrays are copies: training on does not change what the actors got.
+    np.testing.assert_array_equal(publisher.published[0][1]["value.bias"], snapshots[2]["value.bias"])
+
+
+def test_the_version_is_whatever_the_parameter_service_answers():
+    lrn, _, _ = learner(config(publish_every=1))
+    lrn._publish = lambda weights, version: 10 * version  # a service that numbers versions its own way
+    lrn.train_step(make_batch(range(8)))
+    lrn.train_step(make_batch(range(8, 16)))
+    assert lrn.weight_version == 110  # 10 * (10 + 1): the next version asked is the last answer + 1
+
+
+def test_beta_anneals_linearly_from_start_to_end():
+    lrn, _, _ = learner(config(beta_start=0.4, beta_end=1.0, beta_anneal_updates=10))
+    seen = [lrn.beta()]
+    for update in range(1, 15):
+        lrn.train_step(make_batch(range(8 * update, 8 * update + 8)))
+        seen.append(lrn.beta())
+    np.testing.assert_allclose(seen[:11], np.linspace(0.4, 1.0, 11))
+    assert seen[11:] == [1.0] * 4
+
+
+def test_run_trains_to_max_updates_publishing_checkpointing_and_flushing(tmp_path):
+    cfg = config(tmp_path, max_updates=12, publish_every=5, checkpoint_every=100)
+    lrn, sampler, publisher = learner(cfg)
+    stop = threading.Event()
+    runner = threading.Thread(target=lrn.run, args=(stop,), daemon=True)
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive()
+    assert lrn.updates == 12 and len(sampler.updates) == 12
+    assert [v for v, _ in publisher.published] == [1, 2, 3]  # at start (before any update), then after 5 and 10
+    assert sampler.flushed == 1
+    betas = [beta for _, beta in sampler.sample_calls]
+    assert betas[0] == 0.4 and betas == sorted(betas) and betas[-1] > 0.4  # drawn with the current beta
+    trained = {int(k) for batch, _ in sampler.updates for k in batch.keys}
+    assert trained == set(range(96))  # every batch drawn in order was trained on once
+    assert (tmp_path / "checkpoints" / "checkpoint.pt").is_file()  # the final checkpoint
+
+
+def test_run_stops_when_asked():
+    lrn, sampler, _ = learner(config())
+    stop = threading.Event()
+    runner = threading.Thread(target=lrn.run, args=(stop,), daemon=True)
+    runner.start()
+    wait_until(lambda: lrn.updates >= 3 or not runner.is_alive(), "3 updates")
+    assert runner.is_alive()
+    stop.set()
+    runner.join(30)
+    assert not runner.is_alive() and sampler.flushed == 1
+    lrn.close()
+    assert sampler.closed
+
+
+def test_make_sampler_builds_the_sharded_client_the_settings_describe():
+    cfg = config(replay=("127.0.0.1:1", "127.0.0.1:2"), batch_size=128, priority_coalesce_batches=4,
+                 sample_timeout=3.0)
+    sampler = make_sampler(cfg)
+    try:
+        assert isinstance(sampler, ShardedReplayClient)
+        assert [s.address for s in sampler.shards] == list(cfg.replay) and sampler.timeout == 3.0
+        assert sampler.coalesce_rows == (2 * 4 - 1) * 128 // (2 * 2)  # about 4 batches' rows per shard
+    finally:
+        sampler.close()

@@ -1,0 +1,311 @@
+"""The replay table (replay_server/table.py) without a server: FIFO ring and keys, stale keys, de-duplication,
+signatures, default priorities, incarnations, sampling, rate limiting and shutdown, driven from threads."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from apexrl.common.errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from apexrl.common.signature import Signature
+from apexrl.replay_server.table import ReplayTable, TableConfig
+from tests.conftest import cartpole_batch
+
+
+def table(**config) -> ReplayTable:
+    return ReplayTable(TableConfig(**{"capacity": 10, "alpha": 1.0, "seed": 0, **config}))
+
+
+def stored(t: ReplayTable) -> dict[int, float]:
+    """key -> stored priority of every row, read through sampling every row (alpha 1: the raw priority)."""
+    batch = t.sample(t.config.max_sample_batch_size)
+    return dict(zip(batch.keys.tolist(), batch.priorities.tolist(), strict=True))
+
+
+# --- FIFO ring and keys --------------------------------------------------------------------------------------------
+
+
+def test_keys_are_insertion_indices_and_the_oldest_rows_are_evicted_first():
+    t = table()
+    results = [t.insert(cartpole_batch(4, 4 * i)) for i in range(4)]  # 16 rows into 10 slots: wraps around
+    assert [(r.first_key, r.rows, r.duplicate) for r in results] == [(0, 4, False), (4, 4, False), (8, 4, False),
+                                                                    (12, 4, False)]
+    info = t.info()
+    assert (info.size, info.inserted_total, info.evicted_total, info.capacity) == (10, 16, 6, 10)
+    batch = t.sample(500)
+    assert set(batch.keys.tolist()) == set(range(6, 16))  # the newest 10 rows, every one of them drawn
+    ids = batch.columns["action"]
+    np.testing.assert_array_equal(batch.keys.astype(np.int64), ids)  # each key names the row inserted under it
+    np.testing.assert_array_equal(batch.columns["obs"][:, 0], ids.astype(np.float32))
+    np.testing.assert_array_equal(batch.columns["next_obs"][:, 0], ids + 1.0)
+
+
+def test_a_batch_of_exactly_the_capacity_replaces_everything():
+    t = table()
+    t.insert(cartpole_batch(7))
+    assert t.insert(cartpole_batch(10, 100)).first_key == 7
+    assert set(t.sample(200).columns["action"].tolist()) == set(range(100, 110))
+    assert t.info().evicted_total == 7
+    with pytest.raises(InvalidArgumentError, match="batch of 11 rows exceeds the table capacity"):
+        t.insert(cartpole_batch(11))
+
+
+# --- priorities ----------------------------------------------------------------------------------------------------
+
+
+def test_stale_and_unknown_keys_are_ignored_and_counted_never_applied_to_the_slots_new_rows():
+    t = table()
+    t.insert(cartpole_batch(10), np.ones(10))
+    t.insert(cartpole_batch(5, 10), np.full(5, 2.0))  # keys 0..4 evicted; their slots hold keys 10..14
+    result = t.update_priorities(np.array([0, 3, 4, 5, 14, 15, 99], dtype=np.uint64), np.full(7, 50.0))
+    assert (result.applied, result.stale) == (2, 5)  # 5 and 14 are live; 0, 3, 4 evicted; 15, 99 never existed
+    priorities = stored(t)
+    assert priorities[5] == 50.0 and priorities[14] == 50.0
+    assert [priorities[k] for k in (10, 13)] == [2.0, 2.0]  # slots of the evicted keys 0 and 3: untouched
+    assert (priorities[6], priorities[11]) == (1.0, 2.0)
+    for bad in (np.array([-1, -5], np.int64), np.array([2**63 + 5, 2**64 - 1], np.uint64)):
+        assert t.update_priorities(bad, np.ones(2)).stale == 2
+    info = t.info()
+    assert (info.updated_total, info.stale_updates_total) == (2, 9)
+    assert info.total_priority == pytest.approx(sum(priorities.values()))
+
+
+def test_updates_of_another_incarnation_are_all_stale():
+    t = table()
+    t.insert(cartpole_batch(10), np.ones(10))
+    assert t.incarnation != 0 and t.incarnation % 2 == 1  # never 0: 0 means "this shard, whatever it is"
+    assert ReplayTable(TableConfig(capacity=10)).incarnation != t.incarnation
+    result = t.update_priorities(np.arange(10, dtype=np.uint64), np.full(10, 7.0), incarnation=t.incarnation ^ 2)
+    assert (result.applied, result.stale) == (0, 10)
+    assert t.info().total_priority == 10.0
+    assert t.update_priorities(np.arange(2, dtype=np.uint64), np.full(2, 7.0), incarnation=t.incarnation).applied == 2
+    assert t.update_priorities(np.arange(2, 4, dtype=np.uint64), np.full(2, 7.0), incarnation=0).applied == 2
+    assert t.info().total_priority == 6.0 + 4 * 7.0
+
+
+def test_rows_without_priorities_get_the_largest_priority_seen():
+    t = table(capacity=100)
+    t.insert(cartpole_batch(2))  # nothing seen yet: 1.0
+    t.insert(cartpole_batch(2, 2), np.array([2.0, 5.0]))
+    t.insert(cartpole_batch(2, 4))  # 5.0
+    t.update_priorities(np.array([0], np.uint64), np.array([9.0]))
+    t.insert(cartpole_batch(2, 6))  # 9.0, set by an update
+    t.update_priorities(np.array([1], np.uint64), np.array([0.5]))  # lowering one row lowers no maximum
+    t.insert(cartpole_batch(1, 8))
+    assert stored(t) == {0: 9.0, 1: 0.5, 2: 2.0, 3: 5.0, 4: 5.0, 5: 5.0, 6: 9.0, 7: 9.0, 8: 9.0}
+    assert t.info().max_priority == 9.0
+
+
+def test_repeated_keys_in_one_update_last_value_wins_and_each_entry_counts():
+    t = table()
+    t.insert(cartpole_batch(10), np.ones(10))
+    assert t.update_priorities(np.array([3, 3, 3], np.uint64), np.array([7.0, 2.0, 4.0])).applied == 3
+    assert stored(t)[3] == 4.0
+
+
+@pytest.mark.parametrize(("keys", "priorities", "message"), [
+    (np.arange(3, dtype=np.uint64), np.array([1.0, np.nan, 1.0]), "index 1 = nan"),
+    (np.arange(3, dtype=np.uint64), np.array([1.0, 1.0, -2.0]), "index 2 = -2.0"),
+    (np.arange(3, dtype=np.uint64), np.ones(2), "priorities has shape [2], expected [3]"),
+    (np.arange(3, dtype=np.uint64), np.ones(3, np.int64), "must be float32 or float64, got int64"),
+    (np.arange(3, dtype=np.float64), np.ones(3), "keys must be uint64 or int64, got float64"),
+    (np.zeros((2, 2), np.uint64), np.ones(2), "keys has shape [2, 2], expected [n]"),
+])
+def test_bad_updates_are_refused_and_change_nothing(keys, priorities, message):
+    t = table()
+    t.insert(cartpole_batch(10), np.ones(10))
+    with pytest.raises(InvalidArgumentError) as err:
+        t.update_priorities(keys, priorities)
+    assert message in str(err.value)
+    assert t.info().total_priority == 10.0 and t.info().updated_total == 0
+
+
+# --- de-duplication and signatures ---------------------------------------------------------------------------------
+
+
+def test_a_resent_batch_is_reported_as_duplicate_and_stored_once():
+    t = table(capacity=100)
+    assert not t.insert(cartpole_batch(3), writer_id="w", sequence=1).duplicate
+    again = t.insert(cartpole_batch(3), writer_id="w", sequence=1)
+    assert (again.duplicate, again.rows, again.first_key) == (True, 0, 0)
+    assert t.insert(cartpole_batch(3), writer_id="w", sequence=0).duplicate  # older than the last stored
+    assert t.insert(cartpole_batch(3, 3), writer_id="w", sequence=5).first_key == 3  # gaps are fine
+    assert not t.insert(cartpole_batch(3, 6), writer_id="other", sequence=1).duplicate  # writers are independent
+    assert not t.insert(cartpole_batch(3, 9)).duplicate and not t.insert(cartpole_batch(3, 12)).duplicate  # no id
+    info = t.info()
+    assert (info.size, info.inserted_total, info.duplicate_batches_total) == (15, 15, 2)
+
+
+def test_the_least_recently_used_writer_is_forgotten_first():
+    t = table(capacity=100, max_tracked_writers=2)
+    t.insert(cartpole_batch(1), writer_id="a", sequence=1)
+    t.insert(cartpole_batch(1), writer_id="b", sequence=1)
+    assert t.insert(cartpole_batch(1), writer_id="a", sequence=1).duplicate  # "a" is now the most recent
+    t.insert(cartpole_batch(1), writer_id="c", sequence=1)  # forgets "b"
+    assert t.insert(cartpole_batch(1), writer_id="a", sequence=1).duplicate
+    assert not t.insert(cartpole_batch(1), writer_id="b", sequence=1).duplicate
+
+
+def test_the_first_insert_fixes_the_signature_and_later_batches_must_match():
+    t = table()
+    assert t.signature is None and t.info().signature is None
+    t.insert(cartpole_batch(2))
+    assert str(t.signature) == ("obs:float32[4],action:int64[],reward:float32[],discount:float32[],"
+                                "next_obs:float32[4]")
+    wrong = cartpole_batch(2)
+    wrong["obs"] = wrong["obs"].astype(np.float64)
+    with pytest.raises(InvalidArgumentError, match="column 'obs' is float64\\[4\\] per row"):
+        t.insert(wrong)
+    with pytest.raises(InvalidArgumentError, match="unknown \\['extra'\\]"):
+        t.insert({**cartpole_batch(2), "extra": np.zeros(2)})
+    assert t.info().inserted_total == 2
+
+
+def test_a_declared_signature_is_enforced_from_the_first_insert():
+    t = table(signature=Signature.parse("obs:float32[4],action:int64[]"))
+    assert str(t.info().signature) == "obs:float32[4],action:int64[]"
+    with pytest.raises(InvalidArgumentError, match="unknown \\['discount', 'next_obs', 'reward'\\]"):
+        t.insert(cartpole_batch(2))
+    batch = cartpole_batch(2)
+    t.insert({"obs": batch["obs"], "action": batch["action"]})
+    assert t.info().size == 2
+
+
+# --- sampling ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_rows_are_drawn_in_proportion_to_priority_to_the_alpha(alpha):
+    t = table(capacity=8, alpha=alpha, seed=3)
+    raw = np.array([1.0, 2.0, 3.0, 4.0, 0.5, 8.0, 0.0, 1.5])
+    t.insert(cartpole_batch(8), raw)
+    leaves = np.where(raw > 0, raw**alpha, 0.0)
+    counts = np.zeros(8)
+    for _ in range(40):
+        batch = t.sample(256)
+        np.testing.assert_allclose(batch.priorities, leaves[batch.keys.astype(np.int64)])
+        np.testing.assert_allclose(batch.probabilities, batch.priorities / leaves.sum())
+        assert (batch.total_priority, batch.size, batch.incarnation) == (pytest.approx(leaves.sum()), 8,
+                                                                         t.incarnation)
+        assert batch.min_priority == pytest.approx(leaves[leaves > 0].min())
+        counts += np.bincount(batch.keys.astype(np.int64), minlength=8)
+    assert counts[6] == 0  # priority 0 is never drawn
+    keep = leaves > 0
+    _, p_value = stats.chisquare(counts[keep], counts.sum() * leaves[keep] / leaves.sum())
+    assert p_value > 1e-3, counts
+
+
+def test_a_table_whose_priorities_are_all_zero_samples_uniformly():
+    t = table(capacity=20, seed=1)
+    t.insert(cartpole_batch(20, 0), np.zeros(20))
+    batch = t.sample(2000)
+    assert batch.total_priority == 0 and set(batch.keys.tolist()) == set(range(20))
+    np.testing.assert_allclose(batch.probabilities, 1 / 20)
+
+
+def test_batch_size_must_be_within_limits():
+    t = table(max_sample_batch_size=8)
+    t.insert(cartpole_batch(4))
+    for bad in (0, 9):
+        with pytest.raises(InvalidArgumentError, match=f"batch_size \\({bad}\\) must be in \\[1, 8\\]"):
+            t.sample(bad)
+    assert len(t.sample(8).keys) == 8  # with replacement: more than the rows held
+
+
+# --- waiting, rate limiting, shutdown ------------------------------------------------------------------------------
+
+
+class Blocked:
+    """A call run in a thread; `waiting` is set once the table holds it (the table polls is_active while it waits)."""
+
+    def __init__(self, call, **kwargs) -> None:
+        self.waiting = threading.Event()
+        self.result = self.error = None
+
+        def is_active() -> bool:
+            self.waiting.set()
+            return True
+
+        def run() -> None:
+            try:
+                self.result = call(is_active=is_active, **kwargs)
+            except Exception as err:  # noqa: BLE001 (the test inspects it)
+                self.error = err
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert self.waiting.wait(10), "the call never waited"
+
+    def join(self):
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the call is still blocked"
+        return self
+
+
+def test_below_the_minimum_size_sample_fails_at_once_or_waits_for_its_deadline_or_an_insert():
+    t = table(capacity=100, min_size_to_sample=5)
+    t.insert(cartpole_batch(4))
+    with pytest.raises(FailedPreconditionError, match="holds 4 rows, fewer than min_size_to_sample \\(5\\)"):
+        t.sample(2, wait=False)
+    with pytest.raises(DeadlineExceededError, match="sample waited until its deadline: table holds 4 rows"):
+        t.sample(2, timeout=0.05)
+    with pytest.raises(DeadlineExceededError, match="the caller went away"):
+        t.sample(2, timeout=5, is_active=lambda: False)
+    waiting = Blocked(t.sample, batch_size=3, timeout=30)
+    t.insert(cartpole_batch(1, 4))  # the fifth row releases it
+    assert waiting.join().error is None and waiting.result.size == 5
+
+
+def test_a_sampler_ahead_of_the_ratio_waits_until_an_insert_lets_it_go():
+    t = table(capacity=1000, samples_per_insert=1.0, samples_per_insert_tolerance=16)
+    t.insert(cartpole_batch(32))
+    t.sample(32)
+    t.sample(32)  # diff 32 - 64 = -32 < -16
+    with pytest.raises(FailedPreconditionError, match="rate limiter: samples_per_insert 1.0: 64 rows sampled"):
+        t.sample(8, wait=False)
+    waiting = Blocked(t.sample, batch_size=8, timeout=30)
+    assert waiting.thread.is_alive()
+    t.insert(cartpole_batch(32, 32))  # diff 0: sampling allowed again
+    assert waiting.join().error is None and waiting.result.size == 64
+    assert t.info().sampled_total == 72
+
+
+def test_a_writer_ahead_of_the_ratio_waits_until_samples_let_it_go():
+    t = table(capacity=1000, samples_per_insert=1.0, samples_per_insert_tolerance=16)
+    t.insert(cartpole_batch(32))  # diff 32 > 16: the next insert waits
+    with pytest.raises(DeadlineExceededError, match="insert waited until its deadline: rate limiter"):
+        t.insert(cartpole_batch(8, 32), timeout=0.05)
+    waiting = Blocked(t.insert, columns=cartpole_batch(8, 32), writer_id="w", sequence=1, timeout=30)
+    assert t.info().inserted_total == 32  # held, not stored
+    t.sample(16)  # diff 16: inserting allowed again
+    assert waiting.join().error is None and waiting.result.first_key == 32
+    assert t.info().inserted_total == 40
+
+
+def test_close_wakes_every_waiting_call_with_unavailable():
+    """A shard shutting down answers its waiting calls at once (UNAVAILABLE: try another shard) instead of letting
+    them run into their deadlines; a sampler and a writer can never wait on one table together, so two tables."""
+    empty = table(capacity=100, min_size_to_sample=50)
+    empty.insert(cartpole_batch(10))
+    samplers = [Blocked(empty.sample, batch_size=4, timeout=60) for _ in range(3)]
+    full = table(capacity=1000, samples_per_insert=1.0, samples_per_insert_tolerance=16)
+    full.insert(cartpole_batch(32))
+    writer = Blocked(full.insert, columns=cartpole_batch(4, 32), timeout=60)
+    for t in (empty, full):
+        t.close()
+    for call in [*samplers, writer]:
+        assert isinstance(call.join().error, UnavailableError), call.error
+        assert "replay table is shutting down" in str(call.error)
+    assert full.info().inserted_total == 32 and empty.info().sampled_total == 0
+    with pytest.raises(UnavailableError):
+        empty.insert(cartpole_batch(50, 10))  # no new call is held either, ready or not
+    with pytest.raises(UnavailableError):
+        full.sample(1)
