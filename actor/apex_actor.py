@@ -21,7 +21,7 @@ from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
 from apexrl.actor.policy import NumpyDuelingPolicy
 from apexrl.common.environments import check_spaces
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
-from apexrl.common.errors import DeadlineExceededError, UnavailableError
+from apexrl.common.errors import ApexError, DeadlineExceededError, is_transient
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.replay_server.client import ReplayClient
 
@@ -81,7 +81,9 @@ class ApeXActor:
         """Fetch newer weights if there are any; keep the current ones when the service is unreachable."""
         try:
             fetched = self.params.fetch(self.weight_version)
-        except (UnavailableError, DeadlineExceededError) as err:
+        except ApexError as err:
+            if not is_transient(err):
+                raise
             self.metrics.fetch_failures.inc()
             if time.monotonic() - self._last_fetch_warning > 30:
                 log.warning("weights unavailable, acting with version %d: %s", self.weight_version, err)
@@ -194,9 +196,12 @@ class ApeXActor:
     def close(self, flush_timeout: float = 2.0) -> None:
         """Flush what was handed to the SDK within `flush_timeout` seconds in total (the learner may be gone and
         the shards' rate limiters holding inserts back), then close connections and environments."""
-        deadline = time.monotonic() + flush_timeout
-        for client in self.shards:
-            client.close(flush_timeout=max(0.01, deadline - time.monotonic()))
+        closers = [threading.Thread(target=client.close, kwargs={"flush_timeout": flush_timeout}, daemon=True)
+                   for client in self.shards]  # together: a dead shard must not use up the live ones' time
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(flush_timeout + 6.0)
         self.params.close()
         for env in self.envs:
             env.close()

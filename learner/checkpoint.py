@@ -65,9 +65,13 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
     file = resolve_checkpoint(path)
-    payload = torch.load(file, map_location=map_location, weights_only=True)
-    if payload.get("format") != FORMAT:
-        raise ValueError(f"{file} is not an apexrl checkpoint (format {payload.get('format')!r}, want {FORMAT!r})")
+    try:
+        payload = torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises whatever its unpickler meets (UnpicklingError, EOFError, ...)
+        raise ValueError(f"{file} is not an apexrl checkpoint: {type(err).__name__}: {err}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise ValueError(f"{file} is not an apexrl checkpoint (format {found!r}, want {FORMAT!r})")
     return Checkpoint(
         env_id=payload["env_id"],
         obs_dim=int(payload["obs_dim"]),

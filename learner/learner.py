@@ -17,6 +17,7 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from apexrl.common.metrics import LATENCY_BUCKETS
+from apexrl.common.settings import SettingsError
 from apexrl.learner.checkpoint import CHECKPOINT_NAME, Checkpoint, load_checkpoint, save_checkpoint
 from apexrl.learner.config import LearnerConfig
 from apexrl.learner.losses import double_dqn_loss
@@ -186,10 +187,13 @@ class Learner:
         path = self.config.checkpoint_dir / CHECKPOINT_NAME
         if not path.exists():
             return
-        ckpt = load_checkpoint(path, map_location=self.device)
+        try:
+            ckpt = load_checkpoint(path, map_location=self.device)
+        except ValueError as err:
+            raise SettingsError(f"--run-dir: {err}") from None
         wanted = (self.obs_dim, self.num_actions, self.config.hidden_sizes)
         if (ckpt.obs_dim, ckpt.num_actions, ckpt.hidden_sizes) != wanted:
-            raise ValueError(f"checkpoint {path} has network {ckpt.obs_dim}->{ckpt.hidden_sizes}->{ckpt.num_actions}, "
+            raise SettingsError(f"checkpoint {path} has network {ckpt.obs_dim}->{ckpt.hidden_sizes}->{ckpt.num_actions}, "
                              f"the configuration wants {self.obs_dim}->{self.config.hidden_sizes}->"
                              f"{self.num_actions}")
         self.online.load_state_dict(ckpt.online)

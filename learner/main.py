@@ -34,18 +34,23 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         from apexrl.parameter_server.client import ParameterClient
 
         client = ParameterClient(config.params, token=config.token)
-        publish = client.publish
+        publish, store = client.publish, None
         where = config.params
     else:
+        from apexrl.parameter_server.store import WeightStore
+
+        store = WeightStore()
+        publish = store.publish
+    # The learner (and its checkpoint) first: the hosted service reports SERVING only for a learner that can run.
+    learner = Learner(config, spaces.obs_dim, spaces.num_actions, make_sampler(config), publish, registry)
+    if store is not None:
         from apexrl.parameter_server.service import create_parameter_server
 
-        server, port, store, health = create_parameter_server(
-            f"{config.host}:{config.port}", registry=registry, token=config.token)
-        publish = store.publish
+        server, port, _, health = create_parameter_server(
+            f"{config.host}:{config.port}", store=store, registry=registry, token=config.token)
         where = f"{config.host}:{port} (hosted)"
         if config.port_file:
             atomic_write(config.port_file, f"{port}\n")
-    learner = Learner(config, spaces.obs_dim, spaces.num_actions, make_sampler(config), publish, registry)
     metrics = serve_metrics(registry, config.metrics_port, config.host)
     log.info("learner for %s (%d -> %s -> %d), batch %d, lr %g; shards %s; parameter service %s; metrics %s",
              config.env, spaces.obs_dim, config.hidden_sizes, spaces.num_actions, config.batch_size,

@@ -18,7 +18,6 @@ from apexrl.actor.config import ActorConfig
 from apexrl.actor.policy import NumpyDuelingPolicy
 from apexrl.common import grpc_util
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, read_episodes
-from apexrl.common.errors import CancelledError
 from apexrl.common.metrics import RpcMetrics
 from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
 from apexrl.parameter_server.service import ParameterServicer, create_parameter_server
@@ -215,11 +214,6 @@ class CancellingServicer(ParameterServicer):
         yield from super().Fetch(request, context)
 
 
-@pytest.mark.xfail(strict=True, raises=CancelledError, reason=(
-    "bug: actor/apex_actor.py ApeXActor._pull_weights catches only UnavailableError and DeadlineExceededError; a "
-    "Fetch cut off by the parameter service stopping can end CANCELLED (seen in about 1 of 8 runs of the test "
-    "above before it let calls in flight finish), and the CancelledError ends the actor instead of letting it act "
-    "on with its weights (common/errors.is_transient() covers it)"))
 def test_a_pull_cut_off_by_the_parameter_service_stopping_does_not_end_the_actor(make_shard, run_actor):
     shard = make_shard(TableConfig(capacity=100_000, alpha=1.0))
     registry, store = CollectorRegistry(), WeightStore()

@@ -70,10 +70,6 @@ def test_a_learner_process_trains_from_a_shard_serves_weights_and_checkpoints_on
     assert info.sampled_total >= 32 * checkpoint.updates and info.stale_updates_total == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: learner/learner.py Learner._resume raises ValueError for a checkpoint of another network shape; "
-    "launcher/cli.py maps only SettingsError to exit status 2 (its comment names 'a checkpoint that does not fit'), "
-    "so `apexrl learner` dies with a traceback and status 1"))
 @pytest.mark.timeout(60)
 def test_a_checkpoint_of_another_shape_is_refused_with_exit_status_2(tmp_path):
     import torch
