@@ -260,6 +260,11 @@ class ReplayTable:
     def _oldest_slot(self) -> int:
         return (self._next_key - self._size) % self.config.capacity
 
+    def not_ready_reason(self) -> str:
+        """Why a sample or insert would wait now (for error messages)."""
+        with self._cond:
+            return self._not_ready_reason()
+
     def _not_ready_reason(self) -> str:
         if self._size < self.config.min_size_to_sample:
             return f"table holds {self._size} rows, fewer than min_size_to_sample ({self.config.min_size_to_sample})"
