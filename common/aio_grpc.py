@@ -9,6 +9,7 @@ rest of a process (its main thread's signal handling, the tests' in-process fixt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable
@@ -65,10 +66,8 @@ class Changes:
 
     async def wait(self, timeout: float) -> None:
         """Return at the next notify(), or after `timeout` seconds."""
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):  # an alias of TimeoutError from Python 3.11
             await asyncio.wait_for(self._event.wait(), timeout)
-        except asyncio.TimeoutError:  # an alias of TimeoutError from Python 3.11
-            pass
 
 
 class AioServerThread:
