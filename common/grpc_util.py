@@ -141,6 +141,11 @@ def make_channel(
         # Keep idle connections alive through NATs and notice dead peers within ~30 s.
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
+        # Reconnect to a restarted server within a second: gRPC's own backoff grows to 2 minutes, which would keep
+        # a shard that came back out of sampling far longer than the sampler's stated bound.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1_000),
     ]
     if root_certificates is not None:
         channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options=options)

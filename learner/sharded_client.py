@@ -1,23 +1,31 @@
 """ShardedReplayClient: one prioritized batch drawn across many replay shards (ARCHITECTURE §3).
 
-Shard s holds total priority T_s; with T = sum_s T_s the client allocates the batch as k_s ~ Multinomial(B, T_s/T)
-from its latest view of the shards, asks every shard with k_s > 0 for k_s stratified samples in parallel, and
-so draws row i of shard s with probability P(i) = (T_s/T) * (p_i / T_s') where T_s' is the shard's total when
-it answered (T_s' = T_s when nothing changed in between). Every Sample answer refreshes the view for free.
+Shard s holds total priority T_s; with T = sum_s T_s over the shards that can be sampled now (reachable and
+holding at least their minimum size), the client allocates the batch as k_s ~ Multinomial(B, T_s/T) from its view
+of the shards, asks every shard with k_s > 0 for k_s stratified samples in parallel (several calls when k_s is
+above the shard's largest batch), and so draws row i of shard s with probability P(i) = (T_s/T) * (p_i / T_s')
+where T_s' is the shard's total when it answered. P(i) is what the batch reports: the probability it was drawn
+with, not an estimate.
 
-Importance weights follow PER/Ape-X: w_i = (N * P(i))^-beta / max_j w_j, N the fleet's size, and the maximum
-taken over the whole fleet through each shard's minimum priority, so weights are comparable across batches.
+Importance weights follow PER/Ape-X: w_i = (N * P(i))^-beta / max_j w_j, with N the rows of the shards this
+allocation covered and the maximum taken over all of their rows through each shard's minimum priority, so a shard
+that is down counts neither in N nor in the maximum.
 
-A shard that fails is skipped (its mass leaves T) and retried after a backoff; the batch is drawn again from
-the others. Priority updates go back to the owning shard asynchronously.
+Freshness: every Sample and priority-update answer carries the shard's totals; before each allocation, shards
+whose view is older than `max_staleness` seconds (an empty or all-zero shard gets no sample answers) are asked
+for their totals in parallel. So the allocation never uses totals older than `max_staleness` (plus one Info round
+trip), and a shard that was empty, held only zero priorities, restarted or joined late is sampled in proportion to
+its mass within that bound of getting it. A shard that fails is skipped (its mass leaves T; the batch is drawn
+again from the others) and asked again after a doubling backoff of at most `max_backoff` seconds.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -60,10 +68,12 @@ _NO_TOTALS = ShardTotals(total_priority=0.0, size=0, min_priority=0.0, incarnati
 
 @dataclass
 class _ShardView:
-    """The sampler's latest knowledge of one shard: its totals as last reported, and its failure backoff."""
+    """The sampler's knowledge of one shard: totals as last reported (and when), its limits, its backoff."""
 
     totals: ShardTotals = _NO_TOTALS
+    observed_at: float = -math.inf   # monotonic time of the answer that brought `totals`
     min_size: int = 1
+    max_batch: int = 0               # largest Sample the shard accepts; 0 until its Info arrived
     down_until: float = 0.0
     backoff: float = 0.0
 
@@ -71,16 +81,25 @@ class _ShardView:
     def size(self) -> int:
         return self.totals.size
 
-    def observe(self, totals: ShardTotals) -> None:
+    def observe(self, totals: ShardTotals, now: float) -> None:
+        if totals.incarnation != self.totals.incarnation and self.totals.incarnation:
+            self.max_batch = 0  # a restarted shard may run with other limits: ask its Info again
         self.totals = totals
+        self.observed_at = now
         self.backoff = 0.0
         self.down_until = 0.0
 
     def fail(self, now: float, max_backoff: float) -> float:
         """Take the shard out of sampling for a doubling backoff; return the backoff in seconds."""
-        self.backoff = min(max_backoff, max(0.5, self.backoff * 2))
+        self.backoff = min(max_backoff, max(0.25, self.backoff * 2))
         self.down_until = now + self.backoff
         return self.backoff
+
+    def up(self, now: float) -> bool:
+        return self.down_until <= now
+
+    def sampleable(self, now: float) -> bool:
+        return self.up(now) and self.max_batch > 0 and self.size >= max(1, self.min_size)
 
 
 class Shard(Protocol):
@@ -93,7 +112,8 @@ class Shard(Protocol):
 
     def info_future(self, *, timeout: float | None = None) -> ResultFuture[ShardInfo]: ...
 
-    def priority_stream(self, max_in_flight: int) -> PrioritySink: ...
+    def priority_stream(self, max_in_flight: int,
+                        on_totals: Callable[[ShardTotals], None] | None = None) -> PrioritySink: ...
 
     def close(self) -> None: ...
 
@@ -126,6 +146,7 @@ class ShardedReplayClient:
             (objects with the `Shard` calls), for example in-process tables in a benchmark.
         timeout: default deadline per call, seconds.
         seed: seed of the batch allocation.
+        max_staleness: the oldest totals an allocation may use, seconds (shards with older views are asked first).
         max_backoff: longest pause before a failed shard is tried again, seconds.
         max_updates_in_flight: asynchronous priority updates outstanding before update_priorities blocks.
         coalesce_rows: priority updates for one shard are buffered until this many rows are waiting, then sent as
@@ -141,22 +162,27 @@ class ShardedReplayClient:
         seed: int | None = None,
         token: str | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        max_backoff: float = 10.0,
+        max_staleness: float = 1.0,
+        max_backoff: float = 5.0,
         max_updates_in_flight: int = 64,
         coalesce_rows: int = 0,
     ) -> None:
         if not addresses:
             raise ValueError("ShardedReplayClient needs at least one shard address")
+        if not max_staleness > 0:
+            raise ValueError(f"max_staleness ({max_staleness}) must be > 0")
         self.shards: list[Shard] = [
             ReplayClient(a, timeout=timeout, token=token, max_message_bytes=max_message_bytes)
             if isinstance(a, str) else a for a in addresses
         ]
         self.timeout = timeout
+        self.max_staleness = max_staleness
         self.max_backoff = max_backoff
         self._views = [_ShardView() for _ in addresses]
         self._rng = np.random.default_rng(seed)
-        self._lock = threading.Lock()  # allocation and views; held across the sampling RPCs
-        self._streams = [c.priority_stream(max_updates_in_flight) for c in self.shards]
+        self._lock = threading.Lock()  # allocation; held across the sampling RPCs
+        self._streams = [c.priority_stream(max_updates_in_flight, on_totals=self._observer(s))
+                         for s, c in enumerate(self.shards)]
         self._unsent = 0
         self.coalesce_rows = coalesce_rows
         # Per shard: buffered (keys, priorities) pieces and their incarnation, waiting to be sent together.
@@ -164,91 +190,129 @@ class ShardedReplayClient:
         self._buffered_incarnation = [0] * len(addresses)
 
     # ----------------------------------------------------------------------------------------------- views
-    def refresh(self, *, timeout: float | None = None) -> None:
-        """Ask every shard for its totals (in parallel); unreachable shards are marked down."""
+    def _observer(self, s: int) -> Callable[[ShardTotals], None]:
+        """Totals carried by priority-update answers (on the stream's thread) refresh shard s's view."""
+        return lambda totals: self._views[s].observe(totals, time.monotonic())
+
+    def refresh(self, *, timeout: float | None = None, only_stale: bool = False) -> None:
+        """Ask shards for their totals and limits in parallel: every shard that is not backing off, or with
+        `only_stale` those whose view is older than `max_staleness` (or whose limits are unknown). Unreachable
+        shards are marked down."""
         deadline = self.timeout if timeout is None else timeout
-        calls = [(s, c.info_future(timeout=deadline)) for s, c in enumerate(self.shards)]
         now = time.monotonic()
+        targets = [s for s, v in enumerate(self._views) if v.up(now) and (
+            not only_stale or v.max_batch == 0 or now - v.observed_at > self.max_staleness)]
+        calls = [(s, self.shards[s].info_future(timeout=deadline)) for s in targets]
         for s, call in calls:
+            view = self._views[s]
             try:
                 info = call.result()
-                self._views[s].observe(info.totals)
-                self._views[s].min_size = info.min_size_to_sample
             except ApexError as err:
-                log.warning("shard %s unreachable (%s); skipping it for now", self.shards[s].address, err)
-                self._views[s].fail(now, self.max_backoff)
+                if view.backoff == 0:
+                    log.warning("shard %s unreachable (%s); skipping it for now", self.shards[s].address, err)
+                view.fail(time.monotonic(), self.max_backoff)
+                continue
+            view.observe(info.totals, time.monotonic())
+            view.min_size = info.min_size_to_sample
+            view.max_batch = info.max_sample_batch_size
 
     @property
     def fleet_size(self) -> int:
-        return sum(v.size for v in self._views)
+        """Rows held by the shards that are not backing off (the last view of each)."""
+        now = time.monotonic()
+        return sum(v.size for v in self._views if v.up(now))
 
     # ---------------------------------------------------------------------------------------------- sample
     def sample(self, batch_size: int, *, beta: float = 0.4, timeout: float | None = None) -> PrioritizedBatch:
         """Draw `batch_size` rows across the fleet with probability p_i / sum(p) and importance weights."""
         if batch_size < 1:
             raise ValueError(f"batch_size ({batch_size}) must be >= 1")
-        if not any(v.size for v in self._views):
-            self.refresh(timeout=timeout)
         with self._lock:  # allocation and views are shared; the RPCs themselves run in parallel
             return self._sample_locked(batch_size, beta, timeout)
-
-    def _live(self) -> list[int]:
-        now = time.monotonic()
-        return [s for s, v in enumerate(self._views) if v.down_until <= now and v.size >= max(1, v.min_size)]
 
     def _sample_locked(self, batch_size: int, beta: float, timeout: float | None) -> PrioritizedBatch:
         deadline = self.timeout if timeout is None else timeout
         for _ in range(len(self.shards) + 1):
-            live = self._live()
+            self.refresh(timeout=timeout, only_stale=True)
+            now = time.monotonic()
+            live = [s for s, v in enumerate(self._views) if v.sampleable(now)]
             if not live:
-                self.refresh(timeout=timeout)
-                live = self._live()
-                if not live:
-                    break
-            mass = np.array([self._views[s].totals.total_priority for s in live])
-            if mass.sum() <= 0:  # every priority is 0: shards sample uniformly, so weigh them by size
-                mass = np.array([float(self._views[s].size) for s in live])
-            share = mass / mass.sum()
-            counts = self._rng.multinomial(batch_size, share)
-            calls = [(s, sh, self.shards[s].sample_future(int(k), timeout=deadline))
-                     for s, sh, k in zip(live, share, counts, strict=True) if k > 0]
-            parts: dict[int, tuple[float, SampledBatch]] = {}
-            for s, sh, call in calls:
+                break
+            allocation = self._allocate(batch_size, live)
+            calls = [(s, self.shards[s].sample_future(k, timeout=deadline))
+                     for s, k in self._calls(allocation)]
+            parts: dict[int, list[SampledBatch]] = {}
+            failed = False
+            for s, call in calls:
                 try:
                     part = call.result()
                 except ApexError as err:
                     if not is_transient(err):
                         raise
-                    log.warning("shard %s failed to sample (%s); skipping it for %.1fs", self.shards[s].address,
-                                err, self._views[s].fail(time.monotonic(), self.max_backoff))
+                    if self._views[s].backoff == 0:
+                        log.warning("shard %s failed to sample (%s); skipping it for %.1fs",
+                                    self.shards[s].address, err,
+                                    self._views[s].fail(time.monotonic(), self.max_backoff))
+                    else:
+                        self._views[s].fail(time.monotonic(), self.max_backoff)
+                    failed = True
                     continue
-                parts[s] = (float(sh), part)
-                self._views[s].observe(part.totals)
-            if len(parts) == len(calls):
-                return self._assemble(parts, beta)
+                parts.setdefault(s, []).append(part)
+                self._views[s].observe(part.totals, time.monotonic())
+            if not failed:
+                return self._assemble(allocation, parts, beta)
             # A shard failed: draw the whole batch again from the others, so every row's probability comes from
             # one allocation (exact P(i)); failures are rare, the wasted rows cheap.
-        raise FailedPreconditionError(
-            f"no shard can be sampled: {', '.join(f'{c.address} ({v.size} rows)' for c, v in zip(self.shards, self._views, strict=True))}"
-        )
+        views = ", ".join(f"{c.address} ({v.size} rows{', down' if not v.up(time.monotonic()) else ''})"
+                          for c, v in zip(self.shards, self._views, strict=True))
+        raise FailedPreconditionError(f"no shard can be sampled: {views}")
 
-    def _assemble(self, parts: dict[int, tuple[float, SampledBatch]], beta: float) -> PrioritizedBatch:
+    def _allocate(self, batch_size: int, live: list[int]) -> dict[int, tuple[float, int]]:
+        """shard -> (share of the batch's probability mass, rows to draw) over the sampleable shards."""
+        mass = np.array([self._views[s].totals.total_priority for s in live])
+        if mass.sum() <= 0:  # every priority is 0: shards sample uniformly, so weigh them by size
+            mass = np.array([float(self._views[s].size) for s in live])
+        share = mass / mass.sum()
+        counts = self._rng.multinomial(batch_size, share)
+        return {s: (float(sh), int(k)) for s, sh, k in zip(live, share, counts, strict=True)}
+
+    def _calls(self, allocation: dict[int, tuple[float, int]]) -> list[tuple[int, int]]:
+        """(shard, rows) of every Sample call: a shard's rows in pieces of at most its largest batch."""
+        calls = []
+        for s, (_, k) in allocation.items():
+            limit = self._views[s].max_batch
+            calls += [(s, min(limit, k - start)) for start in range(0, k, limit)]
+        return calls
+
+    def _assemble(self, allocation: dict[int, tuple[float, int]], parts: dict[int, list[SampledBatch]],
+                  beta: float) -> PrioritizedBatch:
         order = sorted(parts)
-        batches = [parts[s][1] for s in order]
-        shard_ids = np.concatenate([np.full(len(b.keys), s, dtype=np.int32) for s, b in zip(order, batches, strict=True)])
-        keys = np.concatenate([b.keys for b in batches])
-        probabilities = np.concatenate([parts[s][0] * parts[s][1].probabilities for s in order])
-        columns = {name: np.concatenate([b.columns[name] for b in batches]) for name in batches[0].columns}
-        fleet_size = self.fleet_size
-        # Smallest probability any stored row has: the fleet-wide normaliser of the weights (PER / Ape-X).
-        total = sum(v.totals.total_priority for v in self._views if v.size > 0)
-        mins = [v.totals.min_priority for v in self._views if v.size > 0 and v.totals.min_priority > 0]
-        p_min = min(mins) / total if mins and total > 0 else probabilities.min()
-        p_min = min(p_min, probabilities.min())
+        pieces = [(s, b) for s in order for b in parts[s]]
+        shard_ids = np.concatenate([np.full(len(b.keys), s, dtype=np.int32) for s, b in pieces])
+        keys = np.concatenate([b.keys for _, b in pieces])
+        probabilities = np.concatenate([allocation[s][0] * b.probabilities for s, b in pieces])
+        columns = {name: np.concatenate([b.columns[name] for _, b in pieces]) for name in pieces[0][1].columns}
+        # N and the largest weight count exactly the shards this allocation covered (sampled from or not).
+        covered = list(allocation)
+        fleet_size = sum(self._views[s].size for s in covered)
+        p_min = min(probabilities.min(), self._smallest_probability(allocation))
         weights = (fleet_size * probabilities) ** -beta / (fleet_size * p_min) ** -beta
-        incarnations = tuple(parts[s][1].incarnation if s in parts else 0 for s in range(len(self.shards)))
+        incarnations = tuple(parts[s][0].incarnation if s in parts else 0 for s in range(len(self.shards)))
         return PrioritizedBatch(columns, shard_ids, keys, probabilities, weights.astype(np.float32),
                                 incarnations, fleet_size)
+
+    def _smallest_probability(self, allocation: dict[int, tuple[float, int]]) -> float:
+        """The smallest P(i) any stored row of the covered shards has: the normaliser of the weights."""
+        smallest = math.inf
+        for s, (share, _) in allocation.items():
+            t = self._views[s].totals
+            if share <= 0:  # a shard whose rows all have priority 0 beside shards with mass: none is drawn
+                continue
+            if t.total_priority > 0 and t.min_priority > 0:
+                smallest = min(smallest, share * t.min_priority / t.total_priority)
+            elif t.total_priority <= 0 and t.size > 0:  # uniform within the shard
+                smallest = min(smallest, share / t.size)
+        return smallest
 
     # ------------------------------------------------------------------------------------------ priorities
     def update_priorities(self, batch: PrioritizedBatch, priorities: np.ndarray) -> None:

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 import numpy as np
@@ -36,7 +36,7 @@ from apexrl.common.grpc_util import CallFuture
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
 from apexrl.replay_server.priority_stream import PriorityStream
-from apexrl.replay_server.wire import SampledBatch, ShardInfo, UpdateResult
+from apexrl.replay_server.wire import SampledBatch, ShardInfo, ShardTotals, UpdateResult
 
 log = logging.getLogger(__name__)
 
@@ -237,23 +237,29 @@ class ReplayClient:
                           f"sample on {self.address}")
 
     # -------------------------------------------------------------------------------------------- priorities
-    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int = 0,
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int,
                           timeout: float | None = None) -> UpdateResult:
-        """Set new raw priorities for sampled keys; stale keys are ignored and counted, never an error."""
+        """Set new raw priorities for sampled keys; stale keys are ignored and counted, never an error.
+
+        `incarnation` is the one the keys were sampled from (`SampledBatch.incarnation`): after a shard restart
+        its keys start from 0 again, and only the incarnation keeps old keys off the new rows. It is required;
+        0 ("whatever the shard's current one is") must be asked for explicitly."""
         request = wire.encode_update(keys, priorities, incarnation)
         return wire.decode_update_result(self._call(self._stub.UpdatePriorities, request, "update_priorities",
                                                     timeout))
 
-    def update_priorities_future(self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int = 0,
+    def update_priorities_future(self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int,
                                  timeout: float | None = None) -> CallFuture[UpdateResult]:
         """Start an UpdatePriorities call without waiting; the future's result() is an UpdateResult."""
         call = self._stub.UpdatePriorities.future(wire.encode_update(keys, priorities, incarnation),
                                                   timeout=self._deadline(timeout))
         return CallFuture(call, wire.decode_update_result, f"update_priorities on {self.address}")
 
-    def priority_stream(self, max_in_flight: int = 32) -> PriorityStream:
-        """A background StreamUpdatePriorities sender for fire-and-forget updates (what a learner wants)."""
-        return PriorityStream(self._stub, self.address, max_in_flight=max_in_flight)
+    def priority_stream(self, max_in_flight: int = 32,
+                        on_totals: Callable[[ShardTotals], None] | None = None) -> PriorityStream:
+        """A background StreamUpdatePriorities sender for fire-and-forget updates (what a learner wants);
+        `on_totals` receives the shard's totals from every answer."""
+        return PriorityStream(self._stub, self.address, max_in_flight=max_in_flight, on_totals=on_totals)
 
     # -------------------------------------------------------------------------------------------------- info
     def info(self, *, timeout: float | None = None) -> ShardInfo:

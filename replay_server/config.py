@@ -21,7 +21,6 @@ class ReplayConfig(TableConfig):
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
     max_message_bytes: int = setting(64 * 1024 * 1024, "largest gRPC message received or sent; larger ones are "
                                                        "refused with RESOURCE_EXHAUSTED")
-    workers: int = setting(16, "gRPC handler threads (each open Insert stream and each waiting call holds one)")
     token: str | None = token_setting()
     port_file: str | None = port_file_setting()
 
@@ -31,5 +30,3 @@ class ReplayConfig(TableConfig):
             raise ValueError(f"port ({self.port}) and metrics_port ({self.metrics_port}) must be valid ports")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes ({self.max_message_bytes}) must be at least 1024")
-        if self.workers < 1:
-            raise ValueError(f"workers ({self.workers}) must be a positive integer")

@@ -22,8 +22,7 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
 
     table = ReplayTable(config)
     server, port, health, registry = create_replay_server(
-        table, f"{config.host}:{config.port}", max_message_bytes=config.max_message_bytes,
-        max_workers=config.workers, token=config.token,
+        table, f"{config.host}:{config.port}", max_message_bytes=config.max_message_bytes, token=config.token,
     )
     metrics = serve_metrics(registry, config.metrics_port, config.host)
     log.info("replay shard serving on %s:%d (capacity %d, alpha %.2f, signature %s); metrics %s",

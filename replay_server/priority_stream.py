@@ -14,12 +14,14 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import grpc
 import numpy as np
 
 from apexrl.proto import replay_pb2_grpc
 from apexrl.replay_server import wire
+from apexrl.replay_server.wire import ShardTotals
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +29,10 @@ log = logging.getLogger(__name__)
 class PriorityStream:
     """Background sender of UpdatePrioritiesRequests to one shard; thread-safe."""
 
-    def __init__(self, stub: replay_pb2_grpc.ReplayServiceStub, address: str, *, max_in_flight: int = 32) -> None:
+    def __init__(self, stub: replay_pb2_grpc.ReplayServiceStub, address: str, *, max_in_flight: int = 32,
+                 on_totals: Callable[[ShardTotals], None] | None = None) -> None:
         self.address = address
+        self._on_totals = on_totals
         self._stub = stub
         self._cond = threading.Condition()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -90,11 +94,14 @@ class PriorityStream:
             stream = _StreamState()
             try:
                 for reply in self._stub.StreamUpdatePriorities(self._requests(stream)):
+                    result = wire.decode_update_result(reply)
+                    if self._on_totals is not None:
+                        self._on_totals(result.totals)
                     with self._cond:
                         stream.in_flight.popleft()
                         self._outstanding -= 1
-                        self.applied += reply.applied
-                        self.stale += reply.stale
+                        self.applied += result.applied
+                        self.stale += result.stale
                         self._cond.notify_all()
                     backoff = 0.1
                 error = None

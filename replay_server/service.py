@@ -5,67 +5,99 @@ No replay logic lives here; see table.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import grpc
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from apexrl.common import grpc_util
-from apexrl.common.errors import ApexError, InvalidArgumentError
+from apexrl.common.aio_grpc import AioServerThread, Changes
+from apexrl.common.errors import ApexError, DeadlineExceededError, InvalidArgumentError, UnavailableError
 from apexrl.common.metrics import RpcMetrics
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
 from apexrl.replay_server.table import ReplayTable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+# How often a waiting call re-checks its deadline and its caller when nothing changes.
+_WAIT_SLICE_SECONDS = 0.25
 
 
 class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
+    """Async servicer on one event loop (common/aio_grpc.py): every open stream costs a coroutine, not a thread.
+
+    Table calls never block the loop: they are made with timeout 0, and a call the rate limiter or the minimum
+    size holds back waits on `Changes` (woken by every insert, sample and update) until it can go on or its
+    deadline passes, so waiting writers and samplers cost nothing while they wait."""
+
     def __init__(self, table: ReplayTable, rpc_metrics: RpcMetrics) -> None:
         self.table = table
         self._metrics = rpc_metrics
+        self._changes = Changes()
+        self._closing = False
 
-    def _abort(self, context: grpc.ServicerContext, method: str, err: ApexError) -> None:
+    async def _abort(self, context: grpc.aio.ServicerContext, method: str, err: ApexError) -> None:
         self._metrics.errors.labels(method, err.code.name).inc()
-        context.abort(err.code, str(err))
+        await context.abort(err.code, str(err))
 
-    def Insert(self, request_iterator, context) -> Iterator[replay_pb2.InsertAck]:  # noqa: N802 (gRPC name)
-        for request in request_iterator:
+    async def _when_ready(self, attempt: Callable[[], T], context: grpc.aio.ServicerContext, what: str) -> T:
+        """attempt() until it does not raise DeadlineExceededError (not ready yet), waiting for table changes in
+        between, up to the call's deadline; then DeadlineExceededError naming what held it back."""
+        loop = asyncio.get_running_loop()
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else loop.time() + remaining
+        while True:
+            try:
+                return attempt()
+            except DeadlineExceededError:
+                if self._closing:
+                    raise UnavailableError("replay shard is shutting down") from None
+                if deadline is not None and loop.time() >= deadline:
+                    raise DeadlineExceededError(f"{what} waited until its deadline: "
+                                                f"{self.table.not_ready_reason()}") from None
+                if context.done():
+                    raise DeadlineExceededError(f"{what} abandoned: the caller went away") from None
+            wait = _WAIT_SLICE_SECONDS if deadline is None else min(_WAIT_SLICE_SECONDS, deadline - loop.time())
+            await self._changes.wait(max(0.0, wait))
+
+    async def Insert(self, request_iterator, context) -> AsyncIterator[replay_pb2.InsertAck]:  # noqa: N802
+        async for request in request_iterator:
             with self._metrics.time("Insert"):
-                ack = self._insert_one(request, context)
+                ack = await self._insert_one(request, context)
             yield ack
 
-    def _insert_one(self, request: replay_pb2.InsertRequest, context) -> replay_pb2.InsertAck:
+    async def _insert_one(self, request: replay_pb2.InsertRequest, context) -> replay_pb2.InsertAck:
         try:
             columns, priorities = wire.decode_insert(request)
-            result = self.table.insert(
-                columns,
-                priorities,
-                writer_id=request.writer_id,
-                sequence=request.sequence,
-                timeout=context.time_remaining(),
-                is_active=context.is_active,
-            )
+            result = await self._when_ready(
+                lambda: self.table.insert(columns, priorities, writer_id=request.writer_id,
+                                          sequence=request.sequence, timeout=0),
+                context, "insert")
         except ApexError as err:
             self._metrics.errors.labels("Insert", err.code.name).inc()
             log.debug("rejected batch %s/%d: %s", request.writer_id, request.sequence, err)
             return wire.encode_ack(request.sequence, self.table.incarnation, error_code=err.code.value[0],
                                    error_message=str(err))
+        if not result.duplicate:
+            self._changes.notify()
         return wire.encode_ack(request.sequence, self.table.incarnation, result)
 
-    def Sample(self, request, context) -> replay_pb2.SampleResponse:  # noqa: N802
+    async def Sample(self, request, context) -> replay_pb2.SampleResponse:  # noqa: N802
         with self._metrics.time("Sample"):
             try:
-                result = self.table.sample(
-                    request.batch_size,
-                    wait=not request.no_wait,
-                    timeout=context.time_remaining(),
-                    is_active=context.is_active,
-                )
+                if request.no_wait:
+                    result = self.table.sample(request.batch_size, wait=False)
+                else:
+                    result = await self._when_ready(
+                        lambda: self.table.sample(request.batch_size, timeout=0), context, "sample")
             except ApexError as err:
-                self._abort(context, "Sample", err)
+                await self._abort(context, "Sample", err)
+            self._changes.notify()
             return wire.encode_sample(result)
 
     def _update(self, request: replay_pb2.UpdatePrioritiesRequest) -> replay_pb2.UpdatePrioritiesResponse:
@@ -74,26 +106,34 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             raise InvalidArgumentError(
                 f"keys {list(keys.shape)} and priorities {list(priorities.shape)} must have the same shape [n]"
             )
-        return wire.encode_update_result(self.table.update_priorities(keys, priorities, incarnation))
+        result = self.table.update_priorities(keys, priorities, incarnation)
+        self._changes.notify()
+        return wire.encode_update_result(result)
 
-    def UpdatePriorities(self, request, context) -> replay_pb2.UpdatePrioritiesResponse:  # noqa: N802
+    async def UpdatePriorities(self, request, context) -> replay_pb2.UpdatePrioritiesResponse:  # noqa: N802
         with self._metrics.time("UpdatePriorities"):
             try:
                 return self._update(request)
             except ApexError as err:
-                self._abort(context, "UpdatePriorities", err)
+                await self._abort(context, "UpdatePriorities", err)
 
-    def StreamUpdatePriorities(self, request_iterator, context):  # noqa: N802
-        for request in request_iterator:
+    async def StreamUpdatePriorities(self, request_iterator, context):  # noqa: N802
+        async for request in request_iterator:
             with self._metrics.time("StreamUpdatePriorities"):
                 try:
                     response = self._update(request)
                 except ApexError as err:
-                    self._abort(context, "StreamUpdatePriorities", err)
+                    await self._abort(context, "StreamUpdatePriorities", err)
             yield response
 
-    def Info(self, request, context) -> replay_pb2.InfoResponse:  # noqa: N802
+    async def Info(self, request, context) -> replay_pb2.InfoResponse:  # noqa: N802
         return wire.encode_info(self.table.info())
+
+    def close(self) -> None:
+        """The server is stopping: every waiting call answers UNAVAILABLE (the table itself stays usable, so a
+        new server can serve it)."""
+        self._closing = True
+        self._changes.notify()
 
 
 class TableCollector:
@@ -134,15 +174,21 @@ def create_replay_server(
     *,
     registry: CollectorRegistry | None = None,
     max_message_bytes: int = grpc_util.DEFAULT_MAX_MESSAGE_BYTES,
-    max_workers: int = 16,
     token: str | None = None,
-):
-    """Build and start a replay shard server for `table`; return (server, port, health_servicer, registry)."""
+) -> tuple[AioServerThread, int, AioServerThread, CollectorRegistry]:
+    """Build and start a replay shard server for `table`; return (server, port, health, registry).
+
+    The server runs on its own event-loop thread; `server.stop(grace)` closes the table first (waiting calls
+    answer UNAVAILABLE) and returns an event set once it has stopped; `health.enter_graceful_shutdown()` reports
+    NOT_SERVING. (server and health are one object.) Raises OSError when `address` cannot be bound."""
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(TableCollector(table))
-    server = grpc_util.create_server(max_workers=max_workers, max_message_bytes=max_message_bytes, token=token)
-    replay_pb2_grpc.add_ReplayServiceServicer_to_server(ReplayServicer(table, RpcMetrics(registry, "replay")), server)
-    health = grpc_util.add_health_and_reflection(server, [wire.SERVICE_NAME])
-    port = grpc_util.bind(server, address)
-    server.start()
-    return server, port, health, registry
+    servicer = ReplayServicer(table, RpcMetrics(registry, "replay"))
+
+    async def close() -> None:
+        servicer.close()
+
+    server = AioServerThread(lambda s: replay_pb2_grpc.add_ReplayServiceServicer_to_server(servicer, s),
+                             [wire.SERVICE_NAME], max_message_bytes=max_message_bytes, token=token, on_stop=close)
+    port = server.start(address)
+    return server, port, server, registry

@@ -31,7 +31,7 @@ from apexrl.common.settings import setting
 from apexrl.common.signature import Signature
 from apexrl.replay_server.rate_limiter import RateLimiter
 from apexrl.replay_server.sum_tree import SumTree
-from apexrl.replay_server.wire import InsertResult, SampledBatch, ShardInfo, UpdateResult
+from apexrl.replay_server.wire import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 
 # How often a blocked call re-checks whether its caller is still there.
 _WAIT_SLICE_SECONDS = 0.25
@@ -260,8 +260,16 @@ class ReplayTable:
             self._cond.notify_all()
         return result
 
+    def _totals(self) -> ShardTotals:
+        return ShardTotals(self._tree.total, self._size, self._tree.min, self.incarnation)
+
     def _oldest_slot(self) -> int:
         return (self._next_key - self._size) % self.config.capacity
+
+    def not_ready_reason(self) -> str:
+        """Why a sample or insert would wait now (for error messages)."""
+        with self._cond:
+            return self._not_ready_reason()
 
     def _not_ready_reason(self) -> str:
         if self._size < self.config.min_size_to_sample:
@@ -281,7 +289,7 @@ class ReplayTable:
         with self._cond:
             if incarnation not in (0, self.incarnation):
                 self._stale += n
-                return UpdateResult(applied=0, stale=n)
+                return UpdateResult(applied=0, stale=n, totals=self._totals())
             keys = keys.astype(np.int64, copy=False)  # keys above 2**63 cannot be valid and become negative
             valid = (keys >= self._next_key - self._size) & (keys < self._next_key)
             applied = int(valid.sum())
@@ -291,7 +299,7 @@ class ReplayTable:
                 self._max_priority = max(self._max_priority, float(fresh.max()))
             self._updated += applied
             self._stale += n - applied
-        return UpdateResult(applied=applied, stale=n - applied)
+            return UpdateResult(applied=applied, stale=n - applied, totals=self._totals())
 
     # ---------------------------------------------------------------------------------------------- misc
     @property

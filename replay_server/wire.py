@@ -96,10 +96,12 @@ class InsertResult:
 
 @dataclass(frozen=True)
 class UpdateResult:
-    """The UpdatePrioritiesResponse: `applied` counts entries set (a key repeated twice counts twice)."""
+    """The UpdatePrioritiesResponse: `applied` counts entries set (a key repeated twice counts twice); `totals`
+    are the shard's right after the update."""
 
     applied: int
     stale: int
+    totals: ShardTotals
 
 
 # --- Sample --------------------------------------------------------------------------------------------------------
@@ -145,11 +147,15 @@ def decode_update(request: replay_pb2.UpdatePrioritiesRequest) -> tuple[np.ndarr
 
 
 def encode_update_result(result: UpdateResult) -> replay_pb2.UpdatePrioritiesResponse:
-    return replay_pb2.UpdatePrioritiesResponse(applied=result.applied, stale=result.stale)
+    t = result.totals
+    return replay_pb2.UpdatePrioritiesResponse(applied=result.applied, stale=result.stale,
+                                               total_priority=t.total_priority, size=t.size,
+                                               min_priority=t.min_priority, incarnation=t.incarnation)
 
 
 def decode_update_result(response: replay_pb2.UpdatePrioritiesResponse) -> UpdateResult:
-    return UpdateResult(applied=response.applied, stale=response.stale)
+    totals = ShardTotals(response.total_priority, response.size, response.min_priority, response.incarnation)
+    return UpdateResult(applied=response.applied, stale=response.stale, totals=totals)
 
 
 # --- Info ----------------------------------------------------------------------------------------------------------

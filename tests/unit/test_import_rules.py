@@ -29,6 +29,7 @@ PACKAGES = {
 WIRE_EDGE = {
     "apexrl.common.codec",
     "apexrl.common.errors",
+    "apexrl.common.aio_grpc",
     "apexrl.common.grpc_util",
     "apexrl.replay_server.client",
     "apexrl.replay_server.priority_stream",

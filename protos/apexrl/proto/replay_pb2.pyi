@@ -299,25 +299,40 @@ Global___UpdatePrioritiesRequest: _TypeAlias = UpdatePrioritiesRequest  # noqa: 
 
 @_typing.final
 class UpdatePrioritiesResponse(_message.Message):
-    """applied + stale == n, the number of entries in the request. Next ID: 3"""
+    """applied + stale == n, the number of entries in the request. Next ID: 7"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     APPLIED_FIELD_NUMBER: _builtins.int
     STALE_FIELD_NUMBER: _builtins.int
+    TOTAL_PRIORITY_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    MIN_PRIORITY_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     applied: _builtins.int
     """Entries whose priority was set. It counts entries, not distinct keys: a key given twice counts twice."""
     stale: _builtins.int
     """Entries ignored because their row was evicted, never existed, or belongs to another incarnation."""
+    total_priority: _builtins.float
+    """The shard's totals right after this update, as in SampleResponse: a sampler that writes priorities back
+    keeps its view of every shard fresh without extra calls.
+    """
+    size: _builtins.int
+    min_priority: _builtins.float
+    incarnation: _builtins.int
     def __init__(
         self,
         *,
         applied: _builtins.int = ...,
         stale: _builtins.int = ...,
+        total_priority: _builtins.float = ...,
+        size: _builtins.int = ...,
+        min_priority: _builtins.float = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "stale", b"stale"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "incarnation", b"incarnation", "min_priority", b"min_priority", "size", b"size", "stale", b"stale", "total_priority", b"total_priority"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

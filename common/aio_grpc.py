@@ -1,0 +1,146 @@
+"""An asyncio gRPC server (grpc.aio) run on its own event-loop thread, for services with many long-lived streams.
+
+A thread-pool server ties one thread to every open stream: a replay shard with 16 workers stops answering once
+16 actors hold Insert streams. An aio server serves any number of open streams from one event loop, so a shard
+answers Sample and Info at once while hundreds of writers stay connected. The loop runs in a daemon thread so the
+rest of a process (its main thread's signal handling, the tests' in-process fixtures) keeps synchronous code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from apexrl.common.grpc_util import _AUTH_HEADER, HEALTH_SERVICE, message_size_options
+
+log = logging.getLogger(__name__)
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every call without `authorization: Bearer <token>` with UNAUTHENTICATED, except health checks
+    (Kubernetes probes cannot send tokens)."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}"
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(f"/{HEALTH_SERVICE}/"):
+            return handler
+        if dict(handler_call_details.invocation_metadata or ()).get(_AUTH_HEADER) == self._expected:
+            return handler
+        return _denying_handler(handler)
+
+
+def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    async def deny(request_or_iterator, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(handler.request_streaming, handler.response_streaming)]
+    return make(deny)
+
+
+class Changes:
+    """Wakes coroutines waiting for "something changed" (a row inserted, a batch sampled): the asyncio
+    counterpart of a condition variable, for waits that must not hold a thread."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Return at the next notify(), or after `timeout` seconds."""
+        with contextlib.suppress(asyncio.TimeoutError):  # an alias of TimeoutError from Python 3.11
+            await asyncio.wait_for(self._event.wait(), timeout)
+
+
+class AioServerThread:
+    """A grpc.aio server on a dedicated event-loop thread, driven from synchronous code.
+
+    `add_services(server)` registers the servicers (it runs on the loop). `start()` binds and returns the port;
+    `stop(grace)` returns a threading.Event set once the server has stopped (the grpc.Server.stop contract)."""
+
+    def __init__(self, add_services: Callable[[grpc.aio.Server], None], service_names: Iterable[str], *,
+                 max_message_bytes: int, token: str | None = None,
+                 on_stop: Callable[[], Awaitable[None] | None] | None = None) -> None:
+        self._add_services = add_services
+        self._service_names = list(service_names)
+        self._max_message_bytes = max_message_bytes
+        self._token = token
+        self._on_stop = on_stop
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-aio", daemon=True)
+        self._server: grpc.aio.Server | None = None
+        self._health: health_aio.HealthServicer | None = None
+        self._stopped = threading.Event()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def start(self, address: str) -> int:
+        """Bind `host:port` (0 picks a free port) and serve; return the port or raise OSError."""
+        self._thread.start()
+        try:
+            return self._call(self._start(address))
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise
+
+    async def _start(self, address: str) -> int:
+        interceptors = [TokenAuthInterceptor(self._token)] if self._token else []
+        server = grpc.aio.server(interceptors=interceptors,
+                                 options=message_size_options(self._max_message_bytes) + [("grpc.so_reuseport", 0)])
+        self._add_services(server)
+        self._health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        for name in ["", *self._service_names]:
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        reflection.enable_server_reflection([*self._service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
+        port = server.add_insecure_port(address)
+        if port == 0:
+            raise OSError(f"cannot bind {address} (address in use or not local?)")
+        await server.start()
+        self._server = server
+        return port
+
+    def enter_graceful_shutdown(self) -> None:
+        """Report NOT_SERVING to health checks (load balancers and probes stop sending new work)."""
+        if self._health is not None and not self._stopped.is_set():
+            self._call(self._health.enter_graceful_shutdown())
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Stop serving: calls in flight get `grace` seconds to finish. Returns an event set once stopped."""
+        if self._server is not None and not self._stopped.is_set():
+            asyncio.run_coroutine_threadsafe(self._stop(grace), self._loop)
+        return self._stopped
+
+    async def _stop(self, grace: float | None) -> None:
+        try:
+            if self._on_stop is not None:
+                result = self._on_stop()
+                if result is not None:
+                    await result
+            await self._server.stop(grace)
+        finally:
+            self._stopped.set()
+            self._loop.call_soon(self._loop.stop)
+
+    def _call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
