@@ -17,7 +17,7 @@ import numpy as np
 
 from apexrl.common.errors import ApexError
 from apexrl.replay_server.table import ReplayTable
-from apexrl.replay_server.wire import SampledBatch, ShardInfo
+from apexrl.replay_server.wire import SampledBatch, ShardInfo, ShardTotals
 
 T = TypeVar("T")
 
@@ -43,9 +43,11 @@ class Completed(Generic[T]):
 class TableSink:
     """A PrioritySink that applies each update to the table at once; it never drops one."""
 
-    def __init__(self, table: ReplayTable, address: str) -> None:
+    def __init__(self, table: ReplayTable, address: str,
+                 on_totals: Callable[[ShardTotals], None] | None = None) -> None:
         self.table = table
         self.address = address
+        self._on_totals = on_totals
         self.applied = 0
         self.stale = 0
         self.dropped = 0
@@ -56,6 +58,8 @@ class TableSink:
                                               np.asarray(priorities, dtype=np.float64), incarnation)
         self.applied += result.applied
         self.stale += result.stale
+        if self._on_totals is not None:
+            self._on_totals(result.totals)
         return True
 
     def flush(self, timeout: float) -> bool:
@@ -68,9 +72,11 @@ class TableSink:
 class TableShard:
     """One in-process shard: the `Shard` calls answered by a ReplayTable."""
 
-    def __init__(self, table: ReplayTable, address: str) -> None:
+    def __init__(self, table: ReplayTable, address: str,
+                 on_totals: Callable[[ShardTotals], None] | None = None) -> None:
         self.table = table
         self.address = address
+        self._on_totals = on_totals
 
     def sample_future(self, batch_size: int, *, timeout: float | None = None) -> Completed[SampledBatch]:
         return Completed(lambda: self.table.sample(batch_size, timeout=timeout))
@@ -78,8 +84,9 @@ class TableShard:
     def info_future(self, *, timeout: float | None = None) -> Completed[ShardInfo]:
         return Completed(self.table.info)
 
-    def priority_stream(self, max_in_flight: int) -> TableSink:
-        return TableSink(self.table, self.address)
+    def priority_stream(self, max_in_flight: int,
+                        on_totals: Callable[[ShardTotals], None] | None = None) -> TableSink:
+        return TableSink(self.table, self.address, on_totals)
 
     def close(self) -> None:
         return None

@@ -72,7 +72,7 @@ def reset_priorities(addresses: Sequence[str], tables: Sequence, data: Sequence[
     for address, table, (_, pri) in zip(addresses, tables, data, strict=True):
         keys = np.arange(len(pri), dtype=np.uint64)
         with ReplayClient(address, timeout=60) as client:
-            client.update_priorities(keys, pri)
+            client.update_priorities(keys, pri, incarnation=0)
         table.update_priorities(keys, pri)
 
 

@@ -85,7 +85,7 @@ class AioServerThread:
         self._token = token
         self._on_stop = on_stop
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-aio", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="grpc-aio", daemon=True)
         self._server: grpc.aio.Server | None = None
         self._health: health_aio.HealthServicer | None = None
         self._stopped = threading.Event()
@@ -93,6 +93,22 @@ class AioServerThread:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+            # Let what the stopped server left behind (cancelled call handlers) finish before the loop closes.
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        finally:
+            # Closing the loop unregisters gRPC's poller before the interpreter exits; otherwise gRPC's own exit
+            # handler closes the poller's fd under a loop that still watches it ("Bad file descriptor").
+            self._loop.close()
+            self._stopped.set()
 
     def start(self, address: str) -> int:
         """Bind `host:port` (0 picks a free port) and serve; return the port or raise OSError."""
@@ -139,8 +155,7 @@ class AioServerThread:
                     await result
             await self._server.stop(grace)
         finally:
-            self._stopped.set()
-            self._loop.call_soon(self._loop.stop)
+            self._loop.stop()  # _run closes the loop and then reports the server stopped
 
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()

@@ -105,10 +105,6 @@ def test_a_dead_shard_is_skipped_and_sampling_continues(shard_processes):
             np.testing.assert_allclose(batch.probabilities, want, rtol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug (owned by a later issue): learner/sharded_client.py keeps a failed shard's last totals in its view, "
-    "so fleet_size and the weights' normaliser (N and the fleet-wide p_min in _assemble) still count the dead "
-    "shard's rows and mass while it is skipped"))
 def test_while_a_shard_is_down_fleet_size_and_weights_count_only_the_shards_sampled_from(shard_processes):
     shards = shard_processes(3, "--alpha", "1.0")
     _fill(shards)

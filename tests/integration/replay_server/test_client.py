@@ -109,7 +109,7 @@ def test_futures_raise_apexrl_errors_never_grpc_ones(make_shard):
         with pytest.raises(InvalidArgumentError, match="batch_size"):
             client.sample_future(0).result()
         with pytest.raises(InvalidArgumentError, match="index 0 = nan"):
-            client.update_priorities_future(np.zeros(1, np.uint64), np.array([np.nan])).result()
+            client.update_priorities_future(np.zeros(1, np.uint64), np.array([np.nan]), incarnation=0).result()
         waiting = client.sample_future(4, timeout=30)  # waits for rows that never come
         with pytest.raises(DeadlineExceededError, match="no answer within 0.05s"):
             waiting.result(timeout=0.05)  # the caller's own wait ran out; the call goes on
@@ -121,7 +121,7 @@ def test_futures_raise_apexrl_errors_never_grpc_ones(make_shard):
     with ReplayClient(f"127.0.0.1:{free_port()}", timeout=2) as dead:
         start = time.monotonic()
         for future in (dead.info_future(), dead.sample_future(1), dead.update_priorities_future(
-                np.zeros(1, np.uint64), np.ones(1))):
+                np.zeros(1, np.uint64), np.ones(1), incarnation=0)):
             with pytest.raises(UnavailableError) as err:
                 future.result()
             assert not isinstance(err.value, grpc.RpcError)

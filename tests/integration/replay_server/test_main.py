@@ -37,8 +37,8 @@ def test_shard_process_exports_metrics_and_stops_cleanly_on_sigterm(tmp_path):
             client.insert(cartpole_batch(100, start), priorities=np.full(100, 2.0))
         client.flush()
         batch = client.sample(64)
-        client.update_priorities(batch.keys, np.full(64, 3.0))
-        client.update_priorities(np.array([0, 1], dtype=np.uint64), np.ones(2))  # evicted: stale
+        client.update_priorities(batch.keys, np.full(64, 3.0), incarnation=batch.incarnation)
+        client.update_priorities(np.array([0, 1], dtype=np.uint64), np.ones(2), incarnation=batch.incarnation)  # evicted: stale
 
     m = _scrape(metrics_port)
     assert m[("apexrl_replay_inserted_rows_total", ())] == 400

@@ -4,15 +4,15 @@ goes away are dropped and counted, and the stream reconnects when the shard is b
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import numpy as np
 import pytest
 
 from apexrl.actor import ReplayClient
-from apexrl.replay_server.service import create_replay_server
-from apexrl.replay_server.table import ReplayTable, TableConfig
-from tests.conftest import cartpole_batch, wait_until
+from apexrl.replay_server.table import TableConfig
+from tests.conftest import cartpole_batch, start_shard_process, wait_until
 
 
 @pytest.fixture
@@ -43,47 +43,50 @@ def test_updates_are_applied_or_counted_stale_and_flush_waits_for_the_answers(fi
     assert info.total_priority == pytest.approx(50 * 1.0 + 50 * 3.0)
 
 
-def test_updates_in_flight_when_the_shard_stops_are_dropped_and_the_stream_reconnects(filled):
-    port = int(filled.address.rsplit(":", 1)[1])
-    incarnation = filled.table.incarnation
-    original = filled.table.update_priorities
-    reached, release = threading.Event(), threading.Event()
-
-    def held_update(*args, **kwargs):  # the shard holds the first update: it is in flight when the shard stops
-        reached.set()
-        release.wait(10)
-        return original(*args, **kwargs)
-
-    filled.table.update_priorities = held_update
-    client = ReplayClient(filled.address)
+def test_updates_in_flight_when_the_shard_stops_are_dropped_and_the_stream_reconnects(tmp_path):
+    """A shard process frozen (SIGSTOP) with an update in flight, then killed: the update is dropped and counted;
+    a new shard process on the same address is found by the same stream."""
+    shard = start_shard_process(tmp_path, "frozen", "--alpha", "1.0")
+    port = int(shard.address.rsplit(":", 1)[1])
+    client = ReplayClient(shard.address)
     stream = client.priority_stream()
+    replacement = None
     try:
-        assert stream.send(np.arange(7, dtype=np.uint64), np.full(7, 5.0), incarnation)
-        assert reached.wait(10)
-        stopped = filled.server.stop(0)
+        client.insert(cartpole_batch(100), priorities=np.ones(100))
+        client.flush()
+        incarnation = client.info().incarnation
+        assert stream.send(np.arange(3, dtype=np.uint64), np.full(3, 2.0), incarnation)
+        assert stream.flush(timeout=10) and stream.applied == 3  # the stream is open
+        shard.process.send_signal(signal.SIGSTOP)
+        assert stream.send(np.arange(10, 17, dtype=np.uint64), np.full(7, 5.0), incarnation)
+        assert not stream.flush(timeout=0.5)  # in flight: the frozen shard cannot answer
+        shard.process.send_signal(signal.SIGKILL)
+        shard.process.wait(10)
         assert stream.flush(timeout=10)  # the answer will never come: the update is dropped, not waited for
-        assert (stream.applied, stream.dropped) == (0, 7) and stream.failures >= 1
-        release.set()
-        assert stopped.wait(10)
-        # The shard comes back on the same address (a restarted process: a new table and incarnation).
-        replacement = ReplayTable(TableConfig(capacity=100, alpha=1.0, seed=1))
-        replacement.insert(cartpole_batch(100), np.ones(100))
-        filled.server, _, _, _ = create_replay_server(replacement, f"127.0.0.1:{port}")
+        assert (stream.applied, stream.dropped) == (3, 7) and stream.failures >= 1
+        replacement = start_shard_process(tmp_path, "replacement", "--alpha", "1.0", "--port", str(port))
+        with ReplayClient(replacement.address) as fresh:
+            fresh.insert(cartpole_batch(100), priorities=np.ones(100))
+            fresh.flush()
+            new_incarnation = fresh.info().incarnation
 
         def resend() -> bool:
-            stream.send(np.arange(10, 20, dtype=np.uint64), np.full(10, 4.0), replacement.incarnation)
-            return stream.flush(timeout=5) and stream.applied > 0
+            stream.send(np.arange(10, 20, dtype=np.uint64), np.full(10, 4.0), new_incarnation)
+            return stream.flush(timeout=5) and stream.applied > 3
 
         wait_until(resend, "the stream reconnected and an update was applied", timeout=20)
+        with ReplayClient(replacement.address) as fresh:
+            info = fresh.info()
+        assert info.updated_total == stream.applied - 3  # what the stream counts is what the shard applied
+        assert info.total_priority == pytest.approx(90 + 10 * 4.0)
     finally:
-        release.set()
         stream.close()
         client.close()
-        filled.server.stop(0)
-    assert stream.applied >= 10 and stream.dropped >= 7  # resends while it reconnected may be dropped too
-    info = replacement.info()
-    assert info.updated_total == stream.applied  # what the stream counts is what the shard applied
-    assert info.total_priority == pytest.approx(90 + 10 * 4.0)
+        for proc in (shard, replacement):
+            if proc is not None and proc.process.poll() is None:
+                proc.process.kill()
+                proc.process.wait(10)
+
 
 
 def test_send_gives_up_at_its_deadline_when_the_stream_is_backed_up(filled):

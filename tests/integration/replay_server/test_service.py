@@ -66,11 +66,11 @@ def test_priority_updates_apply_and_stale_keys_are_counted(make_shard):
         client.insert(cartpole_batch(100), priorities=np.ones(100))
         client.flush()
         keys = np.arange(100, dtype=np.uint64)
-        assert client.update_priorities(keys[:10], np.zeros(10)).applied == 10
+        assert client.update_priorities(keys[:10], np.zeros(10), incarnation=0).applied == 10
         # Evict keys 0..49 by inserting 50 rows: updates for them are stale, the rest still apply.
         client.insert(cartpole_batch(50, 100), priorities=np.ones(50))
         client.flush()
-        result = client.update_priorities(keys[40:60], np.full(20, 3.0))
+        result = client.update_priorities(keys[40:60], np.full(20, 3.0), incarnation=0)
         assert (result.applied, result.stale) == (10, 10)
         info = client.info()
         assert info.total_priority == pytest.approx(40 * 1 + 10 * 3 + 50 * 1)
@@ -85,7 +85,7 @@ def test_duplicate_keys_in_one_update_last_value_wins(make_shard):
     with ReplayClient(shard.address) as client:
         client.insert(cartpole_batch(10), priorities=np.ones(10))
         client.flush()
-        client.update_priorities(np.array([3, 3, 3], dtype=np.uint64), np.array([7.0, 2.0, 4.0]))
+        client.update_priorities(np.array([3, 3, 3], dtype=np.uint64), np.array([7.0, 2.0, 4.0]), incarnation=0)
         assert client.info().total_priority == pytest.approx(9 + 4.0)
 
 
@@ -97,7 +97,7 @@ def test_zero_priority_rows_are_never_sampled_unless_all_are_zero(make_shard):
         client.insert(cartpole_batch(100), priorities=priorities)
         client.flush()
         assert set(client.sample(500).columns["action"]) == {7, 42}
-        client.update_priorities(np.array([7, 42], dtype=np.uint64), np.zeros(2))
+        client.update_priorities(np.array([7, 42], dtype=np.uint64), np.zeros(2), incarnation=0)
         uniform = client.sample(2000).columns["action"]
     assert len(set(uniform)) > 90  # all zero: uniform over every stored row
 

@@ -65,7 +65,7 @@ def test_updates_and_their_results_round_trip():
     assert decoded[0].dtype == np.uint64 and decoded[1].dtype == np.float64 and decoded[2] == 99
     np.testing.assert_array_equal(decoded[0], keys)
     np.testing.assert_array_equal(decoded[1], priorities)
-    result = wire.UpdateResult(applied=3, stale=2)
+    result = wire.UpdateResult(applied=3, stale=2, totals=wire.ShardTotals(12.5, 40, 0.25, 2**63 + 5))
     assert wire.decode_update_result(over_the_wire(wire.encode_update_result(result))) == result
 
 
