@@ -83,6 +83,8 @@ class Fleet:
         self.extra_args = extra_args
         self.stop_requested = stop
         self.children: list[Child] = []
+        self.restarts: dict[str, list[float]] = {}  # role -> monotonic times of its restarts
+        self._due: dict[str, float] = {}           # role -> when its pending restart is due
         # Ports left open in the config (metrics ports, the local fleet's parameter-service port) are picked just
         # before the role that binds them starts, to keep the window in which another program could take them short.
         self.roles = roles_on(config, host)
@@ -108,6 +110,8 @@ class Fleet:
             shard_ports[child.role.index] = port
             log.info("%s serving on port %d", child.role.name, port)
         self.config = with_ports(self.config, shard_ports=shard_ports)
+        self.roles = [replace(r, port=shard_ports[r.index]) if r.kind == "replay" and r.index in shard_ports else r
+                      for r in self.roles]  # a restarted shard comes back on the port it had
         for i, shard in enumerate(self.config.shards):
             if shard.host != self.host:
                 self._wait_healthy(address(self.config, shard.host, shard.port, self.host), timeout, None,
@@ -194,9 +198,46 @@ class Fleet:
 
     # --- run and stop ---------------------------------------------------------------------------------------------
 
-    def exited(self) -> Child | None:
-        """The first child that is no longer running, if any."""
-        return next((c for c in self.children if c.process.poll() is not None), None)
+    def supervise(self, now: float | None = None) -> Child | None:
+        """Restart roles that died, within their budget; return a child that ends the run, if any: one that exited
+        with status 0 (it finished its work) or one whose restart budget is spent.
+
+        A role that dies (non-zero status or a signal) is started again with the same command line, ports included,
+        after a backoff that doubles with each restart in the window (1 s, 2 s, 4 s, ... at most 30 s); at most
+        `max_restarts` restarts per role within any `restart_window` seconds. The rest of the fleet keeps running:
+        actors fail over to the other shards, the learner samples the live ones, a learner resumes from its
+        checkpoint."""
+        now = time.monotonic() if now is None else now
+        for child in list(self.children):
+            if child.process.poll() is None or child.role.name in self._due:
+                continue
+            if child.process.returncode == 0:
+                return child
+            window = [t for t in self.restarts.get(child.role.name, []) if now - t < self.config.restart_window]
+            if len(window) >= self.config.max_restarts:
+                return child
+            delay = min(30.0, 2.0 ** len(window))
+            self._due[child.role.name] = now + delay
+            log.warning("%s; restarting it in %.0fs (restart %d of at most %d in %.0fs)", child.describe_exit(),
+                        delay, len(window) + 1, self.config.max_restarts, self.config.restart_window)
+        for name, due in list(self._due.items()):
+            if due <= now and not self.stop_requested.is_set():
+                del self._due[name]
+                self._restart(name, now)
+        return None
+
+    def _restart(self, name: str, now: float) -> None:
+        dead = next(c for c in self.children if c.role.name == name)
+        self.children.remove(dead)
+        dead.log_file.close()
+        role = next(r for r in self.roles if r.name == name)  # its ports as first started: addresses stay right
+        self.restarts.setdefault(name, []).append(now)
+        child = self._spawn(role)
+        log.info("restarted %s (pid %d)", name, child.process.pid)
+
+    @property
+    def restart_counts(self) -> dict[str, int]:
+        return {name: len(times) for name, times in self.restarts.items()}
 
     def stop(self, grace: float, force: threading.Event | None = None) -> None:
         """SIGTERM the users of services first (actors, evaluator, learner), then the shards; SIGKILL whatever

@@ -49,6 +49,9 @@ class FleetSettings:
     startup_timeout: float = setting(120.0, "seconds each service may take to report SERVING")
     progress_seconds: float = setting(5.0, "seconds between progress lines")
     stop_grace: float = setting(5.0, "seconds a role may take to exit after SIGTERM before SIGKILL")
+    max_restarts: int = setting(5, "restarts of one role that dies within restart_window before the run ends "
+                                   "(0: the first death ends the run)")
+    restart_window: float = setting(300.0, "seconds over which a role's restarts are counted")
 
     def __post_init__(self) -> None:
         if not self.env.strip():
@@ -59,6 +62,9 @@ class FleetSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} ({value}) must be positive")
+        if self.max_restarts < 0 or not self.restart_window > 0:
+            raise ConfigError(f"max_restarts ({self.max_restarts}) must be >= 0 and restart_window "
+                              f"({self.restart_window}) > 0")
         if not self.stop_grace >= 0:
             raise ConfigError(f"stop_grace ({self.stop_grace}) must be >= 0")
         if self.replay_capacity < 1 or self.min_replay_size < 1:

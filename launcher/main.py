@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Start the apexrl roles of this machine as child processes (logs in RUN_DIR/logs/ROLE.log), print a "
         "progress line every few seconds, and stop them all on Ctrl-C/SIGTERM, when the target return is "
-        "reached, when --max-seconds pass, or when a role exits.\n\n"
+        "reached, when --max-seconds pass, or when a role finishes (exit status 0). A role that dies is "
+        "restarted with the same command line after a doubling backoff, at most --max-restarts times within "
+        "--restart-window seconds; the rest of the fleet keeps running meanwhile.\n\n"
         "Without --config: a local fleet on 127.0.0.1 (by default 2 shards, the learner, 4 actors, 1 evaluator). "
         "With --config: only the roles the fleet file assigns to --host-name. Only the machine running the "
         "learner and the evaluator checks the target return; the others run until a signal or --max-seconds.\n\n"
@@ -48,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "environment id is refused in one line with exit status 2.\n\n"
         "The last line on stdout is JSON: env_steps (exploring actors' environment steps), episodes (exploration "
         "episodes; evaluation episodes are not counted), updates (learner), mean_return_100 (mean return of the "
-        "last 100 evaluation episodes), wall_seconds, solved, run_dir, reason.\n"
+        "last 100 evaluation episodes), wall_seconds, solved, run_dir, reason, restarts, restarts_by_role.\n"
         "Exit status: 0 when solved (or, on a machine that does not check the target, after a clean stop), 1 "
         "otherwise, 2 for a bad configuration.")
     fleet = parser.add_argument_group("fleet")
@@ -180,13 +182,14 @@ class Launch:
             threading.Thread(target=_import_plotting, name="import-matplotlib", daemon=True).start()
             next_tick = time.time() + self.progress_seconds
             while not self.stop.is_set():
-                child = fleet.exited()
+                child = fleet.supervise()
                 if child is not None:
-                    reason = "role_exited"
                     failed = child.process.returncode != 0
+                    reason = "restart_budget_exhausted" if failed else "role_exited"
                     if failed:
-                        print(f"apexrl launch: {child.role.name} died unexpectedly: {child.describe_exit()}",
-                              file=sys.stderr)
+                        print(f"apexrl launch: {child.role.name} died unexpectedly and its restart budget "
+                              f"({self.config.max_restarts} in {self.config.restart_window:.0f}s) is spent: "
+                              f"{child.describe_exit()}", file=sys.stderr)
                     else:
                         log.info("%s finished (exit status 0); stopping the fleet", child.role.name)
                     break
@@ -195,7 +198,7 @@ class Launch:
                     reason = "max_seconds"
                     break
                 if now >= next_tick:
-                    row = self._tick(progress, progress_csv, now)
+                    row = self._tick(progress, progress_csv, now, restarts=sum(fleet.restart_counts.values()))
                     if self.checks_target and progress.solved(self.config.target_return):
                         solved, reason = True, "target"
                         log.info("solved: the last 100 evaluation episodes average %.1f >= %g",
@@ -213,7 +216,8 @@ class Launch:
                 progress = Progress(self.run_dir / "episodes", *self._metrics_urls(fleet), start_time=start)
             if fleet.children and not self.force.is_set():
                 try:
-                    row = self._tick(progress, progress_csv, time.time(), echo=False)  # last counters
+                    row = self._tick(progress, progress_csv, time.time(), echo=False,
+                                     restarts=sum(fleet.restart_counts.values()))  # last counters
                 except Exception as err:  # the fleet must still be stopped
                     log.warning("final progress read failed: %s", err)
             log.info("stopping %d roles (%s)", len(fleet.children), reason)
@@ -232,16 +236,18 @@ class Launch:
             "solved": solved,
             "run_dir": str(self.run_dir),
             "reason": reason,
+            "restarts": sum(fleet.restart_counts.values()),
+            "restarts_by_role": fleet.restart_counts,
         }
         print(json.dumps(result), flush=True)
         if solved:
             return 0
         return 0 if not self.checks_target and not failed and reason in ("signal", "max_seconds") else 1
 
-    def _tick(self, progress, progress_csv, now: float, echo: bool = True):
+    def _tick(self, progress, progress_csv, now: float, echo: bool = True, restarts: int = 0):
         from apexrl.launcher.progress import format_row
 
-        row = progress.tick(now)
+        row = dataclasses.replace(progress.tick(now), restarts=restarts)
         progress_csv.write(row)
         if echo:
             print(format_row(row, progress.eval_episodes), flush=True)

@@ -78,6 +78,7 @@ class ProgressRow:
     mean_explore_return_100: float | None
     weight_version: int | None
     unix_time: float
+    restarts: int = 0  # role restarts by this machine's launcher so far
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -168,7 +169,7 @@ def format_row(row: ProgressRow, eval_episodes: int) -> str:
             f"(last {min(eval_episodes, WINDOW)} of {eval_episodes}) | "
             f"explore return {num(row.mean_explore_return_100, '.1f')} | "
             f"updates {num(row.updates)} ({num(row.updates_per_second, ',.1f')}/s) | "
-            f"weights v{num(row.weight_version, 'd')}")
+            f"weights v{num(row.weight_version, 'd')}" + (f" | restarts {row.restarts}" if row.restarts else ""))
 
 
 class ProgressCsv:

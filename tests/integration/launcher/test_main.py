@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
+
 ROLES = ["shard-0", "learner", "actor-0", "evaluator"]
 # What each role logs once it runs (signal handlers in place, dependencies reached).
 RUNNING = {"shard-0": "replay shard serving on", "learner": "learner for CartPole-v1",
@@ -154,14 +156,68 @@ def test_sigterm_stops_every_role_cleanly_and_prints_the_result(launch):
 
 
 @pytest.mark.timeout(150)
-def test_a_role_that_dies_is_named_and_the_rest_of_the_fleet_is_stopped(launch):
+def test_a_role_that_dies_is_restarted_while_the_rest_of_the_fleet_runs_on(launch):
     run = launch()
+    pids = run.wait_running()
+    os.kill(pids["actor-0"], signal.SIGKILL)
+    command = {r["name"]: r["command"] for r in run.config()["roles"]}["actor-0"]
+    deadline = time.monotonic() + 30
+    while (pid_of(command) in (None, pids["actor-0"])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    restarted = pid_of(command)
+    assert restarted not in (None, pids["actor-0"]), "actor-0 was not restarted"
+    others = {name: pid for name, pid in pids.items() if name != "actor-0"}
+    assert all(alive(pid) for pid in others.values())  # nothing else was touched
+    wait_log = time.monotonic() + 30
+    while run.log("actor-0").count("got weights version") < 2 and time.monotonic() < wait_log:
+        time.sleep(0.1)
+    assert run.log("actor-0").count("got weights version") >= 2  # the new actor works
+    run.process.send_signal(signal.SIGTERM)
+    code, result, err = run.wait()
+    assert result["reason"] == "signal" and result["restarts"] == 1 and result["restarts_by_role"] == {"actor-0": 1}
+    assert "actor-0 was killed by SIGKILL" in err and "restarting it in 1s (restart 1 of at most 5" in err
+    assert_all_gone({**others, "actor-0": restarted})
+    run.assert_no_role_left()
+
+
+@pytest.mark.timeout(150)
+def test_a_killed_shard_comes_back_on_its_address_and_both_sides_use_it_again(launch):
+    from apexrl.replay_server.client import ReplayClient
+
+    run = launch()
+    pids = run.wait_running()
+    port = next(r["port"] for r in run.config()["roles"] if r["name"] == "shard-0")
+    with ReplayClient(f"127.0.0.1:{port}", timeout=5) as shard:
+        first = shard.info()
+        assert first.inserted_total > 0
+        os.kill(pids["shard-0"], signal.SIGKILL)
+
+        def fresh_and_used() -> bool:
+            try:
+                info = shard.info(timeout=1)
+            except Exception:  # noqa: BLE001 (down until the launcher restarts it)
+                return False
+            return info.incarnation != first.incarnation and info.inserted_total > 0 and info.sampled_total > 0
+
+        wait_until(fresh_and_used, "the restarted shard was written to by the actor and sampled by the learner",
+                   timeout=60)
+    assert all(alive(pid) for name, pid in pids.items() if name != "shard-0")
+    run.process.send_signal(signal.SIGTERM)
+    code, result, err = run.wait()
+    assert result["restarts_by_role"] == {"shard-0": 1}
+    run.assert_no_role_left()
+
+
+@pytest.mark.timeout(150)
+def test_a_role_that_dies_past_its_restart_budget_ends_the_run(launch):
+    run = launch("--max-restarts", "0")
     pids = run.wait_running()
     os.kill(pids["actor-0"], signal.SIGKILL)
     code, result, err = run.wait()
     assert code == 1
-    assert result["reason"] == "role_exited" and result["solved"] is False
-    assert "apexrl launch: actor-0 died unexpectedly: actor-0 was killed by SIGKILL; last lines of" in err
+    assert result["reason"] == "restart_budget_exhausted" and result["solved"] is False
+    assert "apexrl launch: actor-0 died unexpectedly and its restart budget (0 in 300s) is spent: actor-0 was " \
+           "killed by SIGKILL; last lines of" in err
     assert str(run.run_dir / "logs" / "actor-0.log") in err
     assert_all_gone(pids)
     run.assert_no_role_left()
