@@ -43,6 +43,10 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         publish = store.publish
     # The learner (and its checkpoint) first: the hosted service reports SERVING only for a learner that can run.
     learner = Learner(config, spaces.obs_dim, spaces.num_actions, make_sampler(config), publish, registry)
+    if client is not None:
+        # A standalone service outlives this process and may hold versions newer than the checkpoint (published
+        # after it was written): continue above them, since versions may only grow.
+        learner.weight_version = max(learner.weight_version, client.version())
     if store is not None:
         from apexrl.parameter_server.service import create_parameter_server
 

@@ -85,3 +85,36 @@ def test_a_checkpoint_of_another_shape_is_refused_with_exit_status_2(tmp_path):
     log = (tmp_path / "learner.log").read_text()
     assert "has network 4->(8,)->2, the configuration wants 4->(128, 128)->2" in log
     assert code == 2 and "apexrl learner: error:" in log and "Traceback" not in log
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_learner_publishes_above_what_a_standalone_parameter_service_holds(tmp_path, make_shard):
+    """A standalone parameter service outlives the learner and may hold newer versions than the learner's last
+    checkpoint: the restarted learner resumes from its checkpoint and publishes above the service's version
+    (a lower one would be refused, and the learner would crash)."""
+    from apexrl.parameter_server.service import create_parameter_server
+
+    shard = make_shard(TableConfig(capacity=1000, alpha=0.6, seed=0))
+    rng = np.random.default_rng(1)
+    with ReplayClient(shard.address) as client:
+        client.insert({"obs": rng.normal(size=(300, 4)).astype(np.float32),
+                       "action": rng.integers(0, 2, 300), "reward": np.ones(300, np.float32),
+                       "discount": np.full(300, 0.97, np.float32),
+                       "next_obs": rng.normal(size=(300, 4)).astype(np.float32)})
+        client.flush()
+    server, port, store, _ = create_parameter_server("127.0.0.1:0")
+    args = ("--replay", shard.address, "--params", f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run"),
+            "--min-replay-size", "100", "--batch-size", "32", "--hidden-sizes", "16", "--publish-every", "5",
+            "--sample-batches-per-call", "1", "--max-updates", "20")
+    try:
+        first = learner_process(tmp_path, *args)
+        assert first.wait(60) == 0
+        resumed_from = load_checkpoint(tmp_path / "run").weight_version
+        assert store.version == resumed_from >= 4
+        store.publish({"w": np.zeros(3, np.float32)}, version=resumed_from + 50)  # newer than the checkpoint
+        second = learner_process(tmp_path, *args[:-1], "40")
+        assert second.wait(60) == 0, (tmp_path / "learner.log").read_text()[-2000:]
+        assert store.version > resumed_from + 50
+        assert load_checkpoint(tmp_path / "run").weight_version == store.version
+    finally:
+        server.stop(0)
