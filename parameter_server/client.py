@@ -48,7 +48,8 @@ class ParameterClient:
         self._stub = parameters_pb2_grpc.ParameterServiceStub(self._channel)
 
     def fetch(self, have_version: int = 0) -> tuple[int, dict[str, np.ndarray]] | None:
-        """The newest (version, weights) when newer than `have_version`, else None (nothing moved).
+        """The newest (version, weights) when it is not `have_version`, else None (nothing moved). A version below
+        `have_version` means the service restarted and counts again from its learner's checkpoint: take it.
 
         The arrays are writable and share one freshly received buffer (a tensor whose byte offset is not a
         multiple of its itemsize is copied to be aligned); they are ordered as published.
@@ -83,8 +84,8 @@ class ParameterClient:
             raise
         if received != total:
             raise ApexError(f"{what}: the stream ended after {received} of {total} bytes")
-        if version <= have_version:
-            raise ApexError(f"{what}: the server sent version {version}, not newer than {have_version}")
+        if version == have_version:
+            raise ApexError(f"{what}: the server sent the version the caller already holds")
         return version, unpack(layout, payload)
 
     def publish(self, weights: Mapping[str, np.ndarray], version: int | None = None) -> int:

@@ -55,7 +55,7 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
             registry=registry,
         )
         self._fetches = Counter(
-            "apexrl_params_fetches", "Fetch calls by result (newer: weights sent; not_newer: nothing newer)",
+            "apexrl_params_fetches", "Fetch calls by result (newer: weights sent; not_newer: the caller holds the newest)",
             ["result"], registry=registry,
         )
         for result in ("newer", "not_newer"):
@@ -107,7 +107,10 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
     def Fetch(self, request, context) -> Iterator[parameters_pb2.FetchResponse]:  # noqa: N802 (gRPC name)
         with self._metrics.time("Fetch"):
             snapshot = self.store.latest()
-            if snapshot is None or snapshot.version <= request.have_version:
+            # A caller holding a version above the newest one saw a service that has since restarted (and counts
+            # from its learner's checkpoint again): it gets the newest weights, or it would act on stale ones until
+            # the numbers caught up.
+            if snapshot is None or snapshot.version == request.have_version:
                 self._fetches.labels("not_newer").inc()
                 yield parameters_pb2.FetchResponse(not_newer=True)
                 return

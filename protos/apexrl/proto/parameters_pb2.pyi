@@ -181,10 +181,9 @@ class FetchRequest(_message.Message):
 
     HAVE_VERSION_FIELD_NUMBER: _builtins.int
     have_version: _builtins.int
-    """The version the caller already holds (0 when it has none). Only numbers are compared: when have_version is
-    at least the newest version the answer is not_newer, also after the service restarted and counts from a
-    lower number than the caller holds. A caller that sees GetVersion answer below its own version should fetch
-    with have_version = 0.
+    """The version the caller already holds (0 when it has none). The answer is not_newer only when have_version is
+    the newest version; a caller holding a higher number than the service's newest (the service restarted) gets
+    the newest weights, whose version is then below have_version.
     """
     def __init__(
         self,
@@ -209,8 +208,8 @@ class FetchResponse(_message.Message):
     HEADER_FIELD_NUMBER: _builtins.int
     CHUNK_FIELD_NUMBER: _builtins.int
     not_newer: _builtins.bool
-    """Only in a single reply: nothing newer than have_version exists (or nothing was published yet). No data
-    follows and the stream ends.
+    """Only in a single reply: have_version is the newest version (or nothing was published yet). No data follows
+    and the stream ends.
     """
     chunk: _builtins.bytes
     """The next piece of the concatenated tensor bytes, possibly empty. The first message carries up to

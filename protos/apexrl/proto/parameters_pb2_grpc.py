@@ -70,8 +70,9 @@ class ParameterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Fetch(self, request, context):
-        """Returns the newest weights when they are newer than `have_version`; otherwise one message with
-        not_newer = true and no data, at once. Message order: the first message carries the header and the first
+        """Returns the newest weights when their version is not `have_version` (newer; or older, which means the service
+        restarted and counts again from a lower number than the caller holds); otherwise, or when nothing was published
+        yet, one message with not_newer = true and no data, at once. Message order: the first message carries the header and the first
         piece of the concatenated tensor bytes (possibly empty); later messages carry the following pieces, in order,
         until header.total_bytes bytes were sent; then the stream ends. The bytes all belong to the one version named
         in the header, even when a newer version is published meanwhile.

@@ -66,8 +66,9 @@ class ParameterServiceStub:
     again when the version is stored, in case another publisher got there first).
     """
     Fetch: _grpc.UnaryStreamMultiCallable[_parameters_pb2.FetchRequest, _parameters_pb2.FetchResponse]
-    """Returns the newest weights when they are newer than `have_version`; otherwise one message with
-    not_newer = true and no data, at once. Message order: the first message carries the header and the first
+    """Returns the newest weights when their version is not `have_version` (newer; or older, which means the service
+    restarted and counts again from a lower number than the caller holds); otherwise, or when nothing was published
+    yet, one message with not_newer = true and no data, at once. Message order: the first message carries the header and the first
     piece of the concatenated tensor bytes (possibly empty); later messages carry the following pieces, in order,
     until header.total_bytes bytes were sent; then the stream ends. The bytes all belong to the one version named
     in the header, even when a newer version is published meanwhile.
@@ -90,8 +91,9 @@ class ParameterServiceAsyncStub(ParameterServiceStub):
     again when the version is stored, in case another publisher got there first).
     """
     Fetch: _aio.UnaryStreamMultiCallable[_parameters_pb2.FetchRequest, _parameters_pb2.FetchResponse]  # type: ignore[assignment]
-    """Returns the newest weights when they are newer than `have_version`; otherwise one message with
-    not_newer = true and no data, at once. Message order: the first message carries the header and the first
+    """Returns the newest weights when their version is not `have_version` (newer; or older, which means the service
+    restarted and counts again from a lower number than the caller holds); otherwise, or when nothing was published
+    yet, one message with not_newer = true and no data, at once. Message order: the first message carries the header and the first
     piece of the concatenated tensor bytes (possibly empty); later messages carry the following pieces, in order,
     until header.total_bytes bytes were sent; then the stream ends. The bytes all belong to the one version named
     in the header, even when a newer version is published meanwhile.
@@ -123,8 +125,9 @@ class ParameterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _parameters_pb2.FetchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_parameters_pb2.FetchResponse], _abc.AsyncIterator[_parameters_pb2.FetchResponse]]:
-        """Returns the newest weights when they are newer than `have_version`; otherwise one message with
-        not_newer = true and no data, at once. Message order: the first message carries the header and the first
+        """Returns the newest weights when their version is not `have_version` (newer; or older, which means the service
+        restarted and counts again from a lower number than the caller holds); otherwise, or when nothing was published
+        yet, one message with not_newer = true and no data, at once. Message order: the first message carries the header and the first
         piece of the concatenated tensor bytes (possibly empty); later messages carry the following pieces, in order,
         until header.total_bytes bytes were sent; then the stream ends. The bytes all belong to the one version named
         in the header, even when a newer version is published meanwhile.

@@ -188,8 +188,8 @@ def test_a_killed_shard_comes_back_on_its_address_and_both_sides_use_it_again(la
     pids = run.wait_running()
     port = next(r["port"] for r in run.config()["roles"] if r["name"] == "shard-0")
     with ReplayClient(f"127.0.0.1:{port}", timeout=5) as shard:
+        wait_until(lambda: shard.info().inserted_total > 0, "the actor inserted", timeout=30)
         first = shard.info()
-        assert first.inserted_total > 0
         os.kill(pids["shard-0"], signal.SIGKILL)
 
         def fresh_and_used() -> bool:
@@ -205,6 +205,41 @@ def test_a_killed_shard_comes_back_on_its_address_and_both_sides_use_it_again(la
     run.process.send_signal(signal.SIGTERM)
     code, result, err = run.wait()
     assert result["restarts_by_role"] == {"shard-0": 1}
+    run.assert_no_role_left()
+
+
+@pytest.mark.timeout(150)
+def test_a_killed_learner_resumes_from_its_checkpoint_and_actors_follow_its_versions(launch):
+    from apexrl.actor import ParameterClient
+    from apexrl.learner.checkpoint import load_checkpoint
+
+    run = launch("--learner-arg=--checkpoint-every=20")
+    pids = run.wait_running()
+    port = next(r["port"] for r in run.config()["roles"] if r["name"] == "learner")
+    checkpoint = run.run_dir / "checkpoints"
+    wait_until(lambda: (checkpoint / "checkpoint.pt").exists(), "the learner wrote a checkpoint", timeout=60)
+    with ParameterClient(f"127.0.0.1:{port}", timeout=2) as params:
+        wait_until(lambda: params.version() > load_checkpoint(checkpoint).weight_version,
+                   "versions newer than the checkpoint were published", timeout=60)
+        os.kill(pids["learner"], signal.SIGKILL)
+        saved = load_checkpoint(checkpoint)
+
+        def training_again() -> bool:
+            try:
+                return params.version() > saved.weight_version + 2
+            except Exception:  # noqa: BLE001 (down until the launcher restarts it)
+                return False
+
+        wait_until(training_again, "the restarted learner published again", timeout=60)
+    log = run.log("learner")
+    assert f"resumed from {checkpoint / 'checkpoint.pt'} at update {saved.updates}" in log
+    # The actors hold versions from before the kill, above what the restarted learner publishes at first: they
+    # must still take its weights.
+    wait_until(lambda: run.log("actor-0").count("weights version") >= 1, "the actor logs its weights", timeout=5)
+    run.process.send_signal(signal.SIGTERM)
+    code, result, err = run.wait()
+    assert result["restarts_by_role"] == {"learner": 1}
+    assert result["updates"] > saved.updates
     run.assert_no_role_left()
 
 

@@ -149,12 +149,20 @@ def test_fetch_returns_none_at_once_when_nothing_is_newer(server, client, stub):
     client.publish(small_weights())
     start = time.monotonic()
     assert client.fetch(have_version=1) is None
-    assert client.fetch(have_version=9) is None
     # Generous bound, but meaningful: a Fetch that waited for something newer would run into the 5 s deadline.
     assert time.monotonic() - start < 2.5
     replies = list(stub.Fetch(parameters_pb2.FetchRequest(have_version=1), timeout=5))
     assert len(replies) == 1 and replies[0].not_newer and not replies[0].HasField("header") and not replies[0].chunk
     assert client.fetch(0)[0] == 1
+
+
+def test_a_caller_ahead_of_a_restarted_service_gets_its_newest_weights(server, client):
+    """After a restart the service counts from its learner's checkpoint; an actor holding a higher version
+    (published after that checkpoint) must not keep acting on stale weights until the numbers catch up."""
+    client.publish(small_weights(), version=3)
+    fetched = client.fetch(have_version=9)
+    assert fetched is not None and fetched[0] == 3
+    assert client.fetch(have_version=3) is None
 
 
 def test_versions_strictly_increase(server, client):
