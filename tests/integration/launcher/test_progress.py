@@ -106,8 +106,8 @@ def test_returns_come_from_the_csvs_and_solved_needs_100_evaluation_episodes(tmp
 def test_progress_csv_has_one_row_per_tick(tmp_path):
     out = ProgressCsv(tmp_path / "progress.csv")
     out.write(ProgressRow(5.0, 100, 2, None, None, None, None, None, START + 5))
-    out.write(ProgressRow(10.0, 300, 4, 12, 2.4, 20.5, 9.0, 3, START + 10))
+    out.write(ProgressRow(10.0, 300, 4, 12, 2.4, 20.5, 9.0, 3, START + 10, restarts=2))
     out.close()
     lines = (tmp_path / "progress.csv").read_text().splitlines()
     assert lines[0] == ",".join(ProgressRow.columns())
-    assert lines[1:] == [f"5.0,100,2,,,,,,{START + 5}", f"10.0,300,4,12,2.4,20.5,9.0,3,{START + 10}"]
+    assert lines[1:] == [f"5.0,100,2,,,,,,{START + 5},0", f"10.0,300,4,12,2.4,20.5,9.0,3,{START + 10},2"]
