@@ -74,3 +74,16 @@ def test_learner_bench_quick_mode_reports_every_figure(tmp_path):
     assert summary["ratio"] > 0 and len(summary["round_ratios"]) == 1
     assert set(summary["share_of_reference"]) == {"grpc", "inprocess"}
     assert data["meta"]["torch"] and data["fill_seconds"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_writers_bench_reports_throughput_and_latency_per_writer_count(tmp_path):
+    out = tmp_path / "writers.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "writers_bench.py"), "--writers", "1", "8", "--seconds", "1",
+                           "--json", str(out)], timeout=100, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert [r["writers"] for r in results] == [1, 8]
+    for r in results:
+        assert r["rows_per_s"] > 0 and r["batches"] > 0 and r["sample_calls"] > 0
+        assert r["sample_p99_ms"] > 0 and r["info_p99_ms"] > 0
