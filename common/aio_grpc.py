@@ -19,38 +19,28 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from apexrl.common.grpc_util import _AUTH_HEADER, HEALTH_SERVICE, message_size_options
+from apexrl.common.grpc_util import (
+    HEALTH_SERVICE,
+    UNAUTHENTICATED_MESSAGE,
+    message_size_options,
+    token_checked,
+)
 
 log = logging.getLogger(__name__)
 
 
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses every call without `authorization: Bearer <token>` with UNAUTHENTICATED, except health checks
-    (Kubernetes probes cannot send tokens)."""
+    """The asyncio twin of grpc_util.TokenAuthInterceptor (same rules: grpc_util.token_checked)."""
 
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}"
 
     async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(f"/{HEALTH_SERVICE}/"):
-            return handler
-        if dict(handler_call_details.invocation_metadata or ()).get(_AUTH_HEADER) == self._expected:
-            return handler
-        return _denying_handler(handler)
+        return token_checked(await continuation(handler_call_details), handler_call_details, self._expected, _deny)
 
 
-def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    async def deny(request_or_iterator, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-
-    make = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[(handler.request_streaming, handler.response_streaming)]
-    return make(deny)
+async def _deny(request_or_iterator, context) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
 
 class Changes:

@@ -60,28 +60,18 @@ def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
-class TokenAuthInterceptor(grpc.ServerInterceptor):
-    """Refuses every call without `authorization: Bearer <token>` with UNAUTHENTICATED, except health checks
-    (Kubernetes probes cannot send tokens)."""
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}"
-
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(f"/{HEALTH_SERVICE}/"):
-            return handler
-        if dict(handler_call_details.invocation_metadata or ()).get(_AUTH_HEADER) == self._expected:
-            return handler
-        return _denying_handler(handler)
+UNAUTHENTICATED_MESSAGE = "missing or wrong bearer token"
 
 
-def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same streaming kind as `handler` that answers UNAUTHENTICATED."""
-
-    def deny(request_or_iterator, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-
+def token_checked(handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails, expected: str,
+                  deny: Callable) -> grpc.RpcMethodHandler | None:
+    """`handler`, or one of the same streaming kind that runs `deny` (answers UNAUTHENTICATED) when the call lacks
+    `authorization: <expected>`. Health checks always pass (Kubernetes probes cannot send tokens); an unknown
+    method (handler None) stays unknown. Shared by the thread-pool and the asyncio interceptors."""
+    if handler is None or details.method.startswith(f"/{HEALTH_SERVICE}/"):
+        return handler
+    if dict(details.invocation_metadata or ()).get(_AUTH_HEADER) == expected:
+        return handler
     make = {
         (False, False): grpc.unary_unary_rpc_method_handler,
         (False, True): grpc.unary_stream_rpc_method_handler,
@@ -89,6 +79,20 @@ def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         (True, True): grpc.stream_stream_rpc_method_handler,
     }[(handler.request_streaming, handler.response_streaming)]
     return make(deny)
+
+
+class TokenAuthInterceptor(grpc.ServerInterceptor):
+    """Refuses every call without `authorization: Bearer <token>` with UNAUTHENTICATED (see token_checked)."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}"
+
+    def intercept_service(self, continuation, handler_call_details):
+        return token_checked(continuation(handler_call_details), handler_call_details, self._expected, _deny)
+
+
+def _deny(request_or_iterator, context) -> None:
+    context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
 
 class _TokenClientInterceptor(
