@@ -26,6 +26,19 @@ def wait_until(condition, what: str, process: subprocess.Popen, timeout: float =
         time.sleep(0.05)
 
 
+def filled_shard(make_shard, rows: int, seed: int):
+    """An in-process shard holding `rows` random CartPole-shaped transitions."""
+    shard = make_shard(TableConfig(capacity=1000, alpha=0.6, seed=0))
+    rng = np.random.default_rng(seed)
+    with ReplayClient(shard.address) as client:
+        client.insert({"obs": rng.normal(size=(rows, 4)).astype(np.float32),
+                       "action": rng.integers(0, 2, rows), "reward": np.ones(rows, np.float32),
+                       "discount": np.full(rows, 0.97, np.float32),
+                       "next_obs": rng.normal(size=(rows, 4)).astype(np.float32)})
+        client.flush()
+    return shard
+
+
 def learner_process(tmp_path, *argv: str) -> subprocess.Popen:
     log = open(tmp_path / "learner.log", "w")  # noqa: SIM115 (kept open for the child's lifetime)
     return subprocess.Popen([sys.executable, "-m", "apexrl.launcher", "learner", "--port", "0", "--metrics-port",
@@ -35,14 +48,7 @@ def learner_process(tmp_path, *argv: str) -> subprocess.Popen:
 
 @pytest.mark.timeout(120)
 def test_a_learner_process_trains_from_a_shard_serves_weights_and_checkpoints_on_sigterm(tmp_path, make_shard):
-    shard = make_shard(TableConfig(capacity=1000, alpha=0.6, seed=0))
-    rng = np.random.default_rng(0)
-    with ReplayClient(shard.address) as client:
-        client.insert({"obs": rng.normal(size=(500, 4)).astype(np.float32),
-                       "action": rng.integers(0, 2, 500), "reward": np.ones(500, np.float32),
-                       "discount": np.full(500, 0.97, np.float32),
-                       "next_obs": rng.normal(size=(500, 4)).astype(np.float32)})
-        client.flush()
+    shard = filled_shard(make_shard, rows=500, seed=0)
     port_file = tmp_path / "learner.port"
     process = learner_process(tmp_path, "--replay", shard.address, "--run-dir", str(tmp_path / "run"),
                               "--port-file", str(port_file), "--min-replay-size", "100", "--batch-size", "32",
@@ -94,14 +100,7 @@ def test_a_restarted_learner_publishes_above_what_a_standalone_parameter_service
     (a lower one would be refused, and the learner would crash)."""
     from apexrl.parameter_server.service import create_parameter_server
 
-    shard = make_shard(TableConfig(capacity=1000, alpha=0.6, seed=0))
-    rng = np.random.default_rng(1)
-    with ReplayClient(shard.address) as client:
-        client.insert({"obs": rng.normal(size=(300, 4)).astype(np.float32),
-                       "action": rng.integers(0, 2, 300), "reward": np.ones(300, np.float32),
-                       "discount": np.full(300, 0.97, np.float32),
-                       "next_obs": rng.normal(size=(300, 4)).astype(np.float32)})
-        client.flush()
+    shard = filled_shard(make_shard, rows=300, seed=1)
     server, port, store, _ = create_parameter_server("127.0.0.1:0")
     args = ("--replay", shard.address, "--params", f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run"),
             "--min-replay-size", "100", "--batch-size", "32", "--hidden-sizes", "16", "--publish-every", "5",
