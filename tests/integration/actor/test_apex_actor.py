@@ -173,11 +173,12 @@ def test_batches_for_a_shard_that_is_down_fail_over_to_the_next_one(make_shard, 
         run.actor.shards[live].flush(timeout=10)
     # 40 batches from shard 0: turns of shard 0 (14), shard 1 (13) and shard 2 (13); shard 1 holds its first 8
     # turns unacknowledged, and its last 5 turns go to the next shard, shard 2. (A live shard whose acks lag
-    # behind, on a loaded machine, may pass a batch on too: at least 5 fail over, none is lost.)
+    # behind, on a loaded machine, may pass a batch on to the other live one too: at least 5 fail over, every
+    # batch not held for shard 1 lands on a live shard, none is lost.)
     failovers = run.metric("apexrl_actor_insert_failovers_total")
     assert failovers >= 5
     stored = [shards[0].table.info().inserted_total, shards[2].table.info().inserted_total]
-    assert sum(stored) == 32 * BATCH and stored[1] >= 18 * BATCH
+    assert sum(stored) == 32 * BATCH
     if failovers == 5:
         assert stored == [14 * BATCH, 18 * BATCH]
     assert run.actor.shards[1].pending == 8
