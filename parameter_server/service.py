@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from apexrl.common import grpc_util
-from apexrl.common.errors import ApexError, InvalidArgumentError
+from apexrl.common.errors import ApexError, CancelledError, InvalidArgumentError
 from apexrl.common.metrics import RpcMetrics
 from apexrl.parameter_server.store import Snapshot, WeightStore
 from apexrl.parameter_server.wire import (
@@ -69,14 +69,14 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
     def Publish(self, request_iterator, context) -> parameters_pb2.PublishResponse:  # noqa: N802 (gRPC name)
         with self._metrics.time("Publish"):
             try:
-                version = self._receive(request_iterator)
+                version = self._receive(request_iterator, context)
             except ApexError as err:
                 self._abort(context, "Publish", err)  # raises
                 raise
             log.debug("published version %d", version)
             return parameters_pb2.PublishResponse(version=version)
 
-    def _receive(self, request_iterator) -> int:
+    def _receive(self, request_iterator, context: grpc.ServicerContext) -> int:
         """Reassemble one Publish stream and store it; nothing is stored unless every check passes."""
         requests = iter(request_iterator)
         first = next(requests, None)
@@ -102,6 +102,10 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
                 f"Publish stream ended after {len(payload)} of the header's total_bytes {total}; "
                 f"missing {total - len(payload)} bytes"
             )
+        # gRPC's Python server ends the request iterator the same way for a half-close and for a cancellation whose
+        # notice has not been processed yet; asking the context again narrows that window to the notice's delivery.
+        if not context.is_active():
+            raise CancelledError("the Publish call was cancelled before it ended; nothing stored")
         return self.store.publish_packed(layout, payload, requested)
 
     def Fetch(self, request, context) -> Iterator[parameters_pb2.FetchResponse]:  # noqa: N802 (gRPC name)

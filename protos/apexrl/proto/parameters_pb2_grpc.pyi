@@ -58,7 +58,9 @@ class ParameterServiceStub:
     """Stores a new version. Message order: the first message carries the header (version and the layout of every
     tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes. The
     new version becomes visible atomically when the stream ends with exactly header.total_bytes bytes received
-    and every check passed; a stream that fails or is cancelled stores nothing.
+    and every check passed; a stream that fails, or is cancelled before all its bytes arrived, stores nothing. A
+    cancellation that arrives together with the end of a complete stream may be taken for that end (gRPC servers
+    cannot always tell them apart): such a version is stored whole or not at all, never in part.
     INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
     inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
     than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
@@ -83,7 +85,9 @@ class ParameterServiceAsyncStub(ParameterServiceStub):
     """Stores a new version. Message order: the first message carries the header (version and the layout of every
     tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes. The
     new version becomes visible atomically when the stream ends with exactly header.total_bytes bytes received
-    and every check passed; a stream that fails or is cancelled stores nothing.
+    and every check passed; a stream that fails, or is cancelled before all its bytes arrived, stores nothing. A
+    cancellation that arrives together with the end of a complete stream may be taken for that end (gRPC servers
+    cannot always tell them apart): such a version is stored whole or not at all, never in part.
     INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
     inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
     than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
@@ -111,7 +115,9 @@ class ParameterServiceServicer(metaclass=_abc_1.ABCMeta):
         """Stores a new version. Message order: the first message carries the header (version and the layout of every
         tensor); every message, the first included, may carry the next piece of the concatenated tensor bytes. The
         new version becomes visible atomically when the stream ends with exactly header.total_bytes bytes received
-        and every check passed; a stream that fails or is cancelled stores nothing.
+        and every check passed; a stream that fails, or is cancelled before all its bytes arrived, stores nothing. A
+        cancellation that arrives together with the end of a complete stream may be taken for that end (gRPC servers
+        cannot always tell them apart): such a version is stored whole or not at all, never in part.
         INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
         inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
         than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
