@@ -47,6 +47,8 @@ class ActorMetrics:
                                  registry=registry)
         self.mean_return = Gauge("apexrl_actor_mean_episode_return_100", "Mean return of the last 100 episodes",
                                  registry=registry)
+        self.insert_backlog = Gauge("apexrl_actor_insert_backlog_batches", "Insert batches sent or queued to a "
+                                    "shard and not yet acknowledged", ["shard"], registry=registry)
 
 
 class ApeXActor:
@@ -68,6 +70,8 @@ class ApeXActor:
             ReplayClient(address, timeout=30.0, token=config.token, max_in_flight=8)
             for address in config.replay
         ]
+        for client in self.shards:
+            self.metrics.insert_backlog.labels(client.address).set_function(lambda c=client: c.pending)
         self._next_shard = config.actor_index % max(1, len(self.shards))
         self.policy: NumpyDuelingPolicy | None = None
         self.weight_version = 0

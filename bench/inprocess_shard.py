@@ -52,6 +52,7 @@ class TableSink:
         self.stale = 0
         self.dropped = 0
         self.failures = 0
+        self.outstanding = 0  # applied at once: never any queued
 
     def send(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int, timeout: float = 10.0) -> bool:
         result = self.table.update_priorities(np.asarray(keys, dtype=np.uint64),

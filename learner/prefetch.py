@@ -74,6 +74,11 @@ class Prefetcher:
                     except queue.Full:
                         continue
 
+    @property
+    def depth(self) -> int:
+        """Batches sampled and waiting for the train step (bounded by the queue's size)."""
+        return self._queue.qsize()
+
     def get(self, timeout: float) -> PrioritizedBatch | None:
         """The next batch, or None when none arrived within `timeout` seconds."""
         if self.error is not None:

@@ -130,6 +130,7 @@ class PrioritySink(Protocol):
     stale: int
     dropped: int
     failures: int
+    outstanding: int
 
     def send(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int, timeout: float = 10.0) -> bool: ...
 
@@ -347,6 +348,12 @@ class ShardedReplayClient:
             log.warning("priority updates to %s backed up for %.0fs; dropping %d", self.shards[s].address,
                         self.timeout, len(keys))
             self._unsent += len(keys)
+
+    @property
+    def updates_outstanding(self) -> int:
+        """Priority-update messages queued or in flight to the shards (each stream holds at most
+        `max_updates_in_flight`)."""
+        return sum(stream.outstanding for stream in self._streams)
 
     @property
     def updates_applied(self) -> int:

@@ -46,6 +46,11 @@ class PriorityStream:
         self._thread = threading.Thread(target=self._run, name=f"apexrl-priorities-{address}", daemon=True)
         self._thread.start()
 
+    @property
+    def outstanding(self) -> int:
+        """Update messages queued or in flight (bounded by max_in_flight)."""
+        return self._outstanding
+
     def send(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int, timeout: float = 10.0) -> bool:
         """Queue new raw priorities for `keys` of `incarnation` as one message; block while `max_in_flight` are
         outstanding. False when the deadline passed first (the update was not queued)."""

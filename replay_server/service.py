@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 import grpc
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from apexrl.common import grpc_util
-from apexrl.common.aio_grpc import AioServerThread, Changes
+from apexrl.common.aio_grpc import AioServerThread, Changes, Lane
 from apexrl.common.errors import ApexError, DeadlineExceededError, InvalidArgumentError, UnavailableError
 from apexrl.common.metrics import RpcMetrics
 from apexrl.proto import replay_pb2, replay_pb2_grpc
@@ -33,27 +33,38 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
 
     Table calls never block the loop: they are made with timeout 0, and a call the rate limiter or the minimum
     size holds back waits on `Changes` (woken by every insert, sample and update) until it can go on or its
-    deadline passes, so waiting writers and samplers cost nothing while they wait."""
+    deadline passes, so waiting writers and samplers cost nothing while they wait. Inserts take turns in a `Lane`,
+    so Sample, Info and priority updates are answered between two slices of inserts however many writers are
+    connected."""
 
-    def __init__(self, table: ReplayTable, rpc_metrics: RpcMetrics) -> None:
+    def __init__(self, table: ReplayTable, rpc_metrics: RpcMetrics, registry: CollectorRegistry) -> None:
         self.table = table
         self._metrics = rpc_metrics
         self._changes = Changes()
         self._closing = False
+        self.insert_lane = Lane()
+        Gauge("apexrl_replay_insert_queue_batches", "Insert batches received and waiting for their turn in the "
+              "insert lane", registry=registry).set_function(lambda: len(self.insert_lane))
+        self._waiting = Gauge("apexrl_replay_waiting_calls", "Calls held back by the rate limiter or the minimum "
+                              "size, waiting for the table to change", ["call"], registry=registry)
+        for call in ("insert", "sample"):
+            self._waiting.labels(call)
 
     async def _abort(self, context: grpc.aio.ServicerContext, method: str, err: ApexError) -> None:
         self._metrics.errors.labels(method, err.code.name).inc()
         await context.abort(err.code, str(err))
 
-    async def _when_ready(self, attempt: Callable[[], T], context: grpc.aio.ServicerContext, what: str) -> T:
-        """attempt() until it does not raise DeadlineExceededError (not ready yet), waiting for table changes in
-        between, up to the call's deadline; then DeadlineExceededError naming what held it back."""
+    async def _when_ready(self, attempt: Callable[[], T], context: grpc.aio.ServicerContext, what: str,
+                          lane: Lane | None = None) -> T:
+        """attempt() (in `lane`'s turn when given) until it does not raise DeadlineExceededError (not ready yet),
+        waiting for table changes in between, up to the call's deadline; then DeadlineExceededError naming what
+        held it back."""
         loop = asyncio.get_running_loop()
         remaining = context.time_remaining()
         deadline = None if remaining is None else loop.time() + remaining
         while True:
             try:
-                return attempt()
+                return attempt() if lane is None else await lane.run(attempt)
             except DeadlineExceededError:
                 if self._closing:
                     raise UnavailableError("replay shard is shutting down") from None
@@ -63,7 +74,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 if context.done():
                     raise DeadlineExceededError(f"{what} abandoned: the caller went away") from None
             wait = _WAIT_SLICE_SECONDS if deadline is None else min(_WAIT_SLICE_SECONDS, deadline - loop.time())
-            await self._changes.wait(max(0.0, wait))
+            with self._waiting.labels(what).track_inprogress():
+                await self._changes.wait(max(0.0, wait))
 
     async def Insert(self, request_iterator, context) -> AsyncIterator[replay_pb2.InsertAck]:  # noqa: N802
         async for request in request_iterator:
@@ -72,12 +84,18 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             yield ack
 
     async def _insert_one(self, request: replay_pb2.InsertRequest, context) -> replay_pb2.InsertAck:
+        decoded: tuple | None = None
+
+        def attempt():
+            nonlocal decoded
+            if decoded is None:  # decoding is work too: it takes its turn in the lane
+                decoded = wire.decode_insert(request)
+            columns, priorities = decoded
+            return self.table.insert(columns, priorities, writer_id=request.writer_id, sequence=request.sequence,
+                                     timeout=0)
+
         try:
-            columns, priorities = wire.decode_insert(request)
-            result = await self._when_ready(
-                lambda: self.table.insert(columns, priorities, writer_id=request.writer_id,
-                                          sequence=request.sequence, timeout=0),
-                context, "insert")
+            result = await self._when_ready(attempt, context, "insert", self.insert_lane)
         except ApexError as err:
             self._metrics.errors.labels("Insert", err.code.name).inc()
             log.debug("rejected batch %s/%d: %s", request.writer_id, request.sequence, err)
@@ -183,7 +201,7 @@ def create_replay_server(
     NOT_SERVING. (server and health are one object.) Raises OSError when `address` cannot be bound."""
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(TableCollector(table))
-    servicer = ReplayServicer(table, RpcMetrics(registry, "replay"))
+    servicer = ReplayServicer(table, RpcMetrics(registry, "replay"), registry)
 
     async def close() -> None:
         servicer.close()

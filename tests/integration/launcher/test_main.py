@@ -42,16 +42,16 @@ class Launch:
         except (FileNotFoundError, json.JSONDecodeError):
             return None
 
-    def wait_running(self, timeout: float = 60) -> dict[str, int]:
-        """Wait until every role runs (its start line is in its log), and find each one's pid by its exact
-        command line (config.json records the commands)."""
+    def wait_running(self, timeout: float = 60, running: dict[str, str] = RUNNING) -> dict[str, int]:
+        """Wait until every role in `running` runs (its start line is in its log), and find each role's pid by
+        its exact command line (config.json records the commands)."""
         deadline = time.monotonic() + timeout
         while True:
             assert self.process.poll() is None, f"launcher exited early: {self.err_path.read_text()[-3000:]}"
             config = self.config()
             commands = {r["name"]: r["command"] for r in config["roles"]} if config else {}
             if commands and all(commands.values()) and all(
-                    line in self.log(name) for name, line in RUNNING.items()):
+                    line in self.log(name) for name, line in running.items()):
                 self.pids = {name: pid_of(command) for name, command in commands.items()}
                 assert all(self.pids.values()), self.pids
                 return self.pids

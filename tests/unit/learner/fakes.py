@@ -55,6 +55,7 @@ class FakeSampler:
         self.closed = False
         self.updates_stale = 0
         self.updates_dropped = 0
+        self.updates_outstanding = 0
         self._next_key = 0
 
     def refresh(self, *, timeout: float | None = None) -> None:
