@@ -19,6 +19,7 @@ from apexrl.actor.config import ActorConfig
 from apexrl.actor.exploration import epsilon_greedy
 from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
 from apexrl.actor.policy import NumpyDuelingPolicy
+from apexrl.common.discovery import ShardAddresses
 from apexrl.common.environments import check_spaces
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
 from apexrl.common.errors import ApexError, DeadlineExceededError, is_transient
@@ -66,12 +67,10 @@ class ApeXActor:
         self._env_seed = seed * 1000 + config.actor_index * config.num_envs
         self.accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in self.envs]
         self.params = ParameterClient(config.params, timeout=5.0, token=config.token)
-        self.shards = [] if config.evaluate else [
-            ReplayClient(address, timeout=30.0, token=config.token, max_in_flight=8)
-            for address in config.replay
-        ]
-        for client in self.shards:
-            self.metrics.insert_backlog.labels(client.address).set_function(lambda c=client: c.pending)
+        self.shards: list[ReplayClient] = []
+        self._addresses = ShardAddresses(() if config.evaluate else config.replay,
+                                         resolve_every=config.replay_resolve_seconds)
+        self._sync_shards(force=True)
         self._next_shard = config.actor_index % max(1, len(self.shards))
         self.policy: NumpyDuelingPolicy | None = None
         self.weight_version = 0
@@ -114,14 +113,40 @@ class ApeXActor:
                  self.epsilon)
 
     # ------------------------------------------------------------------------------------------------- replay
+    def _sync_shards(self, force: bool = False) -> None:
+        """Follow what `dns:///` replay addresses resolve to now: connect to new shards, drop departed ones
+        (their unacknowledged batches are lost with them and counted)."""
+        if self.shards and not self._addresses.dynamic:
+            return
+        present = self._addresses.current(force=force)
+        for client in [c for c in self.shards if c.address not in present]:
+            self.shards.remove(client)
+            lost = client.pending
+            client.close()
+            self.metrics.insert_backlog.remove(client.address)
+            log.info("shard %s left; %d unacknowledged batches dropped with it", client.address, lost)
+        known = {c.address for c in self.shards}
+        for address in present:
+            if address not in known:
+                client = ReplayClient(address, timeout=30.0, token=self.config.token, max_in_flight=8)
+                self.shards.append(client)
+                self.metrics.insert_backlog.labels(address).set_function(lambda c=client: c.pending)
+                if not force:  # at start-up the start line names the shards
+                    log.info("shard %s joined", address)
+
     def _send(self, transitions: list[Transition], stop: threading.Event) -> None:
         """Insert one batch: round-robin over shards; a shard whose backlog is full (down or slow) is skipped;
         when every shard is full, wait on the round-robin one (back pressure from the shards' rate limiters)."""
         columns = stack_transitions(transitions)
         priorities = self.policy.td_error_abs(columns) + MIN_PRIORITY
+        self._sync_shards()
+        while not self.shards and not stop.wait(1.0):  # a name that resolves to no shard yet
+            self._sync_shards(force=True)
         n = len(self.shards)
-        start = self._next_shard
-        self._next_shard = (self._next_shard + 1) % n
+        if n == 0:
+            return
+        start = self._next_shard % n
+        self._next_shard = (start + 1) % n
         while not stop.is_set():
             for attempt in range(n):
                 client = self.shards[(start + attempt) % n]

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from apexrl.actor.exploration import apex_epsilon
-from apexrl.common.process import host_setting, metrics_port_setting, token_setting
+from apexrl.common.discovery import check_targets
+from apexrl.common.process import host_setting, metrics_port_setting, replay_resolve_setting, token_setting
 from apexrl.common.settings import setting
 
 DEFAULT_METRICS_PORT = 9300
@@ -24,9 +25,11 @@ class ActorConfig:
 
     params: str = setting(help="host:port of the parameter service to pull weights from",
                           wiring="the learner's address", metavar="ADDRESS")
-    replay: tuple[str, ...] = setting((), "comma-separated host:port of the replay shards (required unless "
-                                          "--evaluate); batches go round-robin from actor_index mod shards",
+    replay: tuple[str, ...] = setting((), "comma-separated host:port of the replay shards, or dns:///NAME:PORT for "
+                                          "every address NAME resolves to (required unless --evaluate); batches "
+                                          "go round-robin from actor_index mod shards",
                                       wiring="the [[shard]] tables", metavar="ADDRESSES")
+    replay_resolve_seconds: float = replay_resolve_setting()
     actor_index: int = setting(0, "this actor's index i in the fleet", wiring="the [[actors]] groups")
     num_actors: int = setting(1, "actors in the fleet N; with i it sets epsilon = 0.4 ** (1 + 7 i / (N - 1))",
                               wiring="the [[actors]] groups")
@@ -62,6 +65,9 @@ class ActorConfig:
     def __post_init__(self) -> None:
         if not self.evaluate and not self.replay:
             raise ValueError("replay must name at least one shard address (an exploring actor inserts)")
+        check_targets(self.replay)
+        if not self.replay_resolve_seconds > 0:
+            raise ValueError(f"replay_resolve_seconds ({self.replay_resolve_seconds}) must be > 0")
         if self.num_actors < 1:
             raise ValueError(f"num_actors ({self.num_actors}) must be a positive integer")
         if not 0 <= self.actor_index < self.num_actors:

@@ -63,6 +63,11 @@ def metrics_port_setting(default: int) -> int:
                             "turns it off")
 
 
+def replay_resolve_setting() -> float:
+    return setting(10.0, "seconds between re-resolving dns:///NAME:PORT replay addresses (shards that appear are "
+                         "used, shards that disappear are dropped, with no restart)")
+
+
 def token_setting() -> str | None:
     return setting(None, "bearer token: servers require 'authorization: Bearer TOKEN' on every call except health "
                          "checks, clients send it (none: no authentication)")

@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from apexrl.common.process import host_setting, metrics_port_setting, port_file_setting, token_setting
+from apexrl.common.discovery import check_targets
+from apexrl.common.process import (
+    host_setting,
+    metrics_port_setting,
+    port_file_setting,
+    replay_resolve_setting,
+    token_setting,
+)
 from apexrl.common.settings import setting
 
 DEFAULT_PORT = 7200
@@ -22,8 +29,10 @@ class LearnerConfig:
     optimisation, prioritized replay, the data path, weights and checkpoints, limits.
     """
 
-    replay: tuple[str, ...] = setting(help="comma-separated host:port of every replay shard",
+    replay: tuple[str, ...] = setting(help="comma-separated host:port of every replay shard, or dns:///NAME:PORT "
+                                           "for every address NAME resolves to (a Kubernetes headless Service)",
                                       wiring="the [[shard]] tables", metavar="ADDRESSES")
+    replay_resolve_seconds: float = replay_resolve_setting()
     env: str = setting("CartPole-v1", "Gymnasium environment id; sets the network's input and output sizes",
                        wiring="[fleet] env")
     run_dir: str | None = setting(None, "directory for checkpoints (RUN_DIR/checkpoints/checkpoint.pt); resumes "
@@ -70,6 +79,9 @@ class LearnerConfig:
     torch_threads: int = setting(1, "CPU threads for torch (the fleet shares the machine's cores)")
 
     def __post_init__(self) -> None:
+        check_targets(self.replay)
+        if not self.replay_resolve_seconds > 0:
+            raise ValueError(f"replay_resolve_seconds ({self.replay_resolve_seconds}) must be > 0")
         for name in ("batch_size", "target_update_period", "publish_every", "checkpoint_every", "prefetch_depth",
                      "sample_batches_per_call", "priority_coalesce_batches", "torch_threads"):
             if getattr(self, name) < 1:

@@ -17,6 +17,12 @@ for their totals in parallel. So the allocation never uses totals older than `ma
 trip), and a shard that was empty, held only zero priorities, restarted or joined late is sampled in proportion to
 its mass within that bound of getting it. A shard that fails is skipped (its mass leaves T; the batch is drawn
 again from the others) and asked again after a doubling backoff of at most `max_backoff` seconds.
+
+Membership: an address `dns:///NAME:PORT` stands for every address NAME resolves to (a Kubernetes headless
+Service), re-resolved every `resolve_every` seconds (common/discovery.py). A new address becomes a new shard id and
+joins with its own mass as soon as its totals are known; an address that disappears is retired: it leaves the
+allocation, N and the weights' maximum at once, and its pending priority updates are dropped (counted). Shard ids
+are never reused for another address, so the ids in a batch stay valid.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from apexrl.common.discovery import Resolver, ShardAddresses, system_resolver
 from apexrl.common.errors import ApexError, FailedPreconditionError, is_transient
 from apexrl.replay_server.client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
 from apexrl.replay_server.wire import SampledBatch, ShardInfo, ShardTotals
@@ -76,6 +83,7 @@ class _ShardView:
     max_batch: int = 0               # largest Sample the shard accepts; 0 until its Info arrived
     down_until: float = 0.0
     backoff: float = 0.0
+    retired: bool = False            # its address no longer resolves: never sampled, refreshed or counted
 
     @property
     def size(self) -> int:
@@ -96,7 +104,7 @@ class _ShardView:
         return self.backoff
 
     def up(self, now: float) -> bool:
-        return self.down_until <= now
+        return not self.retired and self.down_until <= now
 
     def sampleable(self, now: float) -> bool:
         return self.up(now) and self.max_batch > 0 and self.size >= max(1, self.min_size)
@@ -143,8 +151,9 @@ class ShardedReplayClient:
     """Samples across shards weighted by their root sums and routes priority updates to the owning shard.
 
     Args:
-        addresses: `host:port` of every shard; shard ids are positions in this list. Or the shards themselves
-            (objects with the `Shard` calls), for example in-process tables in a benchmark.
+        addresses: `host:port` of every shard, or `dns:///NAME:PORT` for every address NAME resolves to; shard
+            ids are positions in the list of shards seen so far. Or the shards themselves (objects with the
+            `Shard` calls), for example in-process tables in a benchmark.
         timeout: default deadline per call, seconds.
         seed: seed of the batch allocation.
         max_staleness: the oldest totals an allocation may use, seconds (shards with older views are asked first).
@@ -153,6 +162,8 @@ class ShardedReplayClient:
         coalesce_rows: priority updates for one shard are buffered until this many rows are waiting, then sent as
             one message (a call costs ~1 ms of CPU on each side whatever its size; bench/README.md). 0 sends each
             batch's updates at once. `flush_updates` sends what is buffered.
+        resolve_every: seconds between re-resolving `dns:///` addresses.
+        resolver: how names are resolved (the system resolver: /etc/hosts, DNS).
     """
 
     def __init__(
@@ -167,38 +178,96 @@ class ShardedReplayClient:
         max_backoff: float = 5.0,
         max_updates_in_flight: int = 64,
         coalesce_rows: int = 0,
+        resolve_every: float = 10.0,
+        resolver: Resolver = system_resolver,
     ) -> None:
         if not addresses:
             raise ValueError("ShardedReplayClient needs at least one shard address")
         if not max_staleness > 0:
             raise ValueError(f"max_staleness ({max_staleness}) must be > 0")
-        self.shards: list[Shard] = [
-            ReplayClient(a, timeout=timeout, token=token, max_message_bytes=max_message_bytes)
-            if isinstance(a, str) else a for a in addresses
-        ]
         self.timeout = timeout
         self.max_staleness = max_staleness
         self.max_backoff = max_backoff
-        self._views = [_ShardView() for _ in addresses]
+        self.coalesce_rows = coalesce_rows
+        self._connect = lambda address: ReplayClient(address, timeout=timeout, token=token,
+                                                     max_message_bytes=max_message_bytes)
+        self._max_updates_in_flight = max_updates_in_flight
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()  # allocation; held across the sampling RPCs
-        self._streams = [c.priority_stream(max_updates_in_flight, on_totals=self._observer(s))
-                         for s, c in enumerate(self.shards)]
+        self._membership_lock = threading.Lock()  # adding and retiring shards
         self._unsent = 0
-        self.coalesce_rows = coalesce_rows
-        # Per shard: buffered (keys, priorities) pieces and their incarnation, waiting to be sent together.
-        self._buffered: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in addresses]
-        self._buffered_incarnation = [0] * len(addresses)
+        # Per shard id (ids only grow): the client, the sampler's view, the priority stream, and the buffered
+        # (keys, priorities) pieces with their incarnation, waiting to be sent together.
+        self.shards: list[Shard] = []
+        self._views: list[_ShardView] = []
+        self._streams: list[PrioritySink] = []
+        self._buffered: list[list[tuple[np.ndarray, np.ndarray]]] = []
+        self._buffered_incarnation: list[int] = []
+        self._ids: dict[str, int] = {}
+        self._addresses: ShardAddresses | None = None
+        if all(isinstance(a, str) for a in addresses):
+            self._addresses = ShardAddresses(addresses, resolve_every=resolve_every, resolver=resolver)
+            for address in self._addresses.current(force=True):
+                self._add(self._connect(address))
+        else:
+            for shard in addresses:
+                self._add(shard)
+
+    # ------------------------------------------------------------------------------------------ membership
+    def _add(self, shard: Shard) -> int:
+        s = len(self.shards)
+        self._ids[shard.address] = s
+        self._views.append(_ShardView())
+        self._buffered.append([])
+        self._buffered_incarnation.append(0)
+        self._streams.append(shard.priority_stream(self._max_updates_in_flight, on_totals=self._observer(s)))
+        self.shards.append(shard)  # last: a shard id is valid once everything it indexes exists
+        return s
+
+    def _sync_membership(self) -> None:
+        """Follow what the `dns:///` addresses resolve to now: add new shards, retire departed ones, revive
+        returning ones (with a fresh connection and view)."""
+        if self._addresses is None or not self._addresses.dynamic:
+            return
+        with self._membership_lock:
+            self._sync_membership_locked(set(self._addresses.current()))
+
+    def _sync_membership_locked(self, now_present: set[str]) -> None:
+        for address in sorted(now_present - {a for a, s in self._ids.items() if not self._views[s].retired}):
+            s = self._ids.get(address)
+            if s is None:
+                s = self._add(self._connect(address))
+            else:
+                self.shards[s] = self._connect(address)
+                self._views[s] = _ShardView()
+                self._streams[s] = self.shards[s].priority_stream(self._max_updates_in_flight,
+                                                                  on_totals=self._observer(s))
+            log.info("shard %s joined (id %d)", address, s)
+        for address, s in self._ids.items():
+            if address not in now_present and not self._views[s].retired:
+                self._views[s].retired = True
+                self._unsent += sum(len(k) for k, _ in self._buffered[s])
+                self._buffered[s] = []
+                self._streams[s].close(wait=0)
+                self.shards[s].close()
+                log.info("shard %s left (id %d retired)", address, s)
+
+    @property
+    def addresses(self) -> list[str]:
+        """The addresses of the shards in use now (not retired)."""
+        return [shard.address for shard, view in zip(self.shards, self._views, strict=True) if not view.retired]
 
     # ----------------------------------------------------------------------------------------------- views
     def _observer(self, s: int) -> Callable[[ShardTotals], None]:
         """Totals carried by priority-update answers (on the stream's thread) refresh shard s's view."""
-        return lambda totals: self._views[s].observe(totals, time.monotonic())
+        view = self._views[s]  # this connection's view: a revived shard gets a new one
+        return lambda totals: view.observe(totals, time.monotonic())
 
     def refresh(self, *, timeout: float | None = None, only_stale: bool = False) -> None:
         """Ask shards for their totals and limits in parallel: every shard that is not backing off, or with
         `only_stale` those whose view is older than `max_staleness` (or whose limits are unknown). Unreachable
         shards are marked down."""
+        self._sync_membership()
         deadline = self.timeout if timeout is None else timeout
         now = time.monotonic()
         targets = [s for s, v in enumerate(self._views) if v.up(now) and (
@@ -328,6 +397,9 @@ class ShardedReplayClient:
             raise ValueError(f"priorities {list(priorities.shape)} must match the batch {list(batch.keys.shape)}")
         for s in np.unique(batch.shard_ids):
             mask = batch.shard_ids == s
+            if self._views[s].retired:
+                self._unsent += int(mask.sum())  # the shard left the fleet: its rows are gone with it
+                continue
             incarnation = batch.incarnations[s]
             if self._buffered[s] and incarnation != self._buffered_incarnation[s]:
                 self._send_buffered(s)  # the shard restarted: keys of two incarnations never share a message

@@ -82,12 +82,13 @@ class ShardProcess:
         return self.process.wait(timeout)
 
 
-def start_shard_process(tmp_path: Path, name: str, *extra: str) -> ShardProcess:
-    """Run `apexrl replay` as a child process on a free port; wait until it reports SERVING."""
+def start_shard_process(tmp_path: Path, name: str, *extra: str, host: str = "127.0.0.1") -> ShardProcess:
+    """Run `apexrl replay` as a child process on `host` and a free port (or --port in `extra`); wait until it
+    reports SERVING."""
     port_file = tmp_path / f"{name}.port"
     log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (kept open for the child's lifetime)
     process = subprocess.Popen(
-        [sys.executable, "-m", "apexrl.launcher", "replay", "--host", "127.0.0.1", "--port", "0",
+        [sys.executable, "-m", "apexrl.launcher", "replay", "--host", host, "--port", "0",
          "--metrics-port", "-1", "--port-file", str(port_file), *extra],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -97,7 +98,7 @@ def start_shard_process(tmp_path: Path, name: str, *extra: str) -> ShardProcess:
             process.kill()
             raise RuntimeError(f"shard {name} did not start: {(tmp_path / f'{name}.log').read_text()}")
         time.sleep(0.05)
-    address = f"127.0.0.1:{int(port_file.read_text())}"
+    address = f"{host}:{int(port_file.read_text())}"
     wait_for_health(address, timeout=20)
     return ShardProcess(address, process)
 

@@ -64,9 +64,9 @@ def shard(tmp_path):
     """start(name, port=0) -> ShardProcess, alpha 1 so stored priorities equal raw ones; all killed after."""
     started = []
 
-    def start(name: str, port: int = 0, *extra: str):
+    def start(name: str, port: int = 0, *extra: str, host: str = "127.0.0.1"):
         proc = start_shard_process(tmp_path, name, "--alpha", "1.0", "--seed", str(len(started)),
-                                   *(("--port", str(port)) if port else ()), *extra)
+                                   *(("--port", str(port)) if port else ()), *extra, host=host)
         started.append(proc)
         return proc
 
@@ -202,3 +202,57 @@ def test_a_batch_larger_than_a_shards_maximum_is_split(shard):
         batch = sampler.sample(1000, beta=1.0)
         assert len(batch.keys) == 1000 and set(batch.shard_ids.tolist()) == {0, 1}
         np.testing.assert_allclose(batch.probabilities, 1 / 600, rtol=1e-12)
+
+
+class MutableName:
+    """What a DNS name resolves to, changed by the test (a headless Service whose StatefulSet is scaled). The
+    real name resolution through /etc/hosts is exercised with processes in tests/integration/test_elastic_shards.py."""
+
+    def __init__(self, *addresses: str) -> None:
+        self.addresses = list(addresses)
+
+    def __call__(self, name: str, port: int) -> list[str]:
+        assert name == "apexrl-replay"
+        return [a.rsplit(":", 1)[0] for a in self.addresses if int(a.rsplit(":", 1)[1]) == port]
+
+
+@pytest.mark.timeout(150)
+def test_shards_that_a_name_gains_join_with_their_mass_and_those_it_loses_leave_the_weights(shard):
+    """Scaling a StatefulSet changes what its headless Service resolves to: a shard that appears is sampled in
+    proportion to its mass within resolve_every + the staleness bound; one that disappears leaves the allocation,
+    N and the weights' maximum at the next resolution, and its pending priority updates are dropped."""
+    port = free_port()
+    # Three shards on one port and three loopback addresses, as pods of a StatefulSet share their port.
+    a, b, c = (shard(name, port, host=f"127.0.0.{i}") for i, name in ((2, "a"), (3, "b"), (4, "c")))
+    fill(a.address, 300, 1.0)
+    fill(b.address, 300, 3.0, start=300)
+    fill(c.address, 300, 1.0, start=600)
+    name = MutableName(a.address, b.address)
+    resolve_every = 0.5
+    with ShardedReplayClient([f"dns:///apexrl-replay:{port}"], timeout=5.0, seed=7, max_staleness=STALENESS,
+                             max_backoff=BACKOFF, resolve_every=resolve_every, resolver=name) as sampler:
+        assert sampler.addresses == [a.address, b.address]
+        assert_proportional(draw(sampler, 100)[:2], [300 * 1.0, 300 * 3.0])
+        name.addresses.append(c.address)  # scaled up
+        time.sleep(resolve_every + BOUND)
+        assert sampler.sample(64).fleet_size == 900 and sampler.addresses == [a.address, b.address, c.address]
+        assert_proportional(draw(sampler, 200), [300 * 1.0, 300 * 3.0, 300 * 1.0])
+        held = sampler.sample(128, beta=1.0)
+        name.addresses.remove(b.address)  # scaled down: b is gone for the sampler (its process may live on)
+        time.sleep(resolve_every)
+        batches = [sampler.sample(64, beta=1.0) for _ in range(100)]
+        b_id = 1
+        for batch in batches:
+            assert batch.fleet_size == 600 and b_id not in batch.shard_ids
+            # uniform priorities over a and c: every weight is the largest
+            np.testing.assert_allclose(batch.weights, 1.0, rtol=1e-6)
+        dropped = sampler.updates_dropped
+        sampler.update_priorities(held, np.full(len(held.keys), 9.0))
+        assert sampler.updates_dropped == dropped + int((held.shard_ids == b_id).sum())
+        counts = np.zeros(3, dtype=np.int64)
+        for batch in batches:
+            counts += np.bincount(batch.shard_ids, minlength=3)
+        assert_proportional(counts[[0, 2]], [300.0, 300.0])
+        name.addresses.append(b.address)  # back (a pod rescheduled under the same address): a fresh shard view
+        time.sleep(resolve_every + BOUND)
+        assert sampler.sample(64).fleet_size == 900

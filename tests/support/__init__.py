@@ -1,0 +1,1 @@
+"""Helpers shared by tests that need more than one process: network namespaces standing in for machines or pods."""
