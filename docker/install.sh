@@ -1,0 +1,52 @@
+#!/bin/sh
+# Install apexrl into PREFIX, a virtual environment (created when missing). This is the container image's only
+# install step: the Dockerfile runs it in its build stages, and tests/integration/deploy/test_image_recipe.py runs
+# it into a fresh prefix and starts the entry points from there, so the recipe is exercised without an engine.
+#
+#   sh docker/install.sh replay PREFIX [SOURCE]   the core install only (numpy, grpcio, ...): replay shards, SDK
+#   sh docker/install.sh train  PREFIX [SOURCE]   + torch, gymnasium, matplotlib: actors, learner, launcher
+#
+# SOURCE is the apexrl source tree (default: the folder above this script). Environment:
+#   TORCH_SPEC       torch requirement of the train target (default torch==2.13.0)
+#   TORCH_INDEX_URL  index torch is installed from (default the CPU-only index, so no CUDA build is pulled;
+#                    empty: pip's own configuration). A CUDA image: TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+#   PYTHON           interpreter that creates the environment (default python3)
+#   PIP_ARGS         extra arguments for every pip install (the tests pass --no-compile: bytecode is the one thing
+#                    they skip, to save minutes of CPU; images keep it, their root filesystem is read-only)
+set -eu
+
+usage() { echo "usage: install.sh replay|train PREFIX [SOURCE]" >&2; exit 2; }
+[ $# -ge 2 ] || usage
+target=$1
+prefix=$2
+source_dir=${3:-$(cd "$(dirname "$0")/.." && pwd)}
+torch_spec=${TORCH_SPEC:-torch==2.13.0}
+torch_index=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
+case $target in replay|train) ;; *) usage ;; esac
+
+[ -x "$prefix/bin/python" ] || "${PYTHON:-python3}" -m venv "$prefix"
+py=$prefix/bin/python
+pip_args=${PIP_ARGS:-}
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+
+if [ "$target" = train ]; then
+    # torch first, from its own index: a plain 'torch' requirement from PyPI is the multi-GB CUDA build.
+    if [ -n "$torch_index" ]; then
+        "$py" -m pip install --quiet $pip_args --index-url "$torch_index" "$torch_spec"
+    else
+        "$py" -m pip install --quiet $pip_args "$torch_spec"
+    fi
+    "$py" -m pip install --quiet $pip_args "$source_dir[train]"
+else
+    "$py" -m pip install --quiet $pip_args "$source_dir"
+fi
+
+# Check what was installed: the replay image must not carry torch or gymnasium (checked by the module finder,
+# without importing anything heavy), the train image must import both; both must run the CLI.
+if [ "$target" = replay ]; then
+    "$py" -c 'import importlib.util as u, sys; extra = [m for m in ("torch", "gymnasium") if u.find_spec(m)]; sys.exit(f"replay install carries {extra}" if extra else 0)'
+else
+    "$py" -c 'import torch, gymnasium, apexrl.learner.learner, apexrl.actor.apex_actor'
+fi
+"$prefix/bin/apexrl" --help >/dev/null
+echo "install.sh: apexrl ($target) installed in $prefix"

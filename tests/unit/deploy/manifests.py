@@ -1,0 +1,638 @@
+"""Render the kustomize targets under k8s/ and check that the rendered objects line up with each other and with
+the code: names, ports, selectors, probe ports, config keys, flags, security settings.
+
+Each `check_*` function returns a list of problems (empty when the fleet is right), so the tests can both assert
+that the committed manifests have none and that a broken copy of them is caught (test_manifests.py does both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import re
+import shutil
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+K8S = REPO / "k8s"
+# Every kustomize target a user can apply (the base renders too, without namespace or registry).
+TARGETS = {
+    "base": Path("base"),
+    "small-cpu": Path("overlays/small-cpu"),
+    "production": Path("overlays/production"),
+}
+WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+# The label every fleet pod carries (k8s/base/kustomization.yaml); the NetworkPolicy admits exactly these pods.
+FLEET_LABEL = ("app.kubernetes.io/part-of", "apexrl")
+# The downward-API label a StatefulSet gives each pod: its ordinal (Kubernetes >= 1.28).
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+CUSTOM_API_GROUPS = ("monitoring.coreos.com/",)
+VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def kubectl_missing() -> str | None:
+    return None if shutil.which("kubectl") else "kubectl is not installed (needed to render k8s/ with kustomize)"
+
+
+def render(root: Path) -> list[dict[str, Any]]:
+    """`kubectl kustomize ROOT` (offline), as a list of objects."""
+    result = subprocess.run(["kubectl", "kustomize", str(root)], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise AssertionError(f"kubectl kustomize {root} failed:\n{result.stderr}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def kind_counts(objects: list[dict]) -> dict[str, int]:
+    return dict(sorted(Counter(o["kind"] for o in objects).items()))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The rendered fleet
+
+
+@dataclass
+class Container:
+    workload: dict
+    spec: dict
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload['kind']}/{self.workload['metadata']['name']}/{self.spec['name']}"
+
+    def ports(self) -> dict[str, int]:
+        """containerPort by name."""
+        return {p["name"]: p["containerPort"] for p in self.spec.get("ports", []) if "name" in p}
+
+    def port_numbers(self) -> set[int]:
+        return {p["containerPort"] for p in self.spec.get("ports", [])}
+
+
+@dataclass
+class Fleet:
+    objects: list[dict]
+    by_kind: dict[str, list[dict]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for obj in self.objects:
+            self.by_kind.setdefault(obj["kind"], []).append(obj)
+
+    def all(self, kind: str) -> list[dict]:
+        return self.by_kind.get(kind, [])
+
+    def get(self, kind: str, name: str) -> dict | None:
+        return next((o for o in self.all(kind) if o["metadata"]["name"] == name), None)
+
+    @property
+    def namespace(self) -> str:
+        spaces = {o["metadata"].get("namespace") for o in self.objects if o["kind"] != "Namespace"}
+        return spaces.pop() if len(spaces) == 1 and None not in spaces else "default"
+
+    def workloads(self) -> list[dict]:
+        return [w for kind in WORKLOAD_KINDS for w in self.all(kind)]
+
+    def containers(self) -> Iterator[Container]:
+        for w in self.workloads():
+            for c in pod_spec(w).get("containers", []):
+                yield Container(w, c)
+
+    def selected(self, selector: dict[str, str]) -> list[dict]:
+        """Workloads whose pods carry every label of `selector` (an empty selector selects none here)."""
+        return [w for w in self.workloads() if selector and labels_match(selector, pod_labels(w))]
+
+    def config_map_data(self, name: str) -> dict[str, str] | None:
+        cm = self.get("ConfigMap", name)
+        return None if cm is None else dict(cm.get("data", {}))
+
+
+def pod_spec(workload: dict) -> dict:
+    return workload["spec"]["template"]["spec"]
+
+
+def pod_labels(workload: dict) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"].get("labels", {})
+
+
+def labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def component(workload: dict) -> str:
+    return pod_labels(workload).get("app.kubernetes.io/component", "?")
+
+
+def ordinals(workload: dict) -> list[int]:
+    """The pod ordinals whose environment differs (StatefulSets: the first and last), or [0]."""
+    if workload["kind"] != "StatefulSet":
+        return [0]
+    replicas = workload["spec"].get("replicas", 1)
+    return sorted({0, max(0, replicas - 1)})
+
+
+def container_env(fleet: Fleet, c: Container, ordinal: int) -> tuple[dict[str, str], list[str]]:
+    """The environment Kubernetes gives container `c` (pod number `ordinal`), and the problems found making it."""
+    env: dict[str, str] = {}
+    problems: list[str] = []
+    for source in c.spec.get("envFrom", []):
+        ref = source.get("configMapRef")
+        if ref is None:
+            problems.append(f"{c.name}: envFrom other than configMapRef: {source}")
+            continue
+        data = fleet.config_map_data(ref["name"])
+        if data is None:
+            problems.append(f"{c.name}: envFrom names ConfigMap {ref['name']!r}, which is not rendered")
+            continue
+        env.update({source.get("prefix", "") + k: v for k, v in data.items()})
+    labels = pod_labels(c.workload)
+    for var in c.spec.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+            continue
+        ref = var.get("valueFrom", {})
+        if "fieldRef" in ref:
+            path = ref["fieldRef"]["fieldPath"]
+            label = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
+            if path == "metadata.namespace":
+                env[var["name"]] = fleet.namespace
+            elif path == "metadata.name":
+                env[var["name"]] = f"{c.workload['metadata']['name']}-{ordinal}"
+            elif label and label.group(1) == POD_INDEX_LABEL:
+                if c.workload["kind"] != "StatefulSet":
+                    problems.append(f"{c.name}: {var['name']} reads {POD_INDEX_LABEL}, which only StatefulSet "
+                                    f"pods carry")
+                env[var["name"]] = str(ordinal)
+            elif label and label.group(1) in labels:
+                env[var["name"]] = labels[label.group(1)]
+            else:
+                problems.append(f"{c.name}: {var['name']} reads {path}, which these checks cannot resolve")
+        elif "configMapKeyRef" in ref:
+            key_ref = ref["configMapKeyRef"]
+            data = fleet.config_map_data(key_ref["name"]) or {}
+            if key_ref["key"] not in data:
+                problems.append(f"{c.name}: {var['name']} reads missing ConfigMap key {key_ref['name']}/"
+                                f"{key_ref['key']}")
+            env[var["name"]] = data.get(key_ref["key"], "")
+        else:
+            problems.append(f"{c.name}: {var['name']} has a source these checks do not know: {ref}")
+    return env, problems
+
+
+def expand(text: str, env: dict[str, str]) -> tuple[str, list[str]]:
+    """Kubernetes' `$(VAR)` expansion of an arg; the names it could not resolve (left as written, like Kubernetes)."""
+    missing = [m for m in VAR.findall(text) if m not in env]
+    return VAR.sub(lambda m: env.get(m.group(1), m.group(0)), text), missing
+
+
+def container_argv(fleet: Fleet, c: Container, ordinal: int) -> tuple[list[str], list[str]]:
+    """The argv after the image's entry point (`apexrl`), as Kubernetes expands it."""
+    env, problems = container_env(fleet, c, ordinal)
+    argv = []
+    for arg in [*c.spec.get("command", []), *c.spec.get("args", [])]:
+        value, missing = expand(str(arg), env)
+        problems += [f"{c.name}: arg {arg!r} uses $({m}), defined by neither env nor envFrom" for m in missing]
+        argv.append(value)
+    return argv, problems
+
+
+@dataclass
+class Parsed:
+    subcommand: str
+    config: Any
+
+
+def parse_apexrl(argv: list[str]) -> tuple[Parsed | None, str | None]:
+    """Parse `apexrl ARGV` exactly as the entry point does (launcher/cli.py: its parser, then the role's settings
+    dataclass with its validation); (parsed, None) or (None, the error apexrl would print)."""
+    from apexrl.common.settings import SettingsError, from_namespace
+    from apexrl.launcher import cli
+
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = cli.build_parser().parse_args(argv)
+    except SystemExit:
+        return None, stderr.getvalue().strip().splitlines()[-1]
+    module = importlib.import_module(cli.SUBCOMMANDS[args.command])
+    if not hasattr(module, "CONFIG"):
+        return Parsed(args.command, args), None
+    try:
+        return Parsed(args.command, from_namespace(module.CONFIG, args)), None
+    except SettingsError as err:
+        return None, str(err)
+
+
+def parsed_containers(fleet: Fleet) -> tuple[list[tuple[Container, int, Parsed]], list[str]]:
+    """Every container's command line, expanded and parsed, for each pod ordinal that matters."""
+    result, problems = [], []
+    for c in fleet.containers():
+        if c.spec.get("command"):
+            problems.append(f"{c.name}: sets command; the image's entry point (apexrl) is what must run")
+        for ordinal in ordinals(c.workload):
+            argv, found = container_argv(fleet, c, ordinal)
+            problems += found
+            parsed, error = parse_apexrl(argv)
+            if error:
+                problems.append(f"{c.name} (pod {ordinal}): `apexrl {' '.join(argv)}` is refused: {error}")
+            else:
+                result.append((c, ordinal, parsed))
+    return result, problems
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Addresses in args -> Services
+
+
+def service_port_target(fleet: Fleet, service: dict, port: int) -> tuple[list[dict], int | None, str | None]:
+    """The workloads a Service port reaches and the containerPort number it lands on (None, why: when it does not)."""
+    entry = next((p for p in service["spec"].get("ports", []) if p["port"] == port), None)
+    name = service["metadata"]["name"]
+    if entry is None:
+        return [], None, f"Service {name} has no port {port}"
+    selected = fleet.selected(service["spec"].get("selector", {}))
+    if not selected:
+        return [], None, f"Service {name} selects no workload"
+    target = entry.get("targetPort", entry["port"])
+    numbers = set()
+    for w in selected:
+        for c in pod_spec(w)["containers"]:
+            found = Container(w, c).ports().get(target) if isinstance(target, str) else (
+                target if target in Container(w, c).port_numbers() else None)
+            if found is not None:
+                numbers.add(found)
+    if len(numbers) != 1:
+        return selected, None, f"Service {name} port {port} -> targetPort {target!r}: no single containerPort"
+    return selected, numbers.pop(), None
+
+
+def resolve_address(fleet: Fleet, address: str, where: str) -> tuple[list[dict], int | None, dict | None, list[str]]:
+    """Follow `[dns:///]NAME[.NAMESPACE[.svc.cluster.local]]:PORT` to a Service, the workloads behind it and the
+    containerPort the connection lands on."""
+    dns = address.startswith("dns:")
+    rest = re.sub(r"^dns:(///)?", "", address)
+    host, _, port_text = rest.rpartition(":")
+    if not host or not port_text.isdigit():
+        return [], None, None, [f"{where}: address {address!r} is not HOST:PORT"]
+    parts = host.split(".")
+    name, namespace = parts[0], parts[1] if len(parts) > 1 else fleet.namespace
+    problems = []
+    if len(parts) > 2 and parts[2:] != ["svc", "cluster", "local"]:
+        problems.append(f"{where}: {host!r} is not a Service name (NAME.NAMESPACE.svc.cluster.local)")
+    if namespace != fleet.namespace:
+        problems.append(f"{where}: {address!r} points into namespace {namespace!r}, the fleet is in "
+                        f"{fleet.namespace!r}")
+    service = fleet.get("Service", name)
+    if service is None:
+        return [], None, None, [*problems, f"{where}: {address!r} names Service {name!r}, which is not rendered"]
+    if dns and service["spec"].get("clusterIP") != "None":
+        problems.append(f"{where}: {address!r} resolves every shard only through a headless Service; {name} has a "
+                        f"cluster IP")
+    selected, number, why = service_port_target(fleet, service, int(port_text))
+    if why:
+        problems.append(f"{where}: {address!r}: {why}")
+    return selected, number, service, problems
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checks
+
+
+def check_services(fleet: Fleet) -> list[str]:
+    """Every Service selects a workload's pods and every port's targetPort names one of their containerPorts; a
+    StatefulSet's serviceName is a headless Service selecting its pods."""
+    problems = []
+    for svc in fleet.all("Service"):
+        for entry in svc["spec"].get("ports", []):
+            _, _, why = service_port_target(fleet, svc, entry["port"])
+            if why:
+                problems.append(why)
+    for sts in fleet.all("StatefulSet"):
+        name = sts["spec"].get("serviceName")
+        svc = fleet.get("Service", name or "")
+        if svc is None:
+            problems.append(f"StatefulSet {sts['metadata']['name']}: serviceName {name!r} is not a rendered Service")
+        elif svc["spec"].get("clusterIP") != "None":
+            problems.append(f"StatefulSet {sts['metadata']['name']}: Service {name} is not headless")
+        elif sts not in fleet.selected(svc["spec"].get("selector", {})):
+            problems.append(f"StatefulSet {sts['metadata']['name']}: Service {name} does not select its pods")
+    return problems
+
+
+def check_workload_selectors(fleet: Fleet) -> list[str]:
+    problems = []
+    for w in fleet.workloads():
+        selector = w["spec"]["selector"].get("matchLabels", {})
+        if not selector or not labels_match(selector, pod_labels(w)):
+            problems.append(f"{w['kind']} {w['metadata']['name']}: selector {selector} does not match its pods")
+        others = [o["metadata"]["name"] for o in fleet.selected(selector) if o is not w]
+        if others:
+            problems.append(f"{w['kind']} {w['metadata']['name']}: selector also matches {others}")
+    return problems
+
+
+def check_probes(fleet: Fleet) -> list[str]:
+    """Startup, readiness and liveness probes on every container; gRPC servers (a port named grpc) use native gRPC
+    probes on that port, the others an HTTP GET of /metrics on their metrics port."""
+    problems = []
+    for c in fleet.containers():
+        ports = c.ports()
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            probe = c.spec.get(kind)
+            if probe is None:
+                problems.append(f"{c.name}: no {kind}")
+                continue
+            if "grpc" in ports:
+                if probe.get("grpc", {}).get("port") != ports["grpc"]:
+                    problems.append(f"{c.name}: {kind} must be grpc on the grpc containerPort {ports['grpc']}, "
+                                    f"is {probe}")
+            else:
+                http = probe.get("httpGet", {})
+                port = http.get("port")
+                number = ports.get(port) if isinstance(port, str) else port
+                if http.get("path") != "/metrics" or number is None or number != ports.get("metrics"):
+                    problems.append(f"{c.name}: {kind} must GET /metrics on the metrics containerPort, is {probe}")
+    return problems
+
+
+def check_args(fleet: Fleet) -> list[str]:
+    """Every container's args expand (every `$(VAR)` defined) and parse as the apexrl command they run; servers
+    listen on 0.0.0.0 at their declared containerPorts; the addresses they dial reach the right pods' ports; every
+    fleet ConfigMap key feeds some arg; paths they write lie on writable volumes."""
+    parsed, problems = parsed_containers(fleet)
+    used_vars: set[str] = set()
+    for c in fleet.containers():
+        for arg in c.spec.get("args", []):
+            used_vars.update(VAR.findall(str(arg)))
+    for c, ordinal, p in parsed:
+        where = f"{c.name} (pod {ordinal})"
+        cfg, ports = p.config, c.ports()
+        if p.subcommand not in ("replay", "learner", "actor", "params"):
+            problems.append(f"{where}: runs `apexrl {p.subcommand}`, not a fleet role")
+            continue
+        if cfg.host != "0.0.0.0":
+            problems.append(f"{where}: --host is {cfg.host}; pods must listen on 0.0.0.0")
+        if cfg.metrics_port != ports.get("metrics"):
+            problems.append(f"{where}: --metrics-port {cfg.metrics_port} is not its containerPort 'metrics' "
+                            f"{ports.get('metrics')}")
+        if p.subcommand in ("replay", "learner", "params") and cfg.port != ports.get("grpc"):
+            problems.append(f"{where}: --port {cfg.port} is not its containerPort 'grpc' {ports.get('grpc')}")
+        expected_image = "apexrl-replay" if p.subcommand == "replay" else "apexrl-train"
+        if expected_image not in c.spec["image"]:
+            problems.append(f"{where}: `apexrl {p.subcommand}` runs from image {c.spec['image']}, not {expected_image}")
+        for address in getattr(cfg, "replay", ()) or ():
+            selected, number, _, found = resolve_address(fleet, address, f"{where} --replay")
+            problems += found
+            if selected and any(component(w) != "replay" for w in selected):
+                problems.append(f"{where}: --replay {address} reaches {[component(w) for w in selected]}")
+            if number is not None and selected and number != _grpc_port(selected[0]):
+                problems.append(f"{where}: --replay {address} lands on port {number}, not the shards' grpc port")
+        params = getattr(cfg, "params", None)
+        if params:
+            selected, number, _, found = resolve_address(fleet, params, f"{where} --params")
+            problems += found
+            if selected and [component(w) for w in selected] not in (["learner"], ["params"]):
+                problems.append(f"{where}: --params {params} reaches {[component(w) for w in selected]}")
+            if number is not None and selected and number != _grpc_port(selected[0]):
+                problems.append(f"{where}: --params {params} lands on port {number}, not the learner's grpc port")
+        for flag in ("run_dir", "episodes_csv", "port_file"):
+            path = getattr(cfg, flag, None)
+            if path and not _writable(c, path):
+                problems.append(f"{where}: --{flag.replace('_', '-')} {path} is not on a writable volume (the root "
+                                f"filesystem is read-only)")
+        replicas = c.workload["spec"].get("replicas", 1)
+        if p.subcommand == "actor" and not cfg.evaluate and c.workload["kind"] == "StatefulSet" \
+                and cfg.num_actors != replicas:
+            problems.append(f"{where}: --num-actors {cfg.num_actors} differs from the StatefulSet's {replicas} "
+                            f"replicas")
+    for cm in fleet.all("ConfigMap"):
+        referenced = any(src.get("configMapRef", {}).get("name") == cm["metadata"]["name"]
+                         for c in fleet.containers() for src in c.spec.get("envFrom", []))
+        if referenced:
+            unused = sorted(set(cm.get("data", {})) - used_vars)
+            if unused:
+                problems.append(f"ConfigMap {cm['metadata']['name']}: keys no arg uses: {unused}")
+    return problems
+
+
+def _grpc_port(workload: dict) -> int | None:
+    return Container(workload, pod_spec(workload)["containers"][0]).ports().get("grpc")
+
+
+def _writable(c: Container, path: str) -> bool:
+    return any(path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
+               for m in c.spec.get("volumeMounts", []) if not m.get("readOnly"))
+
+
+def check_volumes(fleet: Fleet) -> list[str]:
+    """Every mount names a volume (or a volumeClaimTemplate), every volume has exactly one source, /tmp is a
+    writable emptyDir, every PVC a pod names is rendered."""
+    sources = ("emptyDir", "persistentVolumeClaim", "configMap", "secret", "projected", "downwardAPI", "ephemeral")
+    problems = []
+    for w in fleet.workloads():
+        spec = pod_spec(w)
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        claims = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
+        for name, v in volumes.items():
+            given = [s for s in sources if v.get(s) is not None]
+            if len(given) != 1:
+                problems.append(f"{w['kind']} {w['metadata']['name']}: volume {name} has sources {given}")
+            claim = (v.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim and fleet.get("PersistentVolumeClaim", claim) is None:
+                problems.append(f"{w['kind']} {w['metadata']['name']}: volume {name} claims {claim}, not rendered")
+        for c in spec["containers"]:
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            for path, name in mounts.items():
+                if name not in volumes and name not in claims:
+                    problems.append(f"{Container(w, c).name}: mount {path} names no volume ({name})")
+            if "emptyDir" not in volumes.get(mounts.get("/tmp", ""), {}):
+                problems.append(f"{Container(w, c).name}: /tmp is not an emptyDir (the root filesystem is "
+                                f"read-only)")
+    return problems
+
+
+def check_security(fleet: Fleet, uid: int, stop_grace: float) -> list[str]:
+    """Non-root as the image's user, read-only root filesystem, no privilege escalation, no capabilities, the
+    runtime's seccomp profile, no service-account token, a termination grace period above the roles' own stop
+    grace; resources requested and limited everywhere."""
+    problems = []
+    accounts = {a["metadata"]["name"]: a for a in fleet.all("ServiceAccount")}
+    for w in fleet.workloads():
+        name = f"{w['kind']} {w['metadata']['name']}"
+        spec = pod_spec(w)
+        pod_sc = spec.get("securityContext", {})
+        if pod_sc.get("runAsNonRoot") is not True or pod_sc.get("runAsUser") != uid:
+            problems.append(f"{name}: pod must run as non-root user {uid} (the image's USER), has {pod_sc}")
+        if pod_sc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+            problems.append(f"{name}: no RuntimeDefault seccomp profile")
+        if spec.get("automountServiceAccountToken") is not False:
+            problems.append(f"{name}: automountServiceAccountToken is not false")
+        account = accounts.get(spec.get("serviceAccountName", ""))
+        if account is None:
+            problems.append(f"{name}: serviceAccountName {spec.get('serviceAccountName')!r} is not rendered")
+        elif account.get("automountServiceAccountToken") is not False:
+            problems.append(f"ServiceAccount {account['metadata']['name']}: automountServiceAccountToken not false")
+        grace = spec.get("terminationGracePeriodSeconds")
+        if grace is None or grace <= stop_grace:
+            problems.append(f"{name}: terminationGracePeriodSeconds {grace} is not above the roles' stop grace "
+                            f"{stop_grace:g} s")
+        for c in spec["containers"]:
+            cname = Container(w, c).name
+            sc = c.get("securityContext", {})
+            if sc.get("readOnlyRootFilesystem") is not True:
+                problems.append(f"{cname}: readOnlyRootFilesystem is not true")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{cname}: allowPrivilegeEscalation is not false")
+            if sc.get("capabilities", {}).get("drop") != ["ALL"] or sc.get("capabilities", {}).get("add"):
+                problems.append(f"{cname}: capabilities must drop ALL and add none")
+            if sc.get("runAsNonRoot") is False or sc.get("runAsUser", uid) != uid or sc.get("privileged"):
+                problems.append(f"{cname}: container security context overrides the non-root user: {sc}")
+            resources = c.get("resources", {})
+            for what in ("cpu", "memory"):
+                request = resources.get("requests", {}).get(what)
+                limit = resources.get("limits", {}).get(what)
+                if request is None or limit is None:
+                    problems.append(f"{cname}: {what} request and limit must both be set")
+                elif quantity(request) > quantity(limit):
+                    problems.append(f"{cname}: {what} request {request} above its limit {limit}")
+    return problems
+
+
+def check_pdb(fleet: Fleet) -> list[str]:
+    problems = []
+    shards = [w for w in fleet.workloads() if component(w) == "replay"]
+    covered = set()
+    for pdb in fleet.all("PodDisruptionBudget"):
+        selected = fleet.selected(pdb["spec"].get("selector", {}).get("matchLabels", {}))
+        if not selected:
+            problems.append(f"PodDisruptionBudget {pdb['metadata']['name']} selects no workload")
+        covered.update(id(w) for w in selected)
+        if "maxUnavailable" not in pdb["spec"] and "minAvailable" not in pdb["spec"]:
+            problems.append(f"PodDisruptionBudget {pdb['metadata']['name']} sets no budget")
+    problems += [f"StatefulSet {w['metadata']['name']}: no PodDisruptionBudget selects the shards"
+                 for w in shards if id(w) not in covered]
+    return problems
+
+
+def check_network_policy(fleet: Fleet) -> list[str]:
+    """A NetworkPolicy selects every fleet pod; fleet members reach every named port of every fleet container;
+    Prometheus (a namespace and pod selector) reaches the metrics ports, and nothing else is admitted."""
+    problems = []
+    key, value = FLEET_LABEL
+    fleet_pods = fleet.workloads()
+    for w in fleet_pods:
+        if pod_labels(w).get(key) != value:
+            problems.append(f"{w['kind']} {w['metadata']['name']}: pods lack the fleet label {key}={value}")
+    policies = fleet.all("NetworkPolicy")
+    if not policies:
+        return [*problems, "no NetworkPolicy"]
+    port_names = {name for c in fleet.containers() for name in c.ports()}
+    admitted_for_fleet: set[str] = set()
+    prometheus_ports: set[str] = set()
+    for pol in policies:
+        pname = pol["metadata"]["name"]
+        selected = fleet.selected(pol["spec"]["podSelector"].get("matchLabels", {}))
+        if {id(w) for w in selected} != {id(w) for w in fleet_pods}:
+            problems.append(f"NetworkPolicy {pname} selects {[w['metadata']['name'] for w in selected]}, not "
+                            f"every fleet workload")
+        if "Ingress" not in pol["spec"].get("policyTypes", []):
+            problems.append(f"NetworkPolicy {pname}: policyTypes lacks Ingress")
+        for rule in pol["spec"].get("ingress", []):
+            ports = [p.get("port") for p in rule.get("ports", [])]
+            if not ports:
+                problems.append(f"NetworkPolicy {pname}: a rule admits every port")
+            for port in ports:
+                if port not in port_names:
+                    problems.append(f"NetworkPolicy {pname}: port {port!r} names no containerPort of the fleet")
+            peers = rule.get("from", [])
+            if not peers:
+                problems.append(f"NetworkPolicy {pname}: a rule admits every source")
+            for peer in peers:
+                pods = peer.get("podSelector", {}).get("matchLabels", {})
+                if "ipBlock" in peer:
+                    problems.append(f"NetworkPolicy {pname}: ipBlock peers are not fleet members")
+                elif "namespaceSelector" in peer:
+                    if not peer["namespaceSelector"].get("matchLabels") or not pods:
+                        problems.append(f"NetworkPolicy {pname}: a namespace peer must select Prometheus by "
+                                        f"namespace and pod labels, is {peer}")
+                    elif set(ports) - {"metrics"}:
+                        problems.append(f"NetworkPolicy {pname}: Prometheus is admitted to {ports}, not only "
+                                        f"metrics")
+                    else:
+                        prometheus_ports.update(ports)
+                elif pods == {key: value}:
+                    admitted_for_fleet.update(ports)
+                else:
+                    problems.append(f"NetworkPolicy {pname}: peer {peer} is neither the fleet nor Prometheus")
+    if port_names - admitted_for_fleet:
+        problems.append(f"fleet members cannot reach ports {sorted(port_names - admitted_for_fleet)}")
+    if "metrics" not in prometheus_ports:
+        problems.append("Prometheus is not admitted to the metrics ports")
+    return problems
+
+
+def check_learner(fleet: Fleet) -> list[str]:
+    learners = [w for w in fleet.workloads() if component(w) == "learner"]
+    if len(learners) != 1:
+        return [f"expected one learner workload, found {len(learners)}"]
+    w = learners[0]
+    problems = []
+    if w["kind"] != "Deployment" or w["spec"].get("replicas") != 1:
+        problems.append("the learner must be a one-replica Deployment")
+    if w["spec"].get("strategy", {}).get("type") != "Recreate":
+        problems.append("the learner Deployment must use the Recreate strategy (never two learners at once)")
+    return problems
+
+
+def check_custom_resources(fleet: Fleet) -> list[str]:
+    """kubernetes-validate only warns about custom resources: check the Prometheus Operator's by structure."""
+    problems = []
+    for pm in fleet.all("PodMonitor"):
+        name = f"PodMonitor {pm['metadata']['name']}"
+        if pm.get("apiVersion") != "monitoring.coreos.com/v1":
+            problems.append(f"{name}: apiVersion {pm.get('apiVersion')}")
+        selected = fleet.selected(pm["spec"].get("selector", {}).get("matchLabels", {}))
+        if len(selected) != 1:
+            problems.append(f"{name}: selects {len(selected)} workloads, expected one role")
+            continue
+        role = component(selected[0])
+        endpoints = pm["spec"].get("podMetricsEndpoints", [])
+        if not endpoints:
+            problems.append(f"{name}: no podMetricsEndpoints")
+        for ep in endpoints:
+            if ep.get("port") != "metrics" or not any("metrics" in Container(selected[0], c).ports()
+                                                      for c in pod_spec(selected[0])["containers"]):
+                problems.append(f"{name}: endpoint port {ep.get('port')!r} is not the pods' metrics port")
+            jobs = [r.get("replacement") for r in ep.get("relabelings", []) if r.get("targetLabel") == "job"]
+            if jobs != [f"apexrl-{role}"]:
+                problems.append(f"{name}: job label {jobs}, expected apexrl-{role} (as in the file-SD targets)")
+    for rule in fleet.all("PrometheusRule"):
+        name = f"PrometheusRule {rule['metadata']['name']}"
+        groups = rule.get("spec", {}).get("groups")
+        if not isinstance(groups, list):
+            problems.append(f"{name}: spec.groups is not a list")
+            continue
+        for group in groups:
+            if not group.get("name") or not isinstance(group.get("rules"), list):
+                problems.append(f"{name}: group {group.get('name')!r} lacks a name or rules")
+                continue
+            for r in group["rules"]:
+                if not r.get("expr") or ("record" in r) == ("alert" in r):
+                    problems.append(f"{name}: rule {r} needs an expr and exactly one of record/alert")
+    return problems
+
+
+def quantity(text: Any) -> float:
+    """A Kubernetes resource quantity ("500m", "2", "512Mi", "4G") as a number."""
+    s = str(text)
+    suffixes = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+                "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    for suffix in sorted(suffixes, key=len, reverse=True):
+        if s.endswith(suffix):
+            return float(s[: -len(suffix)]) * suffixes[suffix]
+    return float(s)

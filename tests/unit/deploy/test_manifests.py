@@ -1,0 +1,227 @@
+"""The Kubernetes manifests under k8s/ render (`kubectl kustomize`, offline), pass the Kubernetes schema
+(`kubernetes-validate --strict`), and line up across objects and with the code: every Service, probe, address,
+`$(VAR)`, flag, volume, security setting and budget is checked on the rendered objects of every target
+(tests/unit/deploy/manifests.py). The last tests break a copy of the manifests and require the checks to notice.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from apexrl.common import grpc_util
+from apexrl.common.settings import settings_of
+from apexrl.launcher.fleet_config import FleetSettings
+from tests.unit.deploy import manifests as m
+from tests.unit.deploy.dockerfile import image_uid
+
+pytestmark = pytest.mark.skipif(m.kubectl_missing() is not None, reason=m.kubectl_missing() or "")
+
+# Kubernetes versions the rendered objects are validated against: the oldest the manifests need (1.28: the
+# apps.kubernetes.io/pod-index label the actors read) and the newest schema kubernetes-validate ships.
+OLDEST_KUBERNETES = "1.28.0"
+# Sizes each overlay promises in its kustomization.yaml.
+OVERLAY_SIZES = {"small-cpu": {"replay": 2, "actor": 4}, "production": {"replay": 8, "actor": 64}}
+
+
+def stop_grace() -> float:
+    """The longest a role takes to stop after SIGTERM: the launcher's stop grace, and a server's drain time."""
+    launcher = next(s.default for s in settings_of(FleetSettings) if s.name == "stop_grace")
+    server = inspect.signature(grpc_util.serve_until).parameters["grace"].default
+    return max(launcher, server)
+
+
+def all_problems(objects: list[dict]) -> list[str]:
+    fleet = m.Fleet(objects)
+    return [
+        *m.check_workload_selectors(fleet),
+        *m.check_services(fleet),
+        *m.check_probes(fleet),
+        *m.check_args(fleet),
+        *m.check_volumes(fleet),
+        *m.check_security(fleet, image_uid(), stop_grace()),
+        *m.check_pdb(fleet),
+        *m.check_network_policy(fleet),
+        *m.check_learner(fleet),
+        *m.check_custom_resources(fleet),
+    ]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {name: m.render(m.K8S / path) for name, path in m.TARGETS.items()}
+
+
+def test_every_target_renders_and_its_object_counts(rendered):
+    for name, objects in rendered.items():
+        counts = m.kind_counts(objects)
+        print(f"{name}: {len(objects)} objects: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        for kind in ("ServiceAccount", "ConfigMap", "Service", "Deployment", "StatefulSet", "PodDisruptionBudget",
+                     "NetworkPolicy"):
+            assert counts.get(kind), f"{name} renders no {kind}"
+        names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+        for wanted in [("StatefulSet", "apexrl-replay"), ("Service", "apexrl-replay"),
+                       ("Deployment", "apexrl-learner"), ("Service", "apexrl-learner"),
+                       ("StatefulSet", "apexrl-actor"), ("Deployment", "apexrl-evaluator")]:
+            assert wanted in names, f"{name} lacks {wanted}"
+
+
+@pytest.mark.parametrize("target", list(m.TARGETS))
+def test_rendered_objects_pass_the_kubernetes_schema_strictly(rendered, target, tmp_path):
+    path = tmp_path / f"{target}.yaml"
+    path.write_text(yaml.safe_dump_all(rendered[target]))
+    from kubernetes_validate.utils import latest_version
+
+    versions = [OLDEST_KUBERNETES, latest_version()]
+    result = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet",
+         *[arg for v in versions for arg in ("-k", v)], str(path)],
+        capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{target} fails the Kubernetes {versions} schemas:\n{output}"
+    # Custom resources have no bundled schema and are only warned about: nothing else may be.
+    for line in output.splitlines():
+        if line.startswith("WARN"):
+            assert re.search(r"kind (PodMonitor|ServiceMonitor|PrometheusRule) with api version "
+                             r"monitoring\.coreos\.com/", line), line
+
+
+@pytest.mark.parametrize("target", list(m.TARGETS))
+def test_objects_line_up_across_the_fleet(rendered, target):
+    problems = all_problems(rendered[target])
+    assert not problems, f"{target}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("overlay", list(OVERLAY_SIZES))
+def test_overlays_size_the_fleet_and_name_registry_images(rendered, overlay):
+    fleet = m.Fleet(rendered[overlay])
+    assert fleet.namespace != "default", f"{overlay} sets no namespace"
+    ns = fleet.get("Namespace", fleet.namespace)
+    assert ns is not None and ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    sizes = {m.component(w): w["spec"].get("replicas", 1) for w in fleet.workloads()}
+    assert sizes == {**OVERLAY_SIZES[overlay], "learner": 1, "evaluator": 1}
+    for c in fleet.containers():
+        image = c.spec["image"]
+        registry, _, rest = image.partition("/")
+        assert "." in registry and ":" in rest and not image.endswith(":latest"), \
+            f"{c.name}: image {image} is not registry/name:tag"
+    requests = {what: sum(m.quantity(c.spec["resources"]["requests"][what]) * c.workload["spec"].get("replicas", 1)
+                          for c in fleet.containers()) for what in ("cpu", "memory")}
+    print(f"{overlay}: {sizes}; requests {requests['cpu']:g} CPUs, {requests['memory'] / 2**30:.1f} GiB")
+
+
+def test_production_runs_the_learner_on_a_gpu_and_is_scraped_by_the_operator(rendered):
+    fleet = m.Fleet(rendered["production"])
+    learner = next(c for c in fleet.containers() if m.component(c.workload) == "learner")
+    assert str(learner.spec["resources"]["limits"].get("nvidia.com/gpu")) == "1"
+    assert learner.spec["image"].endswith("-cuda")
+    argv, _ = m.container_argv(fleet, learner, 0)
+    parsed, error = m.parse_apexrl(argv)
+    assert error is None and parsed.config.device == "cuda"
+    volumes = {v["name"]: v for v in m.pod_spec(learner.workload)["volumes"]}
+    assert volumes["run"]["persistentVolumeClaim"]["claimName"] == "apexrl-learner-run"
+    monitored = {m.component(fleet.selected(pm["spec"]["selector"]["matchLabels"])[0])
+                 for pm in fleet.all("PodMonitor")}
+    assert monitored == {m.component(w) for w in fleet.workloads()}, "every role's metrics port is scraped"
+    assert fleet.all("PrometheusRule"), "the PrometheusRule is part of the production overlay"
+    others = [c for c in fleet.containers() if m.component(c.workload) != "learner"]
+    assert all("-cuda" not in c.spec["image"] and "nvidia.com/gpu" not in c.spec["resources"]["limits"]
+               for c in others)
+
+
+def test_base_keeps_the_cpu_learner_and_finds_shards_through_the_headless_service(rendered):
+    fleet = m.Fleet(rendered["base"])
+    learner = next(c for c in fleet.containers() if m.component(c.workload) == "learner")
+    argv, _ = m.container_argv(fleet, learner, 0)
+    parsed, _ = m.parse_apexrl(argv)
+    assert parsed.config.device == "cpu"
+    assert parsed.config.replay == ("dns:///apexrl-replay.default.svc.cluster.local:7000",)
+    replay = fleet.get("StatefulSet", "apexrl-replay")
+    claims = replay["spec"]["volumeClaimTemplates"]
+    mounts = {mt["mountPath"]: mt["name"] for mt in m.pod_spec(replay)["containers"][0]["volumeMounts"]}
+    assert mounts["/var/lib/apexrl/replay"] == claims[0]["metadata"]["name"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checks catch broken manifests: each case edits one line of a copy of k8s/ and names what must be reported.
+
+BREAKAGES = [
+    # (file under k8s/, text, replacement, a fragment of the expected problem)
+    ("base/learner.yaml", "- --port=7200", "- --port=7201", "--port 7201 is not its containerPort 'grpc'"),
+    ("base/learner.yaml", "      port: 7200\n      targetPort: grpc", "      port: 7200\n      targetPort: 7300",
+     "targetPort 7300"),
+    ("base/actor.yaml", "svc.cluster.local:7000", "svc.cluster.local:7001", "has no port 7001"),
+    ("base/actor.yaml", "apexrl-learner.$(NAMESPACE)", "apexrl-params.$(NAMESPACE)", "names Service 'apexrl-params'"),
+    ("base/replay.yaml", "$(APEXRL_REPLAY_ALPHA)", "$(APEXRL_REPLAY_ALFA)", "uses $(APEXRL_REPLAY_ALFA)"),
+    ("base/replay.yaml", "- --capacity=", "- --capacity-rows=", "unrecognized arguments: --capacity-rows"),
+    ("base/replay.yaml", "- --host=0.0.0.0", "- --host=127.0.0.1", "pods must listen on 0.0.0.0"),
+    ("base/replay.yaml", "grpc:\n              port: 7000\n            periodSeconds: 5",
+     "grpc:\n              port: 7001\n            periodSeconds: 5", "readinessProbe must be grpc"),
+    ("base/replay.yaml", "  clusterIP: None\n  # Only", "  # Only", "is not headless"),
+    ("base/evaluator.yaml", "readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false",
+     "readOnlyRootFilesystem is not true"),
+    ("base/actor.yaml", "runAsUser: 10001", "runAsUser: 0", "must run as non-root user 10001"),
+    ("base/learner.yaml", "terminationGracePeriodSeconds: 60", "terminationGracePeriodSeconds: 3",
+     "terminationGracePeriodSeconds 3"),
+    ("base/learner.yaml", "- --run-dir=/var/lib/apexrl/learner", "- --run-dir=/var/lib/apexrl/elsewhere",
+     "is not on a writable volume"),
+    ("base/networkpolicy.yaml", "  podSelector:\n    matchLabels:\n      app.kubernetes.io/part-of: apexrl",
+     "  podSelector:\n    matchLabels:\n      app.kubernetes.io/part-of: other", "not every fleet workload"),
+    ("base/replay.yaml", "    app.kubernetes.io/component: replay\n  ports:",
+     "    app.kubernetes.io/component: shard\n  ports:", "Service apexrl-replay selects no workload"),
+    ("base/replay.yaml", "maxUnavailable: 1\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: apexrl\n"
+     "      app.kubernetes.io/component: replay", "maxUnavailable: 1\n  selector:\n    matchLabels:\n"
+     "      app.kubernetes.io/name: apexrl\n      app.kubernetes.io/component: shard",
+     "PodDisruptionBudget apexrl-replay selects no workload"),
+    ("base/fleet.env", "APEXRL_NUM_ACTORS=4", "APEXRL_NUM_ACTORS=4\nAPEXRL_UNUSED=1", "keys no arg uses"),
+    ("base/fleet.env", "APEXRL_NUM_ACTORS=4", "APEXRL_NUM_ACTORS=3", "differs from the StatefulSet's 4 replicas"),
+]
+
+
+def _break(tmp_path: Path, file: str, old: str, new: str) -> Path:
+    copy = tmp_path / "k8s"
+    shutil.copytree(m.K8S, copy)
+    path = copy / file
+    text = path.read_text()
+    assert text.count(old) == 1, f"{file}: {old!r} occurs {text.count(old)} times; make the case unambiguous"
+    path.write_text(text.replace(old, new))
+    return copy
+
+
+@pytest.mark.parametrize(("file", "old", "new", "expected"), BREAKAGES,
+                         ids=[f"{b[0]}:{b[2][:40]}" for b in BREAKAGES])
+def test_a_broken_manifest_is_reported(tmp_path, file, old, new, expected):
+    copy = _break(tmp_path, file, old, new)
+    target = "small-cpu" if file.startswith("overlays/small-cpu") else "base"
+    problems = all_problems(m.render(copy / m.TARGETS[target]))
+    assert problems, f"breaking {file} ({old!r} -> {new!r}) went unnoticed"
+    if expected is not None:
+        assert any(expected in p for p in problems), "\n".join(problems)
+
+
+def test_scaling_actors_in_an_overlay_carries_num_actors_along(tmp_path):
+    copy = _break(tmp_path, "overlays/small-cpu/kustomization.yaml", "name: apexrl-actor\n    count: 4",
+                  "name: apexrl-actor\n    count: 5")
+    objects = m.render(copy / m.TARGETS["small-cpu"])
+    assert all_problems(objects) == []
+    fleet = m.Fleet(objects)
+    actor = next(c for c in fleet.containers() if m.component(c.workload) == "actor")
+    parsed, _ = m.parse_apexrl(m.container_argv(fleet, actor, 4)[0])
+    assert (parsed.config.actor_index, parsed.config.num_actors) == (4, 5)
+
+
+def test_an_unknown_field_fails_the_strict_schema(tmp_path):
+    copy = _break(tmp_path, "base/evaluator.yaml", "terminationGracePeriodSeconds: 30",
+                  "terminationGracePeriod: 30")
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all(m.render(copy / "base")))
+    result = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "terminationGracePeriod" in result.stdout + result.stderr
