@@ -23,6 +23,7 @@ from apexrl.common.discovery import ShardAddresses
 from apexrl.common.environments import check_spaces
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
 from apexrl.common.errors import ApexError, DeadlineExceededError, is_transient
+from apexrl.common.tls import tls_of
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.replay_server.client import ReplayClient
 
@@ -48,6 +49,13 @@ class ActorMetrics:
                                  registry=registry)
         self.mean_return = Gauge("apexrl_actor_mean_episode_return_100", "Mean return of the last 100 episodes",
                                  registry=registry)
+        # Where an actor's time goes (rate() of each is the fraction of wall time spent there).
+        self.act_seconds = Counter("apexrl_actor_act_seconds", "Time spent choosing actions and stepping the "
+                                   "environments", registry=registry)
+        self.send_seconds = Counter("apexrl_actor_send_seconds", "Time spent handing batches to the shards "
+                                    "(priorities, encoding, waiting for room in a backlog)", registry=registry)
+        self.pull_seconds = Counter("apexrl_actor_pull_seconds", "Time spent checking for and pulling newer weights",
+                                    registry=registry)
         self.insert_backlog = Gauge("apexrl_actor_insert_backlog_batches", "Insert batches sent or queued to a "
                                     "shard and not yet acknowledged", ["shard"], registry=registry)
 
@@ -66,7 +74,8 @@ class ApeXActor:
         check_spaces(self.envs[0], config.env)
         self._env_seed = seed * 1000 + config.actor_index * config.num_envs
         self.accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in self.envs]
-        self.params = ParameterClient(config.params, timeout=5.0, token=config.token)
+        self.tls = tls_of(config)
+        self.params = ParameterClient(config.params, timeout=5.0, token=config.token, tls=self.tls)
         self.shards: list[ReplayClient] = []
         self._addresses = ShardAddresses(() if config.evaluate else config.replay,
                                          resolve_every=config.replay_resolve_seconds)
@@ -128,7 +137,8 @@ class ApeXActor:
         known = {c.address for c in self.shards}
         for address in present:
             if address not in known:
-                client = ReplayClient(address, timeout=30.0, token=self.config.token, max_in_flight=8)
+                client = ReplayClient(address, timeout=30.0, token=self.config.token, tls=self.tls,
+                                      max_in_flight=8)
                 self.shards.append(client)
                 self.metrics.insert_backlog.labels(address).set_function(lambda c=client: c.pending)
                 if not force:  # at start-up the start line names the shards
@@ -182,6 +192,7 @@ class ApeXActor:
                 ahead = self.env_steps / pace - (time.monotonic() - started)
                 if ahead > 0.01:
                     stop.wait(ahead)
+            acting_since = time.perf_counter()
             actions = epsilon_greedy(self.policy.q_values(obs), self.epsilon, self._rng)
             for i, env in enumerate(self.envs):
                 next_obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
@@ -199,12 +210,18 @@ class ApeXActor:
             self.env_steps += len(self.envs)
             steps_since_pull += len(self.envs)
             self.metrics.env_steps.inc(len(self.envs))
-            while len(outbox) >= cfg.batch_size:
-                self._send(outbox[:cfg.batch_size], stop)
-                del outbox[:cfg.batch_size]
+            sending_since = time.perf_counter()
+            self.metrics.act_seconds.inc(sending_since - acting_since)
+            if len(outbox) >= cfg.batch_size:
+                while len(outbox) >= cfg.batch_size:
+                    self._send(outbox[:cfg.batch_size], stop)
+                    del outbox[:cfg.batch_size]
+                self.metrics.send_seconds.inc(time.perf_counter() - sending_since)
             if steps_since_pull >= cfg.pull_every and not cfg.evaluate:
                 steps_since_pull = 0
+                pulling_since = time.perf_counter()
                 self._pull_weights()
+                self.metrics.pull_seconds.inc(time.perf_counter() - pulling_since)
             if (cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps) or \
                     (cfg.max_episodes is not None and self.episodes >= cfg.max_episodes):
                 break

@@ -7,8 +7,17 @@ from dataclasses import dataclass
 
 from apexrl.actor.exploration import apex_epsilon
 from apexrl.common.discovery import check_targets
-from apexrl.common.process import host_setting, metrics_port_setting, replay_resolve_setting, token_setting
+from apexrl.common.process import (
+    host_setting,
+    metrics_port_setting,
+    replay_resolve_setting,
+    tls_ca_setting,
+    tls_cert_setting,
+    tls_key_setting,
+    token_setting,
+)
 from apexrl.common.settings import setting
+from apexrl.common.tls import tls_of
 
 DEFAULT_METRICS_PORT = 9300
 # An evaluator plays at most this many steps per second unless told otherwise, so that playing greedy episodes
@@ -44,6 +53,9 @@ class ActorConfig:
     host: str = host_setting()
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
     token: str | None = token_setting()
+    tls_cert: str | None = tls_cert_setting()
+    tls_key: str | None = tls_key_setting()
+    tls_ca: str | None = tls_ca_setting()
     # Exploration
     num_envs: int = setting(1, "environments stepped together by this actor")
     epsilon: float | None = setting(None, "fixed exploration rate instead of the Ape-X schedule (none: the "
@@ -81,6 +93,7 @@ class ActorConfig:
             raise ValueError(f"gamma ({self.gamma}) must be in (0, 1]")
         if self.max_steps_per_second is not None and not self.max_steps_per_second > 0:
             raise ValueError(f"max_steps_per_second ({self.max_steps_per_second}) must be > 0")
+        tls_of(self)
 
     @property
     def effective_epsilon(self) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import threading
 import time
@@ -25,9 +26,14 @@ from grpc_reflection.v1alpha import reflection
 from apexrl.common.grpc_util import (
     HEALTH_SERVICE,
     UNAUTHENTICATED_MESSAGE,
+    bind,
+    handler_behavior,
     message_size_options,
+    raw_request_handler,
     token_checked,
+    undecodable_message,
 )
+from apexrl.common.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,6 +51,43 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 
 async def _deny(request_or_iterator, context) -> None:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+
+class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
+    """The asyncio twin of grpc_util.RequestDecodeInterceptor: INVALID_ARGUMENT, not UNKNOWN, for a request
+    message that does not parse. The wrapper keeps the behaviour's kind (coroutine or async generator), which
+    grpc.aio looks at to decide how to run it."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        parse, method, behavior = handler.request_deserializer, handler_call_details.method, handler_behavior(handler)
+        if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
+            return handler  # a synchronous behaviour (gRPC runs it in its thread pool): left as it is
+
+        async def decode(raw: bytes, context: grpc.aio.ServicerContext):
+            try:
+                return parse(raw)
+            except Exception as err:  # noqa: BLE001 (DecodeError, or anything else these bytes provoke)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_message(method, err))
+
+        async def requests(raw_iterator, context):
+            async for raw in raw_iterator:
+                yield await decode(raw, context)
+
+        async def argument(request, context):
+            return requests(request, context) if handler.request_streaming else await decode(request, context)
+
+        if inspect.isasyncgenfunction(behavior):
+            async def decoded(request, context):
+                async with contextlib.aclosing(behavior(await argument(request, context), context)) as responses:
+                    async for response in responses:
+                        yield response
+        else:
+            async def decoded(request, context):
+                return await behavior(await argument(request, context), context)
+        return raw_request_handler(handler, decoded)
 
 
 class Changes:
@@ -110,15 +153,22 @@ class AioServerThread:
     """A grpc.aio server on a dedicated event-loop thread, driven from synchronous code.
 
     `add_services(server)` registers the servicers (it runs on the loop). `start()` binds and returns the port;
-    `stop(grace)` returns a threading.Event set once the server has stopped (the grpc.Server.stop contract)."""
+    `stop(grace)` returns a threading.Event set once the server has stopped (the grpc.Server.stop contract).
+    With `tls` the port serves TLS (grpc_util.server_credentials); with `health_address` a second, plaintext
+    server on the same loop serves only the health service there (its port: `health_port`)."""
 
     def __init__(self, add_services: Callable[[grpc.aio.Server], None], service_names: Iterable[str], *,
-                 max_message_bytes: int, token: str | None = None,
+                 max_message_bytes: int, token: str | None = None, tls: TlsFiles | None = None,
+                 health_address: str | None = None,
                  on_stop: Callable[[], Awaitable[None] | None] | None = None) -> None:
         self._add_services = add_services
         self._service_names = list(service_names)
         self._max_message_bytes = max_message_bytes
         self._token = token
+        self._tls = tls
+        self._health_address = health_address
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port: int | None = None
         self._on_stop = on_stop
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="grpc-aio", daemon=True)
@@ -157,6 +207,7 @@ class AioServerThread:
 
     async def _start(self, address: str) -> int:
         interceptors = [TokenAuthInterceptor(self._token)] if self._token else []
+        interceptors.append(RequestDecodeInterceptor())  # after the token check: see RequestDecodeInterceptor
         server = grpc.aio.server(interceptors=interceptors,
                                  options=message_size_options(self._max_message_bytes) + [("grpc.so_reuseport", 0)])
         self._add_services(server)
@@ -165,9 +216,13 @@ class AioServerThread:
         for name in ["", *self._service_names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         reflection.enable_server_reflection([*self._service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
-        port = server.add_insecure_port(address)
-        if port == 0:
-            raise OSError(f"cannot bind {address} (address in use or not local?)")
+        port = bind(server, address, tls=self._tls)
+        if self._health_address is not None:
+            health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
+            self.health_port = bind(health_server, self._health_address)
+            await health_server.start()
+            self._health_server = health_server
         await server.start()
         self._server = server
         return port
@@ -189,7 +244,10 @@ class AioServerThread:
                 result = self._on_stop()
                 if result is not None:
                     await result
-            await self._server.stop(grace)
+            stopping = [self._server.stop(grace)]
+            if self._health_server is not None:
+                stopping.append(self._health_server.stop(grace))
+            await asyncio.gather(*stopping)
         finally:
             self._loop.stop()  # _run closes the loop and then reports the server stopped
 

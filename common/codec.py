@@ -75,7 +75,11 @@ def decode_tensor(msg: tensor_pb2.Tensor, what: str = "tensor") -> np.ndarray:
         raise InvalidArgumentError(
             f"{what}: {len(data)} data bytes, but shape {list(shape)} of {dt.name} needs {expected}"
         )
-    array = np.frombuffer(data, dtype=dt).reshape(shape)
+    try:
+        array = np.frombuffer(data, dtype=dt).reshape(shape)
+    except ValueError as err:  # numpy's own limits: more than 64 (numpy 1: 32) dimensions, or an empty tensor
+        # whose other dimensions multiply past int64
+        raise InvalidArgumentError(f"{what}: shape {list(shape)} is not representable: {err}") from None
     if dt == _BOOL and expected and np.frombuffer(data, dtype=np.uint8).max() > 1:
         raise InvalidArgumentError(f"{what}: BOOL bytes must be 0 or 1")  # numpy would keep other bytes as-is
     return array

@@ -1,5 +1,15 @@
-"""gRPC plumbing shared by every apexrl server and client: server/channel options, health and reflection,
-token authentication, and a graceful SIGTERM/Ctrl-C shutdown.
+"""gRPC plumbing shared by every apexrl server and client: server/channel options, TLS credentials, health and
+reflection (and the plaintext health-only port beside a TLS server), token authentication, and a graceful
+SIGTERM/Ctrl-C shutdown.
+
+TLS (common/tls.py holds the files): a server with a certificate serves TLS, and with a CA also requires client
+certificates signed by it (mutual TLS); a client given TlsFiles dials TLS, verifying the server with the CA (the
+system's roots without one) and presenting its certificate when it has one. The bearer token works alongside.
+What a client sees when credentials do not match (gRPC 1.85, checked by tests/integration/test_tls.py): a failed
+TLS handshake is UNAVAILABLE, whichever side refuses it (no or a foreign client certificate under mutual TLS, a
+server certificate the client's CA did not sign, plaintext to a TLS port, TLS to a plaintext port); the details
+say "Tls handshake failed" when the client refused, "Socket closed" when the server did. A missing or wrong token
+over a good connection is UNAUTHENTICATED. No refused call reaches a servicer.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from apexrl.common.errors import CancelledError, DeadlineExceededError, from_rpc_error
+from apexrl.common.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +106,55 @@ def _deny(request_or_iterator, context) -> None:
     context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
 
+_KINDS = {  # (request_streaming, response_streaming) -> (handler factory, behaviour attribute)
+    (False, False): (grpc.unary_unary_rpc_method_handler, "unary_unary"),
+    (False, True): (grpc.unary_stream_rpc_method_handler, "unary_stream"),
+    (True, False): (grpc.stream_unary_rpc_method_handler, "stream_unary"),
+    (True, True): (grpc.stream_stream_rpc_method_handler, "stream_stream"),
+}
+
+
+def handler_behavior(handler: grpc.RpcMethodHandler) -> Callable:
+    """The function that serves calls of `handler` (unary_unary, unary_stream, ... whichever its kind is)."""
+    return getattr(handler, _KINDS[(handler.request_streaming, handler.response_streaming)][1])
+
+
+def raw_request_handler(handler: grpc.RpcMethodHandler, behavior: Callable) -> grpc.RpcMethodHandler:
+    """A handler of `handler`'s kind and response encoding that gives `behavior` the raw request bytes."""
+    make = _KINDS[(handler.request_streaming, handler.response_streaming)][0]
+    return make(behavior, request_deserializer=None, response_serializer=handler.response_serializer)
+
+
+def undecodable_message(method: str, err: Exception) -> str:
+    return f"{method}: a request message does not parse as protobuf ({type(err).__name__}: {err})"
+
+
+class RequestDecodeInterceptor(grpc.ServerInterceptor):
+    """Answers INVALID_ARGUMENT for a request message that does not parse (gRPC itself answers INTERNAL on a
+    thread-pool server and UNKNOWN on grpc.aio, codes that blame the server for a client's bytes). The handler is
+    given the raw bytes and decodes them itself; on a streaming call the first bad message ends the call. Install
+    it after the token interceptor, so a call without the token is refused before its bytes are parsed."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        parse, method, behavior = handler.request_deserializer, handler_call_details.method, handler_behavior(handler)
+
+        def decode(raw: bytes, context: grpc.ServicerContext):
+            try:
+                return parse(raw)
+            except Exception as err:  # noqa: BLE001 (DecodeError, or anything else these bytes provoke)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_message(method, err))
+
+        def decoded(request, context):
+            if handler.request_streaming:
+                return behavior((decode(raw, context) for raw in request), context)
+            return behavior(decode(request, context), context)
+
+        return raw_request_handler(handler, decoded)
+
+
 class _TokenClientInterceptor(
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
@@ -133,14 +193,28 @@ class _Details(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
+def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
+    """Verify the server with tls.ca (the system's roots without one); present tls.cert when there is one."""
+    return grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert)
+
+
+def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """Serve tls.cert; with tls.ca, require client certificates signed by it (mutual TLS)."""
+    if tls.cert is None or tls.key is None:
+        raise ValueError("a TLS server needs tls_cert and tls_key")
+    return grpc.ssl_server_credentials([(tls.key, tls.cert)], root_certificates=tls.ca,
+                                       require_client_auth=tls.ca is not None)
+
+
 def make_channel(
     address: str,
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     token: str | None = None,
-    root_certificates: bytes | None = None,
+    tls: TlsFiles | None = None,
 ) -> grpc.Channel:
-    """A channel to an apexrl server: plaintext unless root certificates are given, bearer token when set."""
+    """A channel to an apexrl server: TLS when `tls` is given (see channel_credentials), else plaintext; the
+    bearer token on every call when set."""
     options = message_size_options(max_message_bytes) + [
         # Keep idle connections alive through NATs and notice dead peers within ~30 s.
         ("grpc.keepalive_time_ms", 30_000),
@@ -151,8 +225,8 @@ def make_channel(
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1_000),
     ]
-    if root_certificates is not None:
-        channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options=options)
+    if tls is not None:
+        channel = grpc.secure_channel(address, channel_credentials(tls), options=options)
     else:
         channel = grpc.insecure_channel(address, options=options)
     if token:
@@ -168,6 +242,7 @@ def create_server(
 ) -> grpc.Server:
     """A thread-pool gRPC server with apexrl's message limits (and token check when a token is given)."""
     interceptors = [TokenAuthInterceptor(token)] if token else []
+    interceptors.append(RequestDecodeInterceptor())  # after the token check: see RequestDecodeInterceptor
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         interceptors=interceptors,
@@ -176,17 +251,15 @@ def create_server(
     )
 
 
-def bind(
-    server: grpc.Server,
-    address: str,
-    *,
-    tls_cert_chain: bytes | None = None,
-    tls_private_key: bytes | None = None,
-) -> int:
-    """Bind `host:port` (port 0 picks a free one); return the bound port or raise OSError."""
-    if tls_cert_chain is not None and tls_private_key is not None:
-        creds = grpc.ssl_server_credentials([(tls_private_key, tls_cert_chain)])
-        port = server.add_secure_port(address, creds)
+def bind(server: grpc.Server | grpc.aio.Server, address: str, *, tls: TlsFiles | None = None) -> int:
+    """Bind `host:port` (port 0 picks a free one), with TLS when `tls` is given (see server_credentials); return
+    the bound port or raise OSError."""
+    if tls is not None:
+        try:
+            port = server.add_secure_port(address, server_credentials(tls))
+        except RuntimeError:  # gRPC could not build a TLS handshaker from the files
+            raise OSError(f"cannot serve TLS on {address}: gRPC refused the certificate and key (is tls_key the "
+                          f"private key of tls_cert?)") from None
     else:
         port = server.add_insecure_port(address)
     if port == 0:
@@ -205,12 +278,46 @@ def add_health_and_reflection(server: grpc.Server, service_names: Iterable[str])
     return servicer
 
 
-def wait_for_health(address: str, *, timeout: float, service: str = "", token: str | None = None) -> None:
-    """Block until the server at `address` reports SERVING; TimeoutError after `timeout` seconds."""
+class WithHealthPort:
+    """A thread-pool server and the plaintext server beside it that serves only its health service (for probes
+    that cannot do TLS), started and stopped together; otherwise it is the main grpc.Server."""
+
+    def __init__(self, server: grpc.Server, health_servicer: health.HealthServicer, health_address: str) -> None:
+        self._server = server
+        self._health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
+                                          options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._health_server)
+        self.health_port = bind(self._health_server, health_address)
+
+    def start(self) -> None:
+        self._server.start()
+        self._health_server.start()
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Stop both; the event is set once both have stopped (the grpc.Server.stop contract)."""
+        stopped = [self._server.stop(grace), self._health_server.stop(grace)]
+        done = threading.Event()
+
+        def wait_both() -> None:
+            for event in stopped:
+                event.wait()
+            done.set()
+
+        threading.Thread(target=wait_both, name="grpc-stop", daemon=True).start()
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+
+def wait_for_health(address: str, *, timeout: float, service: str = "", token: str | None = None,
+                    tls: TlsFiles | None = None) -> None:
+    """Block until the server at `address` reports SERVING (over TLS when `tls` is given); TimeoutError after
+    `timeout` seconds."""
     import time
 
     deadline = time.monotonic() + timeout
-    channel = make_channel(address, token=token)
+    channel = make_channel(address, token=token, tls=tls)
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         last = "no answer"

@@ -1,5 +1,6 @@
 """The skeleton every role process shares: logging, exit codes, a stop event set by SIGTERM/SIGINT, and the
-settings shared by every process that listens (host, metrics port, token, message limit, port file).
+settings shared by every process that listens or dials (host, metrics port, token, TLS files, health port, port
+file).
 
 Exit codes: 0 clean stop, 1 failure, 2 bad configuration (refused before anything starts).
 """
@@ -71,6 +72,29 @@ def replay_resolve_setting() -> float:
 def token_setting() -> str | None:
     return setting(None, "bearer token: servers require 'authorization: Bearer TOKEN' on every call except health "
                          "checks, clients send it (none: no authentication)")
+
+
+def tls_cert_setting() -> str | None:
+    return setting(None, "PEM certificate chain this process presents: a server's certificate (TLS on), and a "
+                         "client's when the servers require client certificates (mutual TLS); needs --tls-key "
+                         "(none: plaintext)", wiring="[fleet] tls_cert", metavar="PATH")
+
+
+def tls_key_setting() -> str | None:
+    return setting(None, "PEM private key of --tls-cert (unencrypted; keep it readable by this process only)",
+                   wiring="[fleet] tls_key", metavar="PATH")
+
+
+def tls_ca_setting() -> str | None:
+    return setting(None, "PEM CA bundle to verify peers: clients verify servers with it (none: the system's "
+                         "roots); a server given it requires and verifies client certificates (mutual TLS)",
+                   wiring="[fleet] tls_ca", metavar="PATH")
+
+
+def health_port_setting() -> int | None:
+    return setting(None, "also serve grpc.health.v1 alone, in plaintext, on this port (Kubernetes' gRPC probes "
+                         "cannot use TLS or tokens); the main port keeps its health service (none: no extra "
+                         "port)", metavar="PORT")
 
 
 def port_file_setting() -> str | None:

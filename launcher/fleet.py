@@ -2,7 +2,8 @@
 
 Start order, each step waiting for the previous one to report SERVING: replay shards (port file, then gRPC health),
 the learner (gRPC health on its parameter-service port), then actors and the evaluator. Services on other
-machines are waited for the same way before the roles that need them start. Every child runs
+machines are waited for the same way before the roles that need them start. Health is checked over TLS with the
+machine's files when TLS is on, or on a server's plaintext `health_port` when its table sets one. Every child runs
 `python -m apexrl.launcher ROLE ...` in its own session (so Ctrl-C reaches the launcher only and the launcher
 stops the roles in order) with stdout and stderr in RUN_DIR/logs/NAME.log.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from apexrl.common.grpc_util import wait_for_health
+from apexrl.common.tls import TlsFiles
 from apexrl.launcher.commands import command, extra_args_for
 from apexrl.launcher.fleet_config import FleetConfig
 from apexrl.launcher.topology import Role, Wiring, address, roles_on, wiring, with_ports
@@ -88,6 +90,7 @@ class Fleet:
         # Ports left open in the config (metrics ports, the local fleet's parameter-service port) are picked just
         # before the role that binds them starts, to keep the window in which another program could take them short.
         self.roles = roles_on(config, host)
+        self.tls = config.tls_files()
 
     # --- start ----------------------------------------------------------------------------------------------------
 
@@ -106,7 +109,7 @@ class Fleet:
         shard_ports: dict[int, int] = {}
         for child in shards:
             port = self._wait_port_file(child, self._port_file(child.role), timeout)
-            self._wait_healthy(address(self.config, self.host, port, self.host), timeout, child)
+            self._wait_healthy(self._probe(self.host, port, self._health_port(child.role.index)), timeout, child)
             shard_ports[child.role.index] = port
             log.info("%s serving on port %d", child.role.name, port)
         self.config = with_ports(self.config, shard_ports=shard_ports)
@@ -114,7 +117,7 @@ class Fleet:
                       for r in self.roles]  # a restarted shard comes back on the port it had
         for i, shard in enumerate(self.config.shards):
             if shard.host != self.host:
-                self._wait_healthy(address(self.config, shard.host, shard.port, self.host), timeout, None,
+                self._wait_healthy(self._probe(shard.host, shard.port, self._health_port(i)), timeout, None,
                                    f"shard-{i} on {shard.host}")
         for role in (r for r in self.roles if r.kind == "learner"):
             if not role.port:
@@ -122,15 +125,28 @@ class Fleet:
                 role = replace(role, port=self.config.learner.port)
             child = self._spawn(role)
             params = wiring(self.config, self.host).params
-            self._wait_healthy(params, timeout, child)
+            self._wait_healthy(self._probe(self.host, role.port, self._health_port(None)), timeout, child)
             log.info("learner serving the parameter service at %s", params)
-        if self.config.learner.host != self.host and any(r.kind in ("actor", "evaluator") for r in self.roles):
-            self._wait_healthy(wiring(self.config, self.host).params, timeout, None,
-                               f"learner on {self.config.learner.host}")
+        learner = self.config.learner
+        if learner.host != self.host and any(r.kind in ("actor", "evaluator") for r in self.roles):
+            self._wait_healthy(self._probe(learner.host, learner.port, self._health_port(None)), timeout, None,
+                               f"learner on {learner.host}")
         for role in (r for r in self.roles if r.kind in ("actor", "evaluator")):
             self._spawn(role)
         log.info("started %d roles on %s: %s", len(self.children), self.host,
                  ", ".join(c.role.name for c in self.children))
+
+    def _health_port(self, shard: int | None) -> int | None:
+        """The plaintext health port a shard's table (or, for None, the learner's) sets, if any."""
+        spec = self.config.learner if shard is None else self.config.shards[shard]
+        return spec.settings.get("health_port")
+
+    def _probe(self, role_host: str, port: int, health_port: int | None) -> tuple[str, TlsFiles | None]:
+        """Where and how to check a service's health: its plaintext health port, or its gRPC port (over TLS
+        with this machine's files when TLS is on)."""
+        if health_port is not None:
+            return address(self.config, role_host, health_port, self.host), None
+        return address(self.config, role_host, port, self.host), self.tls
 
     def _port_file(self, role: Role) -> Path:
         return self.run_dir / "ports" / f"{role.name}.port"
@@ -170,8 +186,10 @@ class Fleet:
                                    f"lines of {child.log_path}:\n{log_tail(child.log_path)}")
             time.sleep(0.05)
 
-    def _wait_healthy(self, target: str, timeout: float, child: Child | None, what: str | None = None) -> None:
+    def _wait_healthy(self, probe: tuple[str, TlsFiles | None], timeout: float, child: Child | None,
+                      what: str | None = None) -> None:
         """Poll gRPC health in short rounds, so a dead child or a stop request ends the wait at once."""
+        target, tls = probe
         name = what or (child.role.name if child else target)
         deadline = time.monotonic() + timeout
         if child is None:
@@ -182,7 +200,7 @@ class Fleet:
             elif self.stop_requested.is_set():
                 raise Interrupted()
             try:
-                wait_for_health(target, timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+                wait_for_health(target, timeout=min(1.0, max(0.1, deadline - time.monotonic())), tls=tls)
                 return
             except TimeoutError as err:
                 if time.monotonic() >= deadline:

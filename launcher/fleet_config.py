@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apexrl.common.settings import SettingsError, setting
+from apexrl.common.tls import TlsFiles
 
 LOCAL_HOST = "local"
 DEFAULT_ENV = "CartPole-v1"
@@ -30,6 +31,13 @@ class FleetSettings:
         samples_per_insert: replay ratio the shards enforce (sampled rows per inserted row; 0 = unlimited): actors
             wait when they run ahead of the learner, so learning per environment step does not depend on how the
             machine's cores are shared. 8 solved CartPole in the fewest updates in our sweeps.
+        tls_cert, tls_key, tls_ca: one TLS identity per machine, given to every role it runs (a role's table may
+            not set its own): the shards and the learner's parameter service serve TLS with the certificate, every
+            client verifies them with the CA and, as a CA makes the servers require client certificates, presents
+            the same certificate: a fleet with its own CA runs mutual TLS. The launcher checks health over TLS
+            with them too (on a server's plaintext `health_port` instead when its table sets one). Paths are read
+            on each machine: keep the same paths everywhere, or pass `apexrl launch --tls-cert ...` on a machine
+            whose files live elsewhere.
     """
 
     env: str = setting(DEFAULT_ENV, "Gymnasium environment id played by actors and evaluator and learnt by the "
@@ -42,6 +50,15 @@ class FleetSettings:
     max_seconds: float = setting(1200.0, "stop after this many seconds of wall time")
     bind: str = setting("127.0.0.1", "interface every service listens on (0.0.0.0: every interface, needed when "
                                      "other machines connect)")
+    tls_cert: str | None = setting(None, "PEM certificate chain of this machine's roles: the shards and the "
+                                         "parameter service serve TLS with it, and every role presents it as its "
+                                         "client certificate under mutual TLS; it must name the addresses dialled "
+                                         "(127.0.0.1 on one machine, the [hosts] addresses across machines) "
+                                         "(none: plaintext)", metavar="PATH")
+    tls_key: str | None = setting(None, "PEM private key of tls_cert", metavar="PATH")
+    tls_ca: str | None = setting(None, "PEM CA bundle every role verifies its peers with; given, the servers "
+                                       "require client certificates signed by it: mutual TLS (none with tls_cert: "
+                                       "server-only TLS verified against the system's roots)", metavar="PATH")
     replay_capacity: int = setting(100_000, "rows over all shards together (each holds its share)")
     samples_per_insert: float = setting(8.0, "replay ratio the shards enforce: sampled rows per inserted row, "
                                              "0 = unlimited")
@@ -72,6 +89,16 @@ class FleetSettings:
                               f"({self.min_replay_size}) must be at least 1")
         if not (math.isfinite(self.samples_per_insert) and self.samples_per_insert >= 0):
             raise ConfigError(f"samples_per_insert ({self.samples_per_insert}) must be >= 0")
+        try:
+            self.tls_files()
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    def tls_files(self) -> TlsFiles | None:
+        """This machine's TLS files (read now), or None when TLS is off. Whether a server role may use them
+        (a CA needs a certificate) is checked with the role's own settings."""
+        files = TlsFiles.read(self.tls_cert, self.tls_key, self.tls_ca)
+        return files if files.enabled else None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ pointing them at the addresses of the others:
     [fleet]                      # optional; the `apexrl launch` flags of the same names override it
     env = "CartPole-v1"
     bind = "0.0.0.0"             # ... every key of FleetSettings (`apexrl launch --help` lists them)
+    tls_cert = "/etc/apexrl/tls/node.pem"      # optional: TLS for every role of the machine (see below)
+    tls_key = "/etc/apexrl/tls/node-key.pem"
+    tls_ca = "/etc/apexrl/tls/ca.pem"          # with a CA: mutual TLS
 
     [hosts]                      # optional: the address other machines use for a host (default: its name)
     m1 = "10.0.0.1"
@@ -15,6 +18,7 @@ pointing them at the addresses of the others:
     host = "m1"                  # the machine (its --host-name)
     port = 7000                  # gRPC ReplayService
     metrics_port = 9100          # optional: Prometheus (default: a free port picked at launch)
+    health_port = 8000           # optional: plaintext gRPC health alone (probes; with TLS on)
     alpha = 0.6                  # optional: any other `apexrl replay` setting, by its flag's name with '_'
 
     [learner]                    # exactly one; it hosts the parameter service
@@ -33,6 +37,16 @@ pointing them at the addresses of the others:
 
 Settings the launcher derives (addresses, the run directory, seeds, the shards' capacity and rate limits) are
 refused in a role's table, with the `[fleet]` key that sets them named in the message.
+
+TLS is one identity per machine, not per role: `[fleet]` tls_cert, tls_key and tls_ca go to every role the machine
+runs (a role's table may not set them), so the shards and the learner's parameter service serve TLS with the
+certificate and every client (actors, evaluator, learner, the launcher's health checks) verifies them with the CA
+and presents the same certificate. A CA makes the servers require client certificates: a fleet with its own CA
+runs mutual TLS. The paths are read on each machine; where a machine keeps its files elsewhere, its
+`apexrl launch --tls-cert PATH ...` overrides the file. The certificate must name every address it is dialled at:
+127.0.0.1 (roles on one machine reach each other on loopback) and the machine's `[hosts]` address or name. A
+server's `health_port` serves only gRPC health, in plaintext, for probes that cannot do TLS; the launcher then
+checks that server's health there.
 """
 
 from __future__ import annotations

@@ -75,7 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from apexrl.common.environments import env_spaces
     from apexrl.launcher.commands import check_commands
 
     try:
@@ -87,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
                  for kind in ROLE_ARG_KINDS}
         check_commands(config, host, run_dir, extra)
         if any(r.kind != "replay" for r in roles_on(config, host)):
+            from apexrl.common.environments import env_spaces  # gymnasium: a shards-only machine may lack it
+
             try:
                 env_spaces(config.env)
             except ValueError as err:
@@ -163,10 +164,12 @@ class Launch:
     def _run(self, start: float) -> int:
         from apexrl.launcher.fleet import Fleet, Interrupted, StartupError
         from apexrl.launcher.progress import Progress, ProgressCsv
+        from apexrl.launcher.prometheus_targets import write_targets
 
         fleet = Fleet(self.config, self.host, self.run_dir, extra_args=self.extra, stop=self.stop)
         self._write_config(fleet, start)
-        progress_csv = ProgressCsv(self.run_dir / "progress.csv")
+        progress_csv = ProgressCsv(self.run_dir / "progress.csv",
+                                   tensorboard_dir=self.run_dir / "tensorboard" / "episodes")
         progress: Progress | None = None
         row = None
         failed = solved = False
@@ -177,6 +180,7 @@ class Launch:
                      self.config.max_seconds, self.run_dir)
             fleet.start()
             self._write_config(fleet, start)
+            write_targets(self.run_dir, fleet.config, self.host, fleet.roles)  # Prometheus file-SD
             progress = Progress(self.run_dir / "episodes", *self._metrics_urls(fleet), start_time=start)
             row = self._tick(progress, progress_csv, time.time())  # anchors the curve: 0 steps once all run
             threading.Thread(target=_import_plotting, name="import-matplotlib", daemon=True).start()

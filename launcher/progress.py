@@ -173,19 +173,27 @@ def format_row(row: ProgressRow, eval_episodes: int) -> str:
 
 
 class ProgressCsv:
-    """progress.csv, one row per tick, flushed as it goes so a killed launcher still leaves its history."""
+    """progress.csv, one row per tick, flushed as it goes so a killed launcher still leaves its history; with
+    `tensorboard_dir`, the returns also go to TensorBoard event files there (launcher/tensorboard_curves.py)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tensorboard_dir: Path | None = None) -> None:
+        from apexrl.launcher.tensorboard_curves import ReturnCurves
+
         self._file = open(path, "w", newline="")  # noqa: SIM115 (open for the run's lifetime)
         self._writer = csv.DictWriter(self._file, fieldnames=ProgressRow.columns())
         self._writer.writeheader()
+        self._curves = ReturnCurves(tensorboard_dir) if tensorboard_dir is not None else None
 
     def write(self, row: ProgressRow) -> None:
         self._writer.writerow({k: ("" if v is None else _round(v)) for k, v in asdict(row).items()})
         self._file.flush()
+        if self._curves is not None:
+            self._curves.write(row)
 
     def close(self) -> None:
         self._file.close()
+        if self._curves is not None:
+            self._curves.close()
 
 
 def _mean(values: Sequence[float] | deque[float]) -> float | None:

@@ -72,7 +72,10 @@ def validate(config: FleetConfig) -> None:
                           f"check the target return")
     used: dict[tuple[str, int], str] = {}
     for role in roles(config):
-        for key, port in (("port", role.port), ("metrics_port", role.metrics_port)):
+        spec = config.shards[role.index] if role.kind == "replay" else config.learner if role.kind == "learner" \
+            else None
+        health_port = spec.settings.get("health_port") if spec is not None else None
+        for key, port in (("port", role.port), ("metrics_port", role.metrics_port), ("health_port", health_port)):
             if not port:  # None or 0: picked at launch
                 continue
             owner = f"{role.name} ({key})"

@@ -8,13 +8,18 @@ from pathlib import Path
 
 from apexrl.common.discovery import check_targets
 from apexrl.common.process import (
+    health_port_setting,
     host_setting,
     metrics_port_setting,
     port_file_setting,
     replay_resolve_setting,
+    tls_ca_setting,
+    tls_cert_setting,
+    tls_key_setting,
     token_setting,
 )
 from apexrl.common.settings import setting
+from apexrl.common.tls import check_health_port, tls_of
 
 DEFAULT_PORT = 7200
 DEFAULT_METRICS_PORT = 9200
@@ -48,6 +53,10 @@ class LearnerConfig:
                                        "one", metavar="ADDRESS")
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
     token: str | None = token_setting()
+    tls_cert: str | None = tls_cert_setting()
+    tls_key: str | None = tls_key_setting()
+    tls_ca: str | None = tls_ca_setting()
+    health_port: int | None = health_port_setting()
     port_file: str | None = port_file_setting()
     # Network and optimisation
     hidden_sizes: tuple[int, ...] = setting((128, 128), "hidden layer sizes of the dueling MLP, comma-separated",
@@ -100,6 +109,11 @@ class LearnerConfig:
             raise ValueError(f"sample_timeout ({self.sample_timeout}) must be > 0")
         if self.max_updates is not None and self.max_updates < 1:
             raise ValueError(f"max_updates ({self.max_updates}) must be a positive integer")
+        tls_of(self, serves=self.params is None)  # it serves only the parameter service it hosts
+        if self.params is not None and self.health_port is not None:
+            raise ValueError(f"health_port ({self.health_port}) belongs to the hosted parameter service; with "
+                             f"params ({self.params}) this learner serves none")
+        check_health_port(self.health_port, self.port)
 
     @property
     def checkpoint_dir(self) -> Path | None:

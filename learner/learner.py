@@ -16,14 +16,17 @@ import numpy as np
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from apexrl.common.errors import ApexError, is_transient
 from apexrl.common.metrics import LATENCY_BUCKETS
 from apexrl.common.settings import SettingsError
+from apexrl.common.tls import tls_of
 from apexrl.learner.checkpoint import CHECKPOINT_NAME, Checkpoint, load_checkpoint, save_checkpoint
 from apexrl.learner.config import LearnerConfig
 from apexrl.learner.losses import double_dqn_loss
 from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
 from apexrl.learner.prefetch import Prefetcher
 from apexrl.learner.sharded_client import PrioritizedBatch, Shard, ShardedReplayClient
+from apexrl.learner.tensorboard_curves import TrainingCurves
 
 log = logging.getLogger("apexrl.learner")
 
@@ -37,7 +40,8 @@ def resolve_device(name: str) -> torch.device:
 
 class LearnerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.updates = Counter("apexrl_learner_updates", "Gradient updates done", registry=registry)
+        self.updates = Counter("apexrl_learner_updates", "Gradient updates done (a restarted learner continues "
+                               "from its checkpoint's count)", registry=registry)
         self.rows_trained = Counter("apexrl_learner_trained_rows", "Sampled rows trained on", registry=registry)
         self.updates_per_second = Gauge("apexrl_learner_updates_per_second",
                                         "Updates per second over the last progress interval", registry=registry)
@@ -49,12 +53,18 @@ class LearnerMetrics:
         self.mean_q = Gauge("apexrl_learner_mean_q", "Mean Q(s, a) of the last batch", registry=registry)
         self.weight_version = Gauge("apexrl_learner_weight_version", "Newest published weights version",
                                     registry=registry)
+        self.publish_failures = Counter("apexrl_learner_publish_failures", "Weight publishes that failed because "
+                                        "the parameter service could not be reached", registry=registry)
         self.fleet_size = Gauge("apexrl_learner_replay_size_rows", "Rows held by all shards (last view)",
                                 registry=registry)
         self.stale = Gauge("apexrl_learner_stale_priority_updates", "Priority updates the shards ignored as stale "
                            "(since start)", registry=registry)
         self.updates_dropped = Gauge("apexrl_learner_priority_updates_dropped", "Priority updates lost to broken "
                                      "streams or backed-up shards (since start)", registry=registry)
+        self.prefetch_queue = Gauge("apexrl_learner_prefetch_queue_batches", "Sampled batches waiting for the "
+                                    "train step", registry=registry)
+        self.updates_outstanding = Gauge("apexrl_learner_priority_updates_outstanding", "Priority-update messages "
+                                         "queued or in flight to the shards", registry=registry)
 
 
 def make_sampler(config: LearnerConfig, shards: Sequence[Shard] | None = None) -> ShardedReplayClient:
@@ -62,7 +72,8 @@ def make_sampler(config: LearnerConfig, shards: Sequence[Shard] | None = None) -
     given shard objects (in-process tables in a benchmark) with the same allocation and weights."""
     targets = config.replay if shards is None else shards
     return ShardedReplayClient(
-        targets, timeout=config.sample_timeout, seed=config.seed, token=config.token,
+        targets, timeout=config.sample_timeout, seed=config.seed, token=config.token, tls=tls_of(config),
+        resolve_every=config.replay_resolve_seconds,
         # about k batches of rows per shard (each batch spreads over the shards)
         coalesce_rows=(2 * config.priority_coalesce_batches - 1) * config.batch_size // (2 * len(targets)),
     )
@@ -72,11 +83,11 @@ class Learner:
     """Trains from `sampler` (a ShardedReplayClient, or anything with its sample / update_priorities surface) and
     publishes weights through `publish(weights, version) -> version`; it knows neither where the data comes from
     nor where the weights go. Versions continue across restarts from the checkpoint, so actors never see a
-    version go backwards."""
+    version go backwards. With `curves`, loss, mean Q and updates/s also go to TensorBoard (closed by close())."""
 
     def __init__(self, config: LearnerConfig, obs_dim: int, num_actions: int, sampler: ShardedReplayClient,
                  publish: Callable[[dict[str, np.ndarray], int], int],
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, curves: TrainingCurves | None = None) -> None:
         self.config = config
         self.obs_dim = obs_dim
         self.num_actions = num_actions
@@ -90,8 +101,10 @@ class Learner:
         self.metrics = LearnerMetrics(registry if registry is not None else CollectorRegistry())
         self.sampler = sampler
         self._publish = publish
+        self.curves = curves
         self.updates = 0
         self.weight_version = 0
+        self._last_publish_warning = 0.0
         self._resume()
 
     # ------------------------------------------------------------------------------------------- one update
@@ -119,7 +132,20 @@ class Learner:
         return loss.item()
 
     def publish_weights(self) -> int:
-        self.weight_version = self._publish(state_dict_to_numpy(self.online), self.weight_version + 1)
+        """Publish the online network as the next version; the version published (the previous one when a
+        standalone parameter service cannot be reached: training goes on and the next publish tries again, so a
+        restarted service gets weights as soon as it is back)."""
+        try:
+            self.weight_version = self._publish(state_dict_to_numpy(self.online), self.weight_version + 1)
+        except ApexError as err:
+            if not is_transient(err):
+                raise
+            self.metrics.publish_failures.inc()
+            if time.monotonic() - self._last_publish_warning > 10:
+                log.warning("publishing weights version %d failed (training goes on, the next publish retries): "
+                            "%s", self.weight_version + 1, err)
+                self._last_publish_warning = time.monotonic()
+            return self.weight_version
         self.metrics.weight_version.set(self.weight_version)
         return self.weight_version
 
@@ -130,6 +156,8 @@ class Learner:
         self.publish_weights()  # actors can start acting before the first update
         prefetcher = Prefetcher(self.sampler, c.batch_size, self.beta, c.prefetch_depth, c.min_replay_size,
                                 c.sample_batches_per_call, c.seed).start()
+        self.metrics.prefetch_queue.set_function(lambda: prefetcher.depth)
+        self.metrics.updates_outstanding.set_function(lambda: self.sampler.updates_outstanding)
         log.info("learner on %s: waiting for %d rows in replay (%s)", self.device, c.min_replay_size,
                  ", ".join(c.replay))
         last_log, last_updates = time.monotonic(), self.updates
@@ -152,12 +180,16 @@ class Learner:
                     self.metrics.fleet_size.set(batch.fleet_size)
                     self.metrics.stale.set(self.sampler.updates_stale)
                     self.metrics.updates_dropped.set(self.sampler.updates_dropped)
+                    if self.curves is not None:
+                        self.curves.add(self.updates, loss=loss, mean_q=float(q.mean()))
                 if c.checkpoint_dir and self.updates % c.checkpoint_every == 0:
                     self.save()
                 now = time.monotonic()
                 if now - last_log >= progress_every:
                     rate = (self.updates - last_updates) / (now - last_log)
                     self.metrics.updates_per_second.set(rate)
+                    if self.curves is not None:
+                        self.curves.add(self.updates, updates_per_second=rate)
                     log.info("updates %d (%.1f/s), loss %.4f, beta %.2f, weights v%d, replay %d rows, "
                              "stale priority updates %d", self.updates, rate, loss, self.beta(), self.weight_version,
                              batch.fleet_size, self.sampler.updates_stale)
@@ -201,9 +233,12 @@ class Learner:
         if ckpt.optimizer is not None:
             self.optimizer.load_state_dict(ckpt.optimizer)
         self.updates = ckpt.updates
+        self.metrics.updates.inc(ckpt.updates)  # the fleet's progress line and final JSON count every update
         self.weight_version = ckpt.weight_version
         log.info("resumed from %s at update %d", path, self.updates)
 
     def close(self) -> None:
-        """Close the sampler (cancelling a Sample still in flight)."""
+        """Close the sampler (cancelling a Sample still in flight) and the TensorBoard curves."""
         self.sampler.close()
+        if self.curves is not None:
+            self.curves.close()

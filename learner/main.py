@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 from apexrl.common.settings import SettingsError
 from apexrl.learner.config import LearnerConfig
@@ -21,7 +22,9 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
     from apexrl.common.environments import env_spaces
     from apexrl.common.files import atomic_write
     from apexrl.common.metrics import serve_metrics
+    from apexrl.common.tls import describe, tls_of
     from apexrl.learner.learner import Learner, make_sampler
+    from apexrl.learner.tensorboard_curves import TrainingCurves
 
     torch.set_num_threads(config.torch_threads)
     try:
@@ -29,11 +32,12 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
     except ValueError as err:
         raise SettingsError(f"--env: {err}") from None
     registry = CollectorRegistry()
+    tls = tls_of(config)
     server = health = client = None
     if config.params:
         from apexrl.parameter_server.client import ParameterClient
 
-        client = ParameterClient(config.params, token=config.token)
+        client = ParameterClient(config.params, token=config.token, tls=tls)
         publish, store = client.publish, None
         where = config.params
     else:
@@ -42,7 +46,8 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         store = WeightStore()
         publish = store.publish
     # The learner (and its checkpoint) first: the hosted service reports SERVING only for a learner that can run.
-    learner = Learner(config, spaces.obs_dim, spaces.num_actions, make_sampler(config), publish, registry)
+    curves = TrainingCurves(Path(config.run_dir) / "tensorboard" / "learner") if config.run_dir else None
+    learner = Learner(config, spaces.obs_dim, spaces.num_actions, make_sampler(config), publish, registry, curves)
     if client is not None:
         # A standalone service outlives this process and may hold versions newer than the checkpoint (published
         # after it was written): continue above them, since versions may only grow.
@@ -51,8 +56,10 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         from apexrl.parameter_server.service import create_parameter_server
 
         server, port, _, health = create_parameter_server(
-            f"{config.host}:{config.port}", store=store, registry=registry, token=config.token)
-        where = f"{config.host}:{port} (hosted)"
+            f"{config.host}:{config.port}", store=store, registry=registry, token=config.token, tls=tls,
+            health_address=None if config.health_port is None else f"{config.host}:{config.health_port}")
+        where = f"{config.host}:{port} (hosted, {describe(tls)}" + (
+            ")" if config.health_port is None else f", plaintext health on port {config.health_port})")
         if config.port_file:
             atomic_write(config.port_file, f"{port}\n")
     metrics = serve_metrics(registry, config.metrics_port, config.host)

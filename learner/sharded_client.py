@@ -39,6 +39,7 @@ import numpy as np
 
 from apexrl.common.discovery import Resolver, ShardAddresses, system_resolver
 from apexrl.common.errors import ApexError, FailedPreconditionError, is_transient
+from apexrl.common.tls import TlsFiles
 from apexrl.replay_server.client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
 from apexrl.replay_server.wire import SampledBatch, ShardInfo, ShardTotals
 
@@ -156,6 +157,7 @@ class ShardedReplayClient:
             `Shard` calls), for example in-process tables in a benchmark.
         timeout: default deadline per call, seconds.
         seed: seed of the batch allocation.
+        token, tls: the shards' bearer token and TLS files (ReplayClient's), for every shard.
         max_staleness: the oldest totals an allocation may use, seconds (shards with older views are asked first).
         max_backoff: longest pause before a failed shard is tried again, seconds.
         max_updates_in_flight: asynchronous priority updates outstanding before update_priorities blocks.
@@ -173,6 +175,7 @@ class ShardedReplayClient:
         timeout: float = 10.0,
         seed: int | None = None,
         token: str | None = None,
+        tls: TlsFiles | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_staleness: float = 1.0,
         max_backoff: float = 5.0,
@@ -189,7 +192,7 @@ class ShardedReplayClient:
         self.max_staleness = max_staleness
         self.max_backoff = max_backoff
         self.coalesce_rows = coalesce_rows
-        self._connect = lambda address: ReplayClient(address, timeout=timeout, token=token,
+        self._connect = lambda address: ReplayClient(address, timeout=timeout, token=token, tls=tls,
                                                      max_message_bytes=max_message_bytes)
         self._max_updates_in_flight = max_updates_in_flight
         self._rng = np.random.default_rng(seed)

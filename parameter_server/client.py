@@ -16,6 +16,7 @@ import numpy as np
 
 from apexrl.common.errors import ApexError, InvalidArgumentError, from_rpc_error
 from apexrl.common.grpc_util import make_channel
+from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.store import MAX_VERSION, pack, unpack
 from apexrl.parameter_server.wire import (
     DEFAULT_CHUNK_BYTES,
@@ -30,7 +31,8 @@ from apexrl.proto import parameters_pb2, parameters_pb2_grpc
 class ParameterClient:
     """Client of one parameter service. Thread-safe (one gRPC channel); every call has a deadline of `timeout`
     seconds and raises an apexrl error (UnavailableError, InvalidArgumentError, DeadlineExceededError, ...) on
-    failure, never grpc.RpcError."""
+    failure, never grpc.RpcError. `tls`: the service serves TLS (its CA; with mutual TLS also this client's
+    certificate and key)."""
 
     def __init__(
         self,
@@ -38,13 +40,14 @@ class ParameterClient:
         *,
         timeout: float = 10.0,
         token: str | None = None,
+        tls: TlsFiles | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout ({timeout}) must be a positive number of seconds")
         self.address = address
         self.timeout = timeout
-        self._channel = make_channel(address, max_message_bytes=max_message_bytes, token=token)
+        self._channel = make_channel(address, max_message_bytes=max_message_bytes, token=token, tls=tls)
         self._stub = parameters_pb2_grpc.ParameterServiceStub(self._channel)
 
     def fetch(self, have_version: int = 0) -> tuple[int, dict[str, np.ndarray]] | None:

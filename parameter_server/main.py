@@ -12,6 +12,7 @@ import threading
 from apexrl.common import grpc_util
 from apexrl.common.files import atomic_write
 from apexrl.common.metrics import serve_metrics
+from apexrl.common.tls import describe, tls_of
 from apexrl.parameter_server.config import ParamsConfig
 
 log = logging.getLogger("apexrl.params")
@@ -26,18 +27,21 @@ def run(config: ParamsConfig, stop: threading.Event) -> int:
     from apexrl.parameter_server.service import create_parameter_server
 
     registry = CollectorRegistry()
+    tls = tls_of(config, serves=True)
     server, port, store, health = create_parameter_server(
         f"{config.host}:{config.port}", registry=registry, chunk_bytes=config.chunk_bytes,
-        max_message_bytes=config.max_message_bytes, token=config.token,
+        max_message_bytes=config.max_message_bytes, token=config.token, tls=tls,
+        health_address=None if config.health_port is None else f"{config.host}:{config.health_port}",
     )
     try:
         metrics = serve_metrics(registry, config.metrics_port, config.host)
     except OSError:
         server.stop(None)
         raise
-    log.info("parameter service serving on %s:%d (chunks of %d bytes, messages up to %d bytes, token %s); "
+    log.info("parameter service serving on %s:%d (chunks of %d bytes, messages up to %d bytes, token %s, %s%s); "
              "metrics %s", config.host, port, config.chunk_bytes, config.max_message_bytes,
-             "required" if config.token else "off", metrics)
+             "required" if config.token else "off", describe(tls),
+             "" if config.health_port is None else f", plaintext health on port {config.health_port}", metrics)
     if config.port_file:
         atomic_write(config.port_file, f"{port}\n")
     grpc_util.serve_until(stop, server, health)

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from apexrl.common import grpc_util
 from apexrl.common.errors import ApexError, CancelledError, InvalidArgumentError
 from apexrl.common.metrics import RpcMetrics
+from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.store import Snapshot, WeightStore
 from apexrl.parameter_server.wire import (
     DEFAULT_CHUNK_BYTES,
@@ -168,6 +169,8 @@ def create_parameter_server(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     token: str | None = None,
+    tls: TlsFiles | None = None,
+    health_address: str | None = None,
     max_workers: int = 16,
 ) -> tuple[grpc.Server, int, WeightStore, HealthServicer]:
     """Build, bind and start a parameter server serving `store` (a new empty one when None); return
@@ -176,7 +179,9 @@ def create_parameter_server(
     A learner hosts the service by passing its own store and publishing into it directly (`store.publish`);
     actors then Fetch over gRPC. Metrics (`apexrl_params_*`) go into `registry` when given. `chunk_bytes` bounds
     each Fetch message; it must not exceed `max_message_bytes`, nor the receive limit of the clients (4 MiB by
-    default). Raises ValueError for bad sizes and OSError when `address` cannot be bound.
+    default). With `tls` it serves TLS (mutual with a CA); with `health_address` it also serves the health
+    service alone, in plaintext, there (the server is then a grpc_util.WithHealthPort: `server.health_port`).
+    Raises ValueError for bad sizes and OSError when an address cannot be bound.
     """
     if not 1 <= chunk_bytes <= max_message_bytes:
         raise ValueError(f"chunk_bytes ({chunk_bytes}) must be in [1, max_message_bytes ({max_message_bytes})]")
@@ -187,6 +192,8 @@ def create_parameter_server(
     server = grpc_util.create_server(max_workers=max_workers, max_message_bytes=max_message_bytes, token=token)
     parameters_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, server)
     health = grpc_util.add_health_and_reflection(server, [SERVICE_NAME])
-    port = grpc_util.bind(server, address)
+    port = grpc_util.bind(server, address, tls=tls)
+    if health_address is not None:
+        server = grpc_util.WithHealthPort(server, health, health_address)
     server.start()
     return server, port, store, health

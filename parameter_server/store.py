@@ -199,6 +199,8 @@ class WeightStore:
         with self._cond:
             current = self.version
             if version is None:
+                if current >= MAX_VERSION:  # 2**64 would not fit the uint64 version fields
+                    raise InvalidArgumentError(f"no version is left after the current one ({current})")
                 version = current + 1
             elif version <= current:
                 raise InvalidArgumentError(f"version {version} is not greater than the current version {current}")

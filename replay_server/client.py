@@ -33,6 +33,7 @@ from apexrl.common.errors import (
     status_code_from_int,
 )
 from apexrl.common.grpc_util import CallFuture
+from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
 from apexrl.replay_server.priority_stream import PriorityStream
@@ -63,6 +64,7 @@ class ReplayClient:
         max_in_flight: unacknowledged insert batches before `insert` blocks.
         max_message_bytes: largest message sent or received; larger batches raise ResourceExhaustedError.
         token: bearer token when the shard requires one.
+        tls: TLS files when the shard serves TLS (its CA; with mutual TLS also this client's certificate and key).
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class ReplayClient:
         max_in_flight: int = 32,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         token: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight ({max_in_flight}) must be >= 1")
@@ -82,7 +85,7 @@ class ReplayClient:
         self.writer_id = writer_id or uuid.uuid4().hex
         self.max_in_flight = max_in_flight
         self.max_message_bytes = max_message_bytes
-        self._channel = grpc_util.make_channel(address, max_message_bytes=max_message_bytes, token=token)
+        self._channel = grpc_util.make_channel(address, max_message_bytes=max_message_bytes, token=token, tls=tls)
         self._stub = replay_pb2_grpc.ReplayServiceStub(self._channel)
         # Insert stream state, guarded by _cond.
         self._cond = threading.Condition()

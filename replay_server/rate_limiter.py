@@ -46,3 +46,34 @@ class RateLimiter:
             f"samples_per_insert {self.samples_per_insert}: {self._sampled} rows sampled for {self._inserted} "
             f"inserted (diff {self._diff():.0f}, tolerance {self.tolerance:.0f})"
         )
+
+
+class BlockedTime:
+    """Seconds during which calls of one kind (inserts or samples) were held back, as the table sees them.
+
+    A waiting call is re-checked at least every `gap / 2` seconds (the table's and the servicer's wait slices are
+    0.25 s), so refusals less than `gap` apart belong to one continuous wait; a wait ends at the next admission, or
+    at its last refusal when the caller gave up. Concurrent waiters count once: the total grows no faster than the
+    wall clock, so its rate is the fraction of time that side of the table was blocked. Times are passed in (any
+    monotonic clock), which keeps this pure."""
+
+    def __init__(self, gap: float = 0.5) -> None:
+        self.gap = gap
+        self.total = 0.0
+        self._last_refusal: float | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self._last_refusal is not None
+
+    def refused(self, now: float) -> None:
+        self._add_since_last(now)
+        self._last_refusal = now
+
+    def admitted(self, now: float) -> None:
+        self._add_since_last(now)
+        self._last_refusal = None
+
+    def _add_since_last(self, now: float) -> None:
+        if self._last_refusal is not None and 0 <= now - self._last_refusal <= self.gap:
+            self.total += now - self._last_refusal

@@ -18,6 +18,7 @@ from apexrl.common import grpc_util
 from apexrl.common.aio_grpc import AioServerThread, Changes, Lane
 from apexrl.common.errors import ApexError, DeadlineExceededError, InvalidArgumentError, UnavailableError
 from apexrl.common.metrics import RpcMetrics
+from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
 from apexrl.replay_server.table import ReplayTable
@@ -193,12 +194,16 @@ def create_replay_server(
     registry: CollectorRegistry | None = None,
     max_message_bytes: int = grpc_util.DEFAULT_MAX_MESSAGE_BYTES,
     token: str | None = None,
+    tls: TlsFiles | None = None,
+    health_address: str | None = None,
 ) -> tuple[AioServerThread, int, AioServerThread, CollectorRegistry]:
     """Build and start a replay shard server for `table`; return (server, port, health, registry).
 
     The server runs on its own event-loop thread; `server.stop(grace)` closes the table first (waiting calls
     answer UNAVAILABLE) and returns an event set once it has stopped; `health.enter_graceful_shutdown()` reports
-    NOT_SERVING. (server and health are one object.) Raises OSError when `address` cannot be bound."""
+    NOT_SERVING. (server and health are one object.) With `tls` it serves TLS (mutual with a CA); with
+    `health_address` it also serves the health service alone, in plaintext, there (`server.health_port`).
+    Raises OSError when an address cannot be bound."""
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(TableCollector(table))
     servicer = ReplayServicer(table, RpcMetrics(registry, "replay"), registry)
@@ -207,6 +212,7 @@ def create_replay_server(
         servicer.close()
 
     server = AioServerThread(lambda s: replay_pb2_grpc.add_ReplayServiceServicer_to_server(servicer, s),
-                             [wire.SERVICE_NAME], max_message_bytes=max_message_bytes, token=token, on_stop=close)
+                             [wire.SERVICE_NAME], max_message_bytes=max_message_bytes, token=token, tls=tls,
+                             health_address=health_address, on_stop=close)
     port = server.start(address)
     return server, port, server, registry

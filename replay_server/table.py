@@ -29,7 +29,7 @@ from apexrl.common.errors import (
 )
 from apexrl.common.settings import setting
 from apexrl.common.signature import Signature
-from apexrl.replay_server.rate_limiter import RateLimiter
+from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
 from apexrl.replay_server.sum_tree import SumTree
 from apexrl.replay_server.wire import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 
@@ -147,6 +147,7 @@ class ReplayTable:
         self._stale = 0
         self._duplicates = 0
         self._inserted_bytes = 0
+        self._blocked = {"insert": BlockedTime(), "sample": BlockedTime()}  # seconds held back, by call
 
     # ----------------------------------------------------------------------------------------------- insert
     def insert(
@@ -191,7 +192,17 @@ class ReplayTable:
 
     def _allocate(self, signature: Signature) -> None:
         cap = self.config.capacity
-        self._storage = {f.name: np.zeros((cap, *f.shape), dtype=f.dtype) for f in signature.fields}
+        # numpy refuses any array whose nonzero dimensions multiply past int64 bytes, even an empty one: check the
+        # storage and the largest sampled batch before adopting the signature (a first batch may be hostile).
+        rows = max(cap, self.config.max_sample_batch_size)
+        for f in signature.fields:
+            if math.prod(d for d in (rows, *f.shape) if d) * f.dtype.itemsize >= 1 << 63:
+                raise InvalidArgumentError(f"field {f} cannot be stored: {rows} rows of it exceed numpy's limits")
+        try:
+            storage = {f.name: np.zeros((cap, *f.shape), dtype=f.dtype) for f in signature.fields}
+        except MemoryError:
+            raise InvalidArgumentError(f"{cap} rows of signature {signature} do not fit in memory") from None
+        self._storage = storage
         self._signature = signature
 
     def _store(self, columns: Mapping[str, np.ndarray], values: np.ndarray | None, rows: int) -> None:
@@ -329,6 +340,12 @@ class ReplayTable:
                 max_sample_batch_size=self.config.max_sample_batch_size,
             )
 
+    def blocked_seconds(self) -> dict[str, float]:
+        """Seconds during which inserts ("insert") and samples ("sample") were held back by the rate limiter or,
+        for samples, the minimum size (see BlockedTime)."""
+        with self._cond:
+            return {what: clock.total for what, clock in self._blocked.items()}
+
     def close(self) -> None:
         """Wake every blocked call with UnavailableError (the server is shutting down)."""
         with self._cond:
@@ -348,7 +365,10 @@ class ReplayTable:
             if self._closed:
                 raise UnavailableError("replay table is shutting down")
             if ready():
+                if self._blocked[what].waiting:
+                    self._blocked[what].admitted(time.monotonic())
                 return
+            self._blocked[what].refused(time.monotonic())
             remaining = _WAIT_SLICE_SECONDS if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 raise DeadlineExceededError(f"{what} waited until its deadline: {self._not_ready_reason()}")

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Create .venv (or reuse it) and install apexrl with everything needed to train and test.
-#   bash scripts/setup.sh           # train + dev extras
+#   bash scripts/setup.sh           # train + dev + monitoring extras
 #   APEXRL_EXTRAS=train bash scripts/setup.sh
 # torch is pinned to the CPU build first: a plain 'torch' requirement would otherwise pull a multi-GB CUDA build.
 # Set APEXRL_TORCH to choose another torch requirement (e.g. a CUDA build on a GPU machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${APEXRL_VENV:-.venv}
-EXTRAS=${APEXRL_EXTRAS:-train,dev}
+EXTRAS=${APEXRL_EXTRAS:-train,dev,monitoring}
 TORCH=${APEXRL_TORCH:-torch==2.13.0}
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -22,6 +22,17 @@ echo "setup: installing apexrl[$EXTRAS] (editable)"
 "${PIP[@]}" -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import apexrl.replay_server, apexrl.actor, apexrl.learner" \
   || { echo "setup: apexrl failed to install" >&2; exit 1; }
+# Prometheus (promtool and the server) for monitoring/'s rule tests and tests/e2e/test_prometheus.py: Debian's
+# package, best effort (those tests skip without it; the rest of the suite does not need it).
+if ! command -v promtool >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing Debian's prometheus package (promtool, prometheus)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } \
+      >/dev/null 2>&1 || echo "setup: WARNING: apt-get install prometheus failed; the Prometheus tests will skip" >&2
+  else
+    echo "setup: WARNING: promtool not found (Debian: apt-get install prometheus); the Prometheus tests will skip" >&2
+  fi
+fi
 # The Node.js reference client (examples/node) is run by tests/integration/test_node_client.py.
 if command -v npm >/dev/null 2>&1; then
   echo "setup: installing the Node.js reference client's packages (examples/node)"

@@ -10,6 +10,10 @@ echo "== generated protobuf code"
 "$VENV/bin/python" protos/generate.py --check
 echo "== generated settings table (docs/settings.md)"
 "$VENV/bin/python" scripts/settings_doc.py --check
+echo "== generated dashboards and PrometheusRule (monitoring/grafana/build.py)"
+"$VENV/bin/python" monitoring/grafana/build.py --check
+echo "== generated metrics reference (docs/metrics.md)"
+"$VENV/bin/python" scripts/metrics_doc.py --check
 echo "== ruff"
 "$VENV/bin/ruff" check .
 echo "== pytest"

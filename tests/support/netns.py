@@ -170,14 +170,17 @@ class NamespaceNetwork:
         """This machine's address on the bridge (reach_from_host=True), else None."""
         return str(list(self.subnet.hosts())[-1]) if self.reach_from_host and self.subnet else None
 
-    def set_hosts(self, entries: HostEntries, only: Sequence[str] | None = None) -> None:
-        """Write the hosts file of every namespace (or of `only`): localhost, each namespace's name, then
-        `entries` (name -> address or addresses; an entry overrides a namespace's name).
+    def set_hosts(self, entries: HostEntries, only: Sequence[str] | None = None, *,
+                  namespace_names: bool = True) -> None:
+        """Write the hosts file of every namespace (or of `only`): localhost, each namespace's name (unless
+        `namespace_names` is False: then only what `entries` names resolves, as for Kubernetes pods, whose names
+        are not DNS names), then `entries` (name -> address or addresses; an entry overrides a namespace's name).
 
         The file is rewritten in place with one write, never shorter than before (padded with a comment), so a
         process already running in the namespace (its /etc/hosts is a bind mount of this very file) sees the old
         or the new mapping on its next lookup, never an empty file."""
-        merged: dict[str, list[str]] = {name: [address] for name, address in self.addresses.items()}
+        merged: dict[str, list[str]] = (
+            {name: [address] for name, address in self.addresses.items()} if namespace_names else {})
         for name, value in entries.items():
             merged[name] = [value] if isinstance(value, str) else list(value)
         for name in self.names if only is None else only:

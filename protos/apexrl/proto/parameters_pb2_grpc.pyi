@@ -60,7 +60,9 @@ class ParameterServiceStub:
     new version becomes visible atomically when the stream ends with exactly header.total_bytes bytes received
     and every check passed; a stream that fails, or is cancelled before all its bytes arrived, stores nothing. A
     cancellation that arrives together with the end of a complete stream may be taken for that end (gRPC servers
-    cannot always tell them apart): such a version is stored whole or not at all, never in part.
+    cannot always tell them apart): such a version is stored whole or not at all, never in part; the same holds
+    for a complete stream followed by a message over the size limit. A version-0 Publish (server-assigned) once
+    the current version is 2**64 - 1 is INVALID_ARGUMENT: no version is left.
     INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
     inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
     than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
@@ -87,7 +89,9 @@ class ParameterServiceAsyncStub(ParameterServiceStub):
     new version becomes visible atomically when the stream ends with exactly header.total_bytes bytes received
     and every check passed; a stream that fails, or is cancelled before all its bytes arrived, stores nothing. A
     cancellation that arrives together with the end of a complete stream may be taken for that end (gRPC servers
-    cannot always tell them apart): such a version is stored whole or not at all, never in part.
+    cannot always tell them apart): such a version is stored whole or not at all, never in part; the same holds
+    for a complete stream followed by a message over the size limit. A version-0 Publish (server-assigned) once
+    the current version is 2**64 - 1 is INVALID_ARGUMENT: no version is left.
     INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
     inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
     than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
@@ -117,7 +121,9 @@ class ParameterServiceServicer(metaclass=_abc_1.ABCMeta):
         new version becomes visible atomically when the stream ends with exactly header.total_bytes bytes received
         and every check passed; a stream that fails, or is cancelled before all its bytes arrived, stores nothing. A
         cancellation that arrives together with the end of a complete stream may be taken for that end (gRPC servers
-        cannot always tell them apart): such a version is stored whole or not at all, never in part.
+        cannot always tell them apart): such a version is stored whole or not at all, never in part; the same holds
+        for a complete stream followed by a message over the size limit. A version-0 Publish (server-assigned) once
+        the current version is 2**64 - 1 is INVALID_ARGUMENT: no version is left.
         INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
         inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
         than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an

@@ -26,7 +26,9 @@ token. Server reflection is not exempt. Health reports SERVING for "" and for th
 
 Errors are gRPC status codes with a human-readable message naming the bad value; each service file lists its
 own. Codes are the standard numeric gRPC codes (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, 8 RESOURCE_EXHAUSTED,
-9 FAILED_PRECONDITION, 14 UNAVAILABLE, 16 UNAUTHENTICATED).
+9 FAILED_PRECONDITION, 14 UNAVAILABLE, 16 UNAUTHENTICATED). On every RPC, a request message that does not parse
+as its protobuf type is INVALID_ARGUMENT ("... is not a valid ...") and changes nothing; on a streaming call it
+ends the whole call (messages before it were handled and answered as usual).
 
 Tensor encoding (message Tensor below): raw bytes, little endian, C order (row-major: the last dimension varies
 fastest), no padding, exactly prod(shape) * itemsize(dtype) bytes, so a server decodes it with one

@@ -81,12 +81,29 @@ class Launch:
         return code, json.loads(lines[-1]), self.err_path.read_text()
 
     def cleanup(self) -> None:
+        """Leave no process behind, whatever the test did: the launcher stops its roles on SIGTERM; any role still
+        running after that (the launcher was killed, or a test failed before it learnt the pids) is found by its
+        command line and killed."""
         if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-        for pid in self.pids.values():
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        config = self.config()
+        commands = [r["command"] for r in config["roles"] if r["command"]] if config else []
+        pids = set(self.pids.values()) | {pid_of(command) for command in commands}
+        for pid in pids:
             if pid and alive(pid):
+                os.kill(pid, signal.SIGCONT)  # a stopped process is killed only once it runs again
                 os.kill(pid, signal.SIGKILL)
+
+
+def report_fault(what: str, killed_at: float, lost: str) -> None:
+    """One line per fault for the record (`pytest -s`): what was killed, how long until the fleet was whole again
+    (the restarted role serves and its peers use it), what was lost."""
+    print(f"\nFAULT {what}: whole again {time.monotonic() - killed_at:.1f} s after the kill; lost: {lost}")
 
 
 def pid_of(command: list[str]) -> int | None:
@@ -160,6 +177,7 @@ def test_a_role_that_dies_is_restarted_while_the_rest_of_the_fleet_runs_on(launc
     run = launch()
     pids = run.wait_running()
     os.kill(pids["actor-0"], signal.SIGKILL)
+    killed_at = time.monotonic()
     command = {r["name"]: r["command"] for r in run.config()["roles"]}["actor-0"]
     deadline = time.monotonic() + 30
     while (pid_of(command) in (None, pids["actor-0"])) and time.monotonic() < deadline:
@@ -172,6 +190,7 @@ def test_a_role_that_dies_is_restarted_while_the_rest_of_the_fleet_runs_on(launc
     while run.log("actor-0").count("got weights version") < 2 and time.monotonic() < wait_log:
         time.sleep(0.1)
     assert run.log("actor-0").count("got weights version") >= 2  # the new actor works
+    report_fault("actor kill -9", killed_at, "its unacknowledged batches (at most 8 per shard) and its episode")
     run.process.send_signal(signal.SIGTERM)
     code, result, err = run.wait()
     assert result["reason"] == "signal" and result["restarts"] == 1 and result["restarts_by_role"] == {"actor-0": 1}
@@ -191,6 +210,7 @@ def test_a_killed_shard_comes_back_on_its_address_and_both_sides_use_it_again(la
         wait_until(lambda: shard.info().inserted_total > 0, "the actor inserted", timeout=30)
         first = shard.info()
         os.kill(pids["shard-0"], signal.SIGKILL)
+        killed_at = time.monotonic()
 
         def fresh_and_used() -> bool:
             try:
@@ -201,6 +221,7 @@ def test_a_killed_shard_comes_back_on_its_address_and_both_sides_use_it_again(la
 
         wait_until(fresh_and_used, "the restarted shard was written to by the actor and sampled by the learner",
                    timeout=60)
+        report_fault("only shard kill -9", killed_at, f"the {first.size} rows it held (no checkpoint yet)")
     assert all(alive(pid) for name, pid in pids.items() if name != "shard-0")
     run.process.send_signal(signal.SIGTERM)
     code, result, err = run.wait()
@@ -224,6 +245,7 @@ def test_one_of_three_shards_killed_while_training_loses_only_its_rows(launch):
                    "the learner sampled every shard", timeout=60)
         before = {name: c.info() for name, c in clients.items()}
         os.kill(pids["shard-1"], signal.SIGKILL)
+        killed_at = time.monotonic()
         lost = before["shard-1"].size
         # The live shards keep being written to and sampled while shard-1 is down or restarting.
         live = {name: before[name].sampled_total for name in ("shard-0", "shard-2")}
@@ -237,6 +259,7 @@ def test_one_of_three_shards_killed_while_training_loses_only_its_rows(launch):
                 return False
             return info.incarnation != before["shard-1"].incarnation and info.sampled_total > 0
         wait_until(restarted_and_used, "shard-1 came back and the learner samples it again", timeout=60)
+        report_fault("1 of 3 shards kill -9", killed_at, f"the {lost} rows it held (no checkpoint yet)")
         after = clients["shard-1"].info()
         assert after.inserted_total > 0  # the actor writes to it again (its held batches first)
         assert all(clients[n].info().incarnation == before[n].incarnation for n in live)  # untouched
@@ -264,6 +287,7 @@ def test_a_killed_learner_resumes_from_its_checkpoint_and_actors_follow_its_vers
         wait_until(lambda: params.version() > load_checkpoint(checkpoint).weight_version,
                    "versions newer than the checkpoint were published", timeout=60)
         os.kill(pids["learner"], signal.SIGKILL)
+        killed_at = time.monotonic()
         saved = load_checkpoint(checkpoint)
 
         def training_again() -> bool:
@@ -273,6 +297,8 @@ def test_a_killed_learner_resumes_from_its_checkpoint_and_actors_follow_its_vers
                 return False
 
         wait_until(training_again, "the restarted learner published again", timeout=60)
+        report_fault("learner (hosting the parameter service) kill -9", killed_at,
+                     f"updates after its last checkpoint (at update {saved.updates})")
     log = run.log("learner")
     assert f"resumed from {checkpoint / 'checkpoint.pt'} at update {saved.updates}" in log
     # The actors hold versions from before the kill, above what the restarted learner publishes at first: they

@@ -52,6 +52,7 @@ def draw(sampler: ShardedReplayClient, batches: int, batch_size: int = 64) -> np
 def assert_proportional(counts: np.ndarray, masses: list[float]) -> None:
     expected = np.asarray(masses) / sum(masses) * counts.sum()
     p = stats.chisquare(counts, expected).pvalue
+    print(f"\nCHI-SQUARE rows per shard {counts.tolist()}, expected {expected.round(1).tolist()}: p = {p:.3f}")
     assert p > SIGNIFICANCE, f"rows per shard {counts.tolist()} vs expected {expected.round().tolist()}: p = {p:.2e}"
 
 

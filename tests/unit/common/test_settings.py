@@ -27,6 +27,7 @@ from apexrl.launcher.fleet_file import parse_config
 from apexrl.learner.config import LearnerConfig
 from apexrl.parameter_server.config import ParamsConfig
 from apexrl.replay_server.config import ReplayConfig
+from tests.support.certs import make_certs
 
 ROLE_CONFIGS = {"replay": ReplayConfig, "params": ParamsConfig, "learner": LearnerConfig, "actor": ActorConfig}
 # Keys a role's fleet-file table uses for placement (which machine, which ports); the rest are its settings.
@@ -95,7 +96,7 @@ def test_a_fleet_file_setting_reaches_the_role_under_the_same_name():
 
 
 @pytest.mark.parametrize("cls", [ReplayConfig, ParamsConfig, LearnerConfig, ActorConfig, FleetSettings])
-def test_argv_round_trips_every_setting(cls):
+def test_argv_round_trips_every_setting(cls, tmp_path):
     """to_argv then parsing the flags gives back the same config, for a value other than the default."""
     changed = {}
     for s in settings_of(cls):
@@ -104,6 +105,11 @@ def test_argv_round_trips_every_setting(cls):
         changed["evaluate"] = False  # an exploring actor with shards
     if cls is ParamsConfig:
         changed["chunk_bytes"] = 1024
+    if cls is LearnerConfig:
+        changed["health_port"] = None  # it belongs to the hosted parameter service, and `params` is changed
+    certs = make_certs(tmp_path)  # the TLS settings must name readable PEM files
+    changed.update({k: v for k, v in {"tls_cert": certs.cert, "tls_key": certs.key, "tls_ca": certs.ca}.items()
+                    if k in changed})
     config = cls(**changed)
     assert parse_argv(cls, to_argv(config), prog="test") == config
 

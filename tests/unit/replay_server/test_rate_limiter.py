@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apexrl.replay_server.rate_limiter import RateLimiter
+from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
 
 
 def test_without_a_ratio_only_the_minimum_size_holds_sampling_back():
@@ -96,3 +96,36 @@ def test_never_both_sides_blocked_whatever_the_batch_sizes(min_size, spi, tolera
             limiter.inserted(rows, size_after=size)
         else:
             limiter.sampled(rows)
+
+
+# --- blocked time (apexrl_replay_rate_limiter_blocked_seconds_total) ------------------------------------------------
+
+
+def test_blocked_time_adds_up_one_continuous_wait_from_its_refusals_to_its_admission():
+    clock = BlockedTime(gap=0.5)
+    clock.admitted(1.0)  # admitted at once: nothing was held back
+    assert clock.total == 0 and not clock.waiting
+    for now in (10.0, 10.25, 10.5, 10.75):  # one caller re-checking every 0.25 s
+        clock.refused(now)
+    assert clock.waiting and clock.total == pytest.approx(0.75)
+    clock.admitted(10.9)
+    assert not clock.waiting and clock.total == pytest.approx(0.9)
+
+
+def test_blocked_time_ends_a_wait_at_its_last_refusal_when_the_caller_gives_up():
+    clock = BlockedTime(gap=0.5)
+    clock.refused(0.0)
+    clock.refused(0.25)  # then the caller's deadline passed: no more refusals
+    clock.refused(30.0)  # a new wait much later: the gap is not counted
+    clock.refused(30.5)
+    assert clock.total == pytest.approx(0.75)
+    clock.admitted(100.0)  # an admission long after the last refusal closes the wait without counting the gap
+    assert clock.total == pytest.approx(0.75) and not clock.waiting
+
+
+def test_concurrent_waiters_count_once_so_the_total_never_outgrows_the_wall_clock():
+    clock = BlockedTime(gap=0.5)
+    for step in range(40):  # two callers refused at once every 0.25 s for 9.75 s
+        clock.refused(step * 0.25)
+        clock.refused(step * 0.25)
+    assert clock.total == pytest.approx(9.75)

@@ -4,6 +4,7 @@ signatures, default priorities, incarnations, sampling, rate limiting and shutdo
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -309,3 +310,21 @@ def test_close_wakes_every_waiting_call_with_unavailable():
         empty.insert(cartpole_batch(50, 10))  # no new call is held either, ready or not
     with pytest.raises(UnavailableError):
         full.sample(1)
+
+
+def test_blocked_seconds_count_how_long_writers_and_samplers_were_held_back():
+    t = table(capacity=1000, samples_per_insert=1.0, samples_per_insert_tolerance=16)
+    assert t.blocked_seconds() == {"insert": 0.0, "sample": 0.0}
+    t.insert(cartpole_batch(32))  # diff 32 > 16: the next insert waits
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        t.insert(cartpole_batch(8, 32), timeout=0.6)  # held back for its whole deadline
+    waited = time.monotonic() - start
+    blocked = t.blocked_seconds()
+    assert 0.3 <= blocked["insert"] <= waited and blocked["sample"] == 0.0
+    writer = Blocked(t.insert, columns=cartpole_batch(8, 32), timeout=30)
+    t.sample(16)  # lets the writer go; its wait is added when it is admitted
+    assert writer.join().error is None
+    assert t.blocked_seconds()["insert"] >= blocked["insert"]
+    t.sample(8, timeout=1)  # admitted at once: samples were never held back
+    assert t.blocked_seconds()["sample"] == 0.0
