@@ -803,7 +803,10 @@ class Cluster:
         groups = sorted({gid, *([int(fs_group)] if fs_group is not None else []),
                          *[int(g) for g in pod_sc.get("supplementalGroups", [])]})
         mounts = self._volumes(pod, fs_group)
-        needed = {str(Path(p).resolve()) for p in (sys.executable, sys.base_prefix, sys.prefix, REPO)}
+        # The checkout itself may be closed to other users (a clone made under `mktemp -d` is mode 700): expose
+        # each of its entries, so the sandbox masks a closed checkout like any other closed directory.
+        needed = {str(Path(p).resolve()) for p in (sys.executable, sys.base_prefix, sys.prefix, REPO,
+                                                   *(entry for entry in Path(REPO).iterdir() if entry.name != ".git"))}
         scratch = pod.directory / "sandbox"
         scratch.mkdir(exist_ok=True)
         sandbox = {
