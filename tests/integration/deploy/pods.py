@@ -1153,6 +1153,16 @@ def sandbox_main(spec_path: str) -> None:
     masked: dict[str, str] = {}
     for path in spec["expose"]:
         _expose(path, scratch, masked)
+    # What the process needs and a volume will cover (a checkout under /tmp, where pods mount an emptyDir): kept
+    # through a descriptor and bound again at the same path inside the volume, read-only.
+    volume_points = [mt["path"] for mt in spec["mounts"]]
+    covered: dict[str, int] = {}
+    for path in spec["expose"]:
+        for point in volume_points:
+            if _under(path, point) and path != point:
+                top = os.path.join(point, os.path.relpath(path, point).split(os.sep)[0])
+                if top not in covered:
+                    covered[top] = os.open(top, os.O_PATH)
     # Mount points the filesystem lacks: created in an overlay over their nearest existing ancestor, whose upper
     # layer is this pod's (a container runtime creates them in the container's writable layer).
     volume_paths = [mt["path"] for mt in spec["mounts"]]
@@ -1183,6 +1193,14 @@ def sandbox_main(spec_path: str) -> None:
         _mount(f"/proc/self/fd/{sources[mt['source']]}", mt["path"], None, MS_BIND)
         _mount(None, mt["path"], None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV
                | (MS_RDONLY if mt["read_only"] else 0))
+    for top, fd in sorted(covered.items()):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(top, exist_ok=True)
+        else:
+            Path(top).touch()
+        _mount(f"/proc/self/fd/{fd}", top, None, MS_BIND | MS_REC)
+        _mount(None, top, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(fd)
     for fd in sources.values():
         os.close(fd)
     os.setgroups(spec["groups"])
