@@ -1,8 +1,10 @@
-"""Atomic file writes: a reader (or a crash) never sees a half-written file."""
+"""Atomic file writes (a reader, or a crash, never sees a half-written file) and generated files checked for
+staleness."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 
@@ -20,3 +22,17 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+def write_or_check(path: Path, text: str, *, check: bool, regenerate: str) -> int:
+    """Write a generated file, or with `check` compare it with what is committed: the exit status (1 stale, with
+    `regenerate` named as the fix, else 0) of the generators whose output CI checks for staleness."""
+    if check:
+        if not path.exists() or path.read_text() != text:
+            print(f"{path} is stale: run {regenerate}", file=sys.stderr)
+            return 1
+        print(f"{path.name} up to date")
+        return 0
+    atomic_write(path, text)
+    print(f"wrote {path}")
+    return 0

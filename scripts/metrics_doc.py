@@ -19,6 +19,8 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
+from apexrl.common.files import write_or_check
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "metrics.md"
 RULES = ROOT / "monitoring" / "prometheus" / "rules.yml"
@@ -215,16 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="fail when docs/metrics.md is out of date")
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run python scripts/metrics_doc.py", file=sys.stderr)
-            return 1
-        print(f"{OUT.name} up to date")
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
+    return write_or_check(OUT, render(), check=args.check, regenerate="python scripts/metrics_doc.py")
 
 
 if __name__ == "__main__":

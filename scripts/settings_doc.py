@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from apexrl.actor.config import ActorConfig
+from apexrl.common.files import write_or_check
 from apexrl.common.settings import settings_of
 from apexrl.launcher.fleet_config import FleetSettings
 from apexrl.learner.config import LearnerConfig
@@ -64,16 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="fail when docs/settings.md is out of date")
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run python scripts/settings_doc.py", file=sys.stderr)
-            return 1
-        print(f"{OUT.name} up to date")
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
+    return write_or_check(OUT, render(), check=args.check, regenerate="python scripts/settings_doc.py")
 
 
 if __name__ == "__main__":

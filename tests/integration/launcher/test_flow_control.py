@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_until
-from tests.integration.launcher.test_main import Launch, alive
+from tests.integration.launcher.test_main import launch  # noqa: F401 (the fixture; its cleanup continues stopped roles)
 
 MIB = 1 << 20
 # Resident-memory ceilings per role (MiB), two to three times what each role holds here at steady state (measured
@@ -104,25 +104,9 @@ class Watch:
             time.sleep(0.25)  # the sampling period of this watch, not a synchronisation
 
 
-@pytest.fixture
-def launch(tmp_path):
-    started: list[Launch] = []
-
-    def start(*argv: str) -> Launch:
-        started.append(Launch(tmp_path, *argv))
-        return started[-1]
-
-    yield start
-    for run in started:
-        for pid in run.pids.values():
-            if pid and alive(pid):
-                os.kill(pid, signal.SIGCONT)  # a stopped process ignores SIGKILL's cleanup until continued
-        run.cleanup()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_stopped_learner_then_a_stopped_shard_keep_every_queue_and_every_process_memory_bounded(launch):
+def test_a_stopped_learner_then_a_stopped_shard_keep_every_queue_and_every_process_memory_bounded(launch):  # noqa: F811
     run = launch("--num-shards", str(SHARDS), "--num-actors", str(ACTORS), "--replay-capacity", "20000",
                  "--min-replay-size", "500", "--max-seconds", "200")
     pids = run.wait_running(running={
