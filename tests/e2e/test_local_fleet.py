@@ -16,6 +16,15 @@ TARGET = 150.0
 BUDGET_SECONDS = 300
 
 
+def explain(result: dict, launch: subprocess.CompletedProcess, run_dir) -> str:
+    """Why the run did not solve: its reason first (CI shows only the end of the output), then the launcher's
+    stderr and the end of every role's log."""
+    logs = "\n".join(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-12:])
+                     for path in sorted((run_dir / "logs").glob("*.log")))
+    return (f"not solved: reason={result.get('reason')} exit={launch.returncode} {json.dumps(result)}\n"
+            f"--- launcher stderr (end)\n{launch.stderr[-2500:]}\n{logs}")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(BUDGET_SECONDS + 120)
 def test_local_fleet_learns_cartpole_and_leaves_a_usable_run_directory(tmp_path):
@@ -29,7 +38,8 @@ def test_local_fleet_learns_cartpole_and_leaves_a_usable_run_directory(tmp_path)
     lines = launch.stdout.strip().splitlines()
     assert lines, launch.stderr[-3000:]
     result = json.loads(lines[-1])
-    assert result["solved"] and launch.returncode == 0, (result, launch.stdout[-3000:], launch.stderr[-3000:])
+    if not (result["solved"] and launch.returncode == 0):
+        pytest.fail(explain(result, launch, run_dir), pytrace=False)
     assert result["mean_return_100"] >= TARGET
     assert result["updates"] > 0 and result["env_steps"] > 1000 and result["episodes"] > 0
     assert any(line.startswith("[") and "env steps" in line for line in lines[:-1])  # live progress lines

@@ -700,11 +700,13 @@ class Cluster:
                 last_error = err
             if time.monotonic() > deadline:
                 raise PodFailure(f"timed out after {timeout:.0f} s waiting until {what}"
-                                 + (f" (last error: {last_error})" if last_error else "") + "\n" + self.report())
+                                 + (f" (last error: {last_error})" if last_error else "") + "\n"
+                                 + self.report(log_lines=6))
             time.sleep(0.2)
 
-    def report(self) -> str:
-        """One line per pod: address, state, probes, last probe errors."""
+    def report(self, log_lines: int = 0) -> str:
+        """One line per pod: address, state, probes, last probe errors; then each pod's last `log_lines` log lines
+        (a wait that timed out on Ready pods is explained by what they logged)."""
         lines = []
         for p in self.pods:
             state = ("failed: " + p.failure if p.failure else "Ready" if p.ready else
@@ -713,6 +715,9 @@ class Cluster:
             errors = "; ".join(f"{k}: {v}" for k, v in p.last_probe.items())
             lines.append(f"  {p.name:<34} {p.ip:<14} {state:<20} {probes}" + (f" [last errors: {errors}]"
                                                                                if errors else ""))
+        for p in self.pods if log_lines else ():
+            tail = p.log_tail().splitlines()[-log_lines:]
+            lines.append(f"  --- {p.name} log:\n" + "\n".join(f"    {line[:200]}" for line in tail))
         return "pods:\n" + "\n".join(lines)
 
     def hosts_of(self, pod: Pod) -> dict[str, list[str]]:
