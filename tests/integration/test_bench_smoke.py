@@ -87,3 +87,18 @@ def test_writers_bench_reports_throughput_and_latency_per_writer_count(tmp_path)
     for r in results:
         assert r["rows_per_s"] > 0 and r["batches"] > 0 and r["sample_calls"] > 0
         assert r["sample_p99_ms"] > 0 and r["info_p99_ms"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_solve_race_quick_mode_times_the_default_launch(tmp_path):
+    """The apexrl half of bench/solve_race.py (the SB3 half needs its own venv, ~30 s to create: run by hand)."""
+    out = tmp_path / "race.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "solve_race.py"), "--quick", "--systems", "apexrl",
+                           "--json", str(out)], timeout=220, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    (run,) = data["runs"]
+    assert run["system"] == "apexrl" and run["solved"] and run["seconds"] > 0 and run["env_steps"] > 1000, run
+    assert data["summary"]["apexrl"]["median_seconds"] == run["seconds"]
+    assert "apexrl median" in proc.stdout and "Load average" in proc.stdout

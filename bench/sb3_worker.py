@@ -1,0 +1,108 @@
+"""Stable-Baselines3 DQN with rl-baselines3-zoo's tuned CartPole-v1 hyperparameters, timed to a greedy mean return.
+
+Run by `bench/solve_race.py` with the interpreter of its own virtual environment (SB3 is not an apexrl
+dependency); it imports nothing from apexrl. Every `--eval-every` env steps the current policy plays
+`--eval-episodes` greedy episodes on a vectorised copy of the env; training stops at the first evaluation whose
+mean return is >= `--target`. Evaluation time is measured apart and left out of `train_seconds` (the figure
+compared), so SB3 is not charged for the evaluation apexrl runs in a separate process.
+
+Prints one JSON line: solved, env_steps, train_seconds, wall_seconds (training + evaluation), evaluations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+from stable_baselines3 import DQN
+from stable_baselines3.common.callbacks import BaseCallback
+
+# rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1 (the issue quotes them).
+ZOO_CARTPOLE = dict(
+    learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1_000, gamma=0.99,
+    target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+    exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
+)
+ZOO_TIMESTEPS = 50_000  # the zoo's n_timesteps: sets the exploration schedule's length
+
+
+def greedy_mean_return(model: DQN, env_id: str, episodes: int, seed: int) -> float:
+    """Mean return of `episodes` greedy episodes played side by side (one env per episode)."""
+    envs = gym.make_vec(env_id, num_envs=episodes, vectorization_mode="sync")
+    obs, _ = envs.reset(seed=seed)
+    returns = np.zeros(episodes)
+    done = np.zeros(episodes, dtype=bool)
+    while not done.all():
+        actions, _ = model.predict(obs, deterministic=True)
+        obs, reward, terminated, truncated, _ = envs.step(actions)
+        returns += reward * ~done
+        done |= terminated | truncated  # autoreset restarts finished envs; their later rewards are ignored
+    envs.close()
+    return float(returns.mean())
+
+
+class ZooScheduleDQN(DQN):
+    """DQN whose epsilon follows the zoo's schedule (1.0 -> 0.04 over the first 16% of 50k steps) whatever the
+    step cap: SB3 stretches the schedule over `total_timesteps`, and ours is a cap, not the zoo's run length."""
+
+    def _on_step(self) -> None:
+        super()._on_step()
+        fraction = min(1.0, self.num_timesteps / (ZOO_CARTPOLE["exploration_fraction"] * ZOO_TIMESTEPS))
+        self.exploration_rate = 1.0 + fraction * (ZOO_CARTPOLE["exploration_final_eps"] - 1.0)
+
+
+class SolveCallback(BaseCallback):
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        self.args = args
+        self.eval_seconds = 0.0
+        self.evaluations: list[tuple[int, float]] = []
+        self.solved_at: int | None = None
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps % self.args.eval_every:
+            return True
+        started = time.perf_counter()
+        mean = greedy_mean_return(self.model, self.args.env, self.args.eval_episodes,
+                                  seed=10_000 + len(self.evaluations))
+        self.eval_seconds += time.perf_counter() - started
+        self.evaluations.append((self.num_timesteps, round(mean, 1)))
+        if mean >= self.args.target:
+            self.solved_at = self.num_timesteps
+            return False
+        return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", type=float, default=475.0, help="greedy mean return that counts as solved")
+    parser.add_argument("--max-steps", type=int, default=200_000, help="give up after this many env steps")
+    parser.add_argument("--eval-every", type=int, default=2_000, help="env steps between evaluations")
+    parser.add_argument("--eval-episodes", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the zoo's runs use 1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    started = time.perf_counter()
+    model = ZooScheduleDQN("MlpPolicy", gym.make(args.env), seed=args.seed, verbose=0, device="cpu",
+                           **ZOO_CARTPOLE)
+    callback = SolveCallback(args)
+    model.learn(total_timesteps=args.max_steps, callback=callback)
+    wall = time.perf_counter() - started
+    print(json.dumps({
+        "solved": callback.solved_at is not None,
+        "env_steps": callback.solved_at if callback.solved_at is not None else model.num_timesteps,
+        "train_seconds": round(wall - callback.eval_seconds, 2),
+        "wall_seconds": round(wall, 2),
+        "evaluations": callback.evaluations,
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
