@@ -1,5 +1,6 @@
-"""The built-in Ape-X actor: Gymnasium environments, per-actor epsilon, n-step transitions with initial
-priorities from the actor's own network, streamed to the replay shards round-robin with failover.
+"""The built-in Ape-X actor: a Gymnasium vector environment (num_envs copies stepped together, each with its own
+n-step accumulator), per-actor epsilon, n-step transitions with initial priorities from the actor's own network,
+streamed to the replay shards round-robin with failover.
 
 Written on the public SDK only (ReplayClient, ParameterClient), as a custom actor would be.
 """
@@ -11,18 +12,18 @@ import threading
 import time
 from collections import deque
 
-import gymnasium as gym
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from apexrl.actor.config import ActorConfig
 from apexrl.actor.exploration import epsilon_greedy
 from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
-from apexrl.actor.policy import NumpyDuelingPolicy
+from apexrl.actor.policy import Policy, make_policy
 from apexrl.common.discovery import ShardAddresses
-from apexrl.common.environments import check_spaces
+from apexrl.common.environments import check_spaces, clips_rewards, make_vector_env
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
 from apexrl.common.errors import ApexError, DeadlineExceededError, is_transient
+from apexrl.common.signature import ROW_VERSION_COLUMN
 from apexrl.common.tls import tls_of
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.replay_server.client import ReplayClient
@@ -44,6 +45,9 @@ class ActorMetrics:
         self.fetch_failures = Counter("apexrl_actor_weight_fetch_failures", "Weight pulls that failed (the actor "
                                       "kept its weights)", registry=registry)
         self.weight_version = Gauge("apexrl_actor_weight_version", "Version of the weights in use", registry=registry)
+        self.weight_lag = Gauge("apexrl_actor_weight_version_lag_versions", "Versions the weights in use were behind "
+                                "the newest published when the actor last pulled (its policy's staleness)",
+                                registry=registry)
         self.epsilon = Gauge("apexrl_actor_epsilon", "Exploration rate", registry=registry)
         self.last_return = Gauge("apexrl_actor_last_episode_return", "Return of the last finished episode",
                                  registry=registry)
@@ -70,10 +74,14 @@ class ApeXActor:
         self.metrics.epsilon.set(self.epsilon)
         seed = config.seed if config.seed is not None else int(time.time_ns() % 2**31)
         self._rng = np.random.default_rng([seed, config.actor_index])
-        self.envs = [gym.make(config.env) for _ in range(config.num_envs)]
-        check_spaces(self.envs[0], config.env)
-        self._env_seed = seed * 1000 + config.actor_index * config.num_envs
-        self.accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in self.envs]
+        # Exploring: same-step autoreset (every step yields one transition per environment, see make_vector_env).
+        self.envs = make_vector_env(config.env, config.num_envs, same_step_autoreset=not config.evaluate)
+        self.spaces = check_spaces(self.envs, config.env)
+        # Atari: train on rewards clipped to [-1, 1] (DQN, Ape-X); episode returns are reported unclipped.
+        self.clip_rewards = clips_rewards(config.env)
+        # Environment i of this actor resets with seed + i; below 2**32, which MinAtar's RandomState requires.
+        self._env_seed = (seed * 1000 + config.actor_index * config.num_envs) % 2**31
+        self.accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in range(config.num_envs)]
         self.tls = tls_of(config)
         self.params = ParameterClient(config.params, timeout=5.0, token=config.token, tls=self.tls)
         self.shards: list[ReplayClient] = []
@@ -81,7 +89,7 @@ class ApeXActor:
                                          resolve_every=config.replay_resolve_seconds)
         self._sync_shards(force=True)
         self._next_shard = config.actor_index % max(1, len(self.shards))
-        self.policy: NumpyDuelingPolicy | None = None
+        self.policy: Policy | None = None
         self.weight_version = 0
         self.env_steps = 0
         self.episodes = 0
@@ -102,9 +110,11 @@ class ApeXActor:
                 self._last_fetch_warning = time.monotonic()
             return False
         if fetched is None:
+            self.metrics.weight_lag.set(0)
             return False
+        self.metrics.weight_lag.set(fetched[0] - self.weight_version if self.policy is not None else 0)
         self.weight_version, weights = fetched
-        self.policy = NumpyDuelingPolicy(weights)
+        self.policy = make_policy(weights, self.spaces)
         self.metrics.weight_version.set(self.weight_version)
         return True
 
@@ -144,10 +154,13 @@ class ApeXActor:
                 if not force:  # at start-up the start line names the shards
                     log.info("shard %s joined", address)
 
-    def _send(self, transitions: list[Transition], stop: threading.Event) -> None:
+    def _send(self, transitions: list[Transition], versions: list[int], stop: threading.Event) -> None:
         """Insert one batch: round-robin over shards; a shard whose backlog is full (down or slow) is skipped;
-        when every shard is full, wait on the round-robin one (back pressure from the shards' rate limiters)."""
+        when every shard is full, wait on the round-robin one (back pressure from the shards' rate limiters).
+        Each row carries the weights version that was acting when it was completed (`weight_version`), so the
+        learner can measure policy staleness."""
         columns = stack_transitions(transitions)
+        columns[ROW_VERSION_COLUMN] = np.asarray(versions, dtype=np.int64)
         priorities = self.policy.td_error_abs(columns) + MIN_PRIORITY
         self._sync_shards()
         while not self.shards and not stop.wait(1.0):  # a name that resolves to no shard yet
@@ -180,13 +193,18 @@ class ApeXActor:
         """Act until `stop` is set or a configured limit is reached."""
         cfg = self.config
         self._wait_for_first_weights(stop)
-        obs = np.stack([env.reset(seed=self._env_seed + i)[0] for i, env in enumerate(self.envs)]).astype(np.float32)
-        returns = np.zeros(len(self.envs))
-        lengths = np.zeros(len(self.envs), dtype=np.int64)
+        if cfg.evaluate:
+            self._evaluate(stop)
+            return
+        num_envs = self.envs.num_envs
+        obs, _ = self.envs.reset(seed=self._env_seed)  # environment i: seed + i
+        returns = np.zeros(num_envs)
+        lengths = np.zeros(num_envs, dtype=np.int64)
         outbox: list[Transition] = []
+        outbox_versions: list[int] = []  # the weights version acting when each outbox row was completed
         steps_since_pull = 0
         started = time.monotonic()
-        pace = cfg.steps_per_second_limit
+        pace = cfg.max_steps_per_second
         while not stop.is_set():
             if pace:
                 ahead = self.env_steps / pace - (time.monotonic() - started)
@@ -194,30 +212,32 @@ class ApeXActor:
                     stop.wait(ahead)
             acting_since = time.perf_counter()
             actions = epsilon_greedy(self.policy.q_values(obs), self.epsilon, self._rng)
-            for i, env in enumerate(self.envs):
-                next_obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
-                returns[i] += reward
+            next_obs, rewards, terminated, truncated, info = self.envs.step(actions)
+            train_rewards = np.clip(rewards, -1.0, 1.0) if self.clip_rewards else rewards
+            for i in range(num_envs):
+                returns[i] += rewards[i]
                 lengths[i] += 1
-                if not cfg.evaluate:
-                    outbox += self.accumulators[i].push(obs[i], actions[i], reward, next_obs, terminated, truncated)
-                if terminated or truncated:
+                done = terminated[i] or truncated[i]
+                last_obs = info["final_obs"][i] if done else next_obs[i]
+                completed = self.accumulators[i].push(obs[i], actions[i], train_rewards[i], last_obs,
+                                                      terminated[i], truncated[i])
+                outbox += completed
+                outbox_versions += [self.weight_version] * len(completed)
+                if done:
                     self._finish_episode(returns[i], lengths[i], env_steps=self.env_steps + i + 1)
                     returns[i], lengths[i] = 0.0, 0
-                    next_obs, _ = env.reset()
-                    if cfg.evaluate:
-                        self._pull_weights()  # every evaluation episode plays the newest weights
-                obs[i] = next_obs
-            self.env_steps += len(self.envs)
-            steps_since_pull += len(self.envs)
-            self.metrics.env_steps.inc(len(self.envs))
+            obs = next_obs
+            self.env_steps += num_envs
+            steps_since_pull += num_envs
+            self.metrics.env_steps.inc(num_envs)
             sending_since = time.perf_counter()
             self.metrics.act_seconds.inc(sending_since - acting_since)
             if len(outbox) >= cfg.batch_size:
                 while len(outbox) >= cfg.batch_size:
-                    self._send(outbox[:cfg.batch_size], stop)
-                    del outbox[:cfg.batch_size]
+                    self._send(outbox[:cfg.batch_size], outbox_versions[:cfg.batch_size], stop)
+                    del outbox[:cfg.batch_size], outbox_versions[:cfg.batch_size]
                 self.metrics.send_seconds.inc(time.perf_counter() - sending_since)
-            if steps_since_pull >= cfg.pull_every and not cfg.evaluate:
+            if steps_since_pull >= cfg.pull_every:
                 steps_since_pull = 0
                 pulling_since = time.perf_counter()
                 self._pull_weights()
@@ -225,6 +245,42 @@ class ApeXActor:
             if (cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps) or \
                     (cfg.max_episodes is not None and self.episodes >= cfg.max_episodes):
                 break
+
+    def _evaluate(self, stop: threading.Event) -> None:
+        """Evaluator: rounds of num_envs greedy episodes played side by side, every one with the newest weights at
+        the round's start (100 episodes of one policy, as "solved" is defined, in the time of the longest one).
+        Rounds start at most every `evaluation_round_seconds`, with a rest at least as long as the last round,
+        so evaluation never takes more than half a core from the learner."""
+        cfg = self.config
+        num_envs = self.envs.num_envs
+        rounds = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            self._pull_weights()
+            obs, _ = self.envs.reset(seed=self._env_seed + rounds * num_envs)  # fresh start states every round
+            returns = np.zeros(num_envs)
+            lengths = np.zeros(num_envs, dtype=np.int64)
+            playing = np.ones(num_envs, dtype=bool)
+            while playing.any() and not stop.is_set():
+                if cfg.max_steps_per_second:
+                    ahead = self.env_steps / cfg.max_steps_per_second - (time.monotonic() - started)
+                    if ahead > 0.01:
+                        stop.wait(ahead)
+                actions = epsilon_greedy(self.policy.q_values(obs), self.epsilon, self._rng)
+                obs, rewards, terminated, truncated, _ = self.envs.step(actions)
+                returns += np.where(playing, rewards, 0.0)
+                lengths += playing
+                self.env_steps += int(playing.sum())
+                self.metrics.env_steps.inc(int(playing.sum()))
+                for i in np.flatnonzero(playing & (terminated | truncated)):
+                    playing[i] = False  # its environment restarts (autoreset); the round ignores what follows
+                    self._finish_episode(returns[i], lengths[i], env_steps=self.env_steps)
+                if (cfg.max_episodes is not None and self.episodes >= cfg.max_episodes) or \
+                        (cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps):
+                    return
+            rounds += 1
+            took = time.monotonic() - started
+            stop.wait(max(cfg.evaluation_round_seconds - took, took if cfg.evaluation_round_seconds else 0.0))
 
     def _finish_episode(self, episode_return: float, length: int, env_steps: int) -> None:
         self.episodes += 1
@@ -249,7 +305,6 @@ class ApeXActor:
         for closer in closers:
             closer.join(flush_timeout + 6.0)
         self.params.close()
-        for env in self.envs:
-            env.close()
+        self.envs.close()
         if self.episode_log is not None:
             self.episode_log.close()

@@ -14,15 +14,13 @@ from apexrl.common.process import (
     tls_ca_setting,
     tls_cert_setting,
     tls_key_setting,
+    tls_server_name_setting,
     token_setting,
 )
 from apexrl.common.settings import setting
 from apexrl.common.tls import tls_of
 
 DEFAULT_METRICS_PORT = 9300
-# An evaluator plays at most this many steps per second unless told otherwise, so that playing greedy episodes
-# does not take CPU from the learner.
-EVALUATOR_STEPS_PER_SECOND = 1000.0
 
 
 @dataclass(frozen=True)
@@ -43,8 +41,8 @@ class ActorConfig:
     num_actors: int = setting(1, "actors in the fleet N; with i it sets epsilon = 0.4 ** (1 + 7 i / (N - 1))",
                               wiring="the [[actors]] groups")
     env: str = setting("CartPole-v1", "Gymnasium environment id", wiring="[fleet] env")
-    evaluate: bool = setting(False, "evaluator: play greedily with the newest weights (pulled before every "
-                                    "episode), insert nothing", wiring="the [evaluator] table")
+    evaluate: bool = setting(False, "evaluator: play rounds of --num-envs greedy episodes side by side, each round "
+                                    "with the newest weights, insert nothing", wiring="the [evaluator] table")
     episodes_csv: str | None = setting(None, "append one CSV line per finished episode to this file",
                                        wiring="RUN_DIR/episodes/ROLE.csv", metavar="PATH")
     seed: int | None = setting(None, "seed of environments and exploration (none: unseeded)",
@@ -56,8 +54,10 @@ class ActorConfig:
     tls_cert: str | None = tls_cert_setting()
     tls_key: str | None = tls_key_setting()
     tls_ca: str | None = tls_ca_setting()
+    tls_server_name: str | None = tls_server_name_setting()
     # Exploration
-    num_envs: int = setting(1, "environments stepped together by this actor")
+    num_envs: int = setting(1, "environments stepped together by this actor (one Gymnasium vector environment; "
+                               "a convolutional network's forward pass is batched over them)")
     epsilon: float | None = setting(None, "fixed exploration rate instead of the Ape-X schedule (none: the "
                                           "schedule; evaluators play with 0)")
     # Transitions
@@ -69,8 +69,12 @@ class ActorConfig:
     weights_wait_seconds: float = setting(120.0, "how long to wait for the first weights before giving up")
     # Limits
     max_steps_per_second: float | None = setting(
-        None, f"pace this actor to at most this many environment steps per second (none: as fast as the shards "
-              f"accept data; evaluators: {EVALUATOR_STEPS_PER_SECOND:g})")
+        None, "pace this actor to at most this many environment steps per second (none: as fast as the shards "
+              "accept data; an evaluator paces its rounds instead: see evaluation_round_seconds)")
+    evaluation_round_seconds: float = setting(
+        2.0, "evaluator: a round of --num-envs greedy episodes, all played side by side with the newest weights, "
+             "starts at most this often, and the evaluator rests at least as long as its last round took (so it "
+             "uses at most half a core); 0: rounds back to back")
     max_env_steps: int | None = setting(None, "stop after this many environment steps")
     max_episodes: int | None = setting(None, "stop after this many episodes")
 
@@ -93,6 +97,8 @@ class ActorConfig:
             raise ValueError(f"gamma ({self.gamma}) must be in (0, 1]")
         if self.max_steps_per_second is not None and not self.max_steps_per_second > 0:
             raise ValueError(f"max_steps_per_second ({self.max_steps_per_second}) must be > 0")
+        if not self.evaluation_round_seconds >= 0:
+            raise ValueError(f"evaluation_round_seconds ({self.evaluation_round_seconds}) must be >= 0")
         tls_of(self)
 
     @property
@@ -101,8 +107,3 @@ class ActorConfig:
             return self.epsilon
         return 0.0 if self.evaluate else apex_epsilon(self.actor_index, self.num_actors)
 
-    @property
-    def steps_per_second_limit(self) -> float | None:
-        if self.max_steps_per_second is not None:
-            return self.max_steps_per_second
-        return EVALUATOR_STEPS_PER_SECOND if self.evaluate else None

@@ -8,7 +8,8 @@ For the step taken at time t, with k = min(n, steps from t to the end of the epi
               gamma^k  otherwise: k = n in mid-episode, k < n when the episode was truncated (time limit)
     next_obs  s_{t+k}  (on truncation, the real last observation, not the one the next episode starts from)
 and the learner's target is `reward + discount * Q(next_obs, .)` with no other knowledge of n, gamma or
-episode ends (see `apexrl.learner.losses`).
+episode ends (see `apexrl.learner.losses`). Observations keep their dtype (uint8 pixels, bool MinAtar planes:
+one byte each in replay), except floats, which become float32.
 """
 
 from __future__ import annotations
@@ -67,11 +68,11 @@ class NStepAccumulator:
         truncated: bool,
     ) -> list[Transition]:
         """Record one step; return the transitions it completed, oldest first."""
-        self._pending.append((np.array(obs, dtype=np.float32), int(action), float(reward)))
+        self._pending.append((stored_obs(obs), int(action), float(reward)))
         episode_over = bool(terminated) or bool(truncated)
         if len(self._pending) < self.n and not episode_over:
             return []
-        last_obs = np.array(next_obs, dtype=np.float32)
+        last_obs = stored_obs(next_obs)
         done: list[Transition] = []
         while self._pending and (episode_over or len(self._pending) == self.n):
             k = len(self._pending)
@@ -83,14 +84,26 @@ class NStepAccumulator:
         return done
 
 
+def stored_obs(obs: np.ndarray) -> np.ndarray:
+    """A copy of an observation as replay stores it: float32 for floats, its own dtype otherwise."""
+    array = np.asarray(obs)
+    return np.array(array, dtype=np.float32 if array.dtype.kind == "f" else array.dtype)
+
+
 def stack_transitions(transitions: Sequence[Transition]) -> dict[str, np.ndarray]:
-    """Columns for a replay insert: obs/next_obs float32[B, obs_dim], action int64[B], reward/discount float32[B]."""
+    """Columns for a replay insert: obs/next_obs [B, *obs_shape] (float32, or the observations' own dtype: uint8
+    pixels stay uint8), action int64[B], reward/discount float32[B]."""
     if not transitions:
         raise ValueError("cannot stack an empty list of transitions")
     return {
-        "obs": np.stack([t.obs for t in transitions]).astype(np.float32, copy=False),
+        "obs": _stacked([t.obs for t in transitions]),
         "action": np.fromiter((t.action for t in transitions), dtype=np.int64, count=len(transitions)),
         "reward": np.fromiter((t.reward for t in transitions), dtype=np.float32, count=len(transitions)),
         "discount": np.fromiter((t.discount for t in transitions), dtype=np.float32, count=len(transitions)),
-        "next_obs": np.stack([t.next_obs for t in transitions]).astype(np.float32, copy=False),
+        "next_obs": _stacked([t.next_obs for t in transitions]),
     }
+
+
+def _stacked(observations: list[np.ndarray]) -> np.ndarray:
+    stacked = np.stack(observations)
+    return stacked.astype(np.float32, copy=False) if stacked.dtype.kind == "f" else stacked

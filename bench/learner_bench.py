@@ -35,6 +35,7 @@ Progress goes to stderr, the table to stdout; `--json PATH` writes every figure.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -117,7 +118,10 @@ def measure(args: argparse.Namespace, result: Run, addresses: list[str], pids: l
         phase = Phase(len(result.phases) + 1, mode, r + 1)
         progress(f"phase {phase.index}: {MODE_NAMES[mode]} (round {r + 1}), {args.warmup:g}s warm-up + "
                  f"{args.seconds:g}s")
-        sampler = grpc_sampler(config) if mode == "grpc" else in_process_sampler(config, shards)
+        if mode == "inprocess":
+            sampler = in_process_sampler(config, shards)
+        else:
+            sampler = grpc_sampler(dataclasses.replace(config, sampler_process=mode == "grpc"))
         result.phases.append(run_phase(phase, config, sampler, pids, timing))
         progress(f"  {phase.updates_per_s:,.1f} updates/s, sample wait {phase.sample_wait_fraction:.1%}, "
                  f"learner CPU {phase.learner_cpu_s / phase.seconds:.2f} cores, shards "
@@ -142,7 +146,7 @@ def phase_order(args: argparse.Namespace) -> list[tuple[int, str]]:
 NOTES = """\
 wait / step: share of measured wall time the train loop spent waiting in Prefetcher.get / in train_step
   (forward, backward, optimiser, priority update hand-off); ms: the same per update.
-learner cores: CPU of this process (train loop, prefetch thread, gRPC threads) / wall; shard cores: each shard
+learner cores: CPU of this process (train loop, prefetch thread, gRPC threads) and of its sampler process / wall; shard cores: each shard
   process (/proc/<pid>/stat). On 2 cores the gRPC mode runs 3 busy processes, the in-process mode 1."""
 
 

@@ -4,6 +4,7 @@ reused)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 
@@ -109,7 +110,8 @@ def _check_pair(address: str, table, columns: dict[str, np.ndarray]) -> dict:
 
 
 def grpc_sampler(config):
-    """The learner's own sampler: `make_sampler(config)`, a ShardedReplayClient over the shards' addresses."""
+    """The learner's own sampler: `make_sampler(config)` over the shards' addresses: a sampler process
+    (`config.sampler_process`) or a ShardedReplayClient sampled by a thread of the learner."""
     from apexrl.learner.learner import make_sampler
 
     return make_sampler(config)
@@ -126,7 +128,7 @@ def in_process_sampler(config, shards: Sequence):
 def check_same_batches(config, shards: Sequence) -> bool:
     """The gRPC and the in-process sampler, same seeds, draw the same prioritized batch: keys, shards,
     probabilities, importance weights and columns."""
-    with grpc_sampler(config) as client:
+    with grpc_sampler(dataclasses.replace(config, sampler_process=False)) as client:
         remote = client.sample(config.batch_size, beta=0.4)
     with in_process_sampler(config, shards) as sampler:
         local = sampler.sample(config.batch_size, beta=0.4)

@@ -14,9 +14,10 @@ from harness.timing import Timing, process_cpu_seconds
 from learner_feed import NUM_ACTIONS, OBS_DIM, ReusedBatchSampler
 
 TARGET_RATIO = 0.85  # the issue: distributed >= 85 % of the in-process rate
-MODES = ("grpc", "inprocess")
+MODES = ("grpc", "grpc-thread", "inprocess")
 MODE_NAMES = {
-    "grpc": "gRPC, 2 shard processes",
+    "grpc": "gRPC, 2 shards, sampler process",
+    "grpc-thread": "gRPC, 2 shards, sampler thread",
     "inprocess": "in-process, 2 tables",
     "reference": "reference: one batch reused",
 }
@@ -97,9 +98,15 @@ def snapshot(learner, registry, shard_pids: Sequence[int]) -> dict:
         "updates": learner.updates,
         "wait": registry.get_sample_value("apexrl_learner_sample_wait_seconds_sum") or 0.0,
         "step": registry.get_sample_value("apexrl_learner_train_step_seconds_sum") or 0.0,
-        "cpu": time.process_time(),
+        "cpu": time.process_time() + sampler_child_cpu(learner),
         "shards": [process_cpu_seconds(pid) for pid in shard_pids],
     }
+
+
+def sampler_child_cpu(learner) -> float:
+    """CPU seconds of the learner's sampler process, if it has one: counted as the learner's."""
+    process = getattr(learner.sampler, "_process", None)
+    return process_cpu_seconds(process.pid) if process is not None and process.pid else 0.0
 
 
 def record(phase: Phase, a: dict, b: dict) -> None:

@@ -155,11 +155,12 @@ class AioServerThread:
     `add_services(server)` registers the servicers (it runs on the loop). `start()` binds and returns the port;
     `stop(grace)` returns a threading.Event set once the server has stopped (the grpc.Server.stop contract).
     With `tls` the port serves TLS (grpc_util.server_credentials); with `health_address` a second, plaintext
-    server on the same loop serves only the health service there (its port: `health_port`)."""
+    server on the same loop serves only the health service there (its port: `health_port`). With `serving`
+    false, health reports NOT_SERVING from the start until `set_serving()` (a shard restoring its checkpoint)."""
 
     def __init__(self, add_services: Callable[[grpc.aio.Server], None], service_names: Iterable[str], *,
                  max_message_bytes: int, token: str | None = None, tls: TlsFiles | None = None,
-                 health_address: str | None = None,
+                 health_address: str | None = None, serving: bool = True,
                  on_stop: Callable[[], Awaitable[None] | None] | None = None) -> None:
         self._add_services = add_services
         self._service_names = list(service_names)
@@ -170,6 +171,7 @@ class AioServerThread:
         self._health_server: grpc.aio.Server | None = None
         self.health_port: int | None = None
         self._on_stop = on_stop
+        self._serving = serving
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="grpc-aio", daemon=True)
         self._server: grpc.aio.Server | None = None
@@ -213,8 +215,7 @@ class AioServerThread:
         self._add_services(server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        for name in ["", *self._service_names]:
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health(self._serving)
         reflection.enable_server_reflection([*self._service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
         port = bind(server, address, tls=self._tls)
         if self._health_address is not None:
@@ -226,6 +227,17 @@ class AioServerThread:
         await server.start()
         self._server = server
         return port
+
+    async def _set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ["", *self._service_names]:
+            await self._health.set(name, status)
+
+    def set_serving(self) -> None:
+        """Report SERVING (after starting with `serving` false)."""
+        self._serving = True
+        if self._health is not None and not self._stopped.is_set():
+            self._call(self._set_health(True))
 
     def enter_graceful_shutdown(self) -> None:
         """Report NOT_SERVING to health checks (load balancers and probes stop sending new work)."""

@@ -4,12 +4,15 @@ SIGTERM/Ctrl-C shutdown.
 
 TLS (common/tls.py holds the files): a server with a certificate serves TLS, and with a CA also requires client
 certificates signed by it (mutual TLS); a client given TlsFiles dials TLS, verifying the server with the CA (the
-system's roots without one) and presenting its certificate when it has one. The bearer token works alongside.
+system's roots without one) and presenting its certificate when it has one; with `tls.server_name` it checks the
+server's certificate against that name instead of the address dialled (`grpc.ssl_target_name_override`: shards
+dialled by pod IP, one certificate for all). The bearer token works alongside.
 What a client sees when credentials do not match (gRPC 1.85, checked by tests/integration/test_tls.py): a failed
 TLS handshake is UNAVAILABLE, whichever side refuses it (no or a foreign client certificate under mutual TLS, a
 server certificate the client's CA did not sign, plaintext to a TLS port, TLS to a plaintext port); the details
-say "Tls handshake failed" when the client refused, "Socket closed" when the server did. A missing or wrong token
-over a good connection is UNAUTHENTICATED. No refused call reaches a servicer.
+say "Tls handshake failed" when the client refused, "Socket closed" when the server did, and "Hostname
+Verification Check failed" when the server's certificate names neither the address dialled nor tls_server_name.
+A missing or wrong token over a good connection is UNAUTHENTICATED. No refused call reaches a servicer.
 """
 
 from __future__ import annotations
@@ -213,8 +216,9 @@ def make_channel(
     token: str | None = None,
     tls: TlsFiles | None = None,
 ) -> grpc.Channel:
-    """A channel to an apexrl server: TLS when `tls` is given (see channel_credentials), else plaintext; the
-    bearer token on every call when set."""
+    """A channel to an apexrl server: TLS when `tls` is given (see channel_credentials; the server's
+    certificate checked against tls.server_name when set, else the address), else plaintext; the bearer token on
+    every call when set."""
     options = message_size_options(max_message_bytes) + [
         # Keep idle connections alive through NATs and notice dead peers within ~30 s.
         ("grpc.keepalive_time_ms", 30_000),
@@ -226,6 +230,8 @@ def make_channel(
         ("grpc.max_reconnect_backoff_ms", 1_000),
     ]
     if tls is not None:
+        if tls.server_name is not None:
+            options.append(("grpc.ssl_target_name_override", tls.server_name))
         channel = grpc.secure_channel(address, channel_credentials(tls), options=options)
     else:
         channel = grpc.insecure_channel(address, options=options)

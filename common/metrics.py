@@ -4,6 +4,7 @@ exposition endpoint at http://HOST:PORT/metrics.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,3 +49,39 @@ class RpcMetrics:
             yield
         finally:
             self.latency.labels(method).observe(time.perf_counter() - start)
+
+
+class ArrayHistogram:
+    """A Prometheus histogram fed a whole numpy array per call (e.g. one value per sampled row): one searchsorted
+    and one bincount instead of one `observe` per value (256 `observe` calls cost ~0.5 ms of a train step)."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
+        import numpy as np
+
+        self.name, self.documentation = name, documentation
+        self.bounds = np.asarray(buckets, dtype=np.float64)
+        self.counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # the last one: above every bound (+Inf only)
+        self.total = 0.0
+        self._lock = threading.Lock()  # a scrape reads counts and sum together
+        registry.register(self)
+
+    def observe_many(self, values) -> None:
+        import numpy as np
+
+        values = np.asarray(values, dtype=np.float64).ravel()
+        counts = np.bincount(np.searchsorted(self.bounds, values, side="left"), minlength=len(self.counts))
+        with self._lock:
+            self.counts += counts
+            self.total += float(values.sum())
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import HistogramMetricFamily
+
+        with self._lock:
+            cumulative, total = self.counts.cumsum(), self.total
+        buckets = [(repr(float(b)), int(c)) for b, c in zip(self.bounds, cumulative[:-1], strict=True)]
+        buckets.append(("+Inf", int(cumulative[-1])))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)

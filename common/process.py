@@ -1,6 +1,6 @@
 """The skeleton every role process shares: logging, exit codes, a stop event set by SIGTERM/SIGINT, and the
-settings shared by every process that listens or dials (host, metrics port, token, TLS files, health port, port
-file).
+settings shared by every process that listens or dials (host, metrics port, token, TLS files and server name,
+health port, port file).
 
 Exit codes: 0 clean stop, 1 failure, 2 bad configuration (refused before anything starts).
 """
@@ -89,6 +89,14 @@ def tls_ca_setting() -> str | None:
     return setting(None, "PEM CA bundle to verify peers: clients verify servers with it (none: the system's "
                          "roots); a server given it requires and verifies client certificates (mutual TLS)",
                    wiring="[fleet] tls_ca", metavar="PATH")
+
+
+def tls_server_name_setting() -> str | None:
+    return setting(None, "check every server's certificate against this name instead of the address dialled "
+                         "(shards found through dns:/// are dialled by IP: with a Kubernetes headless Service, "
+                         "e.g. apexrl-replay.NAMESPACE.svc, which the fleet's one certificate holds); needs "
+                         "--tls-ca or --tls-cert (none: the address dialled)", wiring="[fleet] tls_server_name",
+                   metavar="NAME")
 
 
 def health_port_setting() -> int | None:

@@ -22,6 +22,12 @@ SUPPORTED_DTYPES: tuple[str, ...] = (
     "uint8", "uint16", "uint32", "uint64", "bool",
 )
 
+# The columns the built-in actor writes and the learner reads (custom actors write the same names). The learner
+# trains on the first five; `weight_version` (int64, the weights version acting when the row was completed) is
+# optional and feeds the learner's staleness histogram.
+TRANSITION_COLUMNS: tuple[str, ...] = ("obs", "action", "reward", "discount", "next_obs")
+ROW_VERSION_COLUMN = "weight_version"
+
 
 def canonical_dtype(dtype: np.typing.DTypeLike) -> np.dtype:
     """The little-endian numpy dtype apexrl stores for `dtype`; InvalidArgumentError when unsupported."""

@@ -30,10 +30,11 @@ SUBCOMMANDS: dict[str, tuple[str, type]] = {
 def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -> Any:
     """The settings dataclass of `role`: its fleet-file settings with the launcher's wiring on top. Its ports
     must be concrete (0 is allowed for a shard: it reports the port it got in its port file). Every role gets
-    the machine's TLS files ([fleet] tls_cert, tls_key, tls_ca)."""
+    the machine's TLS files ([fleet] tls_cert, tls_key, tls_ca), every role that dials also tls_server_name."""
     seed = config.seed
     metrics = role.metrics_port if role.metrics_port is not None else -1
     tls = {"tls_cert": config.tls_cert, "tls_key": config.tls_key, "tls_ca": config.tls_ca}
+    client_tls = {**tls, "tls_server_name": config.tls_server_name}
     try:
         if role.kind == "replay":
             return ReplayConfig(
@@ -48,7 +49,7 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
             )
         if role.kind == "learner":
             return LearnerConfig(
-                **config.learner.settings, **tls, replay=links.replay, env=config.env, run_dir=str(run_dir),
+                **config.learner.settings, **client_tls, replay=links.replay, env=config.env, run_dir=str(run_dir),
                 seed=seed,
                 host=config.bind, port=role.port or 0, metrics_port=metrics,
                 min_replay_size=config.shard_min_size * len(config.shards),
@@ -56,12 +57,13 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
         if role.kind in ("actor", "evaluator"):
             evaluate = role.kind == "evaluator"
             if evaluate:
-                settings = config.evaluator.settings if config.evaluator else {}
+                settings = {"num_envs": config.evaluation_episodes,
+                            **(config.evaluator.settings if config.evaluator else {})}
             else:
                 settings = next(g.settings for g in config.actors
                                 if g.first_index <= role.index < g.first_index + g.count)
             return ActorConfig(
-                **settings, **tls, params=links.params, replay=links.replay, actor_index=role.index,
+                **settings, **client_tls, params=links.params, replay=links.replay, actor_index=role.index,
                 num_actors=config.num_actors, env=config.env, evaluate=evaluate,
                 episodes_csv=str(run_dir / "episodes" / ("evaluator.csv" if evaluate else f"actor-{role.index}.csv")),
                 seed=None if seed is None else seed + (999 if evaluate else 1000 + role.index),

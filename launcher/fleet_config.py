@@ -38,6 +38,9 @@ class FleetSettings:
             with them too (on a server's plaintext `health_port` instead when its table sets one). Paths are read
             on each machine: keep the same paths everywhere, or pass `apexrl launch --tls-cert ...` on a machine
             whose files live elsewhere.
+        tls_server_name: the name the clients (learner, actors, evaluator, the launcher's health checks) check
+            every server's certificate against instead of the address they dial: one certificate naming it serves
+            every machine.
     """
 
     env: str = setting(DEFAULT_ENV, "Gymnasium environment id played by actors and evaluator and learnt by the "
@@ -47,18 +50,25 @@ class FleetSettings:
     seed: int | None = setting(None, "base seed; each role derives its own (none: unseeded)")
     target_return: float = setting(475.0, "stop, solved, once the last 100 evaluation episodes average at least "
                                           "this")
+    evaluation_episodes: int = setting(100, "greedy episodes the evaluator plays side by side per round, all with "
+                                            "the newest weights (its --num-envs; an [evaluator] num_envs overrides "
+                                            "it): the target is checked on the last 100 evaluation episodes")
     max_seconds: float = setting(1200.0, "stop after this many seconds of wall time")
     bind: str = setting("127.0.0.1", "interface every service listens on (0.0.0.0: every interface, needed when "
                                      "other machines connect)")
     tls_cert: str | None = setting(None, "PEM certificate chain of this machine's roles: the shards and the "
                                          "parameter service serve TLS with it, and every role presents it as its "
                                          "client certificate under mutual TLS; it must name the addresses dialled "
-                                         "(127.0.0.1 on one machine, the [hosts] addresses across machines) "
-                                         "(none: plaintext)", metavar="PATH")
+                                         "(127.0.0.1 on one machine, the [hosts] addresses across machines), or "
+                                         "tls_server_name (none: plaintext)", metavar="PATH")
     tls_key: str | None = setting(None, "PEM private key of tls_cert", metavar="PATH")
     tls_ca: str | None = setting(None, "PEM CA bundle every role verifies its peers with; given, the servers "
                                        "require client certificates signed by it: mutual TLS (none with tls_cert: "
                                        "server-only TLS verified against the system's roots)", metavar="PATH")
+    tls_server_name: str | None = setting(None, "name every role checks the servers' certificates against "
+                                                "instead of the addresses it dials (one certificate for every "
+                                                "machine); needs tls_ca or tls_cert (none: the addresses "
+                                                "dialled)", metavar="NAME")
     replay_capacity: int = setting(100_000, "rows over all shards together (each holds its share)")
     samples_per_insert: float = setting(8.0, "replay ratio the shards enforce: sampled rows per inserted row, "
                                              "0 = unlimited")
@@ -79,6 +89,8 @@ class FleetSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} ({value}) must be positive")
+        if self.evaluation_episodes < 1:
+            raise ConfigError(f"evaluation_episodes ({self.evaluation_episodes}) must be at least 1")
         if self.max_restarts < 0 or not self.restart_window > 0:
             raise ConfigError(f"max_restarts ({self.max_restarts}) must be >= 0 and restart_window "
                               f"({self.restart_window}) > 0")
@@ -97,7 +109,7 @@ class FleetSettings:
     def tls_files(self) -> TlsFiles | None:
         """This machine's TLS files (read now), or None when TLS is off. Whether a server role may use them
         (a CA needs a certificate) is checked with the role's own settings."""
-        files = TlsFiles.read(self.tls_cert, self.tls_key, self.tls_ca)
+        files = TlsFiles.read(self.tls_cert, self.tls_key, self.tls_ca, server_name=self.tls_server_name)
         return files if files.enabled else None
 
 

@@ -44,9 +44,10 @@ certificate and every client (actors, evaluator, learner, the launcher's health 
 and presents the same certificate. A CA makes the servers require client certificates: a fleet with its own CA
 runs mutual TLS. The paths are read on each machine; where a machine keeps its files elsewhere, its
 `apexrl launch --tls-cert PATH ...` overrides the file. The certificate must name every address it is dialled at:
-127.0.0.1 (roles on one machine reach each other on loopback) and the machine's `[hosts]` address or name. A
-server's `health_port` serves only gRPC health, in plaintext, for probes that cannot do TLS; the launcher then
-checks that server's health there.
+127.0.0.1 (roles on one machine reach each other on loopback) and the machine's `[hosts]` address or name, or
+else `[fleet] tls_server_name`, which every client then checks instead of the address it dials. A server's
+`health_port` serves only gRPC health, in plaintext, for probes that cannot do TLS; the launcher then checks that
+server's health there.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ class Checkpoint:
     optimizer: dict[str, Any] | None
     updates: int
     weight_version: int
+    network: str = "mlp"  # the torso (apexrl.learner.networks.build_network); checkpoints before it were MLPs
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
@@ -48,6 +49,7 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
         "optimizer": checkpoint.optimizer,
         "updates": checkpoint.updates,
         "weight_version": checkpoint.weight_version,
+        "network": checkpoint.network,
     }
     buffer = io.BytesIO()
     torch.save(payload, buffer)
@@ -82,4 +84,5 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         optimizer=payload["optimizer"],
         updates=int(payload["updates"]),
         weight_version=int(payload["weight_version"]),
+        network=str(payload.get("network", "mlp")),
     )

@@ -16,6 +16,7 @@ from apexrl.common.process import (
     tls_ca_setting,
     tls_cert_setting,
     tls_key_setting,
+    tls_server_name_setting,
     token_setting,
 )
 from apexrl.common.settings import setting
@@ -23,6 +24,8 @@ from apexrl.common.tls import check_health_port, tls_of
 
 DEFAULT_PORT = 7200
 DEFAULT_METRICS_PORT = 9200
+# The Q-network torsos `apexrl.learner.networks` builds (auto: chosen from the observation space).
+NETWORKS = ("auto", "mlp", "nature", "minatar")
 
 
 @dataclass(frozen=True)
@@ -56,11 +59,18 @@ class LearnerConfig:
     tls_cert: str | None = tls_cert_setting()
     tls_key: str | None = tls_key_setting()
     tls_ca: str | None = tls_ca_setting()
+    tls_server_name: str | None = tls_server_name_setting()
     health_port: int | None = health_port_setting()
     port_file: str | None = port_file_setting()
     # Network and optimisation
-    hidden_sizes: tuple[int, ...] = setting((128, 128), "hidden layer sizes of the dueling MLP, comma-separated",
-                                            metavar="SIZES")
+    network: str = setting("auto", "Q-network torso: mlp (vectors; images are flattened), nature (Nature DQN's "
+                                   "convolutions, images of 36x36 and up), minatar (one 3x3 convolution, small "
+                                   "images); auto picks mlp for vectors, nature for images of 36x36 and up, minatar "
+                                   "below", choices=NETWORKS)
+    hidden_sizes: tuple[int, ...] | None = setting(
+        None, "sizes of the fully connected layers before the dueling head (after the convolutions of a "
+              "convolutional torso), comma-separated (none: 128,128 for mlp, 512 for nature, 128 for minatar)",
+        metavar="SIZES")
     batch_size: int = setting(128, "rows per update, drawn across all shards")
     learning_rate: float = setting(1e-3, "Adam learning rate")
     max_grad_norm: float = setting(10.0, "gradient clipping norm")
@@ -73,6 +83,9 @@ class LearnerConfig:
     min_replay_size: int = setting(1_000, "rows the shards must hold in total before training starts",
                                    wiring="[fleet] min_replay_size")
     # Data path
+    sampler_process: bool = setting(True, "sample, decode and assemble batches in a child process that hands them "
+                                          "over in shared memory, so the train step never pays for its data (off: "
+                                          "a thread of the learner's own process)")
     prefetch_depth: int = setting(4, "batches sampled ahead of the train step")
     sample_batches_per_call: int = setting(4, "batches drawn per Sample call to each shard, then split: fewer, "
                                               "larger calls")
@@ -97,7 +110,9 @@ class LearnerConfig:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
         if not self.replay:
             raise ValueError("replay must name at least one shard address")
-        if not self.hidden_sizes or min(self.hidden_sizes) < 1:
+        if self.network not in NETWORKS:
+            raise ValueError(f"network ({self.network!r}) must be one of {', '.join(NETWORKS)}")
+        if self.hidden_sizes is not None and (not self.hidden_sizes or min(self.hidden_sizes) < 1):
             raise ValueError(f"hidden_sizes ({self.hidden_sizes}) must be one or more positive sizes")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate ({self.learning_rate}) must be > 0")

@@ -40,12 +40,12 @@ CONFIG = EvaluateConfig
 
 
 def run(args: EvaluateConfig, stop: threading.Event) -> int:
-    import gymnasium as gym
     import numpy as np
     import torch
 
+    from apexrl.common.environments import check_spaces, make_env
     from apexrl.learner.checkpoint import load_checkpoint, resolve_checkpoint
-    from apexrl.learner.networks import DuelingQNetwork
+    from apexrl.learner.networks import build_network
 
     try:
         file = resolve_checkpoint(args.path)
@@ -53,16 +53,23 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
     except (FileNotFoundError, ValueError) as err:
         raise SettingsError(str(err)) from None
     env_id = args.env or checkpoint.env_id
-    net = DuelingQNetwork(checkpoint.obs_dim, checkpoint.num_actions, checkpoint.hidden_sizes)
-    net.load_state_dict(checkpoint.online)
-    net.eval()
-    env = gym.make(env_id, render_mode="human" if args.render else None)
+    try:  # the same preprocessing the actors played with (Atari frame stacks, ...)
+        env = make_env(env_id, render_mode="human" if args.render else None)
+    except ValueError as err:
+        raise SettingsError(str(err)) from None
     obs_dim = int(np.prod(env.observation_space.shape or (0,)))
     num_actions = getattr(env.action_space, "n", None)
     if obs_dim != checkpoint.obs_dim or num_actions != checkpoint.num_actions:
         env.close()
         raise SettingsError(f"{env_id} has observations of size {obs_dim} and {num_actions} actions; the "
                             f"checkpoint's network expects {checkpoint.obs_dim} and {checkpoint.num_actions}")
+    try:
+        net = build_network(checkpoint.network, check_spaces(env, env_id), checkpoint.hidden_sizes)
+        net.load_state_dict(checkpoint.online)
+    except (ValueError, RuntimeError) as err:  # another environment's images, a damaged state dict
+        env.close()
+        raise SettingsError(f"{file} does not fit {env_id}: {err}") from None
+    net.eval()
     print(f"evaluating {file} (updates {checkpoint.updates}, weights v{checkpoint.weight_version}) on {env_id} "
           f"for {args.episodes} greedy episodes", flush=True)
     returns = []
@@ -74,7 +81,7 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
             total, length, done = 0.0, 0, False
             while not done:
                 with torch.no_grad():
-                    q = net(torch.as_tensor(np.asarray(obs, dtype=np.float32).reshape(1, -1)))
+                    q = net(torch.as_tensor(np.asarray(obs)[None]))  # the network casts and scales
                 obs, reward, terminated, truncated, _info = env.step(int(q.argmax(dim=1).item()))
                 total += float(reward)
                 length += 1

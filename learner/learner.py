@@ -16,19 +16,24 @@ import numpy as np
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from apexrl.common.environments import EnvSpaces
 from apexrl.common.errors import ApexError, is_transient
-from apexrl.common.metrics import LATENCY_BUCKETS
+from apexrl.common.metrics import LATENCY_BUCKETS, ArrayHistogram
 from apexrl.common.settings import SettingsError
-from apexrl.common.tls import tls_of
+from apexrl.common.signature import ROW_VERSION_COLUMN
 from apexrl.learner.checkpoint import CHECKPOINT_NAME, Checkpoint, load_checkpoint, save_checkpoint
 from apexrl.learner.config import LearnerConfig
 from apexrl.learner.losses import double_dqn_loss
-from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
+from apexrl.learner.networks import DEFAULT_HIDDEN, build_network, resolve_network, state_dict_to_numpy
 from apexrl.learner.prefetch import Prefetcher
+from apexrl.learner.sampler_process import SamplerProcess, replay_sampler
 from apexrl.learner.sharded_client import PrioritizedBatch, Shard, ShardedReplayClient
 from apexrl.learner.tensorboard_curves import TrainingCurves
 
 log = logging.getLogger("apexrl.learner")
+
+# Policy staleness of sampled rows, in weight versions (one version per `publish_every` updates).
+STALENESS_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -63,45 +68,55 @@ class LearnerMetrics:
                                      "streams or backed-up shards (since start)", registry=registry)
         self.prefetch_queue = Gauge("apexrl_learner_prefetch_queue_batches", "Sampled batches waiting for the "
                                     "train step", registry=registry)
+        self.row_staleness = ArrayHistogram(
+            "apexrl_learner_sampled_row_staleness_versions", "Learner's weights version minus the version that "
+            "produced each sampled row (rows carry it in their weight_version column)", STALENESS_BUCKETS, registry)
         self.updates_outstanding = Gauge("apexrl_learner_priority_updates_outstanding", "Priority-update messages "
                                          "queued or in flight to the shards", registry=registry)
 
 
-def make_sampler(config: LearnerConfig, shards: Sequence[Shard] | None = None) -> ShardedReplayClient:
-    """The sharded replay client the learner's settings describe: over `config.replay`'s addresses, or over the
+def make_sampler(config: LearnerConfig, shards: Sequence[Shard] | None = None) -> ShardedReplayClient | SamplerProcess:
+    """The learner's data source: a child sampler process over `config.replay` (`sampler_process`, the default),
+    or a sharded replay client sampled by a thread of this process, over `config.replay`'s addresses or over the
     given shard objects (in-process tables in a benchmark) with the same allocation and weights."""
-    targets = config.replay if shards is None else shards
-    return ShardedReplayClient(
-        targets, timeout=config.sample_timeout, seed=config.seed, token=config.token, tls=tls_of(config),
-        resolve_every=config.replay_resolve_seconds,
-        # about k batches of rows per shard (each batch spreads over the shards)
-        coalesce_rows=(2 * config.priority_coalesce_batches - 1) * config.batch_size // (2 * len(targets)),
-    )
+    if shards is None and config.sampler_process:
+        return SamplerProcess(config, slots=config.prefetch_depth + 1,
+                              batches_per_call=config.sample_batches_per_call)
+    return replay_sampler(config, shards)
 
 
 class Learner:
     """Trains from `sampler` (a ShardedReplayClient, or anything with its sample / update_priorities surface) and
     publishes weights through `publish(weights, version) -> version`; it knows neither where the data comes from
     nor where the weights go. Versions continue across restarts from the checkpoint, so actors never see a
-    version go backwards. With `curves`, loss, mean Q and updates/s also go to TensorBoard (closed by close())."""
+    version go backwards. With `curves`, loss, mean Q and updates/s also go to TensorBoard (closed by close()).
+    `spaces` (the environment's observation shape and dtype) picks the network with `config.network`; without
+    it the observations are float vectors of `obs_dim`."""
 
     def __init__(self, config: LearnerConfig, obs_dim: int, num_actions: int, sampler: ShardedReplayClient,
                  publish: Callable[[dict[str, np.ndarray], int], int],
-                 registry: CollectorRegistry | None = None, curves: TrainingCurves | None = None) -> None:
+                 registry: CollectorRegistry | None = None, curves: TrainingCurves | None = None, *,
+                 spaces: EnvSpaces | None = None) -> None:
         self.config = config
+        self.spaces = spaces if spaces is not None else EnvSpaces.vector(obs_dim, num_actions)
+        if (self.spaces.obs_dim, self.spaces.num_actions) != (obs_dim, num_actions):
+            raise ValueError(f"spaces {self.spaces} do not have obs_dim {obs_dim} and {num_actions} actions")
         self.obs_dim = obs_dim
         self.num_actions = num_actions
+        self.network = resolve_network(config.network, self.spaces)
+        self.hidden_sizes = config.hidden_sizes or DEFAULT_HIDDEN[self.network]
         self.device = resolve_device(config.device)
         if config.seed is not None:
             torch.manual_seed(config.seed)
-        self.online = DuelingQNetwork(obs_dim, num_actions, config.hidden_sizes).to(self.device)
-        self.target = DuelingQNetwork(obs_dim, num_actions, config.hidden_sizes).to(self.device)
+        self.online = build_network(self.network, self.spaces, self.hidden_sizes).to(self.device)
+        self.target = build_network(self.network, self.spaces, self.hidden_sizes).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learning_rate)
         self.metrics = LearnerMetrics(registry if registry is not None else CollectorRegistry())
         self.sampler = sampler
         self._publish = publish
         self.curves = curves
+        self._pinned: dict[str, torch.Tensor] = {}  # CUDA: a pinned host buffer per batch column
         self.updates = 0
         self.weight_version = 0
         self._last_publish_warning = 0.0
@@ -115,8 +130,8 @@ class Learner:
 
     def train_step(self, batch: PrioritizedBatch) -> float:
         """One double-DQN update on a prioritized batch; new priorities go back to the shards asynchronously."""
-        col = {k: torch.as_tensor(v, device=self.device) for k, v in batch.columns.items()}
-        weights = torch.as_tensor(batch.weights, device=self.device)
+        col = {k: self._to_device(k, v) for k, v in batch.columns.items()}
+        weights = self._to_device("importance_weights", batch.weights)
         loss, td_abs = double_dqn_loss(self.online, self.target, col["obs"], col["action"], col["reward"],
                                        col["discount"], col["next_obs"], weights)
         self.optimizer.zero_grad(set_to_none=True)
@@ -130,6 +145,19 @@ class Learner:
         if self.updates % self.config.publish_every == 0:
             self.publish_weights()
         return loss.item()
+
+    def _to_device(self, name: str, array: np.ndarray) -> torch.Tensor:
+        """A batch column on the training device. On the CPU it is the array itself (a view of the sampler's
+        shared slot, no copy). On CUDA it is copied into a pinned host buffer kept per column, then sent with a
+        non-blocking copy; the buffer is reused next step, after this step has synchronised (loss.item())."""
+        if self.device.type != "cuda":
+            return torch.as_tensor(array)
+        staging = self._pinned.get(name)
+        if staging is None or tuple(staging.shape) != array.shape or staging.numpy().dtype != array.dtype:
+            staging = torch.empty(array.shape, dtype=torch.from_numpy(array[:0]).dtype, pin_memory=True)
+            self._pinned[name] = staging
+        staging.numpy()[...] = array
+        return staging.to(self.device, non_blocking=True)
 
     def publish_weights(self) -> int:
         """Publish the online network as the next version; the version published (the previous one when a
@@ -154,8 +182,11 @@ class Learner:
         """Train until `stop` is set or max_updates is reached; checkpoint periodically and at the end."""
         c = self.config
         self.publish_weights()  # actors can start acting before the first update
-        prefetcher = Prefetcher(self.sampler, c.batch_size, self.beta, c.prefetch_depth, c.min_replay_size,
-                                c.sample_batches_per_call, c.seed).start()
+        if isinstance(self.sampler, SamplerProcess):
+            prefetcher = self.sampler.start(self.beta)
+        else:
+            prefetcher = Prefetcher(self.sampler, c.batch_size, self.beta, c.prefetch_depth, c.min_replay_size,
+                                    c.sample_batches_per_call, c.seed).start()
         self.metrics.prefetch_queue.set_function(lambda: prefetcher.depth)
         self.metrics.updates_outstanding.set_function(lambda: self.sampler.updates_outstanding)
         log.info("learner on %s: waiting for %d rows in replay (%s)", self.device, c.min_replay_size,
@@ -168,10 +199,12 @@ class Learner:
                 if batch is None:
                     continue
                 self.metrics.sample_wait.observe(time.perf_counter() - wait_start)
+                if ROW_VERSION_COLUMN in batch.columns:
+                    self.metrics.row_staleness.observe_many(self.weight_version - batch.columns[ROW_VERSION_COLUMN])
                 with self.metrics.step_time.time():
                     loss = self.train_step(batch)
                 self.metrics.updates.inc()
-                self.metrics.rows_trained.inc(len(batch.keys))
+                self.metrics.rows_trained.inc(len(batch.weights))
                 if self.updates % 20 == 0:
                     with torch.no_grad():
                         q = self.online(torch.as_tensor(batch.columns["obs"], device=self.device))
@@ -208,8 +241,9 @@ class Learner:
     def save(self) -> Path:
         return save_checkpoint(self.config.checkpoint_dir / CHECKPOINT_NAME, Checkpoint(
             env_id=self.config.env, obs_dim=self.obs_dim, num_actions=self.num_actions,
-            hidden_sizes=self.config.hidden_sizes, online=self.online.state_dict(), target=self.target.state_dict(),
+            hidden_sizes=self.hidden_sizes, online=self.online.state_dict(), target=self.target.state_dict(),
             optimizer=self.optimizer.state_dict(), updates=self.updates, weight_version=self.weight_version,
+            network=self.network,
         ))
 
     def _resume(self) -> None:
@@ -223,11 +257,13 @@ class Learner:
             ckpt = load_checkpoint(path, map_location=self.device)
         except ValueError as err:
             raise SettingsError(f"--run-dir: {err}") from None
-        wanted = (self.obs_dim, self.num_actions, self.config.hidden_sizes)
-        if (ckpt.obs_dim, ckpt.num_actions, ckpt.hidden_sizes) != wanted:
+        wanted = (self.obs_dim, self.num_actions, self.hidden_sizes, self.network)
+        if (ckpt.obs_dim, ckpt.num_actions, ckpt.hidden_sizes, ckpt.network) != wanted:
+            torsos = f" (torso {ckpt.network}, the configuration's {self.network})" \
+                if ckpt.network != self.network else ""
             raise SettingsError(f"checkpoint {path} has network {ckpt.obs_dim}->{ckpt.hidden_sizes}->{ckpt.num_actions}, "
-                             f"the configuration wants {self.obs_dim}->{self.config.hidden_sizes}->"
-                             f"{self.num_actions}")
+                                f"the configuration wants {self.obs_dim}->{self.hidden_sizes}->{self.num_actions}"
+                                + torsos)
         self.online.load_state_dict(ckpt.online)
         self.target.load_state_dict(ckpt.target)
         if ckpt.optimizer is not None:

@@ -24,6 +24,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
     from apexrl.common.metrics import serve_metrics
     from apexrl.common.tls import describe, tls_of
     from apexrl.learner.learner import Learner, make_sampler
+    from apexrl.learner.networks import resolve_network
     from apexrl.learner.tensorboard_curves import TrainingCurves
 
     torch.set_num_threads(config.torch_threads)
@@ -31,6 +32,10 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         spaces = env_spaces(config.env)
     except ValueError as err:
         raise SettingsError(f"--env: {err}") from None
+    try:
+        resolve_network(config.network, spaces)
+    except ValueError as err:
+        raise SettingsError(f"--network: {err}") from None
     registry = CollectorRegistry()
     tls = tls_of(config)
     server = health = client = None
@@ -47,7 +52,8 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         publish = store.publish
     # The learner (and its checkpoint) first: the hosted service reports SERVING only for a learner that can run.
     curves = TrainingCurves(Path(config.run_dir) / "tensorboard" / "learner") if config.run_dir else None
-    learner = Learner(config, spaces.obs_dim, spaces.num_actions, make_sampler(config), publish, registry, curves)
+    learner = Learner(config, spaces.obs_dim, spaces.num_actions, make_sampler(config), publish, registry, curves,
+                      spaces=spaces)
     if client is not None:
         # A standalone service outlives this process and may hold versions newer than the checkpoint (published
         # after it was written): continue above them, since versions may only grow.
@@ -63,8 +69,9 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         if config.port_file:
             atomic_write(config.port_file, f"{port}\n")
     metrics = serve_metrics(registry, config.metrics_port, config.host)
-    log.info("learner for %s (%d -> %s -> %d), batch %d, lr %g; shards %s; parameter service %s; metrics %s",
-             config.env, spaces.obs_dim, config.hidden_sizes, spaces.num_actions, config.batch_size,
+    log.info("learner for %s (%s %s -> %s -> %d), batch %d, lr %g; shards %s; parameter service %s; metrics %s",
+             config.env, learner.network, "x".join(map(str, spaces.obs_shape)) + f" {spaces.obs_dtype}",
+             learner.hidden_sizes, spaces.num_actions, config.batch_size,
              config.learning_rate, ",".join(config.replay), where, metrics)
     try:
         learner.run(stop)

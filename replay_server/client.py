@@ -37,7 +37,7 @@ from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
 from apexrl.replay_server.priority_stream import PriorityStream
-from apexrl.replay_server.wire import SampledBatch, ShardInfo, ShardTotals, UpdateResult
+from apexrl.replay_server.wire import CheckpointResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +272,13 @@ class ReplayClient:
         """Start an Info call without waiting; the future's result() is a ShardInfo."""
         call = self._stub.Info.future(replay_pb2.InfoRequest(), timeout=self._deadline(timeout))
         return CallFuture(call, wire.decode_info, f"info on {self.address}")
+
+    # -------------------------------------------------------------------------------------------- checkpoint
+    def checkpoint(self, *, timeout: float | None = 120.0) -> CheckpointResult:
+        """Ask the shard to write a checkpoint now; returns once it is durable. It holds every row whose insert
+        was acknowledged before this call (flush() first to include what this client queued)."""
+        return wire.decode_checkpoint(self._call(self._stub.Checkpoint, replay_pb2.CheckpointRequest(),
+                                                 "checkpoint", timeout))
 
     # ------------------------------------------------------------------------------------------------ common
     def _deadline(self, timeout: float | None) -> float:

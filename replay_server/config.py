@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from apexrl.common.process import (
@@ -37,6 +38,23 @@ class ReplayConfig(TableConfig):
     tls_ca: str | None = tls_ca_setting()
     health_port: int | None = health_port_setting()
     port_file: str | None = port_file_setting()
+    # Durability
+    checkpoint_dir: str | None = setting(
+        None, "directory of this shard's checkpoints: restored at start (health NOT_SERVING until done; a torn or "
+              "corrupt file is skipped for the previous one), written every --checkpoint-every seconds, on the "
+              "Checkpoint RPC and at SIGTERM, without stopping the shard (`apexrl replay-reshard` moves a fleet's "
+              "checkpoints onto another number of shards); none: no checkpoints", metavar="DIR")
+    checkpoint_every: float = setting(300.0, "seconds between checkpoints when the table changed; 0: only on the "
+                                             "Checkpoint RPC and at shutdown")
+    checkpoint_max_mb_per_s: float = setting(
+        200.0, "pace of checkpoint writing in MB/s (a checkpoint then takes its size / this, plus the final "
+               "fsync) so it takes a bounded share of the CPU inserts and samples need; 0: as fast as possible")
+    checkpoint_keep: int = setting(2, "newest checkpoints kept (older ones deleted): a corrupt newest one falls "
+                                      "back to the one before")
+    wal: str | None = setting(
+        None, "directory of a write-ahead log: every insert batch is appended and fsynced (grouped) before it is "
+              "acknowledged and replayed at start after the newest checkpoint, so a SIGKILL loses no acknowledged "
+              "row (priority updates since the checkpoint are lost); needs --checkpoint-dir", metavar="DIR")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -44,5 +62,13 @@ class ReplayConfig(TableConfig):
             raise ValueError(f"port ({self.port}) and metrics_port ({self.metrics_port}) must be valid ports")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes ({self.max_message_bytes}) must be at least 1024")
+        if not (math.isfinite(self.checkpoint_every) and self.checkpoint_every >= 0):
+            raise ValueError(f"checkpoint_every ({self.checkpoint_every}) must be a finite number of seconds >= 0")
+        if not (math.isfinite(self.checkpoint_max_mb_per_s) and self.checkpoint_max_mb_per_s >= 0):
+            raise ValueError(f"checkpoint_max_mb_per_s ({self.checkpoint_max_mb_per_s}) must be finite and >= 0")
+        if self.checkpoint_keep < 1:
+            raise ValueError(f"checkpoint_keep ({self.checkpoint_keep}) must be at least 1")
+        if self.wal is not None and self.checkpoint_dir is None:
+            raise ValueError("wal needs checkpoint_dir: the log is truncated after each checkpoint")
         tls_of(self, serves=True)
         check_health_port(self.health_port, self.port)

@@ -1,9 +1,12 @@
-"""`apexrl replay`: run one replay shard until SIGTERM or Ctrl-C."""
+"""`apexrl replay`: run one replay shard until SIGTERM or Ctrl-C. With --checkpoint-dir it restores its newest
+good checkpoint first (gRPC health NOT_SERVING until then), checkpoints without stopping (periodically, on the
+Checkpoint RPC, and once more after SIGTERM) and, with --wal, acknowledges only logged inserts."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -14,6 +17,7 @@ from apexrl.common.files import atomic_write
 from apexrl.common.metrics import serve_metrics
 from apexrl.common.tls import describe, tls_of
 from apexrl.replay_server.config import ReplayConfig
+from apexrl.replay_server.durability_metrics import DurabilityCollector, DurabilityStats
 
 if TYPE_CHECKING:
     from apexrl.replay_server.table import ReplayTable
@@ -24,11 +28,12 @@ CONFIG = ReplayConfig
 HELP = "run one prioritized replay shard (gRPC ReplayService)"
 
 
-def metrics_registry(table: ReplayTable) -> CollectorRegistry:
+def metrics_registry(table: ReplayTable, durability: DurabilityStats | None = None) -> CollectorRegistry:
     """The shard's registry before create_replay_server adds the servicer's and table's metrics: the time the
-    rate limiter held calls back (read from the table at scrape time)."""
+    rate limiter held calls back (read from the table at scrape time), checkpoints and write-ahead log."""
     registry = CollectorRegistry()
     registry.register(_BlockedTimeCollector(table))
+    registry.register(DurabilityCollector(durability if durability is not None else DurabilityStats()))
     return registry
 
 
@@ -51,15 +56,26 @@ class _BlockedTimeCollector:
 
 
 def run(config: ReplayConfig, stop: threading.Event) -> int:
+    from apexrl.replay_server.checkpointer import Checkpointer
     from apexrl.replay_server.service import create_replay_server
     from apexrl.replay_server.table import ReplayTable
+    from apexrl.replay_server.wal import WriteAheadLog
 
     table = ReplayTable(config)
+    stats = DurabilityStats()
+    checkpointer = wal = None
+    if config.checkpoint_dir is not None:
+        wal = WriteAheadLog(config.wal, stats) if config.wal is not None else None
+        checkpointer = Checkpointer(table, config.checkpoint_dir, keep=config.checkpoint_keep,
+                                    every=config.checkpoint_every, max_mb_per_s=config.checkpoint_max_mb_per_s,
+                                    stats=stats, on_written=None if wal is None else wal.truncate)
+        table.refuse_calls("the shard is restoring its checkpoint")
     tls = tls_of(config, serves=True)
     server, port, health, registry = create_replay_server(
-        table, f"{config.host}:{config.port}", registry=metrics_registry(table),
+        table, f"{config.host}:{config.port}", registry=metrics_registry(table, stats),
         max_message_bytes=config.max_message_bytes, token=config.token, tls=tls,
         health_address=None if config.health_port is None else f"{config.host}:{config.health_port}",
+        serving=checkpointer is None, checkpointer=checkpointer, wal=wal,
     )
     metrics = serve_metrics(registry, config.metrics_port, config.host)
     log.info("replay shard serving on %s:%d (capacity %d, alpha %.2f, signature %s, %s%s); metrics %s",
@@ -68,8 +84,36 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
              metrics)
     if config.port_file:
         atomic_write(config.port_file, f"{port}\n")
+    if checkpointer is not None:
+        try:
+            _restore(table, checkpointer, wal, config)
+        except BaseException:
+            server.stop(0).wait()
+            raise
+        table.refuse_calls(None)
+        server.set_serving()
+        checkpointer.start()
     grpc_util.serve_until(stop, server, health, before_stop=table.close)
+    if checkpointer is not None:
+        checkpointer.close(final=True)
+    if wal is not None:
+        wal.close()
     info = table.info()
     log.info("replay shard stopped: %d rows held, %d inserted, %d sampled", info.size, info.inserted_total,
              info.sampled_total)
     return 0
+
+
+def _restore(table, checkpointer, wal, config: ReplayConfig) -> None:
+    """Restore the newest good checkpoint, then replay the write-ahead log past it (health NOT_SERVING
+    meanwhile), and start logging."""
+    log.info("restoring from %s (health NOT_SERVING until done)", config.checkpoint_dir)
+    start = time.monotonic()
+    state = checkpointer.restore()
+    if state is None:
+        log.info("no checkpoint in %s", config.checkpoint_dir)
+    if wal is not None:
+        wal.replay(table, restored=state is not None)
+        wal.open(table)
+        stats = checkpointer.stats
+        stats.restore_seconds, stats.restored_rows = time.monotonic() - start, table.info().size

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 from prometheus_client import CollectorRegistry, Gauge
@@ -16,12 +16,23 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from apexrl.common import grpc_util
 from apexrl.common.aio_grpc import AioServerThread, Changes, Lane
-from apexrl.common.errors import ApexError, DeadlineExceededError, InvalidArgumentError, UnavailableError
+from apexrl.common.errors import (
+    ApexError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    UnavailableError,
+)
 from apexrl.common.metrics import RpcMetrics
 from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
 from apexrl.replay_server.table import ReplayTable
+
+if TYPE_CHECKING:
+    from apexrl.replay_server.checkpointer import Checkpointer
+    from apexrl.replay_server.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,6 +51,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
 
     def __init__(self, table: ReplayTable, rpc_metrics: RpcMetrics, registry: CollectorRegistry) -> None:
         self.table = table
+        self.checkpointer: Checkpointer | None = None  # set when the shard has a checkpoint directory
+        self.wal: WriteAheadLog | None = None  # set when the shard has a write-ahead log
         self._metrics = rpc_metrics
         self._changes = Changes()
         self._closing = False
@@ -79,10 +92,58 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 await self._changes.wait(max(0.0, wait))
 
     async def Insert(self, request_iterator, context) -> AsyncIterator[replay_pb2.InsertAck]:  # noqa: N802
-        async for request in request_iterator:
-            with self._metrics.time("Insert"):
-                ack = await self._insert_one(request, context)
-            yield ack
+        if self.wal is None:
+            async for request in request_iterator:
+                with self._metrics.time("Insert"):
+                    ack = await self._insert_one(request, context)
+                yield ack
+            return
+        # With the write-ahead log, each ack waits until its batch is durable, while the stream's next batches
+        # are already stored: a stream's batches share fsyncs (group commit) instead of waiting one by one.
+        stored: asyncio.Queue = asyncio.Queue(maxsize=1024)
+
+        async def store() -> None:
+            try:
+                async for request in request_iterator:
+                    with self._metrics.time("Insert"):
+                        ack = await self._insert_one(request, context)
+                    # A duplicate may have been stored by a stream whose ack is still waiting: wait for all.
+                    key = ack.first_key + ack.rows if ack.rows else self.table.next_key if ack.duplicate else 0
+                    await stored.put((ack, key))
+            except asyncio.CancelledError:  # the stream is over: nobody reads the queue any more
+                raise
+            except BaseException:
+                await stored.put(None)  # the acks before it still go out, then the error ends the stream
+                raise
+            await stored.put(None)
+
+        storing = asyncio.ensure_future(store())
+        try:
+            while (item := await stored.get()) is not None:
+                ack, key = item
+                yield await self._when_durable(ack, key)
+            await storing  # its exception, if any, ends the stream with its status
+        finally:
+            storing.cancel()
+
+    async def _when_durable(self, ack: replay_pb2.InsertAck, key: int) -> replay_pb2.InsertAck:
+        """`ack` once every key below `key` is in the write-ahead log; an UNAVAILABLE ack if the log failed."""
+        if not key or self.wal.durable_key >= key:
+            return ack
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not future.done():
+                future.set_result(error)
+
+        self.wal.when_durable(key, lambda error: loop.call_soon_threadsafe(settle, error))
+        error = await future
+        if error is None:
+            return ack
+        self._metrics.errors.labels("Insert", "UNAVAILABLE").inc()
+        return wire.encode_ack(ack.sequence, ack.incarnation, error_code=UnavailableError.code.value[0],
+                               error_message=f"the write-ahead log failed ({error}): not acknowledged")
 
     async def _insert_one(self, request: replay_pb2.InsertRequest, context) -> replay_pb2.InsertAck:
         decoded: tuple | None = None
@@ -148,6 +209,18 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     async def Info(self, request, context) -> replay_pb2.InfoResponse:  # noqa: N802
         return wire.encode_info(self.table.info())
 
+    async def Checkpoint(self, request, context) -> replay_pb2.CheckpointResponse:  # noqa: N802
+        with self._metrics.time("Checkpoint"):
+            try:
+                if self.checkpointer is None:
+                    raise FailedPreconditionError("this shard has no checkpoint directory (setting checkpoint_dir)")
+                result = await asyncio.wrap_future(self.checkpointer.request())
+            except ApexError as err:
+                await self._abort(context, "Checkpoint", err)
+            except OSError as err:
+                await self._abort(context, "Checkpoint", InternalError(f"checkpoint could not be written: {err}"))
+            return wire.encode_checkpoint(result)
+
     def close(self) -> None:
         """The server is stopping: every waiting call answers UNAVAILABLE (the table itself stays usable, so a
         new server can serve it)."""
@@ -196,23 +269,30 @@ def create_replay_server(
     token: str | None = None,
     tls: TlsFiles | None = None,
     health_address: str | None = None,
+    serving: bool = True,
+    checkpointer: Checkpointer | None = None,
+    wal: WriteAheadLog | None = None,
 ) -> tuple[AioServerThread, int, AioServerThread, CollectorRegistry]:
     """Build and start a replay shard server for `table`; return (server, port, health, registry).
 
     The server runs on its own event-loop thread; `server.stop(grace)` closes the table first (waiting calls
     answer UNAVAILABLE) and returns an event set once it has stopped; `health.enter_graceful_shutdown()` reports
     NOT_SERVING. (server and health are one object.) With `tls` it serves TLS (mutual with a CA); with
-    `health_address` it also serves the health service alone, in plaintext, there (`server.health_port`).
+    `health_address` it also serves the health service alone, in plaintext, there (`server.health_port`). With
+    `serving` false health reports NOT_SERVING until `server.set_serving()` (the shard is restoring); with a
+    `checkpointer` the Checkpoint RPC writes checkpoints; with a `wal` every insert is acknowledged only once
+    it is in the write-ahead log.
     Raises OSError when an address cannot be bound."""
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(TableCollector(table))
     servicer = ReplayServicer(table, RpcMetrics(registry, "replay"), registry)
+    servicer.checkpointer, servicer.wal = checkpointer, wal
 
     async def close() -> None:
         servicer.close()
 
     server = AioServerThread(lambda s: replay_pb2_grpc.add_ReplayServiceServicer_to_server(servicer, s),
                              [wire.SERVICE_NAME], max_message_bytes=max_message_bytes, token=token, tls=tls,
-                             health_address=health_address, on_stop=close)
+                             health_address=health_address, serving=serving, on_stop=close)
     port = server.start(address)
     return server, port, server, registry

@@ -147,6 +147,34 @@ class SumTree:
         _check_finite_nonnegative(vals, "leaf value")
         self._write(idx, vals)
 
+    def load_leaves(self, values: np.ndarray) -> None:
+        """Replace every leaf at once (values already raised to alpha, shape [capacity]) and rebuild the levels
+        bottom-up: a few vectorised passes over the tree, where `set_leaf_values` of every leaf would walk each
+        leaf's ancestors (how a checkpoint is restored)."""
+        vals = np.asarray(values, dtype=np.float64)
+        if vals.shape != (self.capacity,):
+            raise ValueError(f"values shape {vals.shape} does not match the capacity ({self.capacity},)")
+        _check_finite_nonnegative(vals, "leaf value")
+        nodes, leaf0 = self._nodes, self._leaf0
+        nodes[leaf0:] = (0.0, math.inf)
+        nodes[leaf0:leaf0 + self.capacity, 0] = vals
+        nodes[leaf0:leaf0 + self.capacity, 1] = np.where(vals > 0.0, vals, math.inf)
+        width = leaf0
+        while width > self._top0:  # level `width` (nodes width..2*width-1) -> its parents width/2..width-1
+            children = nodes[width:2 * width]
+            half = width // 2
+            np.add(children[0::2, 0], children[1::2, 0], out=nodes[half:width, 0])
+            np.minimum(children[0::2, 1], children[1::2, 1], out=nodes[half:width, 1])
+            width = half
+        self._stale = True
+
+    def leaf_values(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """A copy of the leaves start..stop-1 (priority ** alpha): one slice copy, for snapshots."""
+        stop = self.capacity if stop is None else stop
+        if not 0 <= start <= stop <= self.capacity:
+            raise ValueError(f"leaf range [{start}, {stop}) is not within [0, {self.capacity}]")
+        return self._sum[self._leaf0 + start:self._leaf0 + stop].copy()
+
     def _write(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Write validated leaves, then recompute their ancestors up to the top level, four numpy calls a level.
 

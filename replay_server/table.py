@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +30,7 @@ from apexrl.common.errors import (
 from apexrl.common.settings import setting
 from apexrl.common.signature import Signature
 from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
+from apexrl.replay_server.snapshot import MAX_ALIASES, Snapshot, TableState
 from apexrl.replay_server.sum_tree import SumTree
 from apexrl.replay_server.wire import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 
@@ -123,6 +124,7 @@ class ReplayTable:
     def __init__(self, config: TableConfig) -> None:
         self.config = config
         self.incarnation = secrets.randbits(63) | 1  # never 0: 0 means "current" on the wire
+        self.lineage = secrets.randbits(63) | 1  # this table's history; a restore carries the saved one on
         self._cond = threading.Condition(threading.Lock())
         self._tree = SumTree(config.capacity, config.alpha)
         self._rng = np.random.default_rng(config.seed)
@@ -140,6 +142,11 @@ class ReplayTable:
         self._size = 0
         self._max_priority = 1.0
         self._closed = False
+        self._unavailable: str | None = None  # why calls are refused for now (a restore in progress), or None
+        self._aliases: dict[int, int] = {}  # earlier incarnation -> key limit (see snapshot.TableState)
+        self._snapshot: Snapshot | None = None
+        # Durability hook (write-ahead log): called under the lock with each stored batch (see set_journal).
+        self._journal: Callable[[int, Mapping[str, np.ndarray], np.ndarray, str, int], None] | None = None
         # Counters (read by the metrics collector through info()).
         self._evicted = 0
         self._sampled = 0
@@ -171,6 +178,7 @@ class ReplayTable:
             raise InvalidArgumentError(f"batch of {rows} rows exceeds the table capacity ({self.config.capacity})")
         values = None if priorities is None else check_priorities(priorities, rows)
         with self._cond:
+            self.check_available()
             if writer_id and self._writers.get(writer_id, -1) >= sequence:
                 self._duplicates += 1
                 self._writers.move_to_end(writer_id)
@@ -180,15 +188,20 @@ class ReplayTable:
                 self._allocate(signature)
             elif signature is not self._signature:
                 rows = self._signature.check_batch(columns)  # first insert raced with another; check again
-            self._store(columns, values, rows)
-            if writer_id:
-                self._writers[writer_id] = sequence
-                self._writers.move_to_end(writer_id)
-                if len(self._writers) > self.config.max_tracked_writers:
-                    self._writers.popitem(last=False)
+            values = self._store(columns, values, rows)
+            self._remember_writer(writer_id, sequence)
             first_key = self._next_key - rows
+            if self._journal is not None:
+                self._journal(first_key, columns, values, writer_id, sequence)
             self._cond.notify_all()
         return InsertResult(first_key=first_key, rows=rows, duplicate=False)
+
+    def _remember_writer(self, writer_id: str, sequence: int) -> None:
+        if writer_id:
+            self._writers[writer_id] = sequence
+            self._writers.move_to_end(writer_id)
+            if len(self._writers) > self.config.max_tracked_writers:
+                self._writers.popitem(last=False)
 
     def _allocate(self, signature: Signature) -> None:
         cap = self.config.capacity
@@ -205,16 +218,13 @@ class ReplayTable:
         self._storage = storage
         self._signature = signature
 
-    def _store(self, columns: Mapping[str, np.ndarray], values: np.ndarray | None, rows: int) -> None:
+    def _store(self, columns: Mapping[str, np.ndarray], values: np.ndarray | None, rows: int) -> np.ndarray:
+        """Store a checked batch at the next keys; return the raw priorities it got."""
         cap = self.config.capacity
         start = self._next_key % cap
-        first = min(rows, cap - start)  # rows before the ring wraps
-        for name, dest in self._storage.items():
-            src = columns[name]
-            dest[start:start + first] = src[:first]
-            if first < rows:
-                dest[: rows - first] = src[first:]
-        slots = (start + np.arange(rows, dtype=np.int64)) % cap
+        if self._snapshot is not None:
+            self._snapshot.before_write(start, rows)
+        slots = self._write_rows(start, columns, rows)
         if values is None:
             values = np.full(rows, self._max_priority)
         else:
@@ -225,6 +235,19 @@ class ReplayTable:
         self._next_key += rows
         self._inserted_bytes += rows * self._signature.row_nbytes
         self._limiter.inserted(rows, self._size)
+        return values
+
+    def _write_rows(self, start: int, columns: Mapping[str, np.ndarray], rows: int, offset: int = 0) -> np.ndarray:
+        """Copy rows offset .. offset + rows - 1 of `columns` into the slots from `start` on (wrapping); return
+        the slots."""
+        cap = self.config.capacity
+        first = min(rows, cap - start)  # rows before the ring wraps
+        for name, dest in self._storage.items():
+            src = columns[name]
+            dest[start:start + first] = src[offset:offset + first]
+            if first < rows:
+                dest[: rows - first] = src[offset + first:offset + rows]
+        return (start + np.arange(rows, dtype=np.int64)) % cap
 
     # ----------------------------------------------------------------------------------------------- sample
     def sample(
@@ -245,6 +268,7 @@ class ReplayTable:
                 f"batch_size ({batch_size}) must be in [1, {self.config.max_sample_batch_size}]"
             )
         with self._cond:
+            self.check_available()
             if not wait and not self._limiter.can_sample(self._size):
                 raise FailedPreconditionError(self._not_ready_reason())
             self._wait(lambda: self._limiter.can_sample(self._size), timeout, is_active, "sample")
@@ -298,11 +322,10 @@ class ReplayTable:
         values = check_priorities(priorities, keys.shape[0])
         n = int(keys.shape[0])
         with self._cond:
-            if incarnation not in (0, self.incarnation):
-                self._stale += n
-                return UpdateResult(applied=0, stale=n, totals=self._totals())
+            self.check_available()
+            limit = self._next_key if incarnation in (0, self.incarnation) else self._aliases.get(incarnation, 0)
             keys = keys.astype(np.int64, copy=False)  # keys above 2**63 cannot be valid and become negative
-            valid = (keys >= self._next_key - self._size) & (keys < self._next_key)
+            valid = (keys >= self._next_key - self._size) & (keys < limit)
             applied = int(valid.sum())
             if applied:
                 fresh = values[valid]
@@ -312,10 +335,129 @@ class ReplayTable:
             self._stale += n - applied
             return UpdateResult(applied=applied, stale=n - applied, totals=self._totals())
 
+    # ---------------------------------------------------------------------------------------- durability
+    def begin_snapshot(self, chunk_rows: int) -> Snapshot:
+        """Start a consistent copy of the table as it is now (snapshot.py): one short critical section copies the
+        small state and the tree's leaves; the rows are copied chunk by chunk as the snapshot is read, while
+        inserts, samples and updates go on. One snapshot at a time; close it when done."""
+        with self._cond:
+            self.check_available()
+            if self._snapshot is not None:
+                raise FailedPreconditionError("a snapshot of this table is already being taken")
+            if self._signature is None:
+                raise FailedPreconditionError("the table has no signature yet (nothing was ever inserted)")
+            state = TableState(
+                signature=self._signature, capacity=self.config.capacity, alpha=self.config.alpha,
+                next_key=self._next_key, size=self._size, max_priority=self._max_priority,
+                incarnation=self.incarnation, aliases=dict(self._aliases), writers=tuple(self._writers.items()),
+                counters={"evicted": self._evicted, "sampled": self._sampled, "updated": self._updated,
+                          "stale": self._stale, "duplicates": self._duplicates,
+                          "inserted_bytes": self._inserted_bytes},
+                lineage=self.lineage,
+            )
+            self._snapshot = Snapshot(state, self._tree.leaf_values(), self._storage, self._cond, chunk_rows,
+                                      self._end_snapshot)
+            return self._snapshot
+
+    def _end_snapshot(self) -> None:
+        with self._cond:
+            self._snapshot = None
+
+    def restore(self, state: TableState, blocks: Iterable[tuple[int, Mapping[str, np.ndarray], np.ndarray]]) -> int:
+        """Load a saved state into this table, which must be empty and refusing calls (`refuse_calls`): `blocks`
+        are (first key, columns, leaves p**alpha) in key order covering the state's keys. Rows keep their keys and
+        priorities; with a capacity below the saved size the oldest rows are dropped (counted as evicted). The
+        table keeps its own, new incarnation; the saved one (and its own aliases) become aliases, so priority
+        updates for restored keys still apply. A failed restore (a block that does not read) leaves the table
+        empty, ready for another restore. Returns the rows restored."""
+        if self.config.signature is not None and state.signature != self.config.signature:
+            raise InvalidArgumentError(f"saved signature {state.signature} differs from the table's "
+                                       f"{self.config.signature}")
+        cap = self.config.capacity
+        keep = min(state.size, cap)
+        lowest = state.next_key - keep
+        with self._cond:
+            if self._next_key or self._unavailable is None:
+                raise FailedPreconditionError("restore needs an empty table that refuses calls (refuse_calls)")
+            if self._signature != state.signature:
+                self._allocate(state.signature)
+        leaves = np.zeros(cap, dtype=np.float64)
+        for first_key, columns, block_leaves in blocks:
+            skip = max(0, lowest - first_key)
+            rows = len(block_leaves) - skip
+            if rows <= 0:
+                continue
+            slots = self._write_rows((first_key + skip) % cap, columns, rows, offset=skip)
+            leaves[slots] = block_leaves[skip:]
+        with self._cond:
+            self._tree.load_leaves(leaves)
+            self._next_key, self._size, self._max_priority = state.next_key, keep, state.max_priority
+            self.lineage = state.lineage or self.lineage
+            self._writers = OrderedDict(state.writers)
+            c = state.counters
+            self._evicted = c.get("evicted", 0) + state.size - keep
+            self._sampled, self._updated, self._stale = c.get("sampled", 0), c.get("updated", 0), c.get("stale", 0)
+            self._duplicates, self._inserted_bytes = c.get("duplicates", 0), c.get("inserted_bytes", 0)
+            aliases = dict(state.aliases)
+            if state.incarnation:
+                aliases[state.incarnation] = state.next_key
+            self._aliases = dict(list(aliases.items())[-MAX_ALIASES:])
+        return keep
+
+    def replay_insert(self, first_key: int, columns: Mapping[str, np.ndarray], priorities: np.ndarray,
+                      writer_id: str, sequence: int, incarnation: int) -> bool:
+        """Store a batch read back from the write-ahead log with its original keys and raw priorities; a batch
+        below the next key is already held and skipped (False). The incarnation that wrote it becomes an alias
+        up to the batch's last key: those keys name the same rows here."""
+        signature = self._signature or Signature.from_batch(columns)
+        rows = signature.check_batch(columns)
+        with self._cond:
+            if first_key + rows <= self._next_key:
+                return False
+            if self._signature is None:
+                self._allocate(signature)
+            if first_key != self._next_key:
+                raise FailedPreconditionError(f"log batch at key {first_key} does not follow key {self._next_key}")
+            self._store(columns, check_priorities(priorities, rows), rows)
+            self._remember_writer(writer_id, sequence)
+            if incarnation and incarnation != self.incarnation:
+                self._aliases[incarnation] = max(self._aliases.get(incarnation, 0), self._next_key)
+                self._aliases = dict(list(self._aliases.items())[-MAX_ALIASES:])
+            return True
+
+    def refuse_calls(self, reason: str | None) -> None:
+        """Make inserts, samples and priority updates raise UnavailableError(reason) (while a checkpoint is being
+        restored), or serve them again with None. Info keeps answering. The rate limiter starts afresh when calls
+        are served again: rows restored or replayed from the log earn no samples."""
+        with self._cond:
+            if reason is None and self._unavailable is not None:
+                self._limiter = RateLimiter(min_size=self.config.min_size_to_sample,
+                                            samples_per_insert=self.config.samples_per_insert,
+                                            tolerance=self.config.samples_per_insert_tolerance)
+            self._unavailable = reason
+            self._cond.notify_all()
+
+    def check_available(self) -> None:
+        """UnavailableError while the table refuses calls (see refuse_calls)."""
+        if self._unavailable is not None:
+            raise UnavailableError(self._unavailable)
+
+    def set_journal(self, journal: Callable[[int, Mapping[str, np.ndarray], np.ndarray, str, int], None] | None,
+                    ) -> None:
+        """Call `journal(first_key, columns, raw priorities, writer_id, sequence)` for each stored batch, under the
+        table lock, in key order (the write-ahead log)."""
+        with self._cond:
+            self._journal = journal
+
     # ---------------------------------------------------------------------------------------------- misc
     @property
     def signature(self) -> Signature | None:
         return self._signature
+
+    @property
+    def next_key(self) -> int:
+        """The key the next stored row gets (InfoResponse.inserted_total)."""
+        return self._next_key
 
     def info(self) -> ShardInfo:
         with self._cond:

@@ -104,6 +104,18 @@ class UpdateResult:
     totals: ShardTotals
 
 
+@dataclass(frozen=True)
+class CheckpointResult:
+    """A checkpoint that is durable on the shard's disk: the CheckpointResponse message (same field names)."""
+
+    path: str
+    rows: int
+    inserted_total: int   # the insert counter at the checkpoint's instant: every lower key is in it (or evicted)
+    bytes: int
+    seconds: float        # from the checkpoint's instant until durable
+    incarnation: int
+
+
 # --- Sample --------------------------------------------------------------------------------------------------------
 
 
@@ -202,3 +214,14 @@ def encode_ack(sequence: int, incarnation: int, result: InsertResult | None = No
         ack.first_key = result.first_key
         ack.rows = result.rows
     return ack
+
+
+# --- Checkpoint ----------------------------------------------------------------------------------------------------
+
+
+def encode_checkpoint(result: CheckpointResult) -> replay_pb2.CheckpointResponse:
+    return replay_pb2.CheckpointResponse(**{f.name: getattr(result, f.name) for f in fields(CheckpointResult)})
+
+
+def decode_checkpoint(response: replay_pb2.CheckpointResponse) -> CheckpointResult:
+    return CheckpointResult(**{f.name: getattr(response, f.name) for f in fields(CheckpointResult)})

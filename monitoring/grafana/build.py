@@ -150,6 +150,14 @@ FLEET = [
                   (Query(f"sum by (result) (rate(apexrl_params_fetches_total{{{PARAMS}}}[{RATE}]))", "{{result}}"),
                    Query(f"sum(rate(apexrl_actor_weight_fetch_failures_total{{{ACTORS_AND_EVALUATOR}}}[{RATE}]))",
                          "failed")), span=8),
+        PanelSpec("Staleness of sampled rows", "Weight versions between the learner's newest weights and the weights "
+                  "that produced each row it samples (how off-policy the training data is).", "short",
+                  quantiles("apexrl_learner_sampled_row_staleness_versions", LEARNER, "", "versions behind"),
+                  span=12),
+        PanelSpec("Actor lag at its last pull", "Versions each actor's weights were behind the newest when it last "
+                  "pulled.", "short",
+                  (Query(f"apexrl_actor_weight_version_lag_versions{{{ACTORS_AND_EVALUATOR}}}", "{{role}}"),),
+                  span=12),
     ]),
     RowSpec("RPC latency", [
         PanelSpec("Replay shard requests: p50 / p99 by method", "Server-side time per request (per message on "

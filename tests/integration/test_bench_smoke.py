@@ -61,18 +61,18 @@ def test_learner_bench_quick_mode_reports_every_figure(tmp_path):
     data = run_quick("learner_bench.py", tmp_path)
     assert data["contents"]["identical"] and data["contents"]["same_first_batch"]
     phases = data["phases"]
-    assert [p["mode"] for p in phases] == ["grpc", "inprocess", "reference"]
+    assert [p["mode"] for p in phases] == ["grpc", "grpc-thread", "inprocess", "reference"]
     for p in phases:
         assert p["updates"] > 0 and p["updates_per_s"] > 0 and p["seconds"] > 0, p["mode"]
         assert p["train_step_ms"] > 0 and p["learner_cpu_s"] > 0, p["mode"]
         assert len(p["shard_cpu_s"]) == 2
-    assert all(cpu > 0 for cpu in phases[0]["shard_cpu_s"])  # the gRPC phase kept both shards busy
+    assert all(cpu > 0 for p in phases[:2] for cpu in p["shard_cpu_s"])  # the gRPC phases kept both shards busy
     summary = data["summary"]
-    assert set(summary["per_mode"]) == {"grpc", "inprocess", "reference"}
+    assert set(summary["per_mode"]) == {"grpc", "grpc-thread", "inprocess", "reference"}
     for mode, m in summary["per_mode"].items():
         assert m["updates_per_s"] > 0 and m["learner_cpu_ms_per_update"] > 0, mode
     assert summary["ratio"] > 0 and len(summary["round_ratios"]) == 1
-    assert set(summary["share_of_reference"]) == {"grpc", "inprocess"}
+    assert set(summary["share_of_reference"]) == {"grpc", "grpc-thread", "inprocess"}
     assert data["meta"]["torch"] and data["fill_seconds"] > 0
 
 
@@ -102,3 +102,19 @@ def test_solve_race_quick_mode_times_the_default_launch(tmp_path):
     assert run["system"] == "apexrl" and run["solved"] and run["seconds"] > 0 and run["env_steps"] > 1000, run
     assert data["summary"]["apexrl"]["median_seconds"] == run["seconds"]
     assert "apexrl median" in proc.stdout and "Load average" in proc.stdout
+
+
+@pytest.mark.timeout(150)
+def test_checkpoint_bench_quick_mode_reports_every_figure(tmp_path):
+    data = run_quick("checkpoint_bench.py", tmp_path)
+    assert [p["pace_mb_per_s"] for p in data["paces"]] == [200.0, 0.0]
+    for part in data["paces"]:
+        for phase in ("baseline", "checkpointing"):
+            figures = part[phase]
+            assert figures["insert_rows_per_s"] > 0 and figures["insert_max_ack_gap_ms"] > 0, phase
+            for call in ("insert", "sample", "update"):
+                assert figures[f"{call}_calls"] > 0 and figures[f"{call}_max_ms"] > 0, (phase, call)
+        assert part["checkpoints"] and all(c["bytes"] > 0 and c["rows"] == data["capacity"]
+                                           for c in part["checkpoints"])
+    assert data["restore"]["rows"] == data["capacity"] and data["restore"]["restore_s"] >= 0
+    assert data["wal"]["with_rows_per_s"] > 0 and data["wal"]["without_rows_per_s"] > 0

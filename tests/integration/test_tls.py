@@ -4,8 +4,10 @@ The SDK clients given the right CA (and, under mutual TLS, a client certificate)
 and fetch. Every wrong credential is refused with the status code documented in common/grpc_util.py and README
 ("TLS"), and changes nothing on the server: a shard's counters and the parameter service's version are read
 before and after each refused attempt. A server's plaintext health port answers SERVING (and serves nothing
-else) while its TLS port refuses plaintext. `apexrl launch` with [fleet] TLS files trains with every server port
-refusing plaintext.
+else) while its TLS port refuses plaintext. Servers whose certificate names only a DNS name (a Kubernetes fleet's,
+dialled by pod IP) are reached by clients that check `tls_server_name` instead of the address, and refused, with
+the reason, by clients that do not or that check another name. `apexrl launch` with [fleet] TLS files and
+tls_server_name trains with every server port refusing plaintext.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from apexrl.actor.config import ActorConfig
 from apexrl.common.errors import ApexError, DeadlineExceededError, UnauthenticatedError, UnavailableError
 from apexrl.common.grpc_util import make_channel, wait_for_health
-from apexrl.common.tls import TlsFiles
+from apexrl.common.tls import TlsFiles, tls_of
 from apexrl.learner.sharded_client import ShardedReplayClient
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
@@ -35,7 +38,7 @@ from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server.client import ReplayClient
 from tests.conftest import cartpole_batch
 from tests.integration.launcher.test_main import Launch
-from tests.support.certs import Certs, make_certs
+from tests.support.certs import SERVER_NAME, Certs, make_certs
 
 TOKEN = "s3cret"
 WEIGHTS = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(3, dtype=np.float32)}
@@ -245,6 +248,67 @@ def test_a_parameter_service_refuses_wrong_credentials_and_changes_nothing(fleet
         np.testing.assert_array_equal(client.fetch(0)[1]["w"], WEIGHTS["w"])
 
 
+# ------------------------------------------------------------------------------------------- tls_server_name
+@pytest.fixture(scope="module")
+def named(tmp_path_factory) -> Iterator[tuple[Certs, dict[str, Server]]]:
+    """A mutual-TLS shard and parameter service on 127.0.0.1 whose certificate names SERVER_NAME and nothing else
+    (no IP address, no localhost): a Kubernetes fleet's servers, dialled by pod IP."""
+    directory = tmp_path_factory.mktemp("named")
+    certs = make_certs(directory / "certs")
+    flags = ("--tls-cert", certs.named_cert, "--tls-key", certs.named_key, "--tls-ca", certs.ca)
+    started: dict[str, Server] = {}
+    try:
+        for role in ("replay", "params"):
+            started[role] = start(directory, role, f"named-{role}", *flags)
+        yield certs, started
+        for server in started.values():
+            assert server.stop() == 0, server.log.read_text()[-2000:]
+    finally:
+        for server in started.values():
+            if server.process.poll() is None:
+                server.process.kill()
+                server.process.wait(10)
+
+
+def call_named(role: str, address: str, tls: TlsFiles) -> object:
+    """One call to the server at `address` (its ADDRESS is an IP the certificate does not name)."""
+    if role == "replay":
+        with ReplayClient(address, timeout=3.0, tls=tls) as client:
+            return client.info().inserted_total
+    with ParameterClient(address, timeout=3.0, tls=tls) as client:
+        client.publish(WEIGHTS)
+        return client.version()
+
+
+@pytest.mark.parametrize("role", ["replay", "params"])
+def test_clients_check_the_certificate_against_tls_server_name_instead_of_the_address(named, role):
+    certs, servers = named
+    address = servers[role].address
+    assert address.startswith("127.0.0.1:")
+
+    def tls(server_name: str | None) -> TlsFiles:
+        return TlsFiles.read(certs.named_cert, certs.named_key, certs.ca, server_name=server_name)
+
+    call_named(role, address, tls(SERVER_NAME))  # the name the certificate holds: accepted
+    for name in (None, "apexrl-learner.apexrl.svc"):  # the address dialled, another name: refused, saying why
+        with pytest.raises(UnavailableError) as info:
+            call_named(role, address, tls(name))
+        assert "Hostname Verification Check failed" in str(info.value), info.value
+    # What the roles dial with: the TlsFiles of their settings (tls_of), here an actor's --tls-server-name.
+    actor = ActorConfig(params=address, replay=(address,), tls_cert=certs.named_cert, tls_key=certs.named_key,
+                        tls_ca=certs.ca, tls_server_name=SERVER_NAME)
+    assert tls_of(actor) == tls(SERVER_NAME)
+    if role == "replay":  # the learner's sampler, over the same files
+        with ReplayClient(address, tls=tls_of(actor)) as client:
+            client.insert(cartpole_batch(32), priorities=np.ones(32))
+            client.flush(timeout=10)
+        sampler = ShardedReplayClient([address], tls=tls(SERVER_NAME))
+        try:
+            assert len(sampler.sample(8, beta=0.4).keys) == 8
+        finally:
+            sampler.close()
+
+
 # ----------------------------------------------------------------------------------------- health port
 @pytest.mark.parametrize("name", ["tls_shard", "mtls_shard", "tls_params", "mtls_params"])
 def test_the_plaintext_health_port_answers_and_the_tls_port_requires_tls(fleet, name):
@@ -277,19 +341,25 @@ def test_wrong_health_service_names_stay_unknown(fleet):
 # ---------------------------------------------------------------------------------------- a launched fleet
 @pytest.mark.timeout(150)
 def test_a_launched_fleet_trains_over_mutual_tls(tmp_path):
-    """`apexrl launch` with [fleet] TLS files (here as flags): every role gets them, the servers refuse plaintext,
-    and the fleet trains: the learner updates and the actor receives weights."""
+    """`apexrl launch` with [fleet] TLS files and tls_server_name (here as flags): every role gets the files, every
+    role that dials the name, the servers refuse plaintext, and the fleet trains: the learner updates and the
+    actor receives weights. The certificate names SERVER_NAME only, not 127.0.0.1 where the roles dial each
+    other: every client (the launcher's health checks too) checks the name instead of the address."""
     certs = make_certs(tmp_path / "certs")
-    tls = TlsFiles.read(certs.cert, certs.key, certs.ca)
-    run = Launch(tmp_path, "--max-seconds", "40", "--tls-cert", certs.cert, "--tls-key", certs.key,
-                 "--tls-ca", certs.ca)
+    tls = TlsFiles.read(certs.named_cert, certs.named_key, certs.ca, server_name=SERVER_NAME)
+    run = Launch(tmp_path, "--max-seconds", "40", "--tls-cert", certs.named_cert, "--tls-key", certs.named_key,
+                 "--tls-ca", certs.ca, "--tls-server-name", SERVER_NAME)
     try:
         run.wait_running(timeout=90)
         roles = {r["name"]: r for r in run.config()["roles"]}
         for name, role in roles.items():
             command = role["command"]
             assert [command[command.index(f) + 1] for f in ("--tls-cert", "--tls-key", "--tls-ca")] == \
-                [certs.cert, certs.key, certs.ca], name
+                [certs.named_cert, certs.named_key, certs.ca], name
+            dials = not name.startswith("shard-")
+            assert ("--tls-server-name" in command) == dials, name
+            if dials:
+                assert command[command.index("--tls-server-name") + 1] == SERVER_NAME, name
         servers = {"shard-0": int((run.run_dir / "ports" / "shard-0.port").read_text()),
                    "learner": roles["learner"]["port"]}
         for name, port in servers.items():

@@ -1,6 +1,8 @@
 """Certificates for the TLS tests, made by `trustme` (a test CA in a few lines, no openssl command): a CA, a node
 certificate for the names the tests dial (localhost, 127.0.0.1) that serves as both server and client
-certificate, and a second, foreign CA with a client certificate of its own."""
+certificate, a second node certificate naming only SERVER_NAME (a DNS name, no address: what a fleet's one
+certificate looks like when clients check `tls_server_name`), and a second, foreign CA with a client certificate
+of its own."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trustme
+
+# The one name `named_cert` holds: what a Kubernetes fleet's certificate names (tls_server_name).
+SERVER_NAME = "apexrl-replay.apexrl.svc"
 
 
 @dataclass(frozen=True)
@@ -18,22 +23,28 @@ class Certs:
     foreign_ca: str    # a CA that signed none of the above
     foreign_cert: str  # a client certificate signed by `foreign_ca`
     foreign_key: str
+    named_cert: str    # node certificate chain for SERVER_NAME only, signed by `ca`
+    named_key: str
 
 
 def make_certs(directory: Path) -> Certs:
-    """Write a CA, a node certificate and a foreign CA's client certificate into `directory` as PEM files."""
+    """Write a CA, two node certificates (one for localhost and 127.0.0.1, one for SERVER_NAME alone) and a
+    foreign CA's client certificate into `directory` as PEM files."""
     directory.mkdir(parents=True, exist_ok=True)
     ca, foreign = trustme.CA(), trustme.CA()
     node = ca.issue_cert("localhost", "127.0.0.1")
     stranger = foreign.issue_cert("localhost", "127.0.0.1")
+    named = ca.issue_cert(SERVER_NAME)
     paths = {name: directory / f"{name}.pem" for name in ("ca", "cert", "key", "foreign_ca", "foreign_cert",
-                                                           "foreign_key")}
+                                                           "foreign_key", "named_cert", "named_key")}
     ca.cert_pem.write_to_path(str(paths["ca"]))
     paths["cert"].write_bytes(b"".join(blob.bytes() for blob in node.cert_chain_pems))
     node.private_key_pem.write_to_path(str(paths["key"]))
     foreign.cert_pem.write_to_path(str(paths["foreign_ca"]))
     paths["foreign_cert"].write_bytes(b"".join(blob.bytes() for blob in stranger.cert_chain_pems))
     stranger.private_key_pem.write_to_path(str(paths["foreign_key"]))
-    for key in ("key", "foreign_key"):
+    paths["named_cert"].write_bytes(b"".join(blob.bytes() for blob in named.cert_chain_pems))
+    named.private_key_pem.write_to_path(str(paths["named_key"]))
+    for key in ("key", "foreign_key", "named_key"):
         paths[key].chmod(0o600)
     return Certs(**{name: str(path) for name, path in paths.items()})

@@ -15,7 +15,14 @@ Keys: every stored row has a key, the row's insertion index (0, 1, 2, ... in ins
 FIFO eviction makes a key valid while  inserted_total - size <= key < inserted_total;  a key outside that
 range names a row that was evicted (stale) or never existed (unknown). Keys are only meaningful together with
 the shard's `incarnation`, a random nonzero 63-bit number drawn when the shard process starts: after a restart
-every key of the old incarnation is stale.
+every key of the old incarnation is stale, except on a shard restored from a checkpoint (setting
+`checkpoint_dir`): restored rows keep their keys, and an update naming the old incarnation still applies to
+keys below the checkpoint's inserted_total (with the write-ahead log: below the last durable key), which name
+the same rows; old keys at or above that limit, which the restarted shard may give to other rows, are stale.
+
+Start-up: a shard with a checkpoint directory or a write-ahead log reports grpc.health.v1 NOT_SERVING until it
+has restored them; meanwhile Insert acks (error_code 14), Sample, UpdatePriorities and Checkpoint answer
+UNAVAILABLE, and Info answers (for an empty table).
 
 Priorities: clients send raw priorities p, finite and 0 <= p <= 1e25 (MAX_PRIORITY; larger values, NaN, +inf,
 -inf and negative values are refused with INVALID_ARGUMENT), as FLOAT32 or FLOAT64 tensors (any other dtype is
@@ -46,10 +53,12 @@ Errors are gRPC status codes with a message naming the bad value:
   INVALID_ARGUMENT     schema mismatch, bad tensor encoding, NaN/inf/negative/too large priority, bad batch_size
                        (in an InsertAck's error_code for Insert)
   RESOURCE_EXHAUSTED   message larger than the shard's receive or send limit (or the client's receive limit)
-  FAILED_PRECONDITION  not enough rows to sample (or the rate limiter says wait) and the request said no_wait
+  FAILED_PRECONDITION  not enough rows to sample (or the rate limiter says wait) and the request said no_wait;
+                       Checkpoint on a shard without a checkpoint directory or signature
   DEADLINE_EXCEEDED    a rate-limited call waited until its deadline
   UNAUTHENTICATED      missing or wrong token (when the shard requires one)
-  UNAVAILABLE          the shard is shutting down (or cannot be reached)
+  UNAVAILABLE          the shard is shutting down or restoring its checkpoint (or cannot be reached)
+  INTERNAL             a checkpoint could not be written (Checkpoint only)
 """
 
 from apexrl.proto import tensor_pb2 as _tensor_pb2
@@ -268,7 +277,8 @@ class UpdatePrioritiesRequest(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     incarnation: _builtins.int
     """The incarnation the keys came from; 0 means "the current one". Any other value than the shard's current
-    incarnation makes every key stale (nothing is applied).
+    incarnation makes every key stale (nothing is applied), except the earlier incarnations a restored shard
+    carries on (see the file comment on keys).
     """
     @_builtins.property
     def keys(self) -> _tensor_pb2.Tensor:
@@ -455,3 +465,64 @@ class InfoResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InfoResponse: _TypeAlias = InfoResponse  # noqa: Y015
+
+@_typing.final
+class CheckpointRequest(_message.Message):
+    """Next ID: 1"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointRequest: _TypeAlias = CheckpointRequest  # noqa: Y015
+
+@_typing.final
+class CheckpointResponse(_message.Message):
+    """A checkpoint that is durable on the shard's disk. Next ID: 7"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    INSERTED_TOTAL_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """The checkpoint file's path on the shard's machine."""
+    rows: _builtins.int
+    """Rows held in the checkpoint."""
+    inserted_total: _builtins.int
+    """The shard's InfoResponse.inserted_total at the checkpoint's instant: every row with a lower key is in it
+    (unless evicted before that instant).
+    """
+    bytes: _builtins.int
+    """Size of the file in bytes."""
+    seconds: _builtins.float
+    """Seconds from the checkpoint's instant until it was durable."""
+    incarnation: _builtins.int
+    """The shard's incarnation when the checkpoint was taken."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        rows: _builtins.int = ...,
+        inserted_total: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+        seconds: _builtins.float = ...,
+        incarnation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "incarnation", b"incarnation", "inserted_total", b"inserted_total", "path", b"path", "rows", b"rows", "seconds", b"seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointResponse: _TypeAlias = CheckpointResponse  # noqa: Y015

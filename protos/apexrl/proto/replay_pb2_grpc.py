@@ -59,6 +59,11 @@ class ReplayServiceStub:
                 request_serializer=apexrl_dot_proto_dot_replay__pb2.InfoRequest.SerializeToString,
                 response_deserializer=apexrl_dot_proto_dot_replay__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.Checkpoint = channel.unary_unary(
+                '/apexrl.v1.ReplayService/Checkpoint',
+                request_serializer=apexrl_dot_proto_dot_replay__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=apexrl_dot_proto_dot_replay__pb2.CheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class ReplayServiceServicer:
@@ -92,7 +97,8 @@ class ReplayServiceServicer:
         - The shard tracks at most max_tracked_writers writer ids (100,000 by default); the least recently used
         (stored or acknowledged as duplicate) is forgotten first, and a forgotten writer's resent batches are
         stored again. A shard process that restarts forgets every writer (its incarnation changes and its table
-        starts empty).
+        starts empty), unless it restores a checkpoint, which holds every writer's last stored sequence number
+        at the checkpoint's instant (with the write-ahead log: as of the last acknowledged batch).
 
         Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
         nothing of it was stored, and the stream stays open for the next batch:
@@ -158,6 +164,22 @@ class ReplayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Checkpoint(self, request, context):
+        """Writes a checkpoint of the whole shard into its checkpoint directory (setting `checkpoint_dir`) and answers
+        once the file is durable (written, fsynced, renamed, directory fsynced). The shard keeps serving meanwhile:
+        the checkpoint holds the table exactly as it was at one instant after this call arrived (every row whose
+        insert was acknowledged before the call, each with its priority at that instant). When a checkpoint is
+        already being written, the call waits for it and then for the next one, which it shares with every call
+        that arrived in between.
+        Errors: FAILED_PRECONDITION (the shard has no checkpoint directory, or no signature yet: nothing was ever
+        inserted and none was declared); UNAVAILABLE (the shard is restoring or shutting down); INTERNAL (the file
+        could not be written, e.g. the disk is full; the message names the OS error; the shard goes on serving);
+        DEADLINE_EXCEEDED (the call's deadline passed first; the checkpoint is still written).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +207,11 @@ def add_ReplayServiceServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=apexrl_dot_proto_dot_replay__pb2.InfoRequest.FromString,
                     response_serializer=apexrl_dot_proto_dot_replay__pb2.InfoResponse.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=apexrl_dot_proto_dot_replay__pb2.CheckpointRequest.FromString,
+                    response_serializer=apexrl_dot_proto_dot_replay__pb2.CheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -322,6 +349,33 @@ class ReplayService:
             '/apexrl.v1.ReplayService/Info',
             apexrl_dot_proto_dot_replay__pb2.InfoRequest.SerializeToString,
             apexrl_dot_proto_dot_replay__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apexrl.v1.ReplayService/Checkpoint',
+            apexrl_dot_proto_dot_replay__pb2.CheckpointRequest.SerializeToString,
+            apexrl_dot_proto_dot_replay__pb2.CheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,7 +15,14 @@ Keys: every stored row has a key, the row's insertion index (0, 1, 2, ... in ins
 FIFO eviction makes a key valid while  inserted_total - size <= key < inserted_total;  a key outside that
 range names a row that was evicted (stale) or never existed (unknown). Keys are only meaningful together with
 the shard's `incarnation`, a random nonzero 63-bit number drawn when the shard process starts: after a restart
-every key of the old incarnation is stale.
+every key of the old incarnation is stale, except on a shard restored from a checkpoint (setting
+`checkpoint_dir`): restored rows keep their keys, and an update naming the old incarnation still applies to
+keys below the checkpoint's inserted_total (with the write-ahead log: below the last durable key), which name
+the same rows; old keys at or above that limit, which the restarted shard may give to other rows, are stale.
+
+Start-up: a shard with a checkpoint directory or a write-ahead log reports grpc.health.v1 NOT_SERVING until it
+has restored them; meanwhile Insert acks (error_code 14), Sample, UpdatePriorities and Checkpoint answer
+UNAVAILABLE, and Info answers (for an empty table).
 
 Priorities: clients send raw priorities p, finite and 0 <= p <= 1e25 (MAX_PRIORITY; larger values, NaN, +inf,
 -inf and negative values are refused with INVALID_ARGUMENT), as FLOAT32 or FLOAT64 tensors (any other dtype is
@@ -46,10 +53,12 @@ Errors are gRPC status codes with a message naming the bad value:
   INVALID_ARGUMENT     schema mismatch, bad tensor encoding, NaN/inf/negative/too large priority, bad batch_size
                        (in an InsertAck's error_code for Insert)
   RESOURCE_EXHAUSTED   message larger than the shard's receive or send limit (or the client's receive limit)
-  FAILED_PRECONDITION  not enough rows to sample (or the rate limiter says wait) and the request said no_wait
+  FAILED_PRECONDITION  not enough rows to sample (or the rate limiter says wait) and the request said no_wait;
+                       Checkpoint on a shard without a checkpoint directory or signature
   DEADLINE_EXCEEDED    a rate-limited call waited until its deadline
   UNAUTHENTICATED      missing or wrong token (when the shard requires one)
-  UNAVAILABLE          the shard is shutting down (or cannot be reached)
+  UNAVAILABLE          the shard is shutting down or restoring its checkpoint (or cannot be reached)
+  INTERNAL             a checkpoint could not be written (Checkpoint only)
 """
 
 from apexrl.proto import replay_pb2 as _replay_pb2
@@ -108,7 +117,8 @@ class ReplayServiceStub:
       - The shard tracks at most max_tracked_writers writer ids (100,000 by default); the least recently used
         (stored or acknowledged as duplicate) is forgotten first, and a forgotten writer's resent batches are
         stored again. A shard process that restarts forgets every writer (its incarnation changes and its table
-        starts empty).
+        starts empty), unless it restores a checkpoint, which holds every writer's last stored sequence number
+        at the checkpoint's instant (with the write-ahead log: as of the last acknowledged batch).
 
     Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
     nothing of it was stored, and the stream stays open for the next batch:
@@ -153,6 +163,18 @@ class ReplayServiceStub:
     """
     Info: _grpc.UnaryUnaryMultiCallable[_replay_pb2.InfoRequest, _replay_pb2.InfoResponse]
     """Table signature, sizes, settings and counters. Never fails (except UNAUTHENTICATED or transport errors)."""
+    Checkpoint: _grpc.UnaryUnaryMultiCallable[_replay_pb2.CheckpointRequest, _replay_pb2.CheckpointResponse]
+    """Writes a checkpoint of the whole shard into its checkpoint directory (setting `checkpoint_dir`) and answers
+    once the file is durable (written, fsynced, renamed, directory fsynced). The shard keeps serving meanwhile:
+    the checkpoint holds the table exactly as it was at one instant after this call arrived (every row whose
+    insert was acknowledged before the call, each with its priority at that instant). When a checkpoint is
+    already being written, the call waits for it and then for the next one, which it shares with every call
+    that arrived in between.
+    Errors: FAILED_PRECONDITION (the shard has no checkpoint directory, or no signature yet: nothing was ever
+    inserted and none was declared); UNAVAILABLE (the shard is restoring or shutting down); INTERNAL (the file
+    could not be written, e.g. the disk is full; the message names the OS error; the shard goes on serving);
+    DEADLINE_EXCEEDED (the call's deadline passed first; the checkpoint is still written).
+    """
 
 @_typing.type_check_only
 class ReplayServiceAsyncStub(ReplayServiceStub):
@@ -185,7 +207,8 @@ class ReplayServiceAsyncStub(ReplayServiceStub):
       - The shard tracks at most max_tracked_writers writer ids (100,000 by default); the least recently used
         (stored or acknowledged as duplicate) is forgotten first, and a forgotten writer's resent batches are
         stored again. A shard process that restarts forgets every writer (its incarnation changes and its table
-        starts empty).
+        starts empty), unless it restores a checkpoint, which holds every writer's last stored sequence number
+        at the checkpoint's instant (with the write-ahead log: as of the last acknowledged batch).
 
     Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
     nothing of it was stored, and the stream stays open for the next batch:
@@ -230,6 +253,18 @@ class ReplayServiceAsyncStub(ReplayServiceStub):
     """
     Info: _aio.UnaryUnaryMultiCallable[_replay_pb2.InfoRequest, _replay_pb2.InfoResponse]  # type: ignore[assignment]
     """Table signature, sizes, settings and counters. Never fails (except UNAUTHENTICATED or transport errors)."""
+    Checkpoint: _aio.UnaryUnaryMultiCallable[_replay_pb2.CheckpointRequest, _replay_pb2.CheckpointResponse]  # type: ignore[assignment]
+    """Writes a checkpoint of the whole shard into its checkpoint directory (setting `checkpoint_dir`) and answers
+    once the file is durable (written, fsynced, renamed, directory fsynced). The shard keeps serving meanwhile:
+    the checkpoint holds the table exactly as it was at one instant after this call arrived (every row whose
+    insert was acknowledged before the call, each with its priority at that instant). When a checkpoint is
+    already being written, the call waits for it and then for the next one, which it shares with every call
+    that arrived in between.
+    Errors: FAILED_PRECONDITION (the shard has no checkpoint directory, or no signature yet: nothing was ever
+    inserted and none was declared); UNAVAILABLE (the shard is restoring or shutting down); INTERNAL (the file
+    could not be written, e.g. the disk is full; the message names the OS error; the shard goes on serving);
+    DEADLINE_EXCEEDED (the call's deadline passed first; the checkpoint is still written).
+    """
 
 class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -265,7 +300,8 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
           - The shard tracks at most max_tracked_writers writer ids (100,000 by default); the least recently used
             (stored or acknowledged as duplicate) is forgotten first, and a forgotten writer's resent batches are
             stored again. A shard process that restarts forgets every writer (its incarnation changes and its table
-            starts empty).
+            starts empty), unless it restores a checkpoint, which holds every writer's last stored sequence number
+            at the checkpoint's instant (with the write-ahead log: as of the last acknowledged batch).
 
         Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
         nothing of it was stored, and the stream stays open for the next batch:
@@ -334,5 +370,23 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_replay_pb2.InfoResponse, _abc.Awaitable[_replay_pb2.InfoResponse]]:
         """Table signature, sizes, settings and counters. Never fails (except UNAUTHENTICATED or transport errors)."""
+
+    @_abc_1.abstractmethod
+    def Checkpoint(
+        self,
+        request: _replay_pb2.CheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_replay_pb2.CheckpointResponse, _abc.Awaitable[_replay_pb2.CheckpointResponse]]:
+        """Writes a checkpoint of the whole shard into its checkpoint directory (setting `checkpoint_dir`) and answers
+        once the file is durable (written, fsynced, renamed, directory fsynced). The shard keeps serving meanwhile:
+        the checkpoint holds the table exactly as it was at one instant after this call arrived (every row whose
+        insert was acknowledged before the call, each with its priority at that instant). When a checkpoint is
+        already being written, the call waits for it and then for the next one, which it shares with every call
+        that arrived in between.
+        Errors: FAILED_PRECONDITION (the shard has no checkpoint directory, or no signature yet: nothing was ever
+        inserted and none was declared); UNAVAILABLE (the shard is restoring or shutting down); INTERNAL (the file
+        could not be written, e.g. the disk is full; the message names the OS error; the shard goes on serving);
+        DEADLINE_EXCEEDED (the call's deadline passed first; the checkpoint is still written).
+        """
 
 def add_ReplayServiceServicer_to_server(servicer: ReplayServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

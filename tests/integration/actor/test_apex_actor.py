@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -241,16 +242,97 @@ def test_a_pull_cut_off_by_the_parameter_service_stopping_does_not_end_the_actor
         server.stop(0)
 
 
-def test_the_evaluator_plays_greedily_with_the_newest_weights_and_inserts_nothing(make_shard, params, run_actor):
+def test_the_evaluator_plays_rounds_of_greedy_episodes_each_round_with_the_newest_weights(make_shard, params,
+                                                                                          run_actor):
     shard = make_shard()
     service = params()
     service.store.publish(weights(0))
-    run = run_actor(params=service.address, evaluate=True, max_episodes=4, max_steps_per_second=200)
+    run = run_actor(params=service.address, evaluate=True, num_envs=5, max_episodes=10,
+                    evaluation_round_seconds=2.0)
     assert run.actor.epsilon == 0.0 and run.actor.shards == []
-    wait_until(lambda: run.actor.episodes >= 1, "one evaluation episode")
-    service.store.publish(weights(3))  # pulled before a later episode (each takes ~50 ms at 200 steps/s)
+    wait_until(lambda: run.actor.episodes >= 5, "a first round of 5 evaluation episodes")
+    service.store.publish(weights(3))  # while the evaluator rests (at least 2 s minus its round's length)
     run.join()
     episodes = read_episodes(run.csv)
-    assert len(episodes) == 4 and all(e.role == EVALUATE for e in episodes)
-    assert episodes[0].weight_version == 1 and episodes[-1].weight_version == 2
+    assert len(episodes) == 10 and all(e.role == EVALUATE for e in episodes)
+    assert [e.weight_version for e in episodes] == [1] * 5 + [2] * 5  # one version per round, the newest
     assert shard.table.info().inserted_total == 0
+
+
+class CounterEnv(gym.Env):
+    """Observations [tag, t]: tag = the seed of the first reset (so each environment of a vector environment is
+    told apart), t = steps since the episode began. Reward REWARD per step; the episode terminates at t = 5 +
+    tag % 3 and is truncated at t = 6 (registered with max_episode_steps 6)."""
+
+    REWARD = 5.0
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.tag = self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.tag = seed
+        self.t = 0
+        return np.array([self.tag, self.t], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.tag, self.t], np.float32), self.REWARD, self.t == 5 + self.tag % 3, False, {}
+
+
+gym.register("apexrl-test/Counter-v0", entry_point=CounterEnv, max_episode_steps=6)
+
+
+@pytest.mark.parametrize("clip", [False, True])
+def test_a_vector_environment_assembles_n_step_transitions_per_environment(make_shard, params, run_actor, clip):
+    shard = make_shard(TableConfig(capacity=10_000, alpha=0.0, seed=0))  # alpha 0: uniform sampling
+    service = params()
+    run = run_actor(params=service.address, replay=(shard.address,), env="apexrl-test/Counter-v0", num_envs=3,
+                    max_env_steps=3 * 40, pull_every=1000, batch_size=4)
+    run.actor.clip_rewards = clip  # as for Atari: train on rewards clipped to [-1, 1], report true returns
+    torch.manual_seed(0)
+    service.store.publish(state_dict_to_numpy(DuelingQNetwork(2, 2, (8,))))  # the actor starts on these
+    run.join()
+    run.actor.close()
+    columns = shard.table.sample(4096).columns  # ~120 rows: each drawn with probability 1 - e^-34
+    tags, t0 = columns["obs"][:, 0], columns["obs"][:, 1]
+    # Seeds 0, 1, 2 (seed 0 * 1000 + actor 0 * 3 + i): episodes end terminated at t = 5 and 6, truncated at 6.
+    assert set(tags.tolist()) == {0.0, 1.0, 2.0}
+    reward = 1.0 if clip else CounterEnv.REWARD
+    for row in range(len(tags)):
+        tag, start = int(tags[row]), int(t0[row])
+        end = min(5 + tag % 3, 6)
+        terminated = 5 + tag % 3 <= 6
+        k = min(3, end - start)  # n = 3, cut at the episode's end
+        assert columns["next_obs"][row].tolist() == [tag, start + k]  # same environment, k steps later
+        assert columns["reward"][row] == pytest.approx(reward * sum(GAMMA**j for j in range(k)), rel=1e-5)
+        want_discount = 0.0 if terminated and start + k == end else GAMMA**k
+        assert columns["discount"][row] == pytest.approx(want_discount, rel=1e-5)
+    # Every step of an episode starts a transition.
+    assert set(zip(tags.tolist(), t0.tolist(), strict=True)) == {
+        (tag, start) for tag in (0.0, 1.0, 2.0) for start in range(min(5 + int(tag) % 3, 6))}
+    episodes = read_episodes(run.csv)
+    assert sorted({e.length for e in episodes}) == [5, 6]
+    assert all(e.episode_return == CounterEnv.REWARD * e.length for e in episodes)  # true returns, even clipped
+    # 40 steps of each environment: all sent but up to n - 1 = 2 per environment still waiting for their return
+    # and fewer than a batch (4) not yet sent.
+    assert 3 * 40 - 3 * 2 - 3 <= shard.table.info().inserted_total <= 3 * 40
+
+
+def test_rows_carry_the_weights_version_that_made_them_and_the_lag_is_exported(make_shard, params, run_actor):
+    shard = make_shard(TableConfig(capacity=100_000, alpha=1.0))
+    service = params()
+    service.store.publish(weights(0))
+    run = run_actor(params=service.address, replay=(shard.address,), pull_every=50, max_steps_per_second=3000)
+    wait_until(lambda: shard.table.info().size >= BATCH, "a first batch with version 1")
+    service.store.publish(weights(1), version=4)  # versions 2 and 3 went by unseen: the actor was 3 behind
+    wait_until(lambda: run.actor.weight_version == 4, "the actor pulled version 4")
+    assert run.metric("apexrl_actor_weight_version_lag_versions") == 3
+    wait_until(lambda: 4 in set(shard.table.sample(4096).columns["weight_version"].tolist()), "rows of version 4")
+    run.stop.set()
+    run.join()
+    versions = set(shard.table.sample(4096).columns["weight_version"].tolist())
+    assert versions <= {1, 4} and {1, 4} <= versions  # never a version the actor did not act with

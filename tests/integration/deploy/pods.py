@@ -34,7 +34,12 @@ What each piece does, and how close it is to a cluster:
   directories the user cannot traverse but the process needs (the Python installation under /root here) are made
   reachable inside the sandbox only (a tmpfs over the closed directory with just the needed child bound into it).
   emptyDir volumes are mode 0777 (+ fsGroup, setgid), claims from `volumeClaimTemplates` root-owned 02775 with
-  group fsGroup (what fsGroup does to a fresh volume); ConfigMap volumes hold the ConfigMap's keys, read-only.
+  group fsGroup (what fsGroup does to a fresh volume); ConfigMap volumes hold the ConfigMap's keys, read-only;
+  Secret volumes hold the Secret's keys (`data` decoded, `stringData`; `items`), read-only, owned by root with
+  `defaultMode` (or the item's mode) and, with an fsGroup, that group and the group read bit, as the kubelet
+  sets them. A Secret is not part of the manifests: the test adds it to the objects (a pod mounting one that is
+  not there would never start: Unsupported). A mount point under a directory holding mounts of its own (`/etc`,
+  where `ip netns exec` binds the pod's hosts file) keeps them: they are bound again over the overlay.
 - **Cluster DNS** is each namespace's /etc/hosts (`ip netns exec` binds /etc/netns/NETNS/hosts over /etc/hosts) plus
   a kubelet-style resolv.conf (search `NS.svc.cluster.local svc.cluster.local cluster.local`, `ndots:5`, a
   nameserver that refuses, so every name not in the hosts file fails at once, as NXDOMAIN would). A pod's hosts file
@@ -58,11 +63,12 @@ What each piece does, and how close it is to a cluster:
   within terminationGracePeriodSeconds, after which it is SIGKILLed, as by the kubelet.
 
 Anything in a manifest this cannot emulate (another probe kind, init or sidecar containers, lifecycle hooks,
-Secrets, other fieldRefs, hostNetwork, ...) raises `Unsupported` naming it, never silently passes. Not emulated
-(listed so nobody mistakes them for tested): resource requests and limits (peak RSS is reported for comparison),
-the seccomp profile, the NetworkPolicy, PID namespaces (the container's process is not PID 1), PVC persistence
-across restarts, the scheduler (topology spread, PDB), restarts (a failed pod fails the test), the API server
-(no KUBERNETES_SERVICE_* variables, no service-account token), image pulls (the image is this checkout).
+env from Secrets, other fieldRefs, hostNetwork, ...) raises `Unsupported` naming it, never silently passes. Not
+emulated (listed so nobody mistakes them for tested): resource requests and limits (peak RSS is reported for
+comparison), the seccomp profile, the NetworkPolicy, PID namespaces (the container's process is not PID 1), PVC
+persistence across restarts, the scheduler (topology spread, PDB), restarts (a failed pod fails the test), the API
+server (no KUBERNETES_SERVICE_* variables, no service-account token), image pulls (the image is this checkout),
+Secret updates reaching a mounted volume.
 """
 
 from __future__ import annotations
@@ -416,10 +422,15 @@ def _check_supported(fleet: m.Fleet, workload: dict) -> None:
     claims = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
     for volume in spec.get("volumes", []):
         kinds = [k for k in volume if k != "name"]
-        if kinds not in (["emptyDir"], ["persistentVolumeClaim"], ["configMap"]):
+        if kinds not in (["emptyDir"], ["persistentVolumeClaim"], ["configMap"], ["secret"]):
             problems.append(f"volume {volume['name']} of kind {kinds}")
         if "configMap" in volume and fleet.get("ConfigMap", volume["configMap"]["name"]) is None:
             problems.append(f"volume {volume['name']}: ConfigMap {volume['configMap']['name']} is not rendered")
+        secret = volume.get("secret")
+        if secret is not None and not secret.get("optional") and fleet.get("Secret", secret.get("secretName", "")) \
+                is None:
+            problems.append(f"volume {volume['name']}: Secret {secret.get('secretName')} is not among the objects "
+                            f"(the pod would never start; the test adds the Secrets the manifests expect)")
     for c in spec.get("containers", []):
         if c.get("lifecycle"):
             problems.append(f"container {c['name']}: lifecycle hooks")
@@ -860,6 +871,8 @@ class Cluster:
                         (path / item["path"]).write_text(data[item["key"]])
                         os.chmod(path / item["path"], 0o644)
                     os.chmod(path, 0o755)
+                elif "secret" in volume:
+                    self._secret_volume(path, volume["secret"], fs_group)
                 elif name in claims or "persistentVolumeClaim" in volume:
                     # A fresh volume is root's; fsGroup gives the pod's group write access (setgid).
                     os.chown(path, 0, int(fs_group) if fs_group is not None else 0)
@@ -871,9 +884,26 @@ class Cluster:
                 made[name] = path
             source = made[name] / mount["subPath"] if mount.get("subPath") else made[name]
             source.mkdir(parents=True, exist_ok=True)
-            read_only = bool(mount.get("readOnly")) or "configMap" in volumes.get(name, {})
+            read_only = bool(mount.get("readOnly") or {"configMap", "secret"} & set(volumes.get(name, {})))
             mounts.append({"path": mount["mountPath"], "source": str(source), "read_only": read_only})
         return mounts
+
+    def _secret_volume(self, path: Path, source: dict, fs_group: Any) -> None:
+        """A Secret volume's files as the kubelet writes them: root's, with defaultMode (or the item's mode); with
+        an fsGroup, that group, plus the group read bit (the kubelet's ownership of a read-only volume)."""
+        files = m.secret_volume_files(self.fleet, source) or {}
+        modes = {item["path"]: item["mode"] for item in source.get("items") or [] if "mode" in item}
+        group = int(fs_group) if fs_group is not None else 0
+        for relative, data in files.items():
+            target = path / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            mode = modes.get(relative, source.get("defaultMode", 0o644))
+            os.chown(target, 0, group)
+            os.chmod(target, mode | (0o440 if fs_group is not None else 0))
+        for directory in [path, *(d for d in path.rglob("*") if d.is_dir())]:
+            os.chown(directory, 0, group)
+            os.chmod(directory, 0o755 if fs_group is None else 0o2755)
 
     def _kubelet(self, pod: Pod) -> None:
         """The probe workers of one pod."""
@@ -1184,8 +1214,15 @@ def sandbox_main(spec_path: str) -> None:
             layer = os.path.join(scratch, f"overlay{len(overlaid)}")
             os.makedirs(f"{layer}/upper")
             os.makedirs(f"{layer}/work")
+            # Mounts below the ancestor (the hosts file `ip netns exec` binds over /etc/hosts) would be hidden by
+            # the overlay, which shows the ancestor's own filesystem only: keep them, and bind them again on top.
+            inner = [(point, os.open(point, os.O_PATH)) for point, _ in _mountinfo()
+                     if _under(point, ancestor) and point != ancestor and os.path.lexists(point)]
             _mount("overlay", ancestor, "overlay", 0,
                    f"lowerdir={ancestor},upperdir={layer}/upper,workdir={layer}/work")
+            for point, fd in inner:
+                _mount(f"/proc/self/fd/{fd}", point, None, MS_BIND)
+                os.close(fd)
             overlaid.append(ancestor)
         os.makedirs(path)
     if spec["read_only_root"]:

@@ -9,22 +9,34 @@ SIGTERM.
 
 The second test breaks a copy of the manifests in a way the offline checks (tests/unit/deploy) do not see, and
 requires the emulation to report that the fleet cannot reach its shards.
+
+The third runs the TLS component (overlays/small-cpu-tls with one actor): the Secret it mounts is made here with
+trustme, for the one name every client checks (apexrl-replay.apexrl.svc), and added to the objects as cert-manager
+would create it. The fleet must train over mutual TLS between pod addresses that certificate does not name, with
+the probes on the plaintext health ports while the gRPC ports refuse plaintext.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import sys
 import textwrap
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from apexrl.common.errors import UnavailableError
+from apexrl.common.grpc_util import make_channel
+from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.replay_server.client import ReplayClient
 from tests.integration.deploy import pods
+from tests.support.certs import SERVER_NAME, make_certs
 from tests.unit.deploy import manifests as m
 
 pytest_plugins = ("tests.support.fixtures",)
@@ -71,7 +83,9 @@ def check_sandbox(pod: pods.Pod) -> None:
     assert facts["cap_eff"] == 0 and facts["no_new_privs"] == (sc.get("allowPrivilegeEscalation") is False), facts
     assert facts["hostname"] == pod.name, (pod.name, facts)
     if sc.get("readOnlyRootFilesystem"):
-        volumes = sorted(v["mountPath"] for v in pod.container.get("volumeMounts", []) if not v.get("readOnly"))
+        projected = {v["name"] for v in m.pod_spec(pod.workload).get("volumes", []) if {"configMap", "secret"} & set(v)}
+        volumes = sorted(v["mountPath"] for v in pod.container.get("volumeMounts", [])
+                         if not v.get("readOnly") and v["name"] not in projected)
         assert facts["writable"] == volumes, f"{pod.name} can write to {facts['writable']}, its volumes: {volumes}"
 
 
@@ -241,6 +255,110 @@ def test_a_shard_port_the_service_does_not_use_is_reported(netns_network, tmp_pa
         cluster.terminate()
 
 
+TLS_BUDGET = 50.0
+
+
+def tls_overlay(tmp_path: Path) -> Path:
+    """overlays/small-cpu-tls with one actor (every workload the component patches, one pod each but the two
+    shards, whose different addresses the one certificate must cover), in a copy of k8s/."""
+    copy = tmp_path / "k8s"
+    shutil.copytree(m.K8S, copy)
+    overlay = copy / "overlays" / "tls-test"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(textwrap.dedent("""\
+        apiVersion: kustomize.config.k8s.io/v1beta1
+        kind: Kustomization
+        resources:
+          - ../small-cpu-tls
+        replicas:
+          - name: apexrl-actor
+            count: 1
+        configMapGenerator:
+          - name: apexrl-fleet
+            behavior: merge
+            literals:
+              - APEXRL_NUM_ACTORS=1
+        """))
+    return overlay
+
+
+def grpc_port_refuses_plaintext(address: str) -> bool:
+    with make_channel(address) as channel:
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        except grpc.RpcError as err:
+            return err.code() == grpc.StatusCode.UNAVAILABLE
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_the_tls_component_trains_over_mutual_tls_with_probes_on_the_health_ports(netns_network, tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    secret = m.tls_secret("apexrl-tls", "apexrl", *(Path(path).read_bytes() for path in
+                                                    (certs.named_cert, certs.named_key, certs.ca)))
+    objects = [*m.render(tls_overlay(tmp_path)), secret]
+    tls = TlsFiles.read(certs.named_cert, certs.named_key, certs.ca, server_name=SERVER_NAME)
+    started = time.monotonic()
+    with pods.Cluster(objects, netns_network, tmp_path / "run") as cluster:
+        print(f"\nsmall-cpu-tls with one actor: {len(cluster.pods)} pods: " + ", ".join(p.name for p in cluster.pods))
+        cluster.start()
+        assert all("--tls-server-name=apexrl-replay.apexrl.svc" in p.argv for p in cluster.pods
+                   if m.component(p.workload) != "replay")
+        deadline = Deadline(cluster, TLS_BUDGET)
+        deadline.wait(cluster.all_ready, "every pod passes its probes (gRPC on the plaintext health ports)",
+                      timeout=TLS_BUDGET)
+        print(f"[{cluster.elapsed():6.1f}s] every pod is Ready")
+        shards = cluster.pods_of("apexrl-replay")
+        learner = cluster.pods_of("apexrl-learner")[0]
+        actor = cluster.pods_of("apexrl-actor")[0]
+        shard_port = cluster.service_port("apexrl-replay", "grpc")
+        learner_service = cluster.service("apexrl-learner")
+        params_port = cluster.service_port("apexrl-learner", "grpc")
+        for pod in (*shards, learner):  # the probes ran on the health port; the gRPC port refuses plaintext
+            health = pod.port("health")
+            assert {probe.spec["grpc"]["port"] for probe in pod.probes().values()} == {health}, pod.name
+            assert pod.probe_counts["readinessProbe"][0] > 0, pod.name
+            assert grpc_port_refuses_plaintext(f"{pod.ip}:{pod.port('grpc')}"), pod.name
+        clients = {p.name: ReplayClient(f"{p.ip}:{shard_port}", timeout=3, tls=tls) for p in shards}
+        params = ParameterClient(f"{learner_service.vip}:{params_port}", timeout=3, tls=tls)
+        try:
+            deadline.wait(lambda: written_and_sampled(clients),
+                          "every shard is written to and sampled over mutual TLS", timeout=TLS_BUDGET)
+            version = deadline.wait(params.version, "the learner publishes weights over mutual TLS",
+                                    timeout=TLS_BUDGET)
+            # Metrics stay plain HTTP.
+            players = [actor, *cluster.pods_of("apexrl-evaluator")]
+            deadline.wait(lambda: all(pods.scrape(p.ip, metrics_port(p)).get("apexrl_actor_weight_version", 0)
+                                      for p in players),
+                          "the actor and the evaluator act with published weights (pulled over mutual TLS)",
+                          timeout=TLS_BUDGET)
+            counts = shard_counts(clients)
+            print(f"[{cluster.elapsed():6.1f}s] shards (inserted, sampled): {counts}; weights version {version}")
+            # Without the name, a client checks the pod address, which the certificate does not name.
+            unnamed = TlsFiles.read(certs.named_cert, certs.named_key, certs.ca)
+            with ReplayClient(f"{shards[0].ip}:{shard_port}", timeout=3, tls=unnamed) as client, \
+                    pytest.raises(UnavailableError, match="Hostname Verification Check failed"):
+                client.info()
+        finally:
+            for client in clients.values():
+                client.close()
+            params.close()
+        assert all("mutual TLS" in p.log_tail(20_000) for p in shards), [p.log_tail() for p in shards]
+        assert "hosted, mutual TLS" in learner.log_tail(20_000)
+        for pod in cluster.pods:
+            check_sandbox(pod)
+            key = pod.directory / "volumes" / "tls" / "tls.key"  # what the pod reads at /etc/apexrl/tls/tls.key
+            st = key.stat()
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 10001, 0o440), (pod.name, st)
+            assert os.path.exists(pod.directory / "volumes" / "tls" / "ca.crt")
+        stopped = cluster.terminate()
+        print(f"whole run: {time.monotonic() - started:.0f} s; exits " + ", ".join(
+            f"{name} {code} in {seconds:.1f}s" for name, (code, seconds) in stopped.items()))
+        assert {name: code for name, (code, _) in stopped.items()} == {p.name: 0 for p in cluster.pods}, \
+            "\n".join(f"{p.name}: {p.exit_code}\n{p.log_tail(1500)}" for p in cluster.pods if p.exit_code != 0)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Without running anything: the command lines and environments the emulation gives the pods, and what it refuses.
 
@@ -288,6 +406,8 @@ def _mutate(path: str, value):
             container["image"] = value
         elif path == "volume":
             m.pod_spec(workload)["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+        elif path == "secret-volume":
+            m.pod_spec(workload)["volumes"].append({"name": "tls", "secret": {"secretName": value}})
     return apply
 
 
@@ -299,7 +419,8 @@ def _mutate(path: str, value):
     (_mutate("arg", "--seed=$(APEXRL_SEED)"), "$(APEXRL_SEED), defined nowhere"),
     (_mutate("image", "registry.example.com/apexrl/other:1"), "no Dockerfile target known for 'other'"),
     (_mutate("volume", None), "volume host of kind ['hostPath']"),
-], ids=["fieldRef", "secretKeyRef", "exec-probe", "sidecar", "undefined-var", "image", "hostPath"])
+    (_mutate("secret-volume", "absent"), "Secret absent is not among the objects"),
+], ids=["fieldRef", "secretKeyRef", "exec-probe", "sidecar", "undefined-var", "image", "hostPath", "no-secret"])
 def test_what_the_emulation_cannot_run_fails_loudly(rendered, mutation, expected):
     objects = copy.deepcopy(rendered)
     mutation(objects)

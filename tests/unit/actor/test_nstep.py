@@ -119,6 +119,21 @@ def test_stack_transitions_columns_and_dtypes() -> None:
         stack_transitions([])
 
 
+@pytest.mark.parametrize(("dtype", "stored"), [(np.uint8, np.uint8), (np.bool_, np.bool_), (np.float64, np.float32),
+                                               (np.float32, np.float32), (np.int32, np.int32)])
+def test_observations_keep_their_dtype_except_floats_which_become_float32(dtype, stored) -> None:
+    """uint8 pixels and bool planes go to replay at one byte per value; floats as float32."""
+    acc = NStepAccumulator(n=2, gamma=0.5)
+    frames = [np.full((4, 84, 84), t, dtype=dtype) for t in range(4)]
+    out = []
+    for t in range(3):
+        out += acc.push(frames[t], 0, 1.0, frames[t + 1], terminated=t == 2, truncated=False)
+    cols = stack_transitions(out)
+    assert cols["obs"].dtype == stored and cols["next_obs"].dtype == stored
+    assert cols["obs"].shape == (3, 4, 84, 84)
+    np.testing.assert_array_equal(cols["next_obs"][:, 0, 0, 0], np.array([2, 3, 3]).astype(stored))
+
+
 @pytest.mark.parametrize(("n", "gamma"), [(0, 0.9), (-1, 0.9), (2.0, 0.9), (True, 0.9), (3, 1.5), (3, -0.1)])
 def test_rejects_bad_parameters(n: object, gamma: float) -> None:
     with pytest.raises(ValueError):

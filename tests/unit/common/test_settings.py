@@ -125,6 +125,8 @@ def _other_value(s):
                "signature": None}
     if s.name in special:
         return special[s.name]
+    if s.choices is not None:
+        return next(c for c in s.choices if c != s.default)
     if kind is bool:
         return not s.default
     if kind is int:

@@ -184,3 +184,58 @@ def test_a_key_that_is_not_the_certificates_is_refused_when_binding(certs):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     with pytest.raises(OSError, match=r"cannot serve TLS on 127.0.0.1:0: .*is tls_key the private key of tls_cert"):
         grpc_util.bind(server, "127.0.0.1:0", tls=TlsFiles.read(certs.cert, certs.foreign_key))
+
+
+# ------------------------------------------------------------------------------------------------ tls_server_name
+@pytest.mark.parametrize("cls", [LearnerConfig, ActorConfig])
+def test_a_client_checks_certificates_against_tls_server_name(cls, certs):
+    config = make(cls, tls_ca=certs.ca, tls_server_name="apexrl-replay.apexrl.svc",
+                  **({"params": "127.0.0.1:7100"} if cls is LearnerConfig else {}))
+    assert tls_of(config).server_name == "apexrl-replay.apexrl.svc"
+    parsed = parse_argv(cls, ["--replay", "dns:///apexrl-replay:7000", "--params", "127.0.0.1:7200", "--tls-ca",
+                              certs.ca, "--tls-server-name", "apexrl-replay.apexrl.svc"], prog="test")
+    assert tls_of(parsed).server_name == "apexrl-replay.apexrl.svc"
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("apexrl-replay.apexrl.svc", None),
+    ("10.0.0.7", None),
+    ("*.apexrl.svc", "must be a name the certificate covers, not a wildcard"),
+    ("apexrl-replay:7000", "must be a host name"),
+    ("dns:///apexrl-replay", "must be a host name"),
+    ("two words", "must be a host name"),
+    ("", "must be a host name"),
+])
+def test_tls_server_name_is_a_host_name(certs, name, expected):
+    if expected is None:
+        assert TlsFiles.read(ca=certs.ca, server_name=name).server_name == name
+        return
+    with pytest.raises(ValueError, match=rf"^tls_server_name \(.*\) {expected}"):
+        make(ActorConfig, tls_ca=certs.ca, tls_server_name=name)
+
+
+def test_tls_server_name_needs_tls_files(certs):
+    with pytest.raises(ValueError, match=r"^tls_server_name \(apexrl.svc\) needs tls_ca or tls_cert"):
+        make(ActorConfig, tls_server_name="apexrl.svc")
+    with pytest.raises(ConfigError, match=r"^tls_server_name \(apexrl.svc\) needs tls_ca or tls_cert"):
+        FleetSettings(tls_server_name="apexrl.svc")
+
+
+@pytest.mark.parametrize("cls", SERVERS)
+def test_a_pure_server_has_no_tls_server_name(cls, certs):
+    with pytest.raises(SettingsError, match="unrecognized arguments: --tls-server-name"):
+        parse_argv(cls, ["--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-server-name", "x"], prog="test")
+
+
+def test_the_launcher_gives_tls_server_name_to_every_role_that_dials(certs, tmp_path):
+    config = local_fleet(num_shards=2, num_actors=2, tls_cert=certs.named_cert, tls_key=certs.named_key,
+                         tls_ca=certs.ca, tls_server_name="apexrl-replay.apexrl.svc")
+    check_commands(config, config.learner.host, tmp_path, {})
+    assert config.tls_files().server_name == "apexrl-replay.apexrl.svc"  # the launcher's own health checks
+    by_name = {r.name: r for r in roles(config)}
+    links = Wiring(("127.0.0.1:7000", "127.0.0.1:7001"), "127.0.0.1:7100")
+    for name in ("learner", "actor-1", "evaluator"):
+        assert role_config(config, by_name[name], links, tmp_path).tls_server_name == "apexrl-replay.apexrl.svc"
+    assert not hasattr(role_config(config, by_name["shard-0"], links, tmp_path), "tls_server_name")
+    message = error(fleet(learner={"host": "m1", "port": 7100, "tls_server_name": "x.svc"}))
+    assert "tls_server_name is set by the launcher from [fleet] tls_server_name" in message

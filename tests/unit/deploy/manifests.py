@@ -3,16 +3,22 @@ the code: names, ports, selectors, probe ports, config keys, flags, security set
 
 Each `check_*` function returns a list of problems (empty when the fleet is right), so the tests can both assert
 that the committed manifests have none and that a broken copy of them is caught (test_manifests.py does both).
+
+Secrets are not part of the manifests (cert-manager or `kubectl create secret` makes them): a test adds the
+Secret objects a target mounts (`tls_secret`) to the rendered objects, and the checks project each Secret volume
+into a local directory, as the kubelet would, so that the flags naming files in it parse with real files.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib
 import io
 import re
 import shutil
 import subprocess
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +34,7 @@ TARGETS = {
     "base": Path("base"),
     "small-cpu": Path("overlays/small-cpu"),
     "production": Path("overlays/production"),
+    "small-cpu-tls": Path("overlays/small-cpu-tls"),
 }
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 # The label every fleet pod carries (k8s/base/kustomization.yaml); the NetworkPolicy admits exactly these pods.
@@ -35,6 +42,9 @@ FLEET_LABEL = ("app.kubernetes.io/part-of", "apexrl")
 # The downward-API label a StatefulSet gives each pod: its ordinal (Kubernetes >= 1.28).
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 CUSTOM_API_GROUPS = ("monitoring.coreos.com/",)
+# The containerPort name of a server's plaintext health port (--health-port): for the kubelet's probes only.
+HEALTH_PORT = "health"
+TLS_FILES = ("tls_cert", "tls_key", "tls_ca")
 VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -79,10 +89,44 @@ class Container:
 class Fleet:
     objects: list[dict]
     by_kind: dict[str, list[dict]] = field(default_factory=dict)
+    # Secret volumes projected into local directories (see secret_volume_directory): the directories, and each
+    # one's mountPath in its container.
+    _projected: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+    _mounted_at: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for obj in self.objects:
             self.by_kind.setdefault(obj["kind"], []).append(obj)
+
+    def secret_volume_directory(self, c: Container, mount: dict) -> Path | None:
+        """A local directory holding the files the kubelet would put in the Secret volume `mount` of container
+        `c` (its keys, or its `items`), or None when the Secret is not among the objects."""
+        volume = next(v for v in pod_spec(c.workload).get("volumes", []) if v["name"] == mount["name"])
+        files = secret_volume_files(self, volume["secret"])
+        if files is None:
+            return None
+        if self._projected is None:
+            self._projected = tempfile.TemporaryDirectory(prefix="apexrl-secrets-")
+        directory = Path(self._projected.name) / c.workload["kind"] / c.workload["metadata"]["name"] / mount["name"]
+        if not directory.exists():
+            for relative, data in files.items():
+                (directory / relative).parent.mkdir(parents=True, exist_ok=True)
+                (directory / relative).write_bytes(data)
+        self._mounted_at[str(directory)] = mount["mountPath"]
+        return directory
+
+    def original_path(self, path: str) -> str:
+        """A path as the container sees it: a projected Secret volume's directory back to its mountPath."""
+        for directory, mount_path in self._mounted_at.items():
+            if path == directory or path.startswith(directory + "/"):
+                return mount_path.rstrip("/") + path[len(directory):]
+        return path
+
+    def original_path_in(self, text: str) -> str:
+        """`text` (an error message) with every projected directory named by its mountPath."""
+        for directory, mount_path in self._mounted_at.items():
+            text = text.replace(directory, mount_path.rstrip("/"))
+        return text
 
     def all(self, kind: str) -> list[dict]:
         return self.by_kind.get(kind, [])
@@ -114,6 +158,32 @@ class Fleet:
 
 def pod_spec(workload: dict) -> dict:
     return workload["spec"]["template"]["spec"]
+
+
+def secret_volume_files(fleet: Fleet, source: dict) -> dict[str, bytes] | None:
+    """The files (path in the volume -> bytes) of a `secret` volume source, from the Secret among the objects
+    (`data` base64-decoded, `stringData`); None when it is not there."""
+    secret = fleet.get("Secret", source.get("secretName", ""))
+    if secret is None:
+        return None
+    data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    data.update({k: v.encode() for k, v in (secret.get("stringData") or {}).items()})
+    items = source.get("items") or [{"key": k, "path": k} for k in data]
+    return {item["path"]: data[item["key"]] for item in items if item["key"] in data}
+
+
+def tls_secret(name: str, namespace: str, cert: bytes, key: bytes, ca: bytes) -> dict:
+    """The Secret `kubectl create secret tls` (plus ca.crt) or cert-manager would make: type kubernetes.io/tls."""
+    data = {"tls.crt": cert, "tls.key": key, "ca.crt": ca}
+    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}
+
+
+def secret_mounts(c: Container) -> list[dict]:
+    """The container's mounts of `secret` volumes."""
+    secrets = {v["name"] for v in pod_spec(c.workload).get("volumes", []) if "secret" in v}
+    return [mt for mt in c.spec.get("volumeMounts", []) if mt["name"] in secrets]
 
 
 def pod_labels(workload: dict) -> dict[str, str]:
@@ -204,7 +274,7 @@ def container_argv(fleet: Fleet, c: Container, ordinal: int) -> tuple[list[str],
 @dataclass
 class Parsed:
     subcommand: str
-    config: Any
+    config: Any  # paths in a Secret volume point into its local projection (Fleet.original_path undoes that)
 
 
 def parse_apexrl(argv: list[str]) -> tuple[Parsed | None, str | None]:
@@ -228,6 +298,30 @@ def parse_apexrl(argv: list[str]) -> tuple[Parsed | None, str | None]:
         return None, str(err)
 
 
+def project_secrets(fleet: Fleet, c: Container, argv: list[str]) -> tuple[list[str], list[str]]:
+    """`argv` with every path inside a mounted Secret volume pointing into its local projection (so that files
+    the flags name are read as the container would read them), and the problems (a Secret not among the
+    objects)."""
+    problems, prefixes = [], {}
+    for mount in secret_mounts(c):
+        directory = fleet.secret_volume_directory(c, mount)
+        if directory is None:
+            volume = next(v for v in pod_spec(c.workload)["volumes"] if v["name"] == mount["name"])
+            problems.append(f"{c.name}: volume {mount['name']} mounts Secret {volume['secret'].get('secretName')!r}, "
+                            f"which is not among the objects (it is made outside the manifests; the checks need "
+                            f"one to read the files the flags name)")
+            continue
+        prefixes[mount["mountPath"].rstrip("/") + "/"] = str(directory) + "/"
+    projected = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        for prefix, local in prefixes.items():
+            if value.startswith(prefix):
+                value = local + value[len(prefix):]
+        projected.append(f"{flag}{eq}{value}")
+    return projected, problems
+
+
 def parsed_containers(fleet: Fleet) -> tuple[list[tuple[Container, int, Parsed]], list[str]]:
     """Every container's command line, expanded and parsed, for each pod ordinal that matters."""
     result, problems = [], []
@@ -237,9 +331,12 @@ def parsed_containers(fleet: Fleet) -> tuple[list[tuple[Container, int, Parsed]]
         for ordinal in ordinals(c.workload):
             argv, found = container_argv(fleet, c, ordinal)
             problems += found
-            parsed, error = parse_apexrl(argv)
+            projected, found = project_secrets(fleet, c, argv)
+            problems += found if ordinal == ordinals(c.workload)[0] else []
+            parsed, error = parse_apexrl(projected)
             if error:
-                problems.append(f"{c.name} (pod {ordinal}): `apexrl {' '.join(argv)}` is refused: {error}")
+                problems.append(f"{c.name} (pod {ordinal}): `apexrl {' '.join(argv)}` is refused: "
+                                f"{fleet.original_path_in(error)}")
             else:
                 result.append((c, ordinal, parsed))
     return result, problems
@@ -338,7 +435,8 @@ def check_workload_selectors(fleet: Fleet) -> list[str]:
 
 def check_probes(fleet: Fleet) -> list[str]:
     """Startup, readiness and liveness probes on every container; gRPC servers (a port named grpc) use native gRPC
-    probes on that port, the others an HTTP GET of /metrics on their metrics port."""
+    probes on that port, or on their plaintext health port when they have one (a TLS server: Kubernetes' gRPC
+    probes cannot do TLS), the others an HTTP GET of /metrics on their metrics port."""
     problems = []
     for c in fleet.containers():
         ports = c.ports()
@@ -348,8 +446,9 @@ def check_probes(fleet: Fleet) -> list[str]:
                 problems.append(f"{c.name}: no {kind}")
                 continue
             if "grpc" in ports:
-                if probe.get("grpc", {}).get("port") != ports["grpc"]:
-                    problems.append(f"{c.name}: {kind} must be grpc on the grpc containerPort {ports['grpc']}, "
+                name = HEALTH_PORT if HEALTH_PORT in ports else "grpc"
+                if probe.get("grpc", {}).get("port") != ports[name]:
+                    problems.append(f"{c.name}: {kind} must be grpc on the {name} containerPort {ports[name]}, "
                                     f"is {probe}")
             else:
                 http = probe.get("httpGet", {})
@@ -382,6 +481,9 @@ def check_args(fleet: Fleet) -> list[str]:
                             f"{ports.get('metrics')}")
         if p.subcommand in ("replay", "learner", "params") and cfg.port != ports.get("grpc"):
             problems.append(f"{where}: --port {cfg.port} is not its containerPort 'grpc' {ports.get('grpc')}")
+        if getattr(cfg, "health_port", None) != ports.get(HEALTH_PORT):
+            problems.append(f"{where}: --health-port {getattr(cfg, 'health_port', None)} is not its containerPort "
+                            f"'{HEALTH_PORT}' {ports.get(HEALTH_PORT)}")
         expected_image = "apexrl-replay" if p.subcommand == "replay" else "apexrl-train"
         if expected_image not in c.spec["image"]:
             problems.append(f"{where}: `apexrl {p.subcommand}` runs from image {c.spec['image']}, not {expected_image}")
@@ -520,8 +622,10 @@ def check_pdb(fleet: Fleet) -> list[str]:
 
 
 def check_network_policy(fleet: Fleet) -> list[str]:
-    """A NetworkPolicy selects every fleet pod; fleet members reach every named port of every fleet container;
-    Prometheus (a namespace and pod selector) reaches the metrics ports, and nothing else is admitted."""
+    """A NetworkPolicy selects every fleet pod; fleet members reach every named port of every fleet container but
+    the health ports; Prometheus (a namespace and pod selector) reaches the metrics ports, and nothing else is
+    admitted. A health port serves the kubelet's probes, which come from the pod's node: a NetworkPolicy always
+    allows that traffic, and no rule may open the port to anyone else."""
     problems = []
     key, value = FLEET_LABEL
     fleet_pods = fleet.workloads()
@@ -549,6 +653,9 @@ def check_network_policy(fleet: Fleet) -> list[str]:
             for port in ports:
                 if port not in port_names:
                     problems.append(f"NetworkPolicy {pname}: port {port!r} names no containerPort of the fleet")
+                if port == HEALTH_PORT:
+                    problems.append(f"NetworkPolicy {pname}: a rule opens the {HEALTH_PORT} port, which only the "
+                                    f"kubelet needs (and always reaches)")
             peers = rule.get("from", [])
             if not peers:
                 problems.append(f"NetworkPolicy {pname}: a rule admits every source")
@@ -569,8 +676,8 @@ def check_network_policy(fleet: Fleet) -> list[str]:
                     admitted_for_fleet.update(ports)
                 else:
                     problems.append(f"NetworkPolicy {pname}: peer {peer} is neither the fleet nor Prometheus")
-    if port_names - admitted_for_fleet:
-        problems.append(f"fleet members cannot reach ports {sorted(port_names - admitted_for_fleet)}")
+    if port_names - admitted_for_fleet - {HEALTH_PORT}:
+        problems.append(f"fleet members cannot reach ports {sorted(port_names - admitted_for_fleet - {HEALTH_PORT})}")
     if "metrics" not in prometheus_ports:
         problems.append("Prometheus is not admitted to the metrics ports")
     return problems
@@ -587,6 +694,80 @@ def check_learner(fleet: Fleet) -> list[str]:
     if w["spec"].get("strategy", {}).get("type") != "Recreate":
         problems.append("the learner Deployment must use the Recreate strategy (never two learners at once)")
     return problems
+
+
+def check_tls(fleet: Fleet) -> list[str]:
+    """TLS is the whole fleet's or nobody's: every server (shards, the parameter service) serves it or none does;
+    every client verifies TLS servers with a CA and, when they require client certificates, presents one;
+    clients that dial shards by the addresses a headless Service returns check the certificate against
+    --tls-server-name; TLS servers keep a plaintext health port for the probes (check_probes puts the probes
+    there). Every TLS file lies in a read-only Secret volume, whose key the pod's user can read and others
+    cannot (mode 0440 with the pod's fsGroup: the kubelet gives the files that group)."""
+    parsed, _ = parsed_containers(fleet)  # refusals are check_args' to report
+    problems: list[str] = []
+    servers, clients = [], []
+    for c, ordinal, p in parsed:
+        cfg = p.config
+        if p.subcommand in ("replay", "params") or (p.subcommand == "learner" and cfg.params is None):
+            servers.append((c, ordinal, cfg))
+        if p.subcommand in ("learner", "actor"):
+            clients.append((c, ordinal, cfg))
+    serving = {c.name: cfg.tls_cert is not None for c, _, cfg in servers}
+    if len(set(serving.values())) > 1:
+        problems.append(f"some servers serve TLS, others plaintext: {serving}")
+    tls_on = any(serving.values())
+    mutual = any(cfg.tls_ca is not None for _, _, cfg in servers if cfg.tls_cert is not None)
+    for c, ordinal, cfg in servers:
+        if cfg.tls_cert is not None and cfg.health_port is None:
+            problems.append(f"{c.name} (pod {ordinal}): serves TLS without --health-port (Kubernetes' gRPC probes "
+                            f"cannot do TLS)")
+    for c, ordinal, cfg in clients:
+        where = f"{c.name} (pod {ordinal})"
+        if tls_on and cfg.tls_ca is None:
+            problems.append(f"{where}: the servers serve TLS but it has no --tls-ca to verify them with")
+        if mutual and cfg.tls_cert is None:
+            problems.append(f"{where}: the servers require client certificates but it has no --tls-cert")
+        if not tls_on and any(getattr(cfg, name) is not None for name in TLS_FILES):
+            problems.append(f"{where}: dials TLS, but the servers serve plaintext")
+        dns = [t for t in getattr(cfg, "replay", ()) or () if t.startswith("dns:")]
+        if tls_on and dns and cfg.tls_server_name is None:
+            problems.append(f"{where}: dials the shards by the addresses {dns[0]} resolves to, which no certificate "
+                            f"names: set --tls-server-name to the name the certificate holds")
+    for c, ordinal, p in parsed:
+        volumes = {v["name"]: v for v in pod_spec(c.workload).get("volumes", [])}
+        mounts = {m["mountPath"].rstrip("/") + "/": m for m in secret_mounts(c)}
+        for name in TLS_FILES:
+            local = getattr(p.config, name, None)
+            if local is None:
+                continue
+            path = fleet.original_path(local)
+            mount = next((m for prefix, m in mounts.items() if path.startswith(prefix)), None)
+            if mount is None:
+                problems.append(f"{c.name} (pod {ordinal}): --{name.replace('_', '-')} {path} is not in a Secret "
+                                f"volume")
+                continue
+            if not mount.get("readOnly"):
+                problems.append(f"{c.name}: Secret volume {mount['name']} at {mount['mountPath']} is not mounted "
+                                f"readOnly")
+            if name == "tls_key" and ordinal == ordinals(c.workload)[0]:
+                problems += _key_mode_problems(c, volumes[mount["name"]]["secret"], path[len(mount["mountPath"]
+                                                                                          .rstrip("/")) + 1:])
+    return problems
+
+
+def _key_mode_problems(c: Container, source: dict, relative: str) -> list[str]:
+    """The private key's file mode in its Secret volume: readable by the pod's user, not by every user."""
+    item = next((i for i in source.get("items") or [] if i["path"] == relative), {})
+    mode = item.get("mode", source.get("defaultMode", 0o644))
+    spec = pod_spec(c.workload)
+    fs_group = spec.get("securityContext", {}).get("fsGroup")
+    if mode & 0o004:
+        return [f"{c.name}: the private key {relative} has mode {mode:#o}: every user in the container may read "
+                f"it (defaultMode 0440 with the pod's fsGroup keeps it to the fleet's user)"]
+    if fs_group is None:
+        return [f"{c.name}: the private key {relative} (mode {mode:#o}, owned by root) is unreadable for the pod's "
+                f"user: the pod needs an fsGroup, whose group the kubelet gives the volume's files"]
+    return []
 
 
 def check_custom_resources(fleet: Fleet) -> list[str]:

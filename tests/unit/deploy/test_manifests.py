@@ -2,6 +2,8 @@
 (`kubernetes-validate --strict`), and line up across objects and with the code: every Service, probe, address,
 `$(VAR)`, flag, volume, security setting and budget is checked on the rendered objects of every target
 (tests/unit/deploy/manifests.py). The last tests break a copy of the manifests and require the checks to notice.
+The TLS target mounts a Secret made outside the manifests: the tests add one, with certificates made by trustme,
+as `kubectl create secret tls` would.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import yaml
 from apexrl.common import grpc_util
 from apexrl.common.settings import settings_of
 from apexrl.launcher.fleet_config import FleetSettings
+from tests.support.certs import SERVER_NAME, make_certs
 from tests.unit.deploy import manifests as m
 from tests.unit.deploy.dockerfile import image_uid
 
@@ -28,7 +31,11 @@ pytestmark = pytest.mark.skipif(m.kubectl_missing() is not None, reason=m.kubect
 # apps.kubernetes.io/pod-index label the actors read) and the newest schema kubernetes-validate ships.
 OLDEST_KUBERNETES = "1.28.0"
 # Sizes each overlay promises in its kustomization.yaml.
-OVERLAY_SIZES = {"small-cpu": {"replay": 2, "actor": 4}, "production": {"replay": 8, "actor": 64}}
+OVERLAY_SIZES = {"small-cpu": {"replay": 2, "actor": 4}, "production": {"replay": 8, "actor": 64},
+                 "small-cpu-tls": {"replay": 2, "actor": 4}}
+# The Secret components/tls mounts, and the name its clients check the servers' certificates against.
+TLS_SECRET = "apexrl-tls"
+TLS_SERVER_NAME = "apexrl-replay.apexrl.svc"
 
 
 def stop_grace() -> float:
@@ -50,8 +57,25 @@ def all_problems(objects: list[dict]) -> list[str]:
         *m.check_pdb(fleet),
         *m.check_network_policy(fleet),
         *m.check_learner(fleet),
+        *m.check_tls(fleet),
         *m.check_custom_resources(fleet),
     ]
+
+
+@pytest.fixture(scope="module")
+def tls_secret(tmp_path_factory) -> dict:
+    """The Secret apexrl-tls as cert-manager would write it (namespace apexrl): a certificate for SERVER_NAME."""
+    assert SERVER_NAME == TLS_SERVER_NAME
+    certs = make_certs(tmp_path_factory.mktemp("certs"))
+    return m.tls_secret(TLS_SECRET, "apexrl", *(Path(path).read_bytes() for path in
+                                                 (certs.named_cert, certs.named_key, certs.ca)))
+
+
+def with_secrets(objects: list[dict], secret: dict) -> list[dict]:
+    """The rendered objects plus the Secret, when some pod mounts it (as it must exist before they start)."""
+    mounted = any(v.get("secret", {}).get("secretName") == secret["metadata"]["name"]
+                  for w in m.Fleet(objects).workloads() for v in m.pod_spec(w).get("volumes", []))
+    return [*objects, secret] if mounted else objects
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +118,8 @@ def test_rendered_objects_pass_the_kubernetes_schema_strictly(rendered, target, 
 
 
 @pytest.mark.parametrize("target", list(m.TARGETS))
-def test_objects_line_up_across_the_fleet(rendered, target):
-    problems = all_problems(rendered[target])
+def test_objects_line_up_across_the_fleet(rendered, target, tls_secret):
+    problems = all_problems(with_secrets(rendered[target], tls_secret))
     assert not problems, f"{target}:\n" + "\n".join(problems)
 
 
@@ -225,3 +249,93 @@ def test_an_unknown_field_fails_the_strict_schema(tmp_path):
     result = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", str(path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "terminationGracePeriod" in result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# components/tls (overlays/small-cpu-tls: small-cpu + the component)
+
+def test_the_tls_component_runs_mutual_tls_with_probes_on_plaintext_health_ports(rendered, tls_secret):
+    plain, tls = m.Fleet(rendered["small-cpu"]), m.Fleet(with_secrets(rendered["small-cpu-tls"], tls_secret))
+    # Only the four workloads change: no new object (the Secret is made outside), the same Services, NetworkPolicy
+    # (the kubelet reaches the health ports from the node) and ConfigMap.
+    assert m.kind_counts(rendered["small-cpu-tls"]) == m.kind_counts(rendered["small-cpu"])
+    for kind in ("Service", "NetworkPolicy", "ConfigMap", "PodDisruptionBudget", "Namespace", "ServiceAccount"):
+        assert plain.all(kind) == tls.all(kind), kind
+    parsed, problems = m.parsed_containers(tls)
+    assert problems == []
+    for c, _, p in parsed:
+        cfg, ports = p.config, c.ports()
+        role = m.component(c.workload)
+        # Every role presents the certificate and verifies peers with the CA: mutual TLS.
+        assert [tls.original_path(getattr(cfg, name)) for name in m.TLS_FILES] == \
+            ["/etc/apexrl/tls/tls.crt", "/etc/apexrl/tls/tls.key", "/etc/apexrl/tls/ca.crt"], c.name
+        if role in ("replay", "learner"):
+            assert cfg.health_port == ports["health"] and ports["health"] != ports["grpc"], c.name
+            probes = {c.spec[kind]["grpc"]["port"] for kind in ("startupProbe", "readinessProbe", "livenessProbe")}
+            assert probes == {ports["health"]}, c.name
+        if role != "replay":
+            assert cfg.tls_server_name == TLS_SERVER_NAME, c.name
+        # Metrics stay plain HTTP on the same port.
+        before = next(x for x in plain.containers() if x.name == c.name)
+        assert ports["metrics"] == before.ports()["metrics"]
+        mount = next(mt for mt in c.spec["volumeMounts"] if mt["mountPath"] == "/etc/apexrl/tls")
+        volume = next(v for v in m.pod_spec(c.workload)["volumes"] if v["name"] == mount["name"])
+        assert mount["readOnly"] and volume["secret"]["secretName"] == TLS_SECRET
+    assert tls_secret["type"] == "kubernetes.io/tls"
+
+
+def test_the_tls_component_composes_with_the_production_overlay(tmp_path, tls_secret):
+    copy = tmp_path / "k8s"
+    shutil.copytree(m.K8S, copy)
+    overlay = copy / "overlays" / "production-tls"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../production\n"
+        "components:\n  - ../../components/tls\n")
+    objects = m.render(overlay)
+    assert all_problems(with_secrets(objects, tls_secret)) == []
+    learner = next(c for c in m.Fleet(objects).containers() if m.component(c.workload) == "learner")
+    assert learner.spec["image"].endswith("-cuda") and "--health-port=7201" in learner.spec["args"]
+
+
+def test_a_secret_that_is_not_there_is_reported(rendered):
+    problems = all_problems(rendered["small-cpu-tls"])
+    assert any("mounts Secret 'apexrl-tls', which is not among the objects" in p for p in problems), problems
+    assert any("tls_cert (/etc/apexrl/tls/tls.crt) cannot be read" in p for p in problems), problems
+
+
+TLS_ACTOR_FLAGS = ("name: apexrl-actor\n    patch: |-\n"
+                   "      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --tls-cert=/etc/apexrl/tls/tls.crt}\n"
+                   "      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --tls-key=/etc/apexrl/tls/tls.key}\n"
+                   "      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --tls-ca=/etc/apexrl/tls/ca.crt}\n")
+TLS_BREAKAGES = [
+    # (file under k8s/, text, replacement, a fragment of the expected problem); rendered as small-cpu-tls
+    ("components/tls/servers.yaml", "readinessProbe:\n            grpc:\n              port: 7201",
+     "readinessProbe:\n            grpc:\n              port: 7200", "readinessProbe must be grpc on the health"),
+    ("components/tls/kustomization.yaml", "value: --health-port=7001}", "value: --health-port=7002}",
+     "--health-port 7002 is not its containerPort 'health' 7001"),
+    ("components/tls/kustomization.yaml", TLS_ACTOR_FLAGS + "      - {op: add, path: /spec/template/spec/"
+     "containers/0/args/-, value: \"--tls-server-name=apexrl-replay.$(NAMESPACE).svc\"}\n", TLS_ACTOR_FLAGS,
+     "set --tls-server-name"),
+    ("components/tls/kustomization.yaml", TLS_ACTOR_FLAGS, TLS_ACTOR_FLAGS.replace(
+        "      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --tls-cert=/etc/apexrl/tls/tls.crt}\n"
+        "      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --tls-key=/etc/apexrl/tls/tls.key}\n",
+        ""), "require client certificates but it has no --tls-cert"),
+    ("components/tls/clients.yaml", "      securityContext:\n        fsGroup: 10001\n        fsGroupChangePolicy: "
+     "OnRootMismatch\n      containers:\n        - name: actor", "      containers:\n        - name: actor",
+     "unreadable for the pod's user"),
+    ("components/tls/clients.yaml", "defaultMode: 0440\n---", "defaultMode: 0444\n---",
+     "every user in the container may read it"),
+    ("base/networkpolicy.yaml", "        - protocol: TCP\n          port: metrics\n    - from:",
+     "        - protocol: TCP\n          port: metrics\n        - protocol: TCP\n          port: health\n"
+     "    - from:", "opens the health port"),
+]
+
+
+@pytest.mark.parametrize(("file", "old", "new", "expected"), TLS_BREAKAGES,
+                         ids=["probe-port", "health-port", "no-server-name", "no-client-cert", "no-fsgroup",
+                              "world-readable-key", "policy-opens-health"])
+def test_a_broken_tls_component_is_reported(tmp_path, tls_secret, file, old, new, expected):
+    copy = _break(tmp_path, file, old, new)
+    problems = all_problems(with_secrets(m.render(copy / m.TARGETS["small-cpu-tls"]), tls_secret))
+    assert any(expected in p for p in problems), f"breaking {file} went unnoticed:\n" + "\n".join(problems)

@@ -13,14 +13,17 @@ from apexrl.learner.learner import Learner
 from apexrl.learner.sharded_client import PrioritizedBatch
 
 
-def make_batch(keys, obs_dim: int = 4, num_actions: int = 2, shards: int = 2, seed: int = 0) -> PrioritizedBatch:
+def make_batch(keys, obs_dim: int = 4, num_actions: int = 2, shards: int = 2, seed: int = 0,
+               row_version: int | None = None) -> PrioritizedBatch:
     """A CartPole-shaped batch: row j has key keys[j], lives on shard keys[j] % shards, and its columns, probability
-    and weight are functions of its key (so a row can be recognised after shuffling)."""
+    and weight are functions of its key (so a row can be recognised after shuffling). With `row_version`, every
+    row also carries that weight_version."""
     keys = np.asarray(keys, dtype=np.uint64)
     k = keys.astype(np.int64)
     rng = np.random.default_rng(seed)
+    versions = {} if row_version is None else {"weight_version": np.full(len(k), row_version, dtype=np.int64)}
     return PrioritizedBatch(
-        columns={
+        columns={**versions,
             "obs": (rng.normal(size=(len(k), obs_dim)) + k[:, None]).astype(np.float32),
             "action": (k % num_actions).astype(np.int64),
             "reward": (k % 3).astype(np.float32),
@@ -41,7 +44,8 @@ class FakeSampler:
 
     `fleet_sizes` are the successive values refresh() reports; `failures` are exceptions sample() raises first."""
 
-    def __init__(self, *, fleet_sizes=(1000,), failures=(), obs_dim: int = 4) -> None:
+    def __init__(self, *, fleet_sizes=(1000,), failures=(), obs_dim: int = 4, row_version: int | None = None) -> None:
+        self.row_version = row_version
         self._lock = threading.Lock()
         self._fleet_sizes = list(fleet_sizes)
         self.fleet_size = 0
@@ -70,7 +74,7 @@ class FakeSampler:
             if self.failures:
                 raise self.failures.pop(0)
             batch = make_batch(range(self._next_key, self._next_key + batch_size), obs_dim=self.obs_dim,
-                               seed=self._next_key)
+                               seed=self._next_key, row_version=self.row_version)
             self._next_key += batch_size
             self.drawn.append(batch)
             return batch

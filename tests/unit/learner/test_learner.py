@@ -10,13 +10,15 @@ import threading
 import numpy as np
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 
 from apexrl.learner import ShardedReplayClient
-from apexrl.learner.learner import make_sampler
+from apexrl.learner.learner import Learner, make_sampler
 from apexrl.learner.losses import double_dqn_loss
 from apexrl.learner.networks import state_dict_to_numpy
+from apexrl.learner.sampler_process import SamplerProcess
 from tests.conftest import wait_until
-from tests.unit.learner.fakes import config, learner, make_batch, params, same
+from tests.unit.learner.fakes import FakeSampler, Publisher, config, learner, make_batch, params, same
 
 
 def test_train_step_sends_back_td_error_plus_epsilon_for_exactly_the_batchs_rows():
@@ -113,6 +115,18 @@ def test_run_trains_to_max_updates_publishing_checkpointing_and_flushing(tmp_pat
     assert (tmp_path / "checkpoints" / "checkpoint.pt").is_file()  # the final checkpoint
 
 
+def test_the_staleness_of_sampled_rows_is_a_histogram_of_versions_behind():
+    cfg = config(max_updates=12, publish_every=5)
+    registry = CollectorRegistry()
+    lrn = Learner(cfg, 4, 2, FakeSampler(row_version=1), Publisher(), registry)
+    lrn.run(threading.Event())
+    value = registry.get_sample_value
+    # Batches 1-5 meet version 1 (0 behind), 6-10 version 2 (1 behind), 11-12 version 3 (2 behind); 8 rows each.
+    name = "apexrl_learner_sampled_row_staleness_versions"
+    assert value(f"{name}_count") == 96 and value(f"{name}_sum") == 5 * 8 * 1 + 2 * 8 * 2
+    assert [value(f"{name}_bucket", {"le": le}) for le in ("0.0", "1.0", "2.0", "+Inf")] == [40, 80, 96, 96]
+
+
 def test_run_stops_when_asked():
     lrn, sampler, _ = learner(config())
     stop = threading.Event()
@@ -127,9 +141,15 @@ def test_run_stops_when_asked():
     assert sampler.closed
 
 
+def test_make_sampler_builds_a_sampler_process_by_default():
+    cfg = config(replay=("127.0.0.1:1",), prefetch_depth=3, sample_batches_per_call=2)
+    sampler = make_sampler(cfg)  # not started: no process yet
+    assert isinstance(sampler, SamplerProcess) and sampler._slots == 4 and sampler._batches_per_call == 2
+
+
 def test_make_sampler_builds_the_sharded_client_the_settings_describe():
     cfg = config(replay=("127.0.0.1:1", "127.0.0.1:2"), batch_size=128, priority_coalesce_batches=4,
-                 sample_timeout=3.0)
+                 sample_timeout=3.0, sampler_process=False)
     sampler = make_sampler(cfg)
     try:
         assert isinstance(sampler, ShardedReplayClient)

@@ -1,0 +1,278 @@
+"""The write-ahead log of a replay shard (`apexrl replay --wal DIR`): every stored insert batch is appended and
+fsynced before its ack goes out, and replayed at start after the newest checkpoint, so a SIGKILL loses no
+acknowledged row.
+
+Group commit: the table hands each stored batch to `append` (under its lock, in key order); one thread writes
+everything appended since its last fsync and fsyncs once, then reports the keys durable; acks wait for that
+(`when_durable`). While one fsync runs the next group gathers, so the cost per batch falls as the load rises.
+
+Files: segments `wal-<first key, 20 digits>.log`, a new one at start and after each checkpoint, deleted once every
+kept checkpoint covers them. A segment starts with a header (magic, version, lineage, first key, signature) and
+holds records: u32 length, u32 CRC32 of the payload, payload = first key, rows, incarnation, sequence, writer
+id, the raw priorities (float64), then each column's bytes in signature order. Replay stops at the first torn or
+corrupt record of a segment (a SIGKILL leaves at most the batches whose fsync had not ended, none acknowledged),
+and goes on with the next segment if it starts right there. Segments of another lineage (a resharded shard, a
+wiped checkpoint directory) are never replayed: they are renamed `*.orphan` and named in the log.
+
+Not logged: priority updates (those since the last checkpoint are lost with the process) and Sample counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from apexrl.common.errors import ApexError
+from apexrl.common.signature import Signature
+from apexrl.replay_server.checkpoint import fsync_directory
+from apexrl.replay_server.durability_metrics import DurabilityStats
+from apexrl.replay_server.table import ReplayTable
+
+log = logging.getLogger("apexrl.replay.wal")
+
+_MAGIC = b"APXRLWAL"
+_VERSION = 1
+_SEGMENT = struct.Struct("<8sIIQQI")  # magic, version, 0, lineage, first key, signature length
+_RECORD = struct.Struct("<II")        # payload length, CRC32
+_PAYLOAD = struct.Struct("<QIQQH")    # first key, rows, incarnation, sequence, writer id length
+_NAME = re.compile(r"wal-(\d{20})\.log")
+
+
+class WriteAheadLog:
+    """See the module docstring. `replay(table)` at start, then `open(table)`; `truncate(key)` after each
+    checkpoint; `close()` at shutdown."""
+
+    def __init__(self, directory: str | Path, stats: DurabilityStats | None = None) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.stats = stats if stats is not None else DurabilityStats()
+        self._cond = threading.Condition()
+        self._queue: list[tuple[int, bytes, int]] = []   # (end key, record, first key) not yet written
+        self._waiters: list[tuple[int, Callable[[BaseException | None], None]]] = []
+        self._durable = 0                                 # every key below this is durable
+        self._error: BaseException | None = None
+        self._closing = False
+        self._rotate = False
+        self._file: int | None = None
+        self._thread: threading.Thread | None = None
+        self._incarnation = 0
+        self._lineage = 0
+        self._signature: Signature | None = None
+
+    # ------------------------------------------------------------------------------------------------ replay
+    def segments(self) -> list[tuple[int, Path]]:
+        return sorted((int(m.group(1)), p) for p in self.directory.iterdir() if (m := _NAME.fullmatch(p.name)))
+
+    def replay(self, table: ReplayTable, restored: bool) -> int:
+        """Store every logged batch past the table's keys (the restored checkpoint's, or none when `restored`
+        is false: then the log of the history that began empty is replayed). Returns the rows replayed."""
+        segments = []
+        for first, path in self.segments():
+            header = _read_header(path)
+            if header is None:
+                log.warning("write-ahead log segment %s has no readable header; ignored", path)
+                continue
+            segments.append((first, path, *header))
+        lineage = table.lineage if restored else next((h[2] for h in segments if h[0] == 0), table.lineage)
+        replayed, gap = 0, False
+        for first, path, seg_lineage, signature in segments:
+            if seg_lineage != lineage:
+                log.warning("write-ahead log segment %s belongs to another history (lineage %x, not %x): never "
+                            "replayed, renamed %s.orphan", path, seg_lineage, lineage, path.name)
+                path.rename(path.with_name(path.name + ".orphan"))
+                continue
+            if gap or first > table.next_key:
+                if not gap:
+                    log.error("write-ahead log segment %s starts at key %d, after key %d: rows %d..%d are lost; "
+                              "it and later segments are renamed *.orphan", path, first, table.next_key,
+                              table.next_key, first - 1)
+                gap = True
+                path.rename(path.with_name(path.name + ".orphan"))
+                continue
+            for record in _records(path, signature):
+                first_key, columns, priorities, incarnation, sequence, writer = record
+                try:
+                    if table.replay_insert(first_key, columns, priorities, writer, sequence, incarnation):
+                        replayed += len(priorities)
+                except ApexError as err:
+                    log.error("write-ahead log %s: %s; its later records are not replayed", path, err)
+                    break
+        table.lineage = lineage
+        self.stats.wal_replayed_rows = replayed
+        if replayed:
+            log.info("replayed %d rows from the write-ahead log (keys up to %d)", replayed, table.next_key - 1)
+        return replayed
+
+    # ------------------------------------------------------------------------------------------------ append
+    def open(self, table: ReplayTable) -> None:
+        """Start logging the table's inserts in a new segment (after `replay`)."""
+        self._incarnation, self._lineage = table.incarnation, table.lineage
+        self._signature = table.signature
+        self._durable = table.next_key
+        self._thread = threading.Thread(target=self._run, name="apexrl-wal", daemon=True)
+        self._thread.start()
+        table.set_journal(self.append)
+
+    def append(self, first_key: int, columns: Mapping[str, np.ndarray], priorities: np.ndarray, writer_id: str,
+               sequence: int) -> None:
+        """Queue one stored batch (the table's journal hook: called under its lock, in key order)."""
+        writer = writer_id.encode()
+        rows = len(priorities)
+        parts = [_PAYLOAD.pack(first_key, rows, self._incarnation, sequence, len(writer)), writer,
+                 np.ascontiguousarray(priorities, dtype="<f8").tobytes()]
+        parts += [np.ascontiguousarray(column).tobytes() for column in columns.values()]
+        payload = b"".join(parts)
+        record = _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+        with self._cond:
+            if self._error is not None:
+                return  # the log failed: nothing is acknowledged any more (see when_durable)
+            if self._signature is None:
+                self._signature = Signature.from_batch(columns)
+            self._queue.append((first_key + rows, record, first_key))
+            self._cond.notify_all()
+
+    @property
+    def durable_key(self) -> int:
+        """Every key below this is durable."""
+        return self._durable
+
+    def when_durable(self, key: int, callback: Callable[[BaseException | None], None]) -> None:
+        """Call `callback(None)` once every key below `key` is durable (at once if it is), or
+        `callback(error)` if the log failed. Called from the log's thread."""
+        with self._cond:
+            if self._error is None and self._durable < key:
+                self._waiters.append((key, callback))
+                return
+            error = self._error
+        callback(error)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue and self._closing:
+                    return
+                group, self._queue = self._queue, []
+                rotate, self._rotate = self._rotate, False
+            try:
+                if self._file is None or rotate:
+                    self._new_segment(group[0][2])
+                data = b"".join(record for _, record, _ in group)
+                _write_all(self._file, data)
+                os.fsync(self._file)
+            except OSError as err:
+                log.error("write-ahead log failed (%s): inserts are no longer acknowledged", err)
+                self._fail(err)
+                return
+            with self._cond:
+                self._durable = group[-1][0]
+                due = [cb for key, cb in self._waiters if key <= self._durable]
+                self._waiters = [(key, cb) for key, cb in self._waiters if key > self._durable]
+            with self.stats.lock:
+                self.stats.wal_bytes += len(data)
+                self.stats.wal_fsyncs += 1
+                self.stats.wal_batches += len(group)
+            for callback in due:
+                callback(None)
+
+    def _fail(self, error: BaseException) -> None:
+        with self._cond:
+            self._error = error
+            waiters, self._waiters = self._waiters, []
+        for _, callback in waiters:
+            callback(error)
+
+    def _new_segment(self, first_key: int) -> None:
+        if self._file is not None:
+            os.close(self._file)
+        path = self.directory / f"wal-{first_key:020d}.log"
+        if path.exists():  # a segment that replayed nothing (torn at its first record): keep it aside
+            path.rename(path.with_name(path.name + ".orphan"))
+        self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        signature = str(self._signature).encode()
+        _write_all(self._file, _SEGMENT.pack(_MAGIC, _VERSION, 0, self._lineage, first_key, len(signature))
+                   + signature)
+        os.fsync(self._file)
+        fsync_directory(self.directory)
+
+    # -------------------------------------------------------------------------------------------- truncation
+    def truncate(self, covered_key: int) -> None:
+        """A checkpoint is durable and every kept checkpoint holds the keys below `covered_key`: start a new
+        segment and delete the segments holding only keys below it."""
+        with self._cond:
+            self._rotate = True
+        segments = self.segments()
+        for (_, path), (next_first, _) in zip(segments, segments[1:], strict=False):
+            if next_first <= covered_key:
+                path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Write and fsync what is queued, then stop."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        if self._file is not None:
+            os.close(self._file)
+            self._file = None
+        self._fail(OSError("the write-ahead log is closed"))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_header(path: Path) -> tuple[int, Signature] | None:
+    try:
+        with open(path, "rb") as f:
+            magic, version, _, lineage, _, length = _SEGMENT.unpack(f.read(_SEGMENT.size))
+            if magic != _MAGIC or version != _VERSION:
+                return None
+            return lineage, Signature.parse(f.read(length).decode())
+    except (OSError, struct.error, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _records(path: Path, signature: Signature) -> Iterator[tuple]:
+    """(first key, columns, priorities, incarnation, sequence, writer id) of every whole record of a segment;
+    stops at the first torn or corrupt one, naming it in the log."""
+    with open(path, "rb") as f:
+        data = f.read()
+    offset = _SEGMENT.size + struct.unpack_from("<I", data, _SEGMENT.size - 4)[0]
+    while offset < len(data):
+        if offset + _RECORD.size > len(data):
+            log.warning("write-ahead log %s ends in a torn record at byte %d (never acknowledged)", path, offset)
+            return
+        length, crc = _RECORD.unpack_from(data, offset)
+        payload = data[offset + _RECORD.size:offset + _RECORD.size + length]
+        if len(payload) != length or zlib.crc32(payload) != crc:
+            log.warning("write-ahead log %s: torn or corrupt record at byte %d; replay of this segment stops "
+                        "there", path, offset)
+            return
+        offset += _RECORD.size + length
+        first_key, rows, incarnation, sequence, writer_len = _PAYLOAD.unpack_from(payload)
+        at = _PAYLOAD.size
+        writer = payload[at:at + writer_len].decode()
+        at += writer_len
+        priorities = np.frombuffer(payload, "<f8", rows, at)
+        at += 8 * rows
+        columns = {}
+        for field in signature.fields:
+            n = rows * field.row_nbytes
+            columns[field.name] = np.frombuffer(payload, field.dtype, rows * math.prod(field.shape), at).reshape(
+                rows, *field.shape)
+            at += n
+        yield first_key, columns, priorities, incarnation, sequence, writer

@@ -1,0 +1,390 @@
+"""Checkpoints of real shard processes (`apexrl replay --checkpoint-dir`): taken while rows are inserted and
+sampled, written at SIGTERM and restored at start (NOT_SERVING until then), a corrupt newest one skipped, a
+checkpoint of another signature refused."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from apexrl.actor import ReplayClient
+from apexrl.common.errors import FailedPreconditionError, UnavailableError
+from apexrl.common.grpc_util import make_channel
+from apexrl.proto import replay_pb2, replay_pb2_grpc
+from apexrl.replay_server.checkpoint import CheckpointReader
+from tests.conftest import cartpole_batch, start_shard_process, wait_until
+
+
+def rows_of(path) -> tuple[dict[int, int], object]:
+    """key -> the `action` id stored under it, and the state, of a checkpoint file."""
+    with CheckpointReader(path) as reader:
+        ids = {}
+        for first, columns, _ in reader.blocks():
+            ids.update(zip(range(first, first + len(columns["action"])), columns["action"].tolist(), strict=True))
+        return ids, reader.state
+
+
+def test_checkpoints_taken_while_rows_are_inserted_and_sampled_are_consistent(tmp_path):
+    """One writer inserts rows numbered by their key while a learner samples and updates; checkpoints are asked
+    for meanwhile. Each holds exactly the keys of one instant, each row the one inserted under its key, and every
+    row acknowledged before the call."""
+    directory = tmp_path / "ck"
+    shard = start_shard_process(tmp_path, "shard", "--capacity", "20000", "--checkpoint-dir", str(directory),
+                                "--checkpoint-every", "0", "--checkpoint-keep", "10")
+    stop, errors, acked = threading.Event(), [], [0]
+
+    def write() -> None:
+        with ReplayClient(shard.address, timeout=30) as client:
+            start = 0
+            while not stop.is_set():
+                client.insert(cartpole_batch(250, start))
+                start += 250
+                if start % 5000 == 0:
+                    client.flush()
+                    acked[0] = start
+            client.flush()
+
+    def learn() -> None:
+        with ReplayClient(shard.address, timeout=30) as client:
+            while not stop.is_set():
+                batch = client.sample(128)
+                np.testing.assert_array_equal(batch.keys.astype(np.int64), batch.columns["action"])
+                client.update_priorities(batch.keys, np.random.default_rng().random(128) + 0.1,
+                                         incarnation=batch.incarnation)
+
+    def guarded(work):
+        try:
+            work()
+        except Exception as err:  # noqa: BLE001 (reported by the test)
+            errors.append(err)
+
+    threads = [threading.Thread(target=guarded, args=(w,)) for w in (write, learn)]
+    try:
+        for t in threads:
+            t.start()
+        results = []
+        with ReplayClient(shard.address, timeout=60) as control:
+            for _ in range(4):
+                wait_until(lambda: acked[0] > (results[-1].inserted_total if results else 0) + 5000,
+                           "more rows acknowledged", timeout=20)
+                before = acked[0]
+                result = control.checkpoint()
+                assert result.inserted_total >= before and result.rows == min(result.inserted_total, 20000)
+                results.append(result)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    assert not errors, errors
+    for result in results:
+        ids, state = rows_of(result.path)
+        assert (state.next_key, state.size) == (result.inserted_total, result.rows)
+        assert sorted(ids) == list(range(state.next_key - state.size, state.next_key))
+        assert all(i == key for key, i in ids.items()), "a row is not the one inserted under its key"
+
+
+def test_sigterm_writes_a_checkpoint_that_the_next_start_restores(tmp_path):
+    directory = tmp_path / "ck"
+    args = ("--capacity", "3000", "--checkpoint-dir", str(directory), "--checkpoint-every", "0")
+    shard = start_shard_process(tmp_path, "first", *args)
+    with ReplayClient(shard.address, writer_id="actor-7") as client:
+        for start in range(0, 4000, 500):
+            client.insert(cartpole_batch(500, start), priorities=np.arange(start, start + 500) + 1.0)
+        client.flush()
+        batch = client.sample(100)
+        client.update_priorities(batch.keys, np.full(100, 10.0), incarnation=batch.incarnation)
+        before = client.info()
+    assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    assert "checkpoint checkpoint-0000000001.apexrl: 3000 rows" in (tmp_path / "first.log").read_text()
+
+    shard = start_shard_process(tmp_path, "second", *args)
+    try:
+        with ReplayClient(shard.address, writer_id="actor-7") as client:
+            after = client.info()
+            for field in ("size", "inserted_total", "evicted_total", "total_priority", "min_priority",
+                          "max_priority", "updated_total", "inserted_bytes_total"):
+                assert getattr(after, field) == getattr(before, field), field
+            assert after.incarnation != before.incarnation
+            sampled = client.sample(256)
+            np.testing.assert_array_equal(sampled.keys.astype(np.int64), sampled.columns["action"])
+            # Keys sampled before the restart still update the same rows.
+            result = client.update_priorities(batch.keys, np.full(100, 2.0), incarnation=batch.incarnation)
+            assert result.applied == 100
+            # The writer's sequence numbers survived: a batch it resends is recognised.
+            client._next_sequence = 8  # the last batch it sent before the restart
+            client.insert(cartpole_batch(500, 3500))
+            client.flush()
+            assert client.info().duplicate_batches_total == before.duplicate_batches_total + 1
+    finally:
+        assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    log = (tmp_path / "second.log").read_text()
+    assert f"restored 3000 rows (keys 1000..3999) from {directory}/checkpoint-0000000001.apexrl" in log
+
+
+def test_the_newest_checkpoint_corrupt_the_previous_one_is_restored(tmp_path):
+    directory = tmp_path / "ck"
+    args = ("--capacity", "1000", "--checkpoint-dir", str(directory), "--checkpoint-every", "0")
+    shard = start_shard_process(tmp_path, "first", *args)
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(100))
+        client.flush()
+        good = client.checkpoint()
+        client.insert(cartpole_batch(100, 100))
+        client.flush()
+    assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    newest = directory / "checkpoint-0000000002.apexrl"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x01  # a flipped bit in its rows
+    newest.write_bytes(bytes(data))
+
+    shard = start_shard_process(tmp_path, "second", *args)
+    try:
+        with ReplayClient(shard.address) as client:
+            assert client.info().inserted_total == good.inserted_total == 100
+    finally:
+        shard.stop(signal.SIGTERM, timeout=30)
+    log = (tmp_path / "second.log").read_text()
+    assert (f"CORRUPT CHECKPOINT skipped: checkpoint {newest} is corrupt: chunk at slot 0: CRC32 mismatch; "
+            f"renamed to checkpoint-0000000002.apexrl.corrupt") in log
+    assert "restored 100 rows (keys 0..99) from" in log
+
+
+def test_a_checkpoint_of_another_signature_refuses_to_start(tmp_path):
+    directory = tmp_path / "ck"
+    shard = start_shard_process(tmp_path, "first", "--capacity", "100", "--checkpoint-dir", str(directory))
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(10))
+        client.flush()
+    assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    run = subprocess.run([sys.executable, "-m", "apexrl.launcher", "replay", "--port", "0", "--metrics-port", "-1",
+                          "--capacity", "100", "--checkpoint-dir", str(directory),
+                          "--signature", "obs:float32[4],action:int32[]"], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "was made with signature obs:float32[4],action:int64[]," in run.stderr
+    assert ("field 'action' is int64[] there, int32[] here; field 'reward' only there; field 'discount' only "
+            "there; field 'next_obs' only there") in run.stderr
+
+
+def test_the_checkpoint_rpc_without_a_checkpoint_directory_fails_precondition(shard):
+    with ReplayClient(shard.address) as client, pytest.raises(FailedPreconditionError, match="checkpoint directory"):
+        client.checkpoint()
+
+
+def test_not_serving_until_the_checkpoint_is_restored(tmp_path, monkeypatch):
+    """The shard's own run(): its restore is held back here, to look at the shard meanwhile."""
+    from apexrl.replay_server import checkpointer, main
+    from apexrl.replay_server.config import ReplayConfig
+
+    directory = tmp_path / "ck"
+    seed_shard = start_shard_process(tmp_path, "seed", "--capacity", "500", "--checkpoint-dir", str(directory))
+    with ReplayClient(seed_shard.address) as client:
+        client.insert(cartpole_batch(300))
+        client.flush()
+    assert seed_shard.stop(signal.SIGTERM, timeout=30) == 0
+
+    release, restoring = threading.Event(), threading.Event()
+    real_restore = checkpointer.Checkpointer.restore
+
+    def slow_restore(self):
+        restoring.set()
+        release.wait(30)
+        return real_restore(self)
+
+    monkeypatch.setattr(checkpointer.Checkpointer, "restore", slow_restore)
+    port_file = tmp_path / "port"
+    config = ReplayConfig(capacity=500, port=0, metrics_port=-1, port_file=str(port_file),
+                          checkpoint_dir=str(directory))
+    stop = threading.Event()
+    shard = threading.Thread(target=main.run, args=(config, stop))
+    shard.start()
+    try:
+        assert restoring.wait(20)
+        address = f"127.0.0.1:{int(port_file.read_text())}"
+        channel = make_channel(address)
+        health = health_pb2_grpc.HealthStub(channel)
+        stub = replay_pb2_grpc.ReplayServiceStub(channel)
+        for service in ("", "apexrl.v1.ReplayService"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Sample(replay_pb2.SampleRequest(batch_size=1), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "restoring" in err.value.details()
+        with ReplayClient(address) as client:
+            with pytest.raises(UnavailableError, match="restoring"):
+                client.checkpoint()
+            assert client.info().size == 0  # Info answers
+            client.insert(cartpole_batch(10, 300))  # refused for now (UNAVAILABLE): kept and resent
+            time.sleep(0.3)
+            assert client.pending == 1
+            release.set()
+            wait_until(lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+                       == health_pb2.HealthCheckResponse.SERVING, "SERVING after the restore")
+            client.flush(timeout=20)  # the held batch went in after the restored rows
+            info = client.info()
+            assert (info.size, info.inserted_total) == (310, 310)
+        channel.close()
+    finally:
+        release.set()
+        stop.set()
+        shard.join(30)
+
+
+def leaves_by_row(directory) -> Counter:
+    """(row id, stored priority) of every row of each checkpoint in `directory`'s newest file."""
+    (path,) = sorted(directory.glob("checkpoint-*.apexrl"))[-1:]
+    with CheckpointReader(path) as reader:
+        return Counter((int(i), float(p)) for _, columns, leaves in reader.blocks()
+                       for i, p in zip(columns["action"], leaves, strict=True))
+
+
+def reshard_cli(sources, targets) -> str:
+    run = subprocess.run([sys.executable, "-m", "apexrl.launcher", "replay-reshard", "--sources",
+                          ",".join(map(str, sources)), "--targets", ",".join(map(str, targets))],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return run.stderr
+
+
+def test_two_saved_shards_restore_onto_three_and_three_onto_one(tmp_path):
+    """M -> N through `apexrl replay-reshard`: every row once, with its priority, served by the new shards."""
+    old = [tmp_path / f"old{i}" for i in range(2)]
+    for i, directory in enumerate(old):
+        shard = start_shard_process(tmp_path, f"old{i}", "--capacity", "1500", "--checkpoint-dir", str(directory))
+        with ReplayClient(shard.address) as client:
+            for start in range(10_000 * i, 10_000 * i + 1800, 300):  # 1800 rows into 1500: wrapped
+                client.insert(cartpole_batch(300, start), priorities=np.random.default_rng(start).random(300) + 0.1)
+            client.flush()
+            batch = client.sample(64)
+            client.update_priorities(batch.keys, np.full(64, 4.0), incarnation=batch.incarnation)
+        assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    saved = leaves_by_row(old[0]) + leaves_by_row(old[1])
+    assert sum(saved.values()) == 3000
+
+    new = [tmp_path / f"new{i}" for i in range(3)]
+    assert "resharded 3000 rows from 2 shards onto 3 (3000 rows written)" in reshard_cli(old, new)
+    sizes, totals = [], []
+    for i, directory in enumerate(new):
+        shard = start_shard_process(tmp_path, f"new{i}", "--capacity", "1000", "--checkpoint-dir", str(directory))
+        with ReplayClient(shard.address) as client:
+            info = client.info()
+            sizes.append(info.size)
+            totals.append(info.total_priority)
+            batch = client.sample(200)
+            assert set(batch.columns["action"].tolist()) <= {row for row, _ in saved}
+        assert shard.stop(signal.SIGTERM, timeout=30) == 0  # its final checkpoint: the rows it restored
+    assert sizes == [1000, 1000, 1000]
+    assert sum(totals) == pytest.approx(sum(p * n for (_, p), n in saved.items()))
+    assert sum((leaves_by_row(d) for d in new), Counter()) == saved
+
+    one = tmp_path / "one"
+    reshard_cli(new, [one])
+    shard = start_shard_process(tmp_path, "one", "--capacity", "3000", "--checkpoint-dir", str(one))
+    with ReplayClient(shard.address) as client:
+        assert client.info().size == 3000
+    assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    assert leaves_by_row(one) == saved
+
+
+def test_with_the_write_ahead_log_a_sigkill_loses_no_acknowledged_row(tmp_path):
+    """A real writer (ReplayClient) streams batches into a shard with --wal; the shard is SIGKILLed mid-stream
+    and restarted on the same port. Every batch acknowledged before the kill is there, and the batches the
+    writer still held are resent and stored once: exactly once across the crash."""
+    directory = tmp_path / "ck"
+    args = ["--capacity", "200000", "--checkpoint-dir", str(directory), "--wal", str(tmp_path / "wal"),
+            "--checkpoint-every", "0.5"]
+    shard = start_shard_process(tmp_path, "first", *args)
+    port = shard.address.rsplit(":", 1)[1]
+    stop, sent = threading.Event(), []
+    client = ReplayClient(shard.address, timeout=60, max_in_flight=16)
+
+    def write() -> None:
+        start = 0
+        while not stop.is_set():
+            client.insert(cartpole_batch(100, start))
+            sent.append(start)
+            start += 100
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        wait_until(lambda: len(sent) > 300, "a few hundred batches sent", timeout=20)
+        shard.process.kill()
+        shard.process.wait(10)
+        with client._cond:  # what the writer had acknowledged at the kill: every sequence not pending
+            unacknowledged = set(client._pending)
+            numbered = client._next_sequence - 1
+        acknowledged = numbered - len(unacknowledged)
+        assert acknowledged > 100  # killed mid-stream (usually with batches in flight: `unacknowledged`)
+        shard = start_shard_process(tmp_path, "second", *args, "--port", port)
+        stop.set()
+        writer.join(60)
+        client.flush(timeout=60)  # the held batches, resent to the restarted shard
+        with ReplayClient(shard.address) as check:
+            info = check.info()
+    finally:
+        stop.set()
+        client.close()
+        assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    log = (tmp_path / "second.log").read_text()
+    assert "replayed" in log and "from the write-ahead log" in log
+    ids, state = rows_of(sorted(directory.glob("checkpoint-*.apexrl"))[-1])
+    stored = set(ids.values())
+    acked_rows = {row for sequence in range(1, numbered + 1) if sequence not in unacknowledged
+                  for row in range(sent[sequence - 1], sent[sequence - 1] + 100)}  # batch n has sequence n + 1
+    lost = acked_rows - stored
+    print(f"WAL SIGKILL: {len(acked_rows)} rows acknowledged before the kill, {len(lost)} lost; "
+          f"{len(unacknowledged)} batches in flight resent; {len(ids)} rows stored, {len(stored)} distinct")
+    assert not lost
+    expected = {row for start in sent for row in range(start, start + 100)}
+    assert sorted(ids.values()) == sorted(expected)  # every row once: none lost, none twice
+    assert info.inserted_total == len(expected) == 100 * len(sent)
+    assert state.next_key == len(expected)
+
+
+def test_with_the_write_ahead_log_acks_keep_their_order_errors_and_duplicates(tmp_path):
+    """The Insert stream of a shard with a write-ahead log (in-process): one ack per request, in order, each
+    only once its batch is logged; a bad batch and a resend are answered as without the log."""
+    from apexrl.common import codec
+    from apexrl.replay_server.service import create_replay_server
+    from apexrl.replay_server.table import ReplayTable, TableConfig
+    from apexrl.replay_server.wal import WriteAheadLog
+
+    table = ReplayTable(TableConfig(capacity=10_000))
+    wal = WriteAheadLog(tmp_path / "wal")
+    wal.open(table)
+    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", wal=wal)
+
+    def request(sequence: int, rows: int = 10, bad: bool = False) -> replay_pb2.InsertRequest:
+        r = replay_pb2.InsertRequest(writer_id="w", sequence=sequence)
+        batch = cartpole_batch(rows, 10 * sequence)
+        if bad:
+            batch["action"] = batch["action"].astype(np.int32)
+        codec.encode_batch(batch, r.batch)
+        return r
+
+    requests = [request(1), request(2), request(3, bad=True), request(2), request(4), *map(request, range(5, 60))]
+    try:
+        with make_channel(f"127.0.0.1:{port}") as channel:
+            acks = list(replay_pb2_grpc.ReplayServiceStub(channel).Insert(iter(requests), timeout=30))
+        assert [a.sequence for a in acks] == [r.sequence for r in requests]
+        assert [(a.first_key, a.rows, a.duplicate, a.error_code) for a in acks[:5]] == [
+            (0, 10, False, 0), (10, 10, False, 0), (0, 0, False, 3), (0, 0, True, 0), (20, 10, False, 0)]
+        assert wal.durable_key == table.next_key == 580
+        assert wal.stats.wal_batches == 58 and wal.stats.wal_fsyncs <= 58
+    finally:
+        server.stop(0).wait(10)
+        wal.close()
+    replayed = ReplayTable(TableConfig(capacity=10_000))
+    replayed.refuse_calls("restoring")
+    assert WriteAheadLog(tmp_path / "wal").replay(replayed, restored=False) == 580

@@ -1,0 +1,201 @@
+"""The write-ahead log (replay_server/wal.py) without a server: replayed after a checkpoint or from scratch, a
+torn tail, segments dropped once checkpoints cover them, another lineage never replayed, a failing disk."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+from apexrl.replay_server import wal as wal_module
+from apexrl.replay_server.checkpointer import Checkpointer
+from apexrl.replay_server.table import ReplayTable, TableConfig
+from apexrl.replay_server.wal import WriteAheadLog
+from tests.conftest import cartpole_batch, wait_until
+
+
+def table(**config) -> ReplayTable:
+    return ReplayTable(TableConfig(**{"capacity": 1000, "alpha": 0.5, "seed": 0, **config}))
+
+
+def logged(directory, batches: int, rows: int = 10, t: ReplayTable | None = None, start: int = 0):
+    """A table logging into `directory`: `batches` inserts from two writers, all durable."""
+    t = t or table()
+    log = WriteAheadLog(directory)
+    log.open(t)
+    for i in range(start, start + batches):
+        t.insert(cartpole_batch(rows, i * rows), np.full(rows, 1.0 + i), writer_id=f"w{i % 2}", sequence=i)
+    done = threading.Event()
+    log.when_durable(t.next_key, lambda error: done.set())
+    assert done.wait(10)
+    log.close()
+    return t, log
+
+
+def rows(t: ReplayTable) -> dict[int, tuple[int, float]]:
+    info = t.info()
+    leaves = t._tree.leaf_values()
+    return {k: (int(t._storage["action"][k % info.capacity]), float(leaves[k % info.capacity]))
+            for k in range(info.inserted_total - info.size, info.inserted_total)}
+
+
+def replayed(directory, restored_from: ReplayTable | None = None, **config) -> ReplayTable:
+    t = table(**config)
+    t.refuse_calls("restoring")
+    if restored_from is not None:
+        t.restore(*_state_and_blocks(restored_from))
+    WriteAheadLog(directory).replay(t, restored=restored_from is not None)
+    t.refuse_calls(None)
+    return t
+
+
+def _state_and_blocks(source: ReplayTable):
+    snapshot = source.begin_snapshot(64)
+    blocks = []
+    for slot, columns, leaves in snapshot.chunks():
+        blocks.append((slot, columns, leaves))
+    snapshot.close()
+    state = snapshot.state
+    cap = state.capacity
+    keyed = []
+    for key in range(state.first_key, state.next_key):
+        slot = key % cap
+        for start, columns, leaves in blocks:
+            if start <= slot < start + len(leaves):
+                i = slot - start
+                keyed.append((key, {k: v[i:i + 1] for k, v in columns.items()}, leaves[i:i + 1]))
+    return state, keyed
+
+
+def test_a_log_replayed_from_scratch_gives_back_every_row_priority_and_writer(tmp_path):
+    original, _ = logged(tmp_path, 30)
+    t = replayed(tmp_path)
+    assert rows(t) == rows(original) and t.info().max_priority == original.info().max_priority
+    assert t.lineage == original.lineage
+    assert t.insert(cartpole_batch(10), writer_id="w1", sequence=29).duplicate
+    # Keys sampled from the process that wrote the log name the same rows here.
+    assert t.update_priorities(np.arange(300, dtype=np.uint64), np.ones(300),
+                               incarnation=original.incarnation).applied == 300
+
+
+def test_replay_after_a_checkpoint_skips_what_the_checkpoint_holds(tmp_path):
+    original, log = logged(tmp_path, 10)
+    at_checkpoint = table()
+    at_checkpoint.refuse_calls("r")
+    at_checkpoint.restore(*_state_and_blocks(original))
+    at_checkpoint.refuse_calls(None)
+    logged(tmp_path, 10, t=original, start=10)
+    t = replayed(tmp_path, restored_from=at_checkpoint)
+    assert rows(t) == rows(original) and t.info().inserted_total == 200
+
+
+def test_a_torn_tail_stops_the_replay_at_the_last_whole_record(tmp_path, caplog):
+    original, _ = logged(tmp_path, 5)
+    (segment,) = tmp_path.glob("wal-*.log")
+    data = segment.read_bytes()
+    segment.write_bytes(data[:-7])  # the last record lost its end: SIGKILL during its write
+    with caplog.at_level(logging.WARNING, "apexrl.replay.wal"):
+        t = replayed(tmp_path)
+    assert t.info().inserted_total == 40 and rows(t) == {k: v for k, v in rows(original).items() if k < 40}
+    assert "torn or corrupt record" in caplog.text
+    # Logging goes on in a new segment right after the last replayed key; a second replay reads both.
+    logged(tmp_path, 3, t=t, start=100)
+    assert replayed(tmp_path).info().inserted_total == 70
+
+
+def test_a_flipped_bit_in_a_record_stops_the_replay_there(tmp_path):
+    logged(tmp_path, 5)
+    (segment,) = tmp_path.glob("wal-*.log")
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    segment.write_bytes(bytes(data))
+    assert replayed(tmp_path).info().inserted_total < 50
+
+
+def test_segments_are_rotated_and_dropped_once_the_kept_checkpoints_cover_them(tmp_path):
+    t = table()
+    log = WriteAheadLog(tmp_path / "wal")
+    checkpointer = Checkpointer(t, tmp_path / "ck", keep=2, on_written=log.truncate)
+    log.open(t)
+
+    def insert_durably(n: int) -> None:
+        for _ in range(n):
+            t.insert(cartpole_batch(10, t.next_key))
+        wait_until(lambda: log.durable_key == t.next_key, "the log durable")
+
+    insert_durably(3)
+    checkpointer.checkpoint()  # at key 30: one checkpoint kept, covering 0..29
+    insert_durably(3)
+    checkpointer.checkpoint()  # at key 60; kept: 30 and 60
+    insert_durably(3)
+    names = sorted(p.name for p in (tmp_path / "wal").iterdir())
+    assert names == ["wal-00000000000000000030.log", "wal-00000000000000000060.log"]  # 0..29 dropped
+    checkpointer.checkpoint()  # at key 90; kept: 60 and 90
+    insert_durably(1)
+    names = sorted(p.name for p in (tmp_path / "wal").iterdir())
+    assert names == ["wal-00000000000000000060.log", "wal-00000000000000000090.log"]
+    log.close()
+    # Falling back to the older kept checkpoint (60) still finds every row after it in the log.
+    fallback = table()
+    fallback.refuse_calls("r")
+    checkpointer.files()[-1].unlink()
+    assert Checkpointer(fallback, tmp_path / "ck").restore().next_key == 60
+    WriteAheadLog(tmp_path / "wal").replay(fallback, restored=True)
+    assert fallback.next_key == 100
+
+
+def test_a_log_of_another_lineage_is_never_replayed(tmp_path, caplog):
+    logged(tmp_path, 5)
+    other = table()
+    other.insert(cartpole_batch(10))
+    t = table()
+    t.refuse_calls("r")
+    t.restore(*_state_and_blocks(other))  # a checkpoint of another history (e.g. made by resharding)
+    with caplog.at_level(logging.WARNING, "apexrl.replay.wal"):
+        assert WriteAheadLog(tmp_path).replay(t, restored=True) == 0
+    assert t.next_key == 10 and "belongs to another history" in caplog.text
+    assert [p.name for p in tmp_path.iterdir()] == ["wal-00000000000000000000.log.orphan"]
+
+
+def test_batches_share_fsyncs(tmp_path):
+    t = table(capacity=100_000)
+    log = WriteAheadLog(tmp_path)
+    log.open(t)
+    for i in range(500):
+        t.insert(cartpole_batch(10, 10 * i))
+    wait_until(lambda: log.durable_key == 5000, "all durable")
+    log.close()
+    assert log.stats.wal_batches == 500 and 1 <= log.stats.wal_fsyncs < 500
+    assert log.stats.wal_bytes > 500 * 10 * 48
+
+
+def test_a_failing_disk_answers_every_waiter_with_its_error(tmp_path, monkeypatch):
+    t = table()
+    log = WriteAheadLog(tmp_path)
+    log.open(t)
+    t.insert(cartpole_batch(10))
+    wait_until(lambda: log.durable_key == 10, "the first batch durable")
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(wal_module.os, "fsync", full)
+    t.insert(cartpole_batch(10, 10))
+    errors: list = []
+    log.when_durable(20, errors.append)
+    wait_until(lambda: errors, "the waiter answered")
+    assert "No space left on device" in str(errors[0])
+    log.when_durable(30, errors.append)  # later waiters too, at once
+    assert len(errors) == 2 and errors[1] is errors[0]
+    monkeypatch.undo()
+    log.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_left_behind():
+    before = set(threading.enumerate())
+    yield
+    wait_until(lambda: not [t for t in threading.enumerate() if t not in before and t.name == "apexrl-wal"],
+               "the log threads ended")
