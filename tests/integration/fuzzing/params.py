@@ -156,16 +156,17 @@ def _mutate_publish(draw: Draw, messages: list, log: list[str]) -> list:
         elif what == "rank":
             tensor.shape.extend([1] * draw(st.sampled_from([31, 32, 63, 64, 65])))
         elif what == "offset":
-            tensor.offset = draw(st.sampled_from([tensor.offset + 1, max(tensor.offset - 1, 0), 0, header.total_bytes,
-                                                  MAX_VERSION]))
+            tensor.offset = draw(st.sampled_from([min(tensor.offset + 1, MAX_VERSION), max(tensor.offset - 1, 0), 0,
+                                                  header.total_bytes, MAX_VERSION]))  # uint64: at most MAX_VERSION
         else:
-            tensor.nbytes = draw(st.sampled_from([tensor.nbytes + 1, max(tensor.nbytes - 1, 0), 0, MAX_VERSION]))
+            tensor.nbytes = draw(st.sampled_from([min(tensor.nbytes + 1, MAX_VERSION), max(tensor.nbytes - 1, 0), 0,
+                                                  MAX_VERSION]))
         return messages
     log.append(f"publish:{op}")
     chunks = [m.chunk for m in messages]
     if op == "total_bytes":
-        header.total_bytes = draw(st.sampled_from([header.total_bytes + 1, max(header.total_bytes - 1, 0), 0,
-                                                   MAX_VERSION]))
+        header.total_bytes = draw(st.sampled_from([min(header.total_bytes + 1, MAX_VERSION),
+                                                   max(header.total_bytes - 1, 0), 0, MAX_VERSION]))
     elif op == "version":
         header.version = draw(st.sampled_from([0, 1, 2**32, 2**63]))
     elif op == "drop_tensor" and tensors:
