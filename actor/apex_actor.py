@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from apexrl.actor.config import ActorConfig
 from apexrl.actor.exploration import epsilon_greedy
-from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
+from apexrl.actor.nstep import NStepAccumulator, Transition, compress_image_columns, stack_transitions
 from apexrl.actor.policy import Policy, make_policy
 from apexrl.common.discovery import ShardAddresses
 from apexrl.common.environments import check_spaces, clips_rewards, make_vector_env
@@ -158,10 +158,11 @@ class ApeXActor:
         """Insert one batch: round-robin over shards; a shard whose backlog is full (down or slow) is skipped;
         when every shard is full, wait on the round-robin one (back pressure from the shards' rate limiters).
         Each row carries the weights version that was acting when it was completed (`weight_version`), so the
-        learner can measure policy staleness."""
+        learner can measure policy staleness. Image observations are compressed (setting `compress`)."""
         columns = stack_transitions(transitions)
         columns[ROW_VERSION_COLUMN] = np.asarray(versions, dtype=np.int64)
         priorities = self.policy.td_error_abs(columns) + MIN_PRIORITY
+        columns = compress_image_columns(columns, self.config.compress)  # after the priorities: they need pixels
         self._sync_shards()
         while not self.shards and not stop.wait(1.0):  # a name that resolves to no shard yet
             self._sync_shards(force=True)
@@ -249,8 +250,9 @@ class ApeXActor:
     def _evaluate(self, stop: threading.Event) -> None:
         """Evaluator: rounds of num_envs greedy episodes played side by side, every one with the newest weights at
         the round's start (100 episodes of one policy, as "solved" is defined, in the time of the longest one).
-        Rounds start at most every `evaluation_round_seconds`, with a rest at least as long as the last round,
-        so evaluation never takes more than half a core from the learner."""
+        Rounds start at most every `evaluation_round_seconds`, with a rest at least half as long as the last round,
+        so evaluation never takes more than two thirds of a core from the learner (CartPole's rounds, vectorised,
+        take a small fraction of their 2 s)."""
         cfg = self.config
         num_envs = self.envs.num_envs
         rounds = 0
@@ -280,7 +282,7 @@ class ApeXActor:
                     return
             rounds += 1
             took = time.monotonic() - started
-            stop.wait(max(cfg.evaluation_round_seconds - took, took if cfg.evaluation_round_seconds else 0.0))
+            stop.wait(max(cfg.evaluation_round_seconds - took, took / 2 if cfg.evaluation_round_seconds else 0.0))
 
     def _finish_episode(self, episode_return: float, length: int, env_steps: int) -> None:
         self.episodes += 1

@@ -64,6 +64,9 @@ class ActorConfig:
     n_step: int = setting(3, "n of the n-step returns")
     gamma: float = setting(0.99, "discount factor")
     batch_size: int = setting(64, "transitions per replay insert")
+    compress: str = setting("zstd", "compression of image observations in replay (obs and next_obs of uint8 or "
+                                    "bool with at least 2 dimensions per row: one frame per row, decompressed by "
+                                    "the learner's data path); none: raw", choices=("zstd", "lz4", "none"))
     # Weights
     pull_every: int = setting(100, "environment steps between checks for newer weights (Ape-X: 400 frames)")
     weights_wait_seconds: float = setting(120.0, "how long to wait for the first weights before giving up")
@@ -73,8 +76,8 @@ class ActorConfig:
               "accept data; an evaluator paces its rounds instead: see evaluation_round_seconds)")
     evaluation_round_seconds: float = setting(
         2.0, "evaluator: a round of --num-envs greedy episodes, all played side by side with the newest weights, "
-             "starts at most this often, and the evaluator rests at least as long as its last round took (so it "
-             "uses at most half a core); 0: rounds back to back")
+             "starts at most this often, and the evaluator rests at least half as long as its last round took (so "
+             "it uses at most two thirds of a core); 0: rounds back to back")
     max_env_steps: int | None = setting(None, "stop after this many environment steps")
     max_episodes: int | None = setting(None, "stop after this many episodes")
 
@@ -88,6 +91,8 @@ class ActorConfig:
             raise ValueError(f"num_actors ({self.num_actors}) must be a positive integer")
         if not 0 <= self.actor_index < self.num_actors:
             raise ValueError(f"actor_index ({self.actor_index}) must be in [0, num_actors={self.num_actors})")
+        if self.compress not in ("zstd", "lz4", "none"):
+            raise ValueError(f"compress ({self.compress!r}) must be zstd, lz4 or none")
         for name in ("num_envs", "n_step", "batch_size", "pull_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")

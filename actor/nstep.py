@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from apexrl.common.compression import CompressedColumn, compress
+
 
 class Transition(NamedTuple):
     """One n-step transition as the actor sends it (semantics in the module docstring)."""
@@ -102,6 +104,25 @@ def stack_transitions(transitions: Sequence[Transition]) -> dict[str, np.ndarray
         "discount": np.fromiter((t.discount for t in transitions), dtype=np.float32, count=len(transitions)),
         "next_obs": _stacked([t.next_obs for t in transitions]),
     }
+
+
+def compress_image_columns(columns: dict[str, np.ndarray], compression: str | None,
+                           names: Sequence[str] = ("obs", "next_obs")) -> dict[str, np.ndarray | CompressedColumn]:
+    """`columns` with its image columns among `names` compressed one frame per row (`compression`: "zstd" or
+    "lz4"; None or "none" leaves them raw). An image column is uint8 or bool with at least 2 dimensions per row
+    (Atari's [4, 84, 84], MinAtar's [10, 10, C]); vectors stay raw (compressing them saves little and costs
+    the learner a decompression per row). The replay signature then reads `obs:uint8[4,84,84]@zstd`."""
+    if compression in (None, "none"):
+        return columns
+    out = dict(columns)
+    for name in names:
+        column = columns.get(name)
+        if column is not None and column.dtype in _IMAGE_DTYPES and column.ndim >= 3:
+            out[name] = compress(column, compression)
+    return out
+
+
+_IMAGE_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
 
 
 def _stacked(observations: list[np.ndarray]) -> np.ndarray:

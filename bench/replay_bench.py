@@ -12,6 +12,9 @@ One run measures, each figure for `--seconds` after an unmeasured `--warmup`:
      against a bytes-only server in its own process; every apexrl figure is printed next to it as a ratio.
   5. `replay_cpprb`, with `--cpprb`: cpprb's PrioritizedReplayBuffer at the same capacity, run by
      `--cpprb-python` (an interpreter where `import cpprb` works; cpprb is never required).
+  6. `replay_pixels`: real Pong frames (played with ale-py), compressed (zstd, LZ4) against raw in the same run:
+     the actor's compression cost, inserts into one shard, bytes per stored transition, and the learner's data
+     path (sampler process, decompression included) in batches of 256 per second.
 
 Servers (the replay shard through `python -m apexrl.launcher replay`, and the ceiling server) run in separate
 processes, so the client and the server do not share a GIL. Progress goes to stderr, the table to stdout, and
@@ -20,6 +23,7 @@ processes, so the client and the server do not share a GIL. Progress goes to std
     .venv/bin/python bench/replay_bench.py --json /tmp/replay_bench.json
     .venv/bin/python bench/replay_bench.py --quick
     .venv/bin/python bench/replay_bench.py --cpprb --cpprb-python bench/results/cpprb-venv/bin/python
+    .venv/bin/python bench/replay_bench.py --sections pixels            # the pixel figures alone (~1 minute)
 
 (bench/README.md says how to make the cpprb interpreter.)
 """
@@ -41,10 +45,11 @@ from harness.timing import Timing
 from replay_cpprb import measure_cpprb
 from replay_inprocess import measure_in_process
 from replay_insert import measure_inserts
+from replay_pixels import measure_pixels
 from replay_sample_update import fill_shard, measure_full_shard
 from workloads import FILL_BATCH
 
-SECTIONS = ("insert", "shard", "inprocess")
+SECTIONS = ("insert", "shard", "inprocess", "pixels")
 FOOTER = """\
 ceiling: the raw gRPC figure for the same call shape and message size, measured in this run against a
   bytes-only server in its own process, in the unit of the figure; ratio = value / ceiling (in-process cycle:
@@ -64,6 +69,7 @@ class RunInfo:
     load_after: float = 0.0
     fill_rate: float | None = None  # rows/s while filling the CartPole shard
     cpprb_skipped: str | None = None  # why the cpprb worker failed
+    pixels_skipped: str | None = None  # why the pixel figures could not run (no ale-py, zstandard or lz4)
 
 
 def run(args: argparse.Namespace, results: Results) -> RunInfo:
@@ -75,6 +81,13 @@ def run(args: argparse.Namespace, results: Results) -> RunInfo:
             info.fill_rate = run_grpc(args, results, timing, rng)
         if "inprocess" in args.sections:
             measure_in_process(results, timing, args.capacity, args.atari_capacity, rng)
+        if "pixels" in args.sections:
+            try:
+                with tempfile.TemporaryDirectory(prefix="replay_bench_pixels_") as workdir:
+                    measure_pixels(results, timing, args.atari_capacity, args.pong_rows, args.insert_window,
+                                   workdir)
+            except ImportError as err:  # the `atari` extra (ale-py) or the `compression` one is missing
+                info.pixels_skipped = f"{err} (pip install 'apexrl[atari]')"
         if args.cpprb:
             info.cpprb_skipped = measure_cpprb(results, args.cpprb_python or sys.executable, args.capacity,
                                                args.seconds, args.warmup)
@@ -114,6 +127,8 @@ def print_report(results: Results, info: RunInfo, file=sys.stdout) -> None:
     if info.fill_rate:
         print(f"Shard filled at {info.fill_rate:,.0f} rows/s in batches of {FILL_BATCH:,} through the SDK.",
               file=file)
+    if info.pixels_skipped:
+        print(f"Pixel figures skipped: {info.pixels_skipped}.", file=file)
     print(load_line(info.load_before, info.load_after, nice_label="this run's niceness"), file=file)
 
 
@@ -135,6 +150,8 @@ def _add_size_args(parser: argparse.ArgumentParser) -> None:
                         help="priority updates in flight for the pipelined and streamed figures (default 16)")
     parser.add_argument("--sample-window", type=int, default=4,
                         help="samples in flight for the pipelined sample figure (default 4)")
+    parser.add_argument("--pong-rows", type=int, default=None,
+                        help="real Pong transitions played for the pixel figures (default 2,048; 512 with --quick)")
     parser.add_argument("--insert-window", type=int, default=32,
                         help="ReplayClient max_in_flight for the insert figures (default 32, the SDK "
                              "default)")
@@ -160,7 +177,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_run_args(parser)
     args = parser.parse_args(argv)
     defaults = {"seconds": (3.0, 0.3), "warmup": (0.5, 0.1), "capacity": (1_000_000, 50_000),
-                "atari_capacity": (20_000, 1_000)}
+                "atari_capacity": (20_000, 1_000), "pong_rows": (2048, 512)}
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if args.quick else full)
@@ -180,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_1min": [info.load_before, info.load_after],
             "fill_rows_per_s": info.fill_rate,
             "cpprb_skipped": info.cpprb_skipped,
+            "pixels_skipped": info.pixels_skipped,
             "figures": {key: asdict(row) for key, row in results.by_key.items()},
         })
     progress("done")

@@ -1,7 +1,9 @@
 """Replay figures, part 1: SDK insert throughput over loopback gRPC, next to the raw gRPC ceiling.
 
-`ReplayClient.insert` (the bidirectional Insert stream, one ack per batch, `--insert-window` batches
-unacknowledged) loops on one batch for the measured time, then `flush()` (its time counts). CartPole rows go
+`ReplayClient.insert` (the bidirectional Insert stream, `--insert-window` batches unacknowledged; small batches
+that queue up behind an unanswered request travel merged, one request and usually one ack for several) loops on
+one batch for the measured time, then `flush()` (its time counts); the note gives batches per request and per
+ack. CartPole rows go
 into the `--capacity` shard, Atari rows into the `--atari-capacity` one; batches of 64 and 256 rows, with
 priorities.
 Ceilings: a raw client stream of messages of exactly the InsertRequest's size, and a raw bidirectional stream
@@ -61,19 +63,28 @@ def measure_insert(results: Results, ceiling: CeilingClient, shard: Child, shape
                             ceiling.bidi(msg_bytes, 16, window), "msgs/s", msg_bytes)
     progress(f"apexrl: ReplayClient.insert {label} (max_in_flight {window})")
     row_bytes = row_nbytes(batch)
+    measurement, batches, requests, acks = sdk_insert(shard, batch, pri, timing, window)
     results.figure(
         f"grpc_insert_{workload}_{rows}", SECTION, f"insert {label} ({row_bytes:,} B/row)",
-        sdk_insert(shard, batch, pri, timing, window), "transitions/s", per_call=rows, row_bytes=row_bytes,
+        measurement, "transitions/s", per_call=rows, row_bytes=row_bytes,
         ceiling=stream * rows, ceiling_name=f"client stream of {msg_bytes:,} B messages",
         target=TARGETS.get(shape),
-        note=f"{msg_bytes:,} B per message; acked-window ceiling {acked * rows:,.0f} transitions/s",
+        note=f"{msg_bytes:,} B per one-batch message; acked-window ceiling {acked * rows:,.0f} transitions/s; "
+             f"{batches / max(1, requests):.1f} batches per request, {batches / max(1, acks):.1f} per ack",
     )
 
 
 def sdk_insert(shard: Child, batch: dict[str, np.ndarray], pri: np.ndarray, timing: Timing,
-               window: int) -> Measurement:
+               window: int) -> tuple[Measurement, int, int, int]:
+    """The measurement, and the batches, requests and acks of the whole run (warm-up included)."""
     from apexrl.replay_server.client import ReplayClient
 
+    last = [0]  # the last batch's sequence number: batches are numbered 1, 2, ...
+
     with ReplayClient(shard.address, timeout=300, max_in_flight=window) as client:
-        return with_cpu(shard.pid, measure_loop, lambda: client.insert(batch, pri), timing.seconds,
-                        timing.warmup, finish=lambda: client.flush(300))
+        def insert() -> None:
+            last[0] = client.insert(batch, pri)
+
+        measurement = with_cpu(shard.pid, measure_loop, insert, timing.seconds, timing.warmup,
+                               finish=lambda: client.flush(300))
+        return measurement, last[0], client.requests_sent, client.acks_received

@@ -33,6 +33,29 @@ def atari_batch(rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
 WORKLOADS = {"cartpole": cartpole_batch, "atari": atari_batch}
 
 
+def pong_transitions(count: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """`count` real Pong transitions as the built-in actor makes them (uint8 [4, 84, 84] frame stacks, 3-step
+    returns, random actions), played now with ale-py: random bytes do not compress, real frames do. Needs the
+    `atari` extra (imported here only, so the cpprb worker never needs it)."""
+    from apexrl.actor.nstep import NStepAccumulator, stack_transitions
+    from apexrl.common.environments import make_env
+
+    env = make_env("ALE/Pong-v5")
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    accumulator = NStepAccumulator(3, 0.99)
+    transitions = []
+    while len(transitions) < count:
+        action = int(rng.integers(env.action_space.n))
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        transitions += accumulator.push(obs, action, float(np.clip(reward, -1, 1)), next_obs, terminated, truncated)
+        obs = env.reset()[0] if terminated or truncated else next_obs
+    env.close()
+    columns = stack_transitions(transitions[:count])
+    columns["weight_version"] = np.zeros(count, dtype=np.int64)
+    return columns
+
+
 def row_nbytes(batch: dict[str, np.ndarray]) -> int:
     rows = len(next(iter(batch.values())))
     return sum(a.nbytes for a in batch.values()) // rows

@@ -73,8 +73,12 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_message(method, err))
 
         async def requests(raw_iterator, context):
-            async for raw in raw_iterator:
-                yield await decode(raw, context)
+            async for raw in raw_iterator:  # parsed inline: no coroutine per message of a stream
+                try:
+                    request = parse(raw)
+                except Exception as err:  # noqa: BLE001 (as in decode)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_message(method, err))
+                yield request
 
         async def argument(request, context):
             return requests(request, context) if handler.request_streaming else await decode(request, context)

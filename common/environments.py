@@ -158,6 +158,17 @@ def make_vector_env(env_id: str, num_envs: int, *, same_step_autoreset: bool = T
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
+def reward_threshold(env_id: str) -> float | None:
+    """The return at which `env_id` counts as solved in its Gymnasium registration (None when it has none, as the
+    Atari and MinAtar games, or for an unknown id)."""
+    _register(env_id)
+    try:
+        threshold = gym.spec(env_id).reward_threshold
+    except gym.error.Error:
+        return None
+    return None if threshold is None else float(threshold)
+
+
 def env_spaces(env_id: str) -> EnvSpaces:
     """Make `env_id` once and return its sizes; ValueError for an unknown id or unsupported spaces."""
     env = make_env(env_id)

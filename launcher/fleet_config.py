@@ -30,7 +30,10 @@ class FleetSettings:
         seed: base seed (shard i: seed + i, learner: seed, actor i: seed + 1000 + i, evaluator: seed + 999).
         samples_per_insert: replay ratio the shards enforce (sampled rows per inserted row; 0 = unlimited): actors
             wait when they run ahead of the learner, so learning per environment step does not depend on how the
-            machine's cores are shared. 8 solved CartPole in the fewest updates in our sweeps.
+            machine's cores are shared. 16 (one update of 256 rows per 16 env steps) with the learner's defaults
+            (dueling 256x256, target copy every 100 updates) solved CartPole-v1 in ~0.6x the env steps and ~0.8x
+            the wall time of the earlier 8 with 128x128 rows and copies every 250 (bench/tune_cartpole.py's sweep
+            and seed-0 fleet runs; docs/progress.md).
         tls_cert, tls_key, tls_ca: one TLS identity per machine, given to every role it runs (a role's table may
             not set its own): the shards and the learner's parameter service serve TLS with the certificate, every
             client verifies them with the CA and, as a CA makes the servers require client certificates, presents
@@ -48,8 +51,10 @@ class FleetSettings:
     run_dir: str | None = setting(None, "directory of logs, episodes, checkpoints and results on every machine "
                                         "(none: runs/ENV-TIMESTAMP)", metavar="DIR")
     seed: int | None = setting(None, "base seed; each role derives its own (none: unseeded)")
-    target_return: float = setting(475.0, "stop, solved, once the last 100 evaluation episodes average at least "
-                                          "this")
+    target_return: float | None = setting(None, "stop, solved, once the last 100 evaluation episodes average at "
+                                                "least this (none: the environment's reward_threshold from its "
+                                                "Gymnasium registration, e.g. 475 for CartPole-v1 and -100 for "
+                                                "Acrobot-v1; an environment without one runs until --max-seconds)")
     evaluation_episodes: int = setting(100, "greedy episodes the evaluator plays side by side per round, all with "
                                             "the newest weights (its --num-envs; an [evaluator] num_envs overrides "
                                             "it): the target is checked on the last 100 evaluation episodes")
@@ -70,8 +75,8 @@ class FleetSettings:
                                                 "machine); needs tls_ca or tls_cert (none: the addresses "
                                                 "dialled)", metavar="NAME")
     replay_capacity: int = setting(100_000, "rows over all shards together (each holds its share)")
-    samples_per_insert: float = setting(8.0, "replay ratio the shards enforce: sampled rows per inserted row, "
-                                             "0 = unlimited")
+    samples_per_insert: float = setting(16.0, "replay ratio the shards enforce: sampled rows per inserted row, "
+                                              "0 = unlimited (16 with batches of 256: one update per 16 env steps)")
     min_replay_size: int = setting(1_000, "rows the shards hold in total before the learner trains")
     startup_timeout: float = setting(120.0, "seconds each service may take to report SERVING")
     progress_seconds: float = setting(5.0, "seconds between progress lines")

@@ -50,8 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "environment id is refused in one line with exit status 2.\n\n"
         "The last line on stdout is JSON: env_steps (exploring actors' environment steps), episodes (exploration "
         "episodes; evaluation episodes are not counted), updates (learner), mean_return_100 (mean return of the "
-        "last 100 evaluation episodes), wall_seconds, solved, run_dir, reason, restarts, restarts_by_role.\n"
-        "Exit status: 0 when solved (or, on a machine that does not check the target, after a clean stop), 1 "
+        "last 100 evaluation episodes), wall_seconds, solved, target_return (the target checked, or null: an "
+        "environment without a reward threshold and no --target-return), run_dir, reason, restarts, "
+        "restarts_by_role.\n"
+        "Exit status: 0 when solved (or, on a machine that does not check a target, after a clean stop), 1 "
         "otherwise, 2 for a bad configuration.")
     fleet = parser.add_argument_group("fleet")
     fleet.add_argument("--config", metavar="FILE", default=None,
@@ -152,7 +154,12 @@ class Launch:
         self.progress_seconds = config.progress_seconds
         self.stop_grace = config.stop_grace
         self.options = options or {}
-        self.checks_target = checks_target(config, host)
+        self.target = config.target_return
+        if self.target is None:
+            from apexrl.common.environments import reward_threshold
+
+            self.target = reward_threshold(config.env)
+        self.checks_target = checks_target(config, host) and self.target is not None
         self.stop = threading.Event()
         self.force = threading.Event()
 
@@ -176,7 +183,7 @@ class Launch:
         reason = "signal"
         try:
             log.info("launching %s on %s (target return %s, at most %.0fs); run directory %s", self.config.env,
-                     self.host, self.config.target_return if self.checks_target else "not checked here",
+                     self.host, self.target if self.checks_target else "not checked here",
                      self.config.max_seconds, self.run_dir)
             fleet.start()
             self._write_config(fleet, start)
@@ -203,10 +210,10 @@ class Launch:
                     break
                 if now >= next_tick:
                     row = self._tick(progress, progress_csv, now, restarts=sum(fleet.restart_counts.values()))
-                    if self.checks_target and progress.solved(self.config.target_return):
+                    if self.checks_target and progress.solved(self.target):
                         solved, reason = True, "target"
                         log.info("solved: the last 100 evaluation episodes average %.1f >= %g",
-                                 progress.eval_mean(), self.config.target_return)
+                                 progress.eval_mean(), self.target)
                         break
                     next_tick += self.progress_seconds
                 self.stop.wait(0.2)
@@ -238,6 +245,7 @@ class Launch:
             "mean_return_100": progress.eval_mean(),
             "wall_seconds": round(wall, 3),
             "solved": solved,
+            "target_return": self.target,
             "run_dir": str(self.run_dir),
             "reason": reason,
             "restarts": sum(fleet.restart_counts.values()),
@@ -309,7 +317,7 @@ class Launch:
 
                 plot_learning_curve(self.run_dir / "progress.csv", self.run_dir / "episodes.csv",
                                     self.run_dir / "learning_curve.png",
-                                    target_return=self.config.target_return, title=self.config.env)
+                                    target_return=self.target, title=self.config.env)
                 written.append("learning_curve.png")
             except Exception as err:  # a missing plot must not hide the run's result
                 log.warning("could not plot the learning curve: %s", err)

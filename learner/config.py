@@ -71,14 +71,14 @@ class LearnerConfig:
         None, "sizes of the fully connected layers before the dueling head (after the convolutions of a "
               "convolutional torso), comma-separated (none: 128,128 for mlp, 512 for nature, 128 for minatar)",
         metavar="SIZES")
-    batch_size: int = setting(128, "rows per update, drawn across all shards")
+    batch_size: int = setting(256, "rows per update, drawn across all shards")
     learning_rate: float = setting(1e-3, "Adam learning rate")
     max_grad_norm: float = setting(10.0, "gradient clipping norm")
-    target_update_period: int = setting(250, "updates between copies of the online network into the target network")
+    target_update_period: int = setting(100, "updates between copies of the online network into the target network")
     # Prioritized replay
     beta_start: float = setting(0.4, "initial importance-sampling exponent (PER)")
     beta_end: float = setting(1.0, "final importance-sampling exponent")
-    beta_anneal_updates: int = setting(20_000, "updates over which beta rises linearly from beta_start to beta_end")
+    beta_anneal_updates: int = setting(10_000, "updates over which beta rises linearly from beta_start to beta_end")
     priority_epsilon: float = setting(1e-3, "added to |TD error| so no sampled row drops to priority 0")
     min_replay_size: int = setting(1_000, "rows the shards must hold in total before training starts",
                                    wiring="[fleet] min_replay_size")

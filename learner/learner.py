@@ -68,6 +68,9 @@ class LearnerMetrics:
                                      "streams or backed-up shards (since start)", registry=registry)
         self.prefetch_queue = Gauge("apexrl_learner_prefetch_queue_batches", "Sampled batches waiting for the "
                                     "train step", registry=registry)
+        self.rows_rejected = Gauge("apexrl_learner_rejected_rows", "Sampled rows whose compressed columns did not "
+                                   "decompress to their declared shape (since start): each is replaced in its batch "
+                                   "and its priority set to 0; the log names the writer", registry=registry)
         self.row_staleness = ArrayHistogram(
             "apexrl_learner_sampled_row_staleness_versions", "Learner's weights version minus the version that "
             "produced each sampled row (rows carry it in their weight_version column)", STALENESS_BUCKETS, registry)
@@ -83,6 +86,13 @@ def make_sampler(config: LearnerConfig, shards: Sequence[Shard] | None = None) -
         return SamplerProcess(config, slots=config.prefetch_depth + 1,
                               batches_per_call=config.sample_batches_per_call)
     return replay_sampler(config, shards)
+
+
+def rows_rejected(feed: Prefetcher | SamplerProcess) -> int:
+    """Rows the data path rejected (frames that did not decompress), in either kind of feed."""
+    if isinstance(feed, SamplerProcess):
+        return feed.rows_rejected
+    return feed.decompressor.rows_rejected if feed.decompressor is not None else 0
 
 
 class Learner:
@@ -188,6 +198,7 @@ class Learner:
             prefetcher = Prefetcher(self.sampler, c.batch_size, self.beta, c.prefetch_depth, c.min_replay_size,
                                     c.sample_batches_per_call, c.seed).start()
         self.metrics.prefetch_queue.set_function(lambda: prefetcher.depth)
+        self.metrics.rows_rejected.set_function(lambda: rows_rejected(prefetcher))
         self.metrics.updates_outstanding.set_function(lambda: self.sampler.updates_outstanding)
         log.info("learner on %s: waiting for %d rows in replay (%s)", self.device, c.min_replay_size,
                  ", ".join(c.replay))

@@ -28,7 +28,7 @@ CONV_LAYERS: dict[str, tuple[tuple[int, int, int], ...]] = {
     "minatar": ((16, 3, 1),),
 }
 # Fully connected layers between the torso and the dueling head when --hidden-sizes is not given.
-DEFAULT_HIDDEN: dict[str, tuple[int, ...]] = {"mlp": (128, 128), "nature": (512,), "minatar": (128,)}
+DEFAULT_HIDDEN: dict[str, tuple[int, ...]] = {"mlp": (256, 256), "nature": (512,), "minatar": (128,)}
 DEFAULT_HIDDEN_SIZES: tuple[int, ...] = DEFAULT_HIDDEN["mlp"]
 
 

@@ -1,5 +1,6 @@
 """A background sampler that keeps a few prioritized batches ready, so the train step does not wait on the network
-while the shards keep up (ARCHITECTURE §3)."""
+while the shards keep up (ARCHITECTURE §3), and the decompression of compressed columns, which belongs to this
+data path too (here in the sampling thread, or in the sampler process straight into its shared slots)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,89 @@ from collections.abc import Callable
 
 import numpy as np
 
+from apexrl.common.compression import CompressedColumn, decompress_into
 from apexrl.common.errors import ApexError, FailedPreconditionError
 from apexrl.learner.sharded_client import PrioritizedBatch, ShardedReplayClient
 
 log = logging.getLogger(__name__)
+# A writer whose rows keep failing to decompress is named in the log at most this often (with a count).
+_BAD_ROW_LOG_SECONDS = 60.0
+
+
+class BatchDecompressor:
+    """Decompresses the compressed columns of sampled batches (the shards never do).
+
+    Bad frames are found here, not at insert: a shard would have to decompress every frame to check it (the cost
+    compression saves), while the learner decompresses every sampled row anyway. A row whose frame does not
+    decompress to its field's dtype and shape (or a BOOL row holding bytes other than 0 and 1) is rejected: an
+    error names its writer (shards return each row's writer id), its shard and key; its priority is set to 0 on
+    its shard, so it is not drawn again; and in this batch a good row drawn at random takes its place (its key,
+    probability and weight too), so the train step always gets whole batches. A batch with no good row is
+    dropped. `rows_rejected` counts the rows rejected."""
+
+    def __init__(self, sampler: ShardedReplayClient, seed: int | None = None) -> None:
+        self._sampler = sampler
+        self._rng = np.random.default_rng(seed)
+        self._logged: dict[str, tuple[float, int]] = {}  # writer -> (last logged, rows rejected since)
+        self.rows_rejected = 0
+
+    def __call__(self, batch: PrioritizedBatch, out: dict[str, np.ndarray] | None = None) -> PrioritizedBatch | None:
+        """`batch` with its compressed columns decompressed: into new arrays, or with `out` (arrays of the
+        decompressed shapes and dtypes, one per column, e.g. a shared-memory slot) every column written there.
+        None when no row of the batch is good."""
+        if out is None and not any(isinstance(c, CompressedColumn) for c in batch.columns.values()):
+            return batch
+        columns: dict[str, np.ndarray] = {}
+        bad: dict[int, str] = {}
+        for name, column in batch.columns.items():
+            target = out[name] if out is not None else None
+            if isinstance(column, CompressedColumn):
+                if target is None:
+                    target = np.empty(column.logical_shape, dtype=column.dtype)
+                for row, reason in decompress_into(column, target).items():
+                    bad.setdefault(row, f"column {name!r} ({column.describe()}): {reason}")
+            elif target is not None:
+                np.copyto(target, column, casting="no")
+            columns[name] = column if target is None else target
+        if bad:
+            return self._reject(batch, columns, bad, in_place=out is not None)
+        return PrioritizedBatch(columns, batch.shard_ids, batch.keys, batch.probabilities, batch.weights,
+                                batch.incarnations, batch.fleet_size, batch.writers)
+
+    def _reject(self, batch: PrioritizedBatch, columns: dict[str, np.ndarray], bad: dict[int, str],
+                in_place: bool) -> PrioritizedBatch | None:
+        rows = np.fromiter(sorted(bad), dtype=np.int64, count=len(bad))
+        self.rows_rejected += len(rows)
+        self._log(batch, bad)
+        self._sampler.zero_priorities(batch, rows)
+        good = np.setdiff1d(np.arange(len(batch.keys)), rows)
+        if good.size == 0:
+            return None
+        fix = np.arange(len(batch.keys))
+        fix[rows] = self._rng.choice(good, size=rows.size)
+        for name, array in columns.items():
+            if in_place:
+                array[rows] = array[fix[rows]]
+            else:
+                columns[name] = array[fix]
+        writers = None if batch.writers is None else batch.writers[fix]
+        return PrioritizedBatch(columns, batch.shard_ids[fix], batch.keys[fix], batch.probabilities[fix],
+                                batch.weights[fix], batch.incarnations, batch.fleet_size, writers)
+
+    def _log(self, batch: PrioritizedBatch, bad: dict[int, str]) -> None:
+        now = time.monotonic()
+        for row, reason in bad.items():
+            writer = "" if batch.writers is None else batch.writers[row]
+            last, count = self._logged.get(writer, (-np.inf, 0))
+            if now - last < _BAD_ROW_LOG_SECONDS:
+                self._logged[writer] = (last, count + 1)
+                continue
+            shard = int(batch.shard_ids[row])
+            address = self._sampler.shards[shard].address if shard < len(self._sampler.shards) else f"#{shard}"
+            log.error("rejected row (key %d of shard %s) written by writer %r: %s; its priority is set to 0 and "
+                      "it is left out of training%s", int(batch.keys[row]), address, writer, reason,
+                      f" ({count} more rows of this writer rejected since the last report)" if count else "")
+            self._logged[writer] = (now, 0)
 
 
 class Prefetcher:
@@ -25,7 +105,8 @@ class Prefetcher:
     for the GIL (bench/README.md, learner benchmark)."""
 
     def __init__(self, sampler: ShardedReplayClient, batch_size: int, beta: Callable[[], float],
-                 depth: int = 4, min_fleet_size: int = 1, batches_per_call: int = 1, seed: int | None = None) -> None:
+                 depth: int = 4, min_fleet_size: int = 1, batches_per_call: int = 1, seed: int | None = None,
+                 decompress: bool = True) -> None:
         if batches_per_call < 1:
             raise ValueError(f"batches_per_call ({batches_per_call}) must be >= 1")
         self._sampler = sampler
@@ -37,6 +118,9 @@ class Prefetcher:
         self._queue: queue.Queue[PrioritizedBatch] = queue.Queue(maxsize=max(depth, batches_per_call))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="apexrl-prefetch", daemon=True)
+        # Compressed columns are decompressed in this thread, unless the caller does it (the sampler process
+        # decompresses straight into its shared slots).
+        self.decompressor = BatchDecompressor(sampler, seed) if decompress else None
         self.error: BaseException | None = None
 
     def start(self) -> Prefetcher:
@@ -55,6 +139,8 @@ class Prefetcher:
                             f"replay holds {self._sampler.fleet_size} rows, waiting for {self._min_fleet_size}")
                 drawn = self._sampler.sample(self._batch_size * self._batches_per_call, beta=self._beta())
                 batches = [drawn] if self._batches_per_call == 1 else drawn.split(self._batches_per_call, self._rng)
+                if self.decompressor is not None:
+                    batches = [b for b in map(self.decompressor, batches) if b is not None]
                 backoff = 0.1
             except ApexError as err:
                 if time.monotonic() - last_warning > 10:

@@ -5,6 +5,8 @@ train step for the GIL and took almost half of the learner's time (bench/learner
 runs the same `Prefetcher` over its own `ShardedReplayClient` and copies each batch into one of a few fixed slots
 of a shared-memory file; the learner reads the slot in place (no copy, no pickling of arrays) and sends back only
 the batch's new priorities, which the child streams to the shards (priority write-back stays asynchronous).
+Compressed columns (image frames) are decompressed here too, straight into the slot, so the learner's process
+never pays for it; the slot layout holds their decompressed shapes.
 
 Protocol over one duplex pipe (small messages; arrays never cross it except the priorities):
   child -> parent: ("layout", columns, rows) once, after the first batch: (name, dtype, per-row shape) per column;
@@ -34,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from apexrl.common.compression import logical_shape
+
 log = logging.getLogger("apexrl.learner.sampler")
 
 WEIGHTS = "__importance_weights__"  # the slot column holding the batch's importance weights
@@ -47,6 +51,7 @@ class SamplerStats:
     updates_stale: int = 0
     updates_dropped: int = 0
     updates_outstanding: int = 0
+    rows_rejected: int = 0  # sampled rows whose frames did not decompress (prefetch.BatchDecompressor)
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,11 @@ class SamplerProcess:
     def updates_outstanding(self) -> int:
         return self._stats.updates_outstanding
 
+    @property
+    def rows_rejected(self) -> int:
+        """Sampled rows whose compressed frames did not decompress (named in the child's log, never trained on)."""
+        return self._stats.rows_rejected
+
     # --- messages ---------------------------------------------------------------------------------------------
     def _send(self, message: tuple) -> None:
         if self._conn is None:
@@ -289,7 +299,7 @@ def _child_main(config, conn, slots: int, batches_per_call: int, beta: float) ->
 
 class _ChildLoop:
     def __init__(self, config, conn, slots: int, batches_per_call: int, beta: float) -> None:
-        from apexrl.learner.prefetch import Prefetcher
+        from apexrl.learner.prefetch import BatchDecompressor, Prefetcher
 
         self.conn = conn
         self.slots = slots
@@ -297,7 +307,8 @@ class _ChildLoop:
         self.sampler = replay_sampler(config)
         self.prefetcher = Prefetcher(self.sampler, config.batch_size, lambda: self.beta,
                                      depth=max(1, batches_per_call), min_fleet_size=config.min_replay_size,
-                                     batches_per_call=batches_per_call, seed=config.seed)
+                                     batches_per_call=batches_per_call, seed=config.seed, decompress=False)
+        self.decompressor = BatchDecompressor(self.sampler, config.seed)
         self.free: deque[int] = deque(range(slots))
         self.pending: dict[int, object] = {}  # batch id -> PrioritizedBatch, until its priorities arrive
         self.next_id = 0
@@ -356,7 +367,7 @@ class _ChildLoop:
 
     def _deliver(self, batch) -> None:
         if self.layout is None:  # the first batch fixes the layout; it is written once the parent mapped the file
-            columns = [(name, col.dtype.str, tuple(col.shape[1:])) for name, col in batch.columns.items()]
+            columns = [(name, col.dtype.str, logical_shape(col)[1:]) for name, col in batch.columns.items()]
             columns.append((WEIGHTS, np.dtype(np.float32).str, ()))
             self.layout = SlotLayout(columns, len(batch.weights), self.slots)
             self.first = batch
@@ -366,16 +377,20 @@ class _ChildLoop:
         views = self.layout.views(self.buffer, slot)
         for name, column in batch.columns.items():
             target = views.get(name)
-            if target is None or target.shape != column.shape:
+            if target is None or target.shape != logical_shape(column) or target.dtype != column.dtype:
                 raise ValueError(f"a sampled batch does not fit the slot layout: column {name!r} "
-                                 f"{column.dtype}{list(column.shape)}, layout {self.layout.columns}")
-            np.copyto(target, column, casting="no")
+                                 f"{column.dtype}{list(logical_shape(column))}, layout {self.layout.columns}")
+        # Decompress (and copy) every column straight into the slot; rows with bad frames are replaced.
+        batch = self.decompressor(batch, out={name: views[name] for name in batch.columns})
+        if batch is None:
+            self.free.appendleft(slot)
+            return
         np.copyto(views[WEIGHTS], batch.weights, casting="same_kind")
         batch_id, self.next_id = self.next_id, self.next_id + 1
         self.pending[batch_id] = batch
         self.conn.send(("batch", slot, batch_id, SamplerStats(
             self.sampler.fleet_size, self.sampler.updates_stale, self.sampler.updates_dropped,
-            self.sampler.updates_outstanding)))
+            self.sampler.updates_outstanding, self.decompressor.rows_rejected)))
 
     def _map(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR)

@@ -37,6 +37,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from apexrl.common.compression import CompressedColumn, concatenate, take_rows
 from apexrl.common.discovery import Resolver, ShardAddresses, system_resolver
 from apexrl.common.errors import ApexError, FailedPreconditionError, is_transient
 from apexrl.common.tls import TlsFiles
@@ -49,26 +50,29 @@ T_co = TypeVar("T_co", covariant=True)
 
 @dataclass(frozen=True)
 class PrioritizedBatch:
-    """A batch drawn across shards. Row j came from shard `shard_ids[j]` with key `keys[j]`."""
+    """A batch drawn across shards. Row j came from shard `shard_ids[j]` with key `keys[j]`. Compressed fields
+    are CompressedColumns (the learner's data path decompresses them: learner/prefetch.py)."""
 
-    columns: dict[str, np.ndarray]
+    columns: dict[str, np.ndarray | CompressedColumn]
     shard_ids: np.ndarray       # int32 [B]
     keys: np.ndarray            # uint64 [B]
     probabilities: np.ndarray   # float64 [B]: P(i) over the whole fleet
     weights: np.ndarray         # float32 [B]: normalised importance weights, max over the fleet = 1
     incarnations: tuple[int, ...]  # per shard: the incarnation its keys belong to (0 if not sampled)
     fleet_size: int
+    writers: np.ndarray | None = None  # object [B]: each row's writer id, when the batch has compressed fields
+
+    def take(self, idx: np.ndarray) -> PrioritizedBatch:
+        """The rows at `idx`, in that order."""
+        return PrioritizedBatch({name: take_rows(col, idx) for name, col in self.columns.items()}, self.shard_ids[idx],
+                                self.keys[idx], self.probabilities[idx], self.weights[idx], self.incarnations,
+                                self.fleet_size, None if self.writers is None else self.writers[idx])
 
     def split(self, parts: int, rng: np.random.Generator) -> list[PrioritizedBatch]:
         """Cut into `parts` batches of random rows. Rows arrive grouped by shard and stratum, so they are
         shuffled first; every part is then a fair draw with the same probabilities and weights."""
         order = rng.permutation(len(self.keys))
-        return [
-            PrioritizedBatch({name: col[idx] for name, col in self.columns.items()}, self.shard_ids[idx],
-                             self.keys[idx], self.probabilities[idx], self.weights[idx], self.incarnations,
-                             self.fleet_size)
-            for idx in np.array_split(order, parts)
-        ]
+        return [self.take(idx) for idx in np.array_split(order, parts)]
 
 
 _NO_TOTALS = ShardTotals(total_priority=0.0, size=0, min_priority=0.0, incarnation=0)
@@ -364,7 +368,11 @@ class ShardedReplayClient:
         shard_ids = np.concatenate([np.full(len(b.keys), s, dtype=np.int32) for s, b in pieces])
         keys = np.concatenate([b.keys for _, b in pieces])
         probabilities = np.concatenate([allocation[s][0] * b.probabilities for s, b in pieces])
-        columns = {name: np.concatenate([b.columns[name] for _, b in pieces]) for name in pieces[0][1].columns}
+        columns = {name: concatenate([b.columns[name] for _, b in pieces]) for name in pieces[0][1].columns}
+        writers = None
+        if any(b.writers for _, b in pieces):
+            writers = np.empty(len(keys), dtype=object)
+            writers[:] = [w for _, b in pieces for w in (b.writers or ("",) * len(b.keys))]
         # N and the largest weight count exactly the shards this allocation covered (sampled from or not).
         covered = list(allocation)
         fleet_size = sum(self._views[s].size for s in covered)
@@ -372,7 +380,7 @@ class ShardedReplayClient:
         weights = (fleet_size * probabilities) ** -beta / (fleet_size * p_min) ** -beta
         incarnations = tuple(parts[s][0].incarnation if s in parts else 0 for s in range(len(self.shards)))
         return PrioritizedBatch(columns, shard_ids, keys, probabilities, weights.astype(np.float32),
-                                incarnations, fleet_size)
+                                incarnations, fleet_size, writers)
 
     def _smallest_probability(self, allocation: dict[int, tuple[float, int]]) -> float:
         """The smallest P(i) any stored row of the covered shards has: the normaliser of the weights."""
@@ -410,6 +418,17 @@ class ShardedReplayClient:
             self._buffered_incarnation[s] = incarnation
             if sum(len(k) for k, _ in self._buffered[s]) >= self.coalesce_rows:
                 self._send_buffered(s)
+
+    def zero_priorities(self, batch: PrioritizedBatch, rows: np.ndarray) -> None:
+        """Set the priority of rows `rows` of a sampled batch to 0 at once, so they are not drawn again (unless
+        every row of their shard has priority 0): what the data path does with rows whose frames do not
+        decompress. Thread-safe: it goes straight to each shard's priority stream, past the coalescing buffer."""
+        rows = np.asarray(rows)
+        for s in np.unique(batch.shard_ids[rows]):
+            picked = rows[batch.shard_ids[rows] == s]
+            if self._views[s].retired or not self._streams[s].send(
+                    batch.keys[picked], np.zeros(len(picked)), batch.incarnations[s], timeout=self.timeout):
+                self._unsent += len(picked)
 
     def _send_buffered(self, s: int) -> None:
         """Send shard s's buffered updates as one message (later pieces last, so a repeated key's newest value

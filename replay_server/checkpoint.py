@@ -2,9 +2,12 @@
 
 Layout of one file (integers little endian; no pickle anywhere, so a file from anyone is safe to open):
 
-    header    16 bytes   b"APEXRLCK", u32 format version (1), u32 0
+    header    16 bytes   b"APEXRLCK", u32 format version (1; 2 when the table has compressed fields), u32 0
     chunks    for each chunk of slots holding rows, in slot order: the chunk's rows of every column (signature
-              order, C order, the field's dtype), then the chunk's sum-tree leaves (float64, priority ** alpha)
+              order, C order, the field's dtype; a compressed field as u32 frame lengths, one per slot, then the
+              frames back to back, a slot that holds no row having a frame of 0 bytes), then, in a table with
+              compressed fields, each row's writer id (u32 lengths, then the UTF-8 ids back to back), then the
+              chunk's sum-tree leaves (float64, priority ** alpha)
     footer    UTF-8 JSON: the table state (signature, capacity, alpha, keys, incarnation and aliases, the writers'
               de-duplication table, counters) and, per chunk, its first slot, rows, offset, length and CRC32
     trailer   24 bytes   u64 footer length, u32 CRC32 of the footer, 4 zero bytes, b"APXRLEND"
@@ -30,11 +33,17 @@ from typing import BinaryIO
 
 import numpy as np
 
+from apexrl.common.compression import CompressedColumn, take_rows
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.signature import Signature
-from apexrl.replay_server.snapshot import Snapshot, TableState, chunks_holding
+from apexrl.replay_server.snapshot import ROW_WRITER, Snapshot, TableState, chunks_holding
 
 FORMAT_VERSION = 1
+# Files of tables with compressed fields (and so row writers) say 2, so an apexrl that cannot read them says why;
+# the files of other tables are the same as before, version 1, readable by earlier apexrl versions too.
+COMPRESSED_FORMAT_VERSION = 2
+_READABLE_VERSIONS = (FORMAT_VERSION, COMPRESSED_FORMAT_VERSION)
+_LENGTH_DTYPE = np.dtype("<u4")
 _HEADER = struct.Struct("<8sII")
 _HEADER_MAGIC = b"APEXRLCK"
 _TRAILER = struct.Struct("<QI4x8s")
@@ -42,6 +51,15 @@ _TRAILER_MAGIC = b"APXRLEND"
 _LEAF_DTYPE = np.dtype("<f8")
 # Largest footer accepted: the writers' table dominates it (100,000 writers of ~60 bytes each by default).
 _MAX_FOOTER_BYTES = 1 << 30
+# Slots per chunk aim at this many bytes (about 0.2 ms of copying per critical section while a snapshot is read).
+CHUNK_BYTES = 1 << 20
+
+
+def chunk_rows_for(signature: Signature, bytes_per_row: float | None = None) -> int:
+    """Slots per checkpoint chunk for rows of `signature`: about CHUNK_BYTES of row data, counting a compressed
+    row at `bytes_per_row` (the table's stored bytes per row) rather than decompressed."""
+    row_bytes = signature.row_nbytes if not signature.compressed or not bytes_per_row else bytes_per_row
+    return max(1, int(CHUNK_BYTES // max(1, row_bytes)))
 
 
 class CorruptCheckpointError(Exception):
@@ -81,11 +99,16 @@ class CheckpointWriter:
         self._offset = _HEADER.size
         self._chunks: list[Chunk] = []
 
-    def add_chunk(self, slot: int, columns: Mapping[str, np.ndarray], leaves: np.ndarray) -> None:
-        """Append the rows of slots slot .. slot + len(leaves) - 1: `columns` in the signature's order."""
+    def add_chunk(self, slot: int, columns: Mapping[str, np.ndarray | CompressedColumn], leaves: np.ndarray) -> None:
+        """Append the rows of slots slot .. slot + len(leaves) - 1: `columns` in the signature's order (compressed
+        fields as object arrays of frames, None for a slot holding no row, or as CompressedColumns), then the row
+        writers (ROW_WRITER, an object array of str) when the table has compressed fields."""
         crc, length = 0, 0
-        for array in (*columns.values(), np.asarray(leaves, dtype=_LEAF_DTYPE)):
-            data = memoryview(np.ascontiguousarray(array)).cast("B")
+        parts = []
+        for array in columns.values():
+            parts += _variable_parts(array) if isinstance(array, CompressedColumn) or array.dtype == object else [array]
+        for array in (*parts, np.asarray(leaves, dtype=_LEAF_DTYPE)):
+            data = memoryview(array if isinstance(array, bytes) else np.ascontiguousarray(array)).cast("B")
             self._file.write(data)
             crc = zlib.crc32(data, crc)
             length += data.nbytes
@@ -98,9 +121,14 @@ class CheckpointWriter:
 
     def finish(self, state: TableState) -> int:
         """Write the footer and trailer, make the file durable and give it its name; return its size in bytes."""
-        footer = json.dumps({"format": FORMAT_VERSION, "chunk_rows": self.chunk_rows, **_state_to_json(state),
+        version = COMPRESSED_FORMAT_VERSION if state.signature.compressed else FORMAT_VERSION
+        footer = json.dumps({"format": version, "chunk_rows": self.chunk_rows, **_state_to_json(state),
                              "chunks": [[c.slot, c.rows, c.offset, c.length, c.crc32] for c in self._chunks]},
                             separators=(",", ":")).encode()
+        if version != FORMAT_VERSION:
+            self._file.seek(0)
+            self._file.write(_HEADER.pack(_HEADER_MAGIC, version, 0))
+            self._file.seek(self._offset)
         self._file.write(footer)
         self._file.write(_TRAILER.pack(len(footer), zlib.crc32(footer), _TRAILER_MAGIC))
         self._file.flush()
@@ -166,8 +194,9 @@ class CheckpointReader:
         magic, version, _ = _HEADER.unpack(self._file.read(_HEADER.size))
         if magic != _HEADER_MAGIC:
             raise self._fail(f"not a checkpoint file (magic {magic!r})")
-        if version != FORMAT_VERSION:
-            raise self._fail(f"format version {version}, this apexrl reads version {FORMAT_VERSION}")
+        if version not in _READABLE_VERSIONS:
+            raise self._fail(f"format version {version}, this apexrl reads versions "
+                             f"{', '.join(map(str, _READABLE_VERSIONS))}")
         self._file.seek(size - _TRAILER.size)
         footer_len, footer_crc, end = _TRAILER.unpack(self._file.read(_TRAILER.size))
         if end != _TRAILER_MAGIC:
@@ -194,11 +223,13 @@ class CheckpointReader:
                 and chunk_rows >= 1):
             raise self._fail(f"impossible state (capacity {state.capacity}, size {state.size}, next key "
                              f"{state.next_key}, chunk rows {chunk_rows})")
-        row_bytes = state.signature.row_nbytes + _LEAF_DTYPE.itemsize
+        signature = state.signature
+        variable = len(signature.compressed) + 1 if signature.compressed else 0  # frames and writers
+        row_bytes = signature.fixed_row_nbytes + variable * _LENGTH_DTYPE.itemsize + _LEAF_DTYPE.itemsize
         position = _HEADER.size
         for c in chunks:
             if (c.slot % chunk_rows or c.rows != min(chunk_rows, state.capacity - c.slot) or c.offset != position
-                    or c.length != c.rows * row_bytes):
+                    or (c.length != c.rows * row_bytes if not variable else c.length < c.rows * row_bytes)):
                 raise self._fail(f"chunk at slot {c.slot} has a wrong layout")
             position += c.length
         if position != data_end:
@@ -206,21 +237,42 @@ class CheckpointReader:
         if state.size and [c.slot // chunk_rows for c in chunks] != chunks_holding(state, chunk_rows):
             raise self._fail("the chunks do not cover the rows the state says are held")
 
-    def read_chunk(self, chunk: Chunk) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """(columns, leaves) of one chunk, its CRC checked; the arrays are read-only views of the bytes read."""
+    def read_chunk(self, chunk: Chunk) -> tuple[dict[str, np.ndarray | CompressedColumn], np.ndarray]:
+        """(columns, leaves) of one chunk, its CRC checked; the arrays are read-only views of the bytes read. A
+        compressed field comes as a CompressedColumn (a slot holding no row has an empty frame), and a table with
+        compressed fields also gives each row's writer id (ROW_WRITER: an object array of str)."""
         self._file.seek(chunk.offset)
         data = self._file.read(chunk.length)
         if len(data) != chunk.length:
             raise self._fail(f"chunk at slot {chunk.slot} is truncated")
         if zlib.crc32(data) != chunk.crc32:
             raise self._fail(f"chunk at slot {chunk.slot}: CRC32 mismatch")
-        columns, offset = {}, 0
+        columns, offset, rows = {}, 0, chunk.rows
         for f in self.state.signature.fields:
-            n = chunk.rows * f.row_nbytes
-            columns[f.name] = np.frombuffer(data, f.dtype, chunk.rows * math.prod(f.shape), offset).reshape(
-                chunk.rows, *f.shape)
+            if f.compression is not None:
+                lengths, frames, offset = self._variable(data, offset, chunk)
+                columns[f.name] = CompressedColumn(f.compression, f.dtype, f.shape, frames, lengths)
+                continue
+            n = rows * f.row_nbytes
+            columns[f.name] = np.frombuffer(data, f.dtype, rows * math.prod(f.shape), offset).reshape(rows, *f.shape)
             offset += n
-        return columns, np.frombuffer(data, _LEAF_DTYPE, chunk.rows, offset)
+        if self.state.signature.compressed:
+            lengths, ids, offset = self._variable(data, offset, chunk)
+            columns[ROW_WRITER] = _writer_ids(ids, lengths)
+        if offset + rows * _LEAF_DTYPE.itemsize != chunk.length:
+            raise self._fail(f"chunk at slot {chunk.slot}: its parts do not add up to its {chunk.length} bytes")
+        return columns, np.frombuffer(data, _LEAF_DTYPE, rows, offset)
+
+    def _variable(self, data: bytes, offset: int, chunk: Chunk) -> tuple[np.ndarray, bytes, int]:
+        """(lengths, bytes, next offset) of a variable-length part: u32 lengths per slot, then the bytes."""
+        end = offset + chunk.rows * _LENGTH_DTYPE.itemsize
+        if end > len(data):
+            raise self._fail(f"chunk at slot {chunk.slot}: a variable-length part runs past its end")
+        lengths = np.frombuffer(data, _LENGTH_DTYPE, chunk.rows, offset).astype(np.int64)
+        total = int(lengths.sum())
+        if end + total > len(data):
+            raise self._fail(f"chunk at slot {chunk.slot}: a variable-length part runs past its end")
+        return lengths, data[end:end + total], end + total
 
     def blocks(self) -> Iterator[tuple[int, dict[str, np.ndarray], np.ndarray]]:
         """(first key, columns, leaves) of every held row in key order, oldest first (what ReplayTable.restore and
@@ -238,7 +290,7 @@ class CheckpointReader:
             columns, leaves = cached[1]
             a = slot - start
             b = min(chunk.rows, a + state.next_key - key)
-            yield key, {name: col[a:b] for name, col in columns.items()}, leaves[a:b]
+            yield key, {name: take_rows(col, slice(a, b)) for name, col in columns.items()}, leaves[a:b]
             key += b - a
 
     def verify(self) -> None:
@@ -273,3 +325,26 @@ def _state_from_json(meta: dict) -> TableState:
         writers=tuple((str(w), int(s)) for w, s in meta["writers"]),
         counters={str(k): int(v) for k, v in meta["counters"].items()}, lineage=int(meta["lineage"]),
     )
+
+
+def _variable_parts(column: np.ndarray | CompressedColumn) -> list[bytes]:
+    """The two parts of a variable-length column in a chunk: u32 lengths, then the items back to back. From a
+    CompressedColumn, or an object array of bytes (frames; None: no row) or str (writer ids)."""
+    if isinstance(column, CompressedColumn):
+        return [column.lengths.astype(_LENGTH_DTYPE).tobytes(), column.data]
+    items = [b"" if item is None else item.encode() if isinstance(item, str) else item for item in column.tolist()]
+    return [np.fromiter(map(len, items), dtype=_LENGTH_DTYPE, count=len(items)).tobytes(), b"".join(items)]
+
+
+def _writer_ids(data: bytes, lengths: np.ndarray) -> np.ndarray:
+    """An object array of the writer ids (rows of one batch share one str object)."""
+    ids = np.empty(len(lengths), dtype=object)
+    known: dict[bytes, str] = {}
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    for i in range(len(lengths)):
+        raw = data[offsets[i]:offsets[i + 1]]
+        text = known.get(raw)
+        if text is None:
+            text = known[raw] = raw.decode(errors="replace")
+        ids[i] = text
+    return ids

@@ -21,6 +21,7 @@ from apexrl.common.signature import Signature
 from apexrl.replay_server.checkpoint import (
     CheckpointReader,
     CorruptCheckpointError,
+    chunk_rows_for,
     fsync_directory,
     write_snapshot,
 )
@@ -32,15 +33,12 @@ from apexrl.replay_server.wire import CheckpointResult
 log = logging.getLogger("apexrl.replay.checkpoint")
 
 _NAME = re.compile(r"checkpoint-(\d{10})\.apexrl(\.corrupt)?")
-# Bytes of rows copied per critical section while a snapshot is read (about 0.2 ms of copying).
-CHUNK_BYTES = 1 << 20
 
 
 def signature_difference(saved: Signature, wanted: Signature) -> str:
     """The fields two signatures disagree on, in words."""
     a, b = {f.name: f for f in saved.fields}, {f.name: f for f in wanted.fields}
-    parts = [f"field {n!r} is {a[n].dtype.name}{list(a[n].shape)} there, {b[n].dtype.name}{list(b[n].shape)} here"
-             for n in a if n in b and a[n] != b[n]]
+    parts = [f"field {n!r} is {a[n].type_name} there, {b[n].type_name} here" for n in a if n in b and a[n] != b[n]]
     parts += [f"field {n!r} only there" for n in a if n not in b] + [f"field {n!r} only here" for n in b if n not in a]
     if not parts and saved.names != wanted.names:
         parts.append(f"the fields are in another order ({', '.join(saved.names)} there)")
@@ -139,8 +137,9 @@ class Checkpointer:
         `max_mb_per_s` unless not `paced`. FailedPreconditionError when the table has no signature yet; OSError
         when the file cannot be written."""
         with self._write_lock:
-            signature = self.table.signature
-            chunk_rows = max(1, CHUNK_BYTES // max(1, signature.row_nbytes if signature else 1))
+            info = self.table.info()
+            chunk_rows = chunk_rows_for(info.signature, info.stored_bytes / info.size if info.size else None) \
+                if info.signature else 1
             start = time.monotonic()
             number, self._next_number = self._next_number, self._next_number + 1
             path = self.directory / f"checkpoint-{number:010d}.apexrl"

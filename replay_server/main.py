@@ -78,8 +78,10 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
         serving=checkpointer is None, checkpointer=checkpointer, wal=wal,
     )
     metrics = serve_metrics(registry, config.metrics_port, config.host)
-    log.info("replay shard serving on %s:%d (capacity %d, alpha %.2f, signature %s, %s%s); metrics %s",
-             config.host, port, config.capacity, config.alpha, config.signature or "from first insert",
+    log.info("replay shard serving on %s:%d (capacity %d%s, alpha %.2f, signature %s, %s%s); metrics %s",
+             config.host, port, config.capacity,
+             "" if config.max_bytes is None else f" rows or {config.max_bytes} bytes", config.alpha,
+             config.signature or "from first insert",
              describe(tls), "" if server.health_port is None else f", plaintext health on port {server.health_port}",
              metrics)
     if config.port_file:
@@ -99,8 +101,9 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
     if wal is not None:
         wal.close()
     info = table.info()
-    log.info("replay shard stopped: %d rows held, %d inserted, %d sampled", info.size, info.inserted_total,
-             info.sampled_total)
+    log.info("replay shard stopped: %d rows held, %d inserted, %d sampled; %d bytes held (%.0f per row), "
+             "signature %s", info.size, info.inserted_total, info.sampled_total, info.stored_bytes,
+             info.stored_bytes / max(1, info.size), info.signature)
     return 0
 
 

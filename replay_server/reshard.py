@@ -24,9 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
+from apexrl.common.compression import CompressedColumn, concatenate, take_rows
 from apexrl.common.settings import SettingsError, setting
-from apexrl.replay_server.checkpoint import CheckpointReader, CheckpointWriter, CorruptCheckpointError
-from apexrl.replay_server.checkpointer import CHUNK_BYTES, Checkpointer, signature_difference
+from apexrl.replay_server.checkpoint import (
+    CheckpointReader,
+    CheckpointWriter,
+    CorruptCheckpointError,
+    chunk_rows_for,
+)
+from apexrl.replay_server.checkpointer import Checkpointer, signature_difference
 from apexrl.replay_server.snapshot import TableState
 
 log = logging.getLogger("apexrl.replay.reshard")
@@ -90,12 +96,12 @@ class _Rows:
             leaves.append(block_leaves)
             have += len(block_leaves)
         names = list(parts[-1])
-        joined = {k: np.concatenate([p[k] for p in parts if p]) for k in names}
+        joined = {k: concatenate([p[k] for p in parts if p]) for k in names}
         all_leaves = np.concatenate(leaves)
-        self._columns = {k: v[n:] for k, v in joined.items()}
+        self._columns = {k: take_rows(v, slice(n, None)) for k, v in joined.items()}
         self._leaves = all_leaves[n:]
         self.taken += n
-        return {k: v[:n] for k, v in joined.items()}, all_leaves[:n]
+        return {k: take_rows(v, slice(None, n)) for k, v in joined.items()}, all_leaves[:n]
 
 
 class _Target:
@@ -118,15 +124,15 @@ class _Target:
             self._flush(self.chunk_rows)
 
     def _flush(self, rows: int) -> None:
-        columns = {k: np.concatenate([c[k] for c in self._columns]) for k in self._columns[0]}
+        columns = {k: concatenate([c[k] for c in self._columns]) for k in self._columns[0]}
         leaves = np.concatenate(self._leaves)
         chunk_rows = min(self.chunk_rows, self.state.capacity - self.rows)  # the last chunk may be short
         pad = chunk_rows - rows
-        out = {k: np.concatenate([v[:rows], np.zeros((pad, *v.shape[1:]), v.dtype)]) for k, v in columns.items()}
+        out = {k: _padded(take_rows(v, slice(None, rows)), pad) for k, v in columns.items()}
         self.writer.add_chunk(self.rows, out, np.concatenate([leaves[:rows], np.zeros(pad)]))
         self.leaf_sum += float(leaves[:rows].sum())
         self.rows += rows
-        self._columns = [{k: v[rows:] for k, v in columns.items()}]
+        self._columns = [{k: take_rows(v, slice(rows, None)) for k, v in columns.items()}]
         self._leaves = [leaves[rows:]]
         self._buffered -= rows
 
@@ -185,7 +191,8 @@ def _reshard(readers: list[CheckpointReader], sources: list[Path], targets: list
     if -(-total // n) > capacity:
         raise SettingsError(f"{total} rows do not fit in {n} shards of capacity {capacity}: each needs "
                             f"{-(-total // n)}; give a larger --capacity")
-    chunk_rows = max(1, CHUNK_BYTES // first.signature.row_nbytes)
+    stored = sum(r.size_bytes for r in readers) / max(1, total)  # a compressed row's bytes, roughly
+    chunk_rows = chunk_rows_for(first.signature, stored)
     base = TableState(signature=first.signature, capacity=capacity, alpha=first.alpha, next_key=0, size=0,
                       max_priority=max(r.state.max_priority for r in readers), incarnation=0)
     outs = []
@@ -207,7 +214,7 @@ def _reshard(readers: list[CheckpointReader], sources: list[Path], targets: list
                 columns, leaves = s.take(count)
                 for i, out in enumerate(outs):  # row j of the fleet goes to target j mod N
                     pick = slice((i - dealt) % n, None, n)
-                    out.add({k: v[pick] for k, v in columns.items()}, leaves[pick])
+                    out.add({k: take_rows(v, pick) for k, v in columns.items()}, leaves[pick])
                 dealt += count
         for out in outs:
             out.finish()
@@ -229,3 +236,13 @@ def run(config: ReshardConfig, stop: threading.Event) -> int:
     log.info("resharded %d rows from %d shards onto %d (%d rows written)", result.source_rows,
              len(config.sources), len(config.targets), sum(result.rows))
     return 0
+
+
+def _padded(column: np.ndarray | CompressedColumn, pad: int) -> np.ndarray | CompressedColumn:
+    """`column` followed by `pad` empty slots (zeros; empty frames; no writer)."""
+    if isinstance(column, CompressedColumn):
+        return CompressedColumn(column.compression, column.dtype, column.shape, column.data,
+                                np.concatenate([column.lengths, np.zeros(pad, dtype=np.int64)]))
+    if column.dtype == object:
+        return np.concatenate([column, np.full(pad, None, dtype=object)])
+    return np.concatenate([column, np.zeros((pad, *column.shape[1:]), column.dtype)])

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from apexrl.common import grpc_util
 from apexrl.common.aio_grpc import AioServerThread, Changes, Lane
+from apexrl.common.compression import take_rows
 from apexrl.common.errors import (
     ApexError,
     DeadlineExceededError,
@@ -29,6 +30,7 @@ from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
 from apexrl.replay_server.table import ReplayTable
+from apexrl.replay_server.wire import InsertResult
 
 if TYPE_CHECKING:
     from apexrl.replay_server.checkpointer import Checkpointer
@@ -95,10 +97,11 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         if self.wal is None:
             async for request in request_iterator:
                 with self._metrics.time("Insert"):
-                    ack = await self._insert_one(request, context)
-                yield ack
+                    acks = await self._insert_request(request, context)
+                for ack in acks:
+                    yield ack
             return
-        # With the write-ahead log, each ack waits until its batch is durable, while the stream's next batches
+        # With the write-ahead log, each ack waits until its batches are durable, while the stream's next batches
         # are already stored: a stream's batches share fsyncs (group commit) instead of waiting one by one.
         stored: asyncio.Queue = asyncio.Queue(maxsize=1024)
 
@@ -106,10 +109,11 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             try:
                 async for request in request_iterator:
                     with self._metrics.time("Insert"):
-                        ack = await self._insert_one(request, context)
-                    # A duplicate may have been stored by a stream whose ack is still waiting: wait for all.
-                    key = ack.first_key + ack.rows if ack.rows else self.table.next_key if ack.duplicate else 0
-                    await stored.put((ack, key))
+                        acks = await self._insert_request(request, context)
+                    for ack in acks:
+                        # A duplicate may have been stored by a stream whose ack is still waiting: wait for all.
+                        key = ack.first_key + ack.rows if ack.rows else self.table.next_key if ack.duplicate else 0
+                        await stored.put((ack, key))
             except asyncio.CancelledError:  # the stream is over: nobody reads the queue any more
                 raise
             except BaseException:
@@ -143,7 +147,22 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             return ack
         self._metrics.errors.labels("Insert", "UNAVAILABLE").inc()
         return wire.encode_ack(ack.sequence, ack.incarnation, error_code=UnavailableError.code.value[0],
-                               error_message=f"the write-ahead log failed ({error}): not acknowledged")
+                               error_message=f"the write-ahead log failed ({error}): not acknowledged",
+                               batches=ack.batches)
+
+    async def _insert_request(self, request: replay_pb2.InsertRequest, context) -> list[replay_pb2.InsertAck]:
+        """The acks of one InsertRequest: one for a one-batch request, one per run of same-outcome batches for a
+        merged one (replay.proto, InsertRequest.batch_rows)."""
+        if not request.batch_rows:
+            return [await self._insert_one(request, context)]
+        return await self._insert_merged(request, context)
+
+    def _rejected(self, request: replay_pb2.InsertRequest, sequence: int, err: ApexError,
+                  batches: int = 1) -> replay_pb2.InsertAck:
+        self._metrics.errors.labels("Insert", err.code.name).inc()
+        log.debug("rejected batch %s/%d: %s", request.writer_id, sequence, err)
+        return wire.encode_ack(sequence, self.table.incarnation, error_code=err.code.value[0],
+                               error_message=str(err), batches=batches)
 
     async def _insert_one(self, request: replay_pb2.InsertRequest, context) -> replay_pb2.InsertAck:
         decoded: tuple | None = None
@@ -159,13 +178,85 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         try:
             result = await self._when_ready(attempt, context, "insert", self.insert_lane)
         except ApexError as err:
-            self._metrics.errors.labels("Insert", err.code.name).inc()
-            log.debug("rejected batch %s/%d: %s", request.writer_id, request.sequence, err)
-            return wire.encode_ack(request.sequence, self.table.incarnation, error_code=err.code.value[0],
-                                   error_message=str(err))
+            return self._rejected(request, request.sequence, err)
         if not result.duplicate:
             self._changes.notify()
         return wire.encode_ack(request.sequence, self.table.incarnation, result)
+
+    async def _insert_merged(self, request: replay_pb2.InsertRequest, context) -> list[replay_pb2.InsertAck]:
+        """Store the batches of a merged request as if each had come alone, in order, in as few table calls as
+        exactly-once allows.
+
+        The table remembers one number per writer, its last stored sequence L, and stores a call numbered s only
+        when s > L. Batch i is therefore stored alone first (numbered sequence + i): if that stores it, L was below
+        it, so every later batch of the request is above L and all of them are stored by one more call, numbered
+        with the last one's sequence, which leaves L where storing them one by one would. When batch i comes back
+        as a duplicate (a resend after a broken stream), the next batch is tried alone the same way; when the
+        call for the others fails (one of them is bad, or the table ran out of room), they are stored one by one,
+        so exactly the bad batch is refused."""
+        try:
+            columns, priorities = await self.insert_lane.run(lambda: wire.decode_insert(request))
+            offsets = wire.merged_batch_offsets(request, columns, priorities)
+        except ApexError as err:  # the request as a whole does not decode: every batch of it is refused
+            batches = len(request.batch_rows)
+            return [self._rejected(request, min(request.sequence + batches - 1, (1 << 64) - 1), err, batches)]
+        batches, acks, merge, i = len(offsets) - 1, [], True, 0
+
+        def store(first: int, end: int) -> InsertResult:
+            """One table call for batches first .. end - 1, numbered with the last one's sequence."""
+            lo, hi = offsets[first], offsets[end]
+            return self.table.insert({name: take_rows(column, slice(lo, hi)) for name, column in columns.items()},
+                                     None if priorities is None else priorities[lo:hi], writer_id=request.writer_id,
+                                     sequence=request.sequence + end - 1, timeout=0)
+
+        while i < batches:
+            alone, rest = await self._store_alone_then_rest(store, i, batches if merge else i + 1, context)
+            if isinstance(alone, ApexError):
+                acks.append(self._rejected(request, request.sequence + i, alone))
+                i += 1
+                continue
+            self._add_result(acks, request.sequence + i, 1, alone)
+            i += 1
+            if isinstance(rest, ApexError):
+                merge = False  # one of the others is bad: one by one from here, to refuse exactly that one
+            elif rest is not None:
+                self._add_result(acks, request.sequence + batches - 1, batches - i, rest)
+                i = batches
+        if any(not ack.error_code and ack.rows for ack in acks):
+            self._changes.notify()
+        return acks
+
+    async def _store_alone_then_rest(self, store: Callable[[int, int], InsertResult], i: int, end: int, context,
+                                     ) -> tuple[InsertResult | ApexError, InsertResult | ApexError | None]:
+        """Batch i alone, then, if that stored it, batches i + 1 .. end - 1 in one call (none when end <= i + 1),
+        in one turn of the insert lane unless the rate limiter holds the second call back. Failures come back as
+        the ApexError of the call that failed."""
+        alone: InsertResult | None = None
+        rest: InsertResult | None = None
+
+        def attempt() -> None:
+            nonlocal alone, rest
+            if alone is None:
+                alone = store(i, i + 1)
+            if not alone.duplicate and i + 1 < end:
+                rest = store(i + 1, end)
+
+        try:
+            await self._when_ready(attempt, context, "insert", self.insert_lane)
+        except ApexError as err:
+            return (err, None) if alone is None else (alone, err)
+        return alone, rest
+
+    def _add_result(self, acks: list[replay_pb2.InsertAck], sequence: int, batches: int,
+                    result: InsertResult) -> None:
+        """Answer `batches` batches ending with `sequence` that had `result`: by extending the last ack when it
+        answered the batches just before with the same outcome (stored right before these rows, or duplicates)."""
+        last = acks[-1] if acks else None
+        if (last is not None and not last.error_code and last.duplicate == result.duplicate
+                and (result.duplicate or last.first_key + last.rows == result.first_key)):
+            last.sequence, last.batches, last.rows = sequence, last.batches + batches, last.rows + result.rows
+        else:
+            acks.append(wire.encode_ack(sequence, self.table.incarnation, result, batches=batches))
 
     async def Sample(self, request, context) -> replay_pb2.SampleResponse:  # noqa: N802
         with self._metrics.time("Sample"):
@@ -241,7 +332,8 @@ class TableCollector:
         info = self._table.info()
         for name, doc, value in (
             ("inserted_rows", "Rows stored (resent duplicates not counted)", info.inserted_total),
-            ("inserted_bytes", "Bytes of row data stored", info.inserted_bytes_total),
+            ("inserted_bytes", "Bytes of row data stored (compressed fields as their frames)",
+             info.inserted_bytes_total),
             ("evicted_rows", "Rows overwritten by FIFO eviction", info.evicted_total),
             ("sampled_rows", "Rows returned by Sample", info.sampled_total),
             ("priority_updates", "Priority updates applied", info.updated_total),
@@ -253,6 +345,10 @@ class TableCollector:
         for name, doc, value in (
             ("size_rows", "Rows held", info.size),
             ("capacity_rows", "Rows the table can hold", info.capacity),
+            ("stored_bytes", "Bytes of row data held, compressed fields as stored (divided by size_rows: bytes per "
+             "stored row)", info.stored_bytes),
+            ("max_bytes", "Bytes of row data the table holds at most (setting max_bytes; 0: no limit but the "
+             "capacity in rows)", info.max_bytes),
             ("total_priority", "Sum of stored priorities (p**alpha)", info.total_priority),
             ("min_priority", "Smallest positive stored priority (p**alpha)", info.min_priority),
             ("max_priority", "Largest raw priority seen", info.max_priority),

@@ -9,7 +9,9 @@ chunk's copy gets them back. So every chunk comes out exactly as it was when the
 insert wrote into it while it was being copied: the snapshot is the table's state at that instant, although it
 is read over seconds. The lock is held only to hand the saved rows over, never for a copy of a chunk, so a call
 never waits behind the snapshot (in CPython a copy under a lock would also make the caller wait for the GIL).
-Priority updates touch only the tree, whose leaves were copied at the start; samples change no row.
+Priority updates touch only the tree, whose leaves were copied at the start; samples change no row. Compressed
+fields are object arrays of frames (bytes, immutable): their copies are copies of references. Rows evicted by the
+table's max_bytes are saved first as well (`before_write`), since eviction releases their frames.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from apexrl.common.signature import Signature
 
 # Earlier incarnations remembered per table (see TableState.aliases); older ones are forgotten first.
 MAX_ALIASES = 8
+# In a table with compressed fields, the snapshot's, checkpoint's and restore's columns also hold each row's writer
+# id (an object array of str) under this name, which no field can have (field names start with a letter or _).
+ROW_WRITER = "@writer"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,12 @@ Keys are insertion indices (0, 1, 2, ...). With FIFO eviction the row with key k
 is still stored while `inserted - size <= k < inserted`; a key outside that range is stale (its row was evicted
 and the slot now holds a newer row) or unknown, and a priority update for it is ignored and counted. This is the
 generation scheme of ARCHITECTURE §2 with generation = k // capacity folded into one integer.
+
+Compressed fields (`obs:uint8[4,84,84]@zstd`) are stored as their frames, one bytes object per slot in an object
+array (a sample gathers its rows' frames with one fancy index and one join; a snapshot copies references, and
+bytes never change, so copy-on-write costs nothing), never decompressed. Such a table also keeps each row's
+writer id (Sample returns it, so a reader that finds a bad frame can name its writer) and its frames' byte count,
+so `max_bytes` can evict the oldest rows when the bytes held would exceed it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from apexrl.common.compression import CompressedColumn, column_nbytes
 from apexrl.common.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -30,7 +37,7 @@ from apexrl.common.errors import (
 from apexrl.common.settings import setting
 from apexrl.common.signature import Signature
 from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
-from apexrl.replay_server.snapshot import MAX_ALIASES, Snapshot, TableState
+from apexrl.replay_server.snapshot import MAX_ALIASES, ROW_WRITER, Snapshot, TableState
 from apexrl.replay_server.sum_tree import SumTree
 from apexrl.replay_server.wire import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 
@@ -44,6 +51,8 @@ class TableConfig:
 
     Attributes:
         capacity: rows kept; the oldest row is evicted first (FIFO, as in Ape-X).
+        max_bytes: bytes of row data kept (compressed fields counted as stored); the oldest rows are evicted first
+            when an insert would exceed it. None: only the capacity in rows bounds the table.
         alpha: priority exponent; rows are sampled with probability p**alpha / sum(p**alpha).
         signature: fields every row has; None lets the first insert fix it.
         min_size_to_sample: rows the table must hold before Sample answers.
@@ -56,6 +65,10 @@ class TableConfig:
 
     capacity: int = setting(1_000_000, "rows the shard keeps; the oldest is evicted first",
                             wiring="[fleet] replay_capacity / number of shards")
+    max_bytes: int | None = setting(
+        None, "bytes of row data the shard keeps besides --capacity rows (compressed fields counted as stored, "
+              "apexrl_replay_stored_bytes); an insert that would exceed it evicts the oldest rows first; none: rows "
+              "only")
     alpha: float = setting(0.6, "priority exponent: rows are sampled with probability p**alpha / sum")
     signature: Signature | None = setting(
         None, "fields of every row, e.g. 'obs:float32[4],action:int64[],reward:float32[]'; none: the first "
@@ -77,6 +90,8 @@ class TableConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.capacity, int) or self.capacity < 1:
             raise ValueError(f"capacity ({self.capacity}) must be a positive integer")
+        if self.max_bytes is not None and (not isinstance(self.max_bytes, int) or self.max_bytes < 1):
+            raise ValueError(f"max_bytes ({self.max_bytes}) must be a positive integer (or none)")
         if not 0 <= self.alpha <= 10:
             raise ValueError(f"alpha ({self.alpha}) must be in [0, 10]")
         if self.min_size_to_sample < 1:
@@ -134,7 +149,11 @@ class ReplayTable:
             tolerance=config.samples_per_insert_tolerance,
         )
         self._signature: Signature | None = None
-        self._storage: dict[str, np.ndarray] = {}
+        self._storage: dict[str, np.ndarray] = {}  # per field: [capacity, *shape], or [capacity] of frames
+        # Tables with compressed fields: per slot, its frames' bytes (0 when not held) and its writer id.
+        self._row_bytes: np.ndarray | None = None
+        self._row_writers: np.ndarray | None = None
+        self._frame_bytes = 0  # sum of _row_bytes
         if config.signature is not None:
             self._allocate(config.signature)
         self._writers: OrderedDict[str, int] = OrderedDict()
@@ -176,6 +195,11 @@ class ReplayTable:
         rows = signature.check_batch(columns)
         if rows > self.config.capacity:
             raise InvalidArgumentError(f"batch of {rows} rows exceeds the table capacity ({self.config.capacity})")
+        if self.config.max_bytes is not None:
+            nbytes = sum(column_nbytes(c) for c in columns.values())
+            if nbytes > self.config.max_bytes:
+                raise InvalidArgumentError(f"batch of {nbytes} bytes exceeds the table's max_bytes "
+                                           f"({self.config.max_bytes})")
         values = None if priorities is None else check_priorities(priorities, rows)
         with self._cond:
             self.check_available()
@@ -188,7 +212,7 @@ class ReplayTable:
                 self._allocate(signature)
             elif signature is not self._signature:
                 rows = self._signature.check_batch(columns)  # first insert raced with another; check again
-            values = self._store(columns, values, rows)
+            values = self._store(columns, values, rows, writer_id)
             self._remember_writer(writer_id, sequence)
             first_key = self._next_key - rows
             if self._journal is not None:
@@ -209,22 +233,29 @@ class ReplayTable:
         # storage and the largest sampled batch before adopting the signature (a first batch may be hostile).
         rows = max(cap, self.config.max_sample_batch_size)
         for f in signature.fields:
-            if math.prod(d for d in (rows, *f.shape) if d) * f.dtype.itemsize >= 1 << 63:
+            if f.compression is None and math.prod(d for d in (rows, *f.shape) if d) * f.dtype.itemsize >= 1 << 63:
                 raise InvalidArgumentError(f"field {f} cannot be stored: {rows} rows of it exceed numpy's limits")
         try:
-            storage = {f.name: np.zeros((cap, *f.shape), dtype=f.dtype) for f in signature.fields}
+            storage = {f.name: np.zeros((cap, *f.shape), dtype=f.dtype) if f.compression is None
+                       else np.full(cap, None, dtype=object) for f in signature.fields}
+            if signature.compressed:
+                self._row_bytes = np.zeros(cap, dtype=np.int64)
+                self._row_writers = np.full(cap, None, dtype=object)
         except MemoryError:
             raise InvalidArgumentError(f"{cap} rows of signature {signature} do not fit in memory") from None
         self._storage = storage
         self._signature = signature
+        self._frame_bytes = 0
 
-    def _store(self, columns: Mapping[str, np.ndarray], values: np.ndarray | None, rows: int) -> np.ndarray:
-        """Store a checked batch at the next keys; return the raw priorities it got."""
+    def _store(self, columns: Mapping[str, np.ndarray | CompressedColumn], values: np.ndarray | None, rows: int,
+               writer_id: str) -> np.ndarray:
+        """Store a checked batch at the next keys (evicting the oldest rows beyond max_bytes); return the raw
+        priorities it got."""
         cap = self.config.capacity
         start = self._next_key % cap
         if self._snapshot is not None:
             self._snapshot.before_write(start, rows)
-        slots = self._write_rows(start, columns, rows)
+        slots = self._write_rows(start, columns, rows, writers=writer_id)
         if values is None:
             values = np.full(rows, self._max_priority)
         else:
@@ -233,21 +264,78 @@ class ReplayTable:
         self._evicted += max(0, self._size + rows - cap)
         self._size = min(cap, self._size + rows)
         self._next_key += rows
-        self._inserted_bytes += rows * self._signature.row_nbytes
+        frame_bytes = int(self._row_bytes[slots].sum()) if self._row_bytes is not None else 0
+        self._inserted_bytes += rows * self._signature.fixed_row_nbytes + frame_bytes
+        self._enforce_max_bytes()
         self._limiter.inserted(rows, self._size)
         return values
 
-    def _write_rows(self, start: int, columns: Mapping[str, np.ndarray], rows: int, offset: int = 0) -> np.ndarray:
+    def _write_rows(self, start: int, columns: Mapping[str, np.ndarray | CompressedColumn], rows: int,
+                    offset: int = 0, writers: str | np.ndarray | None = None) -> np.ndarray:
         """Copy rows offset .. offset + rows - 1 of `columns` into the slots from `start` on (wrapping); return
-        the slots."""
+        the slots. A table with compressed fields also records each row's frame bytes and writer (`writers`: one
+        id for all rows, or one per row of `columns`)."""
         cap = self.config.capacity
         first = min(rows, cap - start)  # rows before the ring wraps
+        slots = (start + np.arange(rows, dtype=np.int64)) % cap
         for name, dest in self._storage.items():
             src = columns[name]
+            if isinstance(src, CompressedColumn):
+                dest[slots] = _object_array(src.frames(offset, offset + rows))
+                continue
             dest[start:start + first] = src[offset:offset + first]
             if first < rows:
                 dest[: rows - first] = src[offset + first:offset + rows]
-        return (start + np.arange(rows, dtype=np.int64)) % cap
+        if self._row_bytes is not None:
+            sizes = sum(columns[f.name].lengths[offset:offset + rows] for f in self._signature.compressed)
+            self._frame_bytes += int(sizes.sum()) - int(self._row_bytes[slots].sum())
+            self._row_bytes[slots] = sizes
+            self._row_writers[slots] = writers[offset:offset + rows] if isinstance(writers, np.ndarray) \
+                else (writers or "")
+        return slots
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of row data held: the uncompressed fields' bytes plus the held rows' frames."""
+        return self._size * self._signature.fixed_row_nbytes + self._frame_bytes if self._signature else 0
+
+    def _enforce_max_bytes(self) -> None:
+        """Evict the oldest rows until the bytes held are within max_bytes (lock held)."""
+        limit = self.config.max_bytes
+        excess = 0 if limit is None else self.stored_bytes - limit
+        if excess <= 0:
+            return
+        cap, fixed = self.config.capacity, self._signature.fixed_row_nbytes
+        oldest, count, covered, window = self._oldest_slot(), 0, 0, 256
+        while covered < excess and count < self._size:  # walk from the oldest row until enough bytes are covered
+            w = min(window, self._size - count)
+            slots = (oldest + count + np.arange(w)) % cap
+            sizes = np.full(w, fixed, dtype=np.int64) if self._row_bytes is None else fixed + self._row_bytes[slots]
+            cumulative = covered + np.cumsum(sizes)
+            k = int(np.searchsorted(cumulative, excess))  # the first row whose eviction covers the excess
+            if k < w:
+                count, covered = count + k + 1, int(cumulative[k])
+                break
+            count, covered, window = count + w, int(cumulative[-1]), window * 4
+        self._evict_oldest(count)
+
+    def _evict_oldest(self, rows: int) -> None:
+        """Drop the `rows` oldest rows (their keys become stale, their frames are released; lock held)."""
+        if rows <= 0:
+            return
+        cap, oldest = self.config.capacity, self._oldest_slot()
+        if self._snapshot is not None:
+            self._snapshot.before_write(oldest, rows)
+        slots = (oldest + np.arange(rows, dtype=np.int64)) % cap
+        self._tree.update(slots, np.zeros(rows))
+        if self._row_bytes is not None:
+            for f in self._signature.compressed:
+                self._storage[f.name][slots] = None
+            self._row_writers[slots] = None
+            self._frame_bytes -= int(self._row_bytes[slots].sum())
+            self._row_bytes[slots] = 0
+        self._size -= rows
+        self._evicted += rows
 
     # ----------------------------------------------------------------------------------------------- sample
     def sample(
@@ -279,6 +367,11 @@ class ReplayTable:
                 slots = self._oldest_slot() + self._rng.integers(0, self._size, batch_size)
                 slots %= self.config.capacity
             columns = {name: arr[slots] for name, arr in self._storage.items()}
+            writers: tuple[str, ...] = ()
+            if self._row_writers is not None:
+                for f in self._signature.compressed:
+                    columns[f.name] = CompressedColumn.from_frames(f.compression, f.dtype, f.shape, columns[f.name])
+                writers = tuple(self._row_writers[slots].tolist())
             newest = self._next_key - 1
             keys = (newest - (newest - slots) % self.config.capacity).astype(np.uint64)
             result = SampledBatch(
@@ -289,6 +382,7 @@ class ReplayTable:
                 size=self._size,
                 min_priority=self._tree.min,
                 incarnation=self.incarnation,
+                writers=writers,
             )
             self._sampled += batch_size
             self._limiter.sampled(batch_size)
@@ -355,7 +449,9 @@ class ReplayTable:
                           "inserted_bytes": self._inserted_bytes},
                 lineage=self.lineage,
             )
-            self._snapshot = Snapshot(state, self._tree.leaf_values(), self._storage, self._cond, chunk_rows,
+            storage = self._storage if self._row_writers is None else {**self._storage,
+                                                                       ROW_WRITER: self._row_writers}
+            self._snapshot = Snapshot(state, self._tree.leaf_values(), storage, self._cond, chunk_rows,
                                       self._end_snapshot)
             return self._snapshot
 
@@ -365,8 +461,9 @@ class ReplayTable:
 
     def restore(self, state: TableState, blocks: Iterable[tuple[int, Mapping[str, np.ndarray], np.ndarray]]) -> int:
         """Load a saved state into this table, which must be empty and refusing calls (`refuse_calls`): `blocks`
-        are (first key, columns, leaves p**alpha) in key order covering the state's keys. Rows keep their keys and
-        priorities; with a capacity below the saved size the oldest rows are dropped (counted as evicted). The
+        are (first key, columns, leaves p**alpha) in key order covering the state's keys (with compressed fields,
+        the columns may hold each row's writer id under ROW_WRITER). Rows keep their keys and priorities; with a
+        capacity (or max_bytes) below the saved size the oldest rows are dropped (counted as evicted). The
         table keeps its own, new incarnation; the saved one (and its own aliases) become aliases, so priority
         updates for restored keys still apply. A failed restore (a block that does not read) leaves the table
         empty, ready for another restore. Returns the rows restored."""
@@ -381,13 +478,20 @@ class ReplayTable:
                 raise FailedPreconditionError("restore needs an empty table that refuses calls (refuse_calls)")
             if self._signature != state.signature:
                 self._allocate(state.signature)
+            elif self._row_bytes is not None:  # forget the frames of an earlier restore that failed
+                for f in self._signature.compressed:
+                    self._storage[f.name][:] = None
+                self._row_writers[:] = None
+                self._row_bytes[:] = 0
+                self._frame_bytes = 0
         leaves = np.zeros(cap, dtype=np.float64)
         for first_key, columns, block_leaves in blocks:
             skip = max(0, lowest - first_key)
             rows = len(block_leaves) - skip
             if rows <= 0:
                 continue
-            slots = self._write_rows((first_key + skip) % cap, columns, rows, offset=skip)
+            slots = self._write_rows((first_key + skip) % cap, columns, rows, offset=skip,
+                                     writers=columns.get(ROW_WRITER))
             leaves[slots] = block_leaves[skip:]
         with self._cond:
             self._tree.load_leaves(leaves)
@@ -402,7 +506,8 @@ class ReplayTable:
             if state.incarnation:
                 aliases[state.incarnation] = state.next_key
             self._aliases = dict(list(aliases.items())[-MAX_ALIASES:])
-        return keep
+            self._enforce_max_bytes()
+            return self._size
 
     def replay_insert(self, first_key: int, columns: Mapping[str, np.ndarray], priorities: np.ndarray,
                       writer_id: str, sequence: int, incarnation: int) -> bool:
@@ -418,7 +523,7 @@ class ReplayTable:
                 self._allocate(signature)
             if first_key != self._next_key:
                 raise FailedPreconditionError(f"log batch at key {first_key} does not follow key {self._next_key}")
-            self._store(columns, check_priorities(priorities, rows), rows)
+            self._store(columns, check_priorities(priorities, rows), rows, writer_id)
             self._remember_writer(writer_id, sequence)
             if incarnation and incarnation != self.incarnation:
                 self._aliases[incarnation] = max(self._aliases.get(incarnation, 0), self._next_key)
@@ -477,6 +582,8 @@ class ReplayTable:
                 stale_updates_total=self._stale,
                 duplicate_batches_total=self._duplicates,
                 inserted_bytes_total=self._inserted_bytes,
+                stored_bytes=self.stored_bytes,
+                max_bytes=self.config.max_bytes or 0,
                 min_size_to_sample=self.config.min_size_to_sample,
                 samples_per_insert=self.config.samples_per_insert,
                 max_sample_batch_size=self.config.max_sample_batch_size,
@@ -517,3 +624,10 @@ class ReplayTable:
             if is_active is not None and not is_active():
                 raise DeadlineExceededError(f"{what} abandoned: the caller went away")
             self._cond.wait(min(remaining, _WAIT_SLICE_SECONDS))
+
+
+def _object_array(items: list) -> np.ndarray:
+    """A 1-d object array of `items` (numpy would otherwise try to look inside bytes objects)."""
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array

@@ -9,7 +9,8 @@ everything appended since its last fsync and fsyncs once, then reports the keys 
 Files: segments `wal-<first key, 20 digits>.log`, a new one at start and after each checkpoint, deleted once every
 kept checkpoint covers them. A segment starts with a header (magic, version, lineage, first key, signature) and
 holds records: u32 length, u32 CRC32 of the payload, payload = first key, rows, incarnation, sequence, writer
-id, the raw priorities (float64), then each column's bytes in signature order. Replay stops at the first torn or
+id, the raw priorities (float64), then each column's bytes in signature order (a compressed field: u32 frame
+lengths, one per row, then the frames back to back). Replay stops at the first torn or
 corrupt record of a segment (a SIGKILL leaves at most the batches whose fsync had not ended, none acknowledged),
 and goes on with the next segment if it starts right there. Segments of another lineage (a resharded shard, a
 wiped checkpoint directory) are never replayed: they are renamed `*.orphan` and named in the log.
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from apexrl.common.compression import CompressedColumn
 from apexrl.common.errors import ApexError
 from apexrl.common.signature import Signature
 from apexrl.replay_server.checkpoint import fsync_directory
@@ -45,6 +47,7 @@ _SEGMENT = struct.Struct("<8sIIQQI")  # magic, version, 0, lineage, first key, s
 _RECORD = struct.Struct("<II")        # payload length, CRC32
 _PAYLOAD = struct.Struct("<QIQQH")    # first key, rows, incarnation, sequence, writer id length
 _NAME = re.compile(r"wal-(\d{20})\.log")
+_LENGTH_DTYPE = np.dtype("<u4")
 
 
 class WriteAheadLog:
@@ -129,7 +132,11 @@ class WriteAheadLog:
         rows = len(priorities)
         parts = [_PAYLOAD.pack(first_key, rows, self._incarnation, sequence, len(writer)), writer,
                  np.ascontiguousarray(priorities, dtype="<f8").tobytes()]
-        parts += [np.ascontiguousarray(column).tobytes() for column in columns.values()]
+        for column in columns.values():
+            if isinstance(column, CompressedColumn):
+                parts += [column.lengths.astype(_LENGTH_DTYPE).tobytes(), column.data]
+            else:
+                parts.append(np.ascontiguousarray(column).tobytes())
         payload = b"".join(parts)
         record = _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
         with self._cond:
@@ -271,6 +278,14 @@ def _records(path: Path, signature: Signature) -> Iterator[tuple]:
         at += 8 * rows
         columns = {}
         for field in signature.fields:
+            if field.compression is not None:
+                lengths = np.frombuffer(payload, _LENGTH_DTYPE, rows, at).astype(np.int64)
+                at += rows * _LENGTH_DTYPE.itemsize
+                n = int(lengths.sum())
+                columns[field.name] = CompressedColumn(field.compression, field.dtype, field.shape,
+                                                       payload[at:at + n], lengths)
+                at += n
+                continue
             n = rows * field.row_nbytes
             columns[field.name] = np.frombuffer(payload, field.dtype, rows * math.prod(field.shape), at).reshape(
                 rows, *field.shape)

@@ -6,11 +6,14 @@ the three never drift apart (a field added here is added for all three). Numpy i
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from apexrl.common import codec
+from apexrl.common.compression import CompressedColumn
+from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.signature import Signature
 from apexrl.proto import replay_pb2
 
@@ -40,7 +43,7 @@ class ShardInfo:
     alpha: float
     incarnation: int
     inserted_total: int           # rows stored since start (resent duplicates not counted)
-    inserted_bytes_total: int
+    inserted_bytes_total: int     # bytes of row data stored since start (compressed fields as their frames)
     evicted_total: int
     sampled_total: int
     updated_total: int
@@ -49,6 +52,8 @@ class ShardInfo:
     min_size_to_sample: int
     samples_per_insert: float
     max_sample_batch_size: int
+    stored_bytes: int = 0         # bytes of row data held now (stored_bytes / size: bytes per stored row)
+    max_bytes: int = 0            # the most bytes of row data held (0: no limit but the capacity)
 
     @property
     def totals(self) -> ShardTotals:
@@ -66,11 +71,14 @@ class SampledBatch:
 
     keys: np.ndarray              # uint64 [B]
     priorities: np.ndarray        # float64 [B]: stored priorities p**alpha
-    columns: dict[str, np.ndarray]
+    columns: dict[str, np.ndarray | CompressedColumn]  # compressed fields as their frames, never decompressed
     total_priority: float         # the shard's sum of stored priorities when the batch was drawn
     size: int                     # the shard's rows when the batch was drawn
     min_priority: float           # the shard's smallest positive stored priority
     incarnation: int
+    # Tables with compressed fields only (else empty): the writer id that stored each row, so a reader that finds
+    # a frame that does not decompress can name who wrote it.
+    writers: tuple[str, ...] = ()
 
     @property
     def totals(self) -> ShardTotals:
@@ -127,6 +135,7 @@ def encode_sample(batch: SampledBatch) -> replay_pb2.SampleResponse:
     codec.encode_tensor(batch.keys, response.keys)
     codec.encode_tensor(batch.priorities, response.priorities)
     codec.encode_batch(batch.columns, response.batch)
+    response.row_writers.extend(batch.writers)
     return response
 
 
@@ -139,6 +148,7 @@ def decode_sample(response: replay_pb2.SampleResponse) -> SampledBatch:
         size=response.size,
         min_priority=response.min_priority,
         incarnation=response.incarnation,
+        writers=tuple(response.row_writers),
     )
 
 
@@ -188,12 +198,20 @@ def decode_info(response: replay_pb2.InfoResponse) -> ShardInfo:
 # --- Insert --------------------------------------------------------------------------------------------------------
 
 
-def encode_insert(columns, priorities: np.ndarray | None, writer_id: str) -> replay_pb2.InsertRequest:
-    """An InsertRequest without its sequence number (the client numbers a batch when it queues it)."""
+# The most batches one merged InsertRequest may carry (replay.proto, InsertRequest.batch_rows).
+MAX_MERGED_BATCHES = 4096
+
+
+def encode_insert(columns, priorities: np.ndarray | None, writer_id: str,
+                  batch_rows: Sequence[int] = ()) -> replay_pb2.InsertRequest:
+    """An InsertRequest without its sequence number (the client numbers a batch when it queues it). With
+    `batch_rows` of two or more entries, the rows are that many merged batches, back to back."""
     request = replay_pb2.InsertRequest(writer_id=writer_id)
     codec.encode_batch(columns, request.batch)
     if priorities is not None:
         codec.encode_tensor(np.asarray(priorities), request.priorities)
+    if len(batch_rows) > 1:
+        request.batch_rows.extend(batch_rows)
     return request
 
 
@@ -204,11 +222,42 @@ def decode_insert(request: replay_pb2.InsertRequest) -> tuple[dict[str, np.ndarr
     return columns, priorities
 
 
+def merged_batch_offsets(request: replay_pb2.InsertRequest, columns: Mapping[str, object],
+                         priorities: np.ndarray | None) -> list[int] | None:
+    """The first row of each batch of a merged request, and the end of the last (len(batch_rows) + 1 offsets);
+    None for a one-batch request. InvalidArgumentError when batch_rows do not fit the decoded columns: then the
+    whole request is refused (replay.proto, InsertRequest.batch_rows)."""
+    batch_rows = request.batch_rows
+    if not batch_rows:
+        return None
+    what = f"merged request {request.sequence} ({len(batch_rows)} batches)"
+    if len(batch_rows) > MAX_MERGED_BATCHES:
+        raise InvalidArgumentError(f"{what}: more than {MAX_MERGED_BATCHES} batches")
+    if request.sequence + len(batch_rows) - 1 >= 1 << 64:
+        raise InvalidArgumentError(f"{what}: its sequence numbers pass 2**64 - 1")
+    offsets = [0]
+    for rows in batch_rows:
+        if rows < 1:
+            raise InvalidArgumentError(f"{what}: batch_rows has an entry {rows}; each batch needs >= 1 row")
+        offsets.append(offsets[-1] + rows)
+    total = offsets[-1]
+    named = list(columns.items()) + ([] if priorities is None else [("priorities", priorities)])
+    if not columns:
+        raise InvalidArgumentError(f"{what}: the batch has no columns")
+    for name, column in named:
+        scalar = getattr(column, "ndim", 1) == 0  # an array, or a compressed column (always per row)
+        if scalar or len(column) != total:
+            rows = "a scalar" if scalar else f"{len(column)} rows"
+            raise InvalidArgumentError(f"{what}: column {name!r} has {rows}; batch_rows sum to {total}")
+    return offsets
+
+
 def encode_ack(sequence: int, incarnation: int, result: InsertResult | None = None,
-               error_code: int = 0, error_message: str = "") -> replay_pb2.InsertAck:
-    """The InsertAck for one batch: its result, or the status code (an int) and message that rejected it."""
+               error_code: int = 0, error_message: str = "", batches: int = 1) -> replay_pb2.InsertAck:
+    """The InsertAck for `batches` batches ending with `sequence` (one, but for a run of a merged request): their
+    result, or the status code (an int) and message that rejected them."""
     ack = replay_pb2.InsertAck(sequence=sequence, incarnation=incarnation, error_code=error_code,
-                               error_message=error_message)
+                               error_message=error_message, batches=batches)
     if result is not None:
         ack.duplicate = result.duplicate
         ack.first_key = result.first_key

@@ -71,6 +71,39 @@ def cartpole_batch(rows: int, start: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+def pixel_frames(ids, shape: tuple[int, ...] = (2, 16, 16)) -> np.ndarray:
+    """uint8 images [len(ids), *shape] that name their row: a flat background with the id's two low bytes in the
+    first two pixels (and a block that moves with it, so frames differ like real ones)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    out = np.full((len(ids), *shape), 87, dtype=np.uint8)
+    flat = out.reshape(len(ids), -1)
+    flat[:, 0], flat[:, 1] = ids % 256, ids // 256 % 256
+    for i, row in zip(ids.tolist(), flat, strict=True):
+        row[8 + i % 64:12 + i % 64] = 236
+    return out
+
+
+def frame_ids(frames: np.ndarray) -> np.ndarray:
+    """The ids pixel_frames wrote into decompressed frames."""
+    flat = frames.reshape(len(frames), -1).astype(np.int64)
+    return flat[:, 0] + 256 * flat[:, 1]
+
+
+def pixel_batch(rows: int, start: int = 0, compression: str = "zstd") -> dict:
+    """A batch like cartpole_batch's (`action` numbers the rows) with compressed image observations: obs names
+    its row's id, next_obs the id + 1 (see pixel_frames)."""
+    from apexrl.common.compression import compress
+
+    ids = np.arange(start, start + rows)
+    return {
+        "obs": compress(pixel_frames(ids), compression),
+        "action": ids.astype(np.int64),
+        "reward": np.ones(rows, dtype=np.float32),
+        "discount": np.full(rows, 0.97, dtype=np.float32),
+        "next_obs": compress(pixel_frames(ids + 1), compression),
+    }
+
+
 @dataclass
 class ShardProcess:
     address: str

@@ -2,7 +2,8 @@
 // Reference client of the apexrl ReplayService in Node.js, written from the .proto files alone (protos/apexrl/proto).
 // It walks through the whole protocol against a running shard and checks every answer:
 //
-//   1. Insert: batches of CartPole-like rows over the acknowledged bidi stream (writer_id + increasing sequence).
+//   1. Insert: batches of CartPole-like rows over the acknowledged bidi stream (writer_id + increasing sequence),
+//      the first half one batch per request, the rest merged into one request (batch_rows) answered by one ack.
 //   2. Insert again: one already acknowledged batch, which must come back as a duplicate (not stored twice).
 //   3. Info: the shard's counters moved by exactly what we did.
 //   4. Sample: rows drawn by priority; keys (uint64), priorities (float64) and columns decoded from raw bytes.
@@ -103,9 +104,11 @@ function unary(client, method, request, metadata, seconds) {
 }
 
 // Sends `requests` on one Insert stream, keeping at most `maxInFlight` unacknowledged, and resolves with the acks.
-// The shard answers every request with exactly one InsertAck, in order. The stream has no deadline (it is meant to
-// live long); we half-close it once every ack has arrived. A real writer keeps each batch until its ack arrives and
-// resends the unacknowledged ones on a new stream if this one breaks (the shard drops those it already stored).
+// The shard answers every one-batch request with exactly one InsertAck, in order (and a merged request with one
+// ack per run of its batches with the same outcome: one when all are stored). The stream has no deadline (it is
+// meant to live long); we half-close it once every ack has arrived. A real writer keeps each batch until its ack
+// arrives and resends the unacknowledged ones on a new stream if this one breaks (the shard drops those it already
+// stored).
 function insertStream(client, metadata, requests, maxInFlight = 4) {
   return new Promise((resolve, reject) => {
     const call = client.Insert(metadata);
@@ -170,13 +173,16 @@ async function main() {
       priorities: encodeTensor('FLOAT32', [args.rows], ids.map(priorityOf)), // omit to get the shard's max priority
     };
   });
-  const acks = await insertStream(client, metadata, requests);
-  check(acks.length === requests.length, `${acks.length} acks for ${requests.length} batches`);
+  // The first half go one batch per request (with 3 batches or more; all of them otherwise), the rest merged (1b).
+  const singles = args.batches >= 3 ? Math.ceil(args.batches / 2) : args.batches;
+  const acks = await insertStream(client, metadata, requests.slice(0, singles));
+  check(acks.length === singles, `${acks.length} acks for ${singles} batches`);
   acks.forEach((ack, i) => {
     // Check error_code first: first_key is 0 for duplicates and errors, and 0 is also a real key.
     check(ack.error_code === 0, `batch ${ack.sequence} rejected: ${ack.error_code} ${ack.error_message}`);
     const sent = requests[i].sequence;
-    check(ack.sequence === sent, `ack ${i} is for sequence ${ack.sequence}, not ${sent}`);
+    check(ack.sequence === sent && ack.batches === 1, `ack ${i} is for ${ack.batches} batch(es) up to ` +
+      `sequence ${ack.sequence}, not for ${sent} alone`);
     check(!ack.duplicate && ack.rows === args.rows, `batch ${sent}: duplicate ${ack.duplicate}, ${ack.rows} rows`);
     check(ack.incarnation === acks[0].incarnation, 'the incarnation changed between acks');
   });
@@ -184,6 +190,33 @@ async function main() {
   const firstKey = BigInt(acks[0].first_key);
   acks.forEach((ack, b) => check(BigInt(ack.first_key) === firstKey + BigInt(b * args.rows),
     `batch ${ack.sequence}: first_key ${ack.first_key}`));
+
+  // 1b. The other batches merged into ONE request: their rows back to back in one Batch (and one priorities
+  // tensor), batch_rows giving each batch's rows. They are numbered sequence, sequence + 1, ..., validated and
+  // de-duplicated one by one as if sent alone, and one ack (batches = how many) answers all of them. Send merged
+  // requests only to a shard whose acks carry `batches` (an older shard would store them as one batch).
+  const merged = requests.slice(singles);
+  let mergedAcks = 0;
+  if (merged.length) {
+    check(acks[0].batches >= 1, 'the shard does not answer with a batch count: it would not understand merging');
+    const ids = Array.from({ length: merged.length * args.rows }, (_, i) => singles * args.rows + i);
+    const request = {
+      writer_id: writerId,
+      sequence: merged[0].sequence, // the first merged batch's number; the others follow it one by one
+      batch: cartpoleBatch(singles * args.rows, merged.length * args.rows),
+      priorities: encodeTensor('FLOAT32', [ids.length], ids.map(priorityOf)),
+      batch_rows: merged.map(() => args.rows),
+    };
+    const answers = await insertStream(client, metadata, [request]);
+    mergedAcks = answers.length;
+    const [ack] = answers;
+    check(answers.length === 1 && ack.error_code === 0 && !ack.duplicate,
+      `merged request: ${JSON.stringify(answers)}`);
+    check(ack.batches === merged.length && ack.sequence === merged[merged.length - 1].sequence,
+      `the merged request's ack answers ${ack.batches} batches up to ${ack.sequence}`);
+    check(ack.rows === ids.length && BigInt(ack.first_key) === firstKey + BigInt(singles * args.rows),
+      `merged request: ${ack.rows} rows from key ${ack.first_key}`);
+  }
   const rowsInserted = args.batches * args.rows;
 
   // 2. Resend an acknowledged batch on a new stream, as after a reconnect: acknowledged again, not stored again.
@@ -244,6 +277,8 @@ async function main() {
     incarnation: acks[0].incarnation,
     first_key: acks[0].first_key,
     batches_inserted: args.batches,
+    merged_batches: merged.length,
+    merged_acks: mergedAcks,
     rows_inserted: rowsInserted,
     duplicates_acked: 1,
     sampled_rows: n,

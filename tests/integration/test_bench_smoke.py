@@ -22,10 +22,17 @@ COMPARED = {
     "grpc_update_window": "ceiling_unary_update_window",
     "grpc_update_stream": "ceiling_stream_update",
 }
+# Pixel figures (real Pong frames): bytes per stored transition are read from the shards, not timed.
+PIXEL_BYTES = {f"pixels_bytes_{kind}" for kind in ("raw", "zstd", "lz4")}
+PIXEL_FIGURES = {
+    "pixels_compress_zstd", "pixels_compress_lz4", "pixels_decompress_256", "pixels_data_path_raw",
+    "pixels_data_path_zstd", *(f"pixels_insert_{kind}_{rows}" for kind in ("raw", "zstd") for rows in (64, 256)),
+    *PIXEL_BYTES,
+}
 REPLAY_FIGURES = {
     *COMPARED, *COMPARED.values(), *(f"ceiling_acked_{s}" for s in INSERT_SHAPES), "grpc_cycle",
     "tree_update", "tree_sample", "table_sample", "table_update", "table_cycle",
-    *(f"table_insert_{s}" for s in INSERT_SHAPES),
+    *(f"table_insert_{s}" for s in INSERT_SHAPES), *PIXEL_FIGURES,
 }
 
 
@@ -43,7 +50,11 @@ def test_replay_bench_quick_mode_reports_every_figure(tmp_path):
     figures = data["figures"]
     assert set(figures) == REPLAY_FIGURES
     for key, f in figures.items():
-        assert f["value"] > 0 and f["calls"] > 0 and f["seconds"] > 0, key
+        assert f["value"] > 0, key
+        if key in PIXEL_BYTES:  # compared with raw rows, and under the 2,000 B target when compressed
+            assert f["ceiling_name"] == "raw" and (key == "pixels_bytes_raw" or f["met"]), key
+            continue
+        assert f["calls"] > 0 and f["seconds"] > 0, key
         assert f["client_cpu"] is not None and f["client_cpu"] > 0, key
     # Every apexrl figure over gRPC is reported next to its raw-gRPC ceiling, as a ratio.
     for key, ceiling in COMPARED.items():
@@ -118,3 +129,21 @@ def test_checkpoint_bench_quick_mode_reports_every_figure(tmp_path):
                                            for c in part["checkpoints"])
     assert data["restore"]["rows"] == data["capacity"] and data["restore"]["restore_s"] >= 0
     assert data["wal"]["with_rows_per_s"] > 0 and data["wal"]["without_rows_per_s"] > 0
+
+
+@pytest.mark.timeout(150)
+def test_scaling_model_quick_mode_measures_every_cost_and_models_every_shard_count(tmp_path):
+    out = tmp_path / "scaling.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "scaling_model.py"), "--quick", "--json", str(out)],
+                          timeout=120, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    costs = data["costs"]
+    assert costs["insert_row"] > 0 and costs["train_step"] > 0
+    for name in ("sample", "sample_client", "update"):
+        fixed, per_row = costs[name]
+        assert fixed >= 0 and per_row >= 0 and fixed + per_row > 0, name
+    assert [r["shards"] for r in data["model"]] == [1, 2, 4, 8]
+    for r in data["model"]:
+        assert r["updates_per_s"] == min(r["bounds"].values()) > 0 and r["bound"] in r["bounds"]
+    assert "MODEL (not a measurement)" in proc.stdout

@@ -79,6 +79,7 @@ def test_node_client_speaks_the_protocol_from_the_protos_alone(node, shard_addre
     assert run.returncode == 0, f"the node client failed ({run.returncode}):\n{run.stdout}\n{run.stderr}"
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["rows_inserted"] == BATCHES * ROWS
+    assert (result["merged_batches"], result["merged_acks"]) == (2, 1)  # batches 4 and 5 in one request, one ack
     assert result["duplicates_acked"] == 1
     assert (result["sampled_rows"], result["applied_updates"], result["stale_updates"]) == (SAMPLE, SAMPLE, 0)
 

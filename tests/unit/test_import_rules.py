@@ -171,3 +171,25 @@ def test_importing_the_shard_sdk_and_cli_loads_no_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules, 'gymnasium' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], f"{module} pulled in torch or gymnasium: {out.stdout}"
+
+
+def test_only_the_compression_module_imports_the_codecs_and_the_shard_never_loads_them():
+    """A replay shard stores frames as they came: zstandard and lz4 are imported by common/compression.py alone,
+    inside the functions that compress or decompress, and a shard that served compressed rows never loaded them."""
+    def rule(module: str, target: str) -> str | None:
+        if under(target, ("zstandard", "lz4")) and module != "apexrl.common.compression":
+            return "only common/compression.py imports the codecs"
+        return None
+
+    assert violations(rule) == []
+    code = ("import sys, numpy as np\n"
+            "from apexrl.common import codec\n"
+            "from apexrl.replay_server.table import ReplayTable, TableConfig\n"
+            "from apexrl.common.compression import CompressedColumn\n"
+            "frames = CompressedColumn('zstd', np.dtype('uint8'), (4,), b'\\x28\\xb5\\x2f\\xfd' * 2, np.array([4, 4]))\n"
+            "t = ReplayTable(TableConfig(capacity=10))\n"
+            "t.insert({'obs': codec.decode_tensor(codec.encode_tensor(frames)), 'a': np.zeros(2)})\n"
+            "t.sample(2)\n"
+            "print('zstandard' in sys.modules, 'lz4' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr

@@ -43,6 +43,8 @@ Limits:
                       Info). Most gRPC client libraries receive at most 4 MiB by default: raise the
                       client's receive limit for large Sample answers.
   rows per insert     1 .. capacity (InfoResponse.capacity).
+  bytes held          at most InfoResponse.max_bytes of row data when set (setting `max_bytes`): inserts evict
+                      the oldest rows first; a batch larger than that alone is INVALID_ARGUMENT.
   rows per sample     1 .. max_sample_batch_size (InfoResponse.max_sample_batch_size, 4096 by default).
   priorities          0 .. 1e25, finite.
   tensor dimensions   0 .. 2**31 each.
@@ -50,8 +52,9 @@ Limits:
                       see Insert).
 
 Errors are gRPC status codes with a message naming the bad value:
-  INVALID_ARGUMENT     schema mismatch, bad tensor encoding, NaN/inf/negative/too large priority, bad batch_size
-                       (in an InsertAck's error_code for Insert)
+  INVALID_ARGUMENT     schema mismatch, bad tensor encoding (for a compressed field: raw data, another
+                       compression, frame lengths that do not add up, a frame without its magic number),
+                       NaN/inf/negative/too large priority, bad batch_size (in an InsertAck's error_code for Insert)
   RESOURCE_EXHAUSTED   message larger than the shard's receive or send limit (or the client's receive limit)
   FAILED_PRECONDITION  not enough rows to sample (or the rate limiter says wait) and the request said no_wait;
                        Checkpoint on a shard without a checkpoint directory or signature
@@ -62,8 +65,10 @@ Errors are gRPC status codes with a message naming the bad value:
 """
 
 from apexrl.proto import tensor_pb2 as _tensor_pb2
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -77,7 +82,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class InsertRequest(_message.Message):
-    """One batch of rows for Insert. Next ID: 5"""
+    """One batch of rows for Insert, or several merged (batch_rows). Next ID: 6"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -85,6 +90,7 @@ class InsertRequest(_message.Message):
     SEQUENCE_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     PRIORITIES_FIELD_NUMBER: _builtins.int
+    BATCH_ROWS_FIELD_NUMBER: _builtins.int
     writer_id: _builtins.str
     """Identifies the writer for de-duplication (see Insert). Each writer, and each concurrent stream, uses its own
     id (a UUID is a good choice). Empty: no de-duplication.
@@ -109,6 +115,19 @@ class InsertRequest(_message.Message):
         shard's current InfoResponse.max_priority (1.0 on a fresh shard), so new data is sampled soon.
         """
 
+    @_builtins.property
+    def batch_rows(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Merged batches (see Insert). Empty: `batch` is one batch, numbered `sequence` (what every client before this
+        field sent, so old clients are unaffected). Otherwise the request holds len(batch_rows) batches back to back:
+        batch i is the batch_rows[i] rows of `batch` (and of `priorities`, set for all of them or for none) that
+        follow those of batches 0 .. i-1, and is numbered sequence + i. Each entry is >= 1, there are at most 4096,
+        their sum is the rows of every column and of priorities, and sequence + len - 1 fits 64 bits; otherwise
+        the whole request is refused with INVALID_ARGUMENT in one ack answering all its batches. A bad batch inside
+        a well-formed merged request (a NaN priority, rows beyond the capacity...) is refused alone.
+        Wire compatibility: an older shard does not know this field and would store every row as one batch
+        numbered `sequence`; merge only for shards whose acks set InsertAck.batches.
+        """
+
     def __init__(
         self,
         *,
@@ -116,10 +135,11 @@ class InsertRequest(_message.Message):
         sequence: _builtins.int = ...,
         batch: _tensor_pb2.Batch | None = ...,
         priorities: _tensor_pb2.Tensor | None = ...,
+        batch_rows: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "priorities", b"priorities"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "priorities", b"priorities", "sequence", b"sequence", "writer_id", b"writer_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "batch_rows", b"batch_rows", "priorities", b"priorities", "sequence", b"sequence", "writer_id", b"writer_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -127,7 +147,9 @@ Global___InsertRequest: _TypeAlias = InsertRequest  # noqa: Y015
 
 @_typing.final
 class InsertAck(_message.Message):
-    """The answer to one InsertRequest (see Insert). Check error_code first, then duplicate. Next ID: 8"""
+    """The answer to one batch, or to a run of consecutive batches of one merged request that had the same outcome
+    (see Insert). Check error_code first, then duplicate. Next ID: 9
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -138,25 +160,36 @@ class InsertAck(_message.Message):
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
-    """The sequence number of the request this acknowledges."""
+    """The sequence number of the (last) batch this acknowledges: the batches answered are sequence - batches + 1
+    .. sequence (just `sequence` for a one-batch request).
+    """
     duplicate: _builtins.bool
-    """True when this writer had already stored a batch with this or a higher sequence number: nothing was stored."""
+    """True when this writer had already stored a batch with this or a higher sequence number: nothing was stored.
+    For several batches: every one of them was such a duplicate.
+    """
     first_key: _builtins.int
-    """Key of the first row stored; the rows got the consecutive keys first_key .. first_key + rows - 1. It is 0 for
-    duplicates and errors, and 0 is also a real key (the shard's first row): look at error_code and duplicate
-    before using it.
+    """Key of the first row stored; the rows got the consecutive keys first_key .. first_key + rows - 1 (also across
+    the batches of one ack: they were stored one after the other). It is 0 for duplicates and errors, and 0 is
+    also a real key (the shard's first row): look at error_code and duplicate before using it.
     """
     rows: _builtins.int
-    """Number of rows stored by this request (0 for duplicates and errors)."""
+    """Number of rows stored by the batches answered (0 for duplicates and errors)."""
     error_code: _builtins.int
-    """0 (OK) or the gRPC status code that rejected this batch (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED,
-    14 UNAVAILABLE; see Insert); nothing was stored.
+    """0 (OK) or the gRPC status code that rejected the batches answered (3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED,
+    14 UNAVAILABLE; see Insert); nothing of them was stored.
     """
     error_message: _builtins.str
     """Human-readable reason when error_code != 0."""
     incarnation: _builtins.int
     """The shard's incarnation (see the file comment); set on every ack, duplicates and errors included."""
+    batches: _builtins.int
+    """How many batches this ack answers (>= 1): 1 for a one-batch request; for a merged request, a run of its
+    batches with one outcome (all stored, all duplicates, or refused together). Every shard that accepts merged
+    requests sets it on every ack; 0 comes from an older shard, which answers each request with one ack and
+    must not be sent merged requests (see InsertRequest.batch_rows).
+    """
     def __init__(
         self,
         *,
@@ -167,10 +200,11 @@ class InsertAck(_message.Message):
         error_code: _builtins.int = ...,
         error_message: _builtins.str = ...,
         incarnation: _builtins.int = ...,
+        batches: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate", "error_code", b"error_code", "error_message", b"error_message", "first_key", b"first_key", "incarnation", b"incarnation", "rows", b"rows", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "duplicate", b"duplicate", "error_code", b"error_code", "error_message", b"error_message", "first_key", b"first_key", "incarnation", b"incarnation", "rows", b"rows", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -208,7 +242,7 @@ Global___SampleRequest: _TypeAlias = SampleRequest  # noqa: Y015
 
 @_typing.final
 class SampleResponse(_message.Message):
-    """Next ID: 8"""
+    """Next ID: 9"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -219,6 +253,7 @@ class SampleResponse(_message.Message):
     SIZE_FIELD_NUMBER: _builtins.int
     MIN_PRIORITY_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    ROW_WRITERS_FIELD_NUMBER: _builtins.int
     total_priority: _builtins.float
     """Sum of all stored priorities on this shard when the batch was drawn. Row i was drawn with probability
     priorities[i] / total_priority per draw (1 / size when total_priority is 0).
@@ -244,7 +279,15 @@ class SampleResponse(_message.Message):
     @_builtins.property
     def batch(self) -> _tensor_pb2.Batch:
         """The rows: one column per field of the signature, in the signature's order, each of the field's dtype and of
-        shape [batch_size, *field shape].
+        shape [batch_size, *field shape]. A compressed field's column is a compressed tensor (tensor.proto): the
+        frames exactly as they were inserted, never decompressed by the shard.
+        """
+
+    @_builtins.property
+    def row_writers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only when the table has compressed fields (empty otherwise): the writer_id of the InsertRequest that stored
+        each drawn row, batch_size entries in row order ("" for a writer without id). The shard never decompresses,
+        so a reader that finds a frame that does not decompress to its field's dtype and shape names its writer.
         """
 
     def __init__(
@@ -257,10 +300,11 @@ class SampleResponse(_message.Message):
         size: _builtins.int = ...,
         min_priority: _builtins.float = ...,
         incarnation: _builtins.int = ...,
+        row_writers: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "keys", b"keys", "priorities", b"priorities"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "incarnation", b"incarnation", "keys", b"keys", "min_priority", b"min_priority", "priorities", b"priorities", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "incarnation", b"incarnation", "keys", b"keys", "min_priority", b"min_priority", "priorities", b"priorities", "row_writers", b"row_writers", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -367,7 +411,7 @@ Global___InfoRequest: _TypeAlias = InfoRequest  # noqa: Y015
 
 @_typing.final
 class InfoResponse(_message.Message):
-    """Next ID: 19"""
+    """Next ID: 21"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -389,6 +433,8 @@ class InfoResponse(_message.Message):
     SAMPLES_PER_INSERT_FIELD_NUMBER: _builtins.int
     MAX_SAMPLE_BATCH_SIZE_FIELD_NUMBER: _builtins.int
     INSERTED_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+    STORED_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
     capacity: _builtins.int
     """Rows the shard holds at most (the oldest is evicted first); also the most rows one InsertRequest may carry."""
     size: _builtins.int
@@ -429,7 +475,18 @@ class InfoResponse(_message.Message):
     max_sample_batch_size: _builtins.int
     """Largest SampleRequest.batch_size accepted."""
     inserted_bytes_total: _builtins.int
-    """Bytes of row data stored since start (rows * bytes per row; duplicates not counted)."""
+    """Bytes of row data stored since start, as stored: raw fields at their size, compressed fields at the size of
+    their frames (duplicates not counted).
+    """
+    stored_bytes: _builtins.int
+    """Bytes of row data held now, counted as inserted_bytes_total counts them: stored_bytes / size is the bytes
+    per stored row.
+    """
+    max_bytes: _builtins.int
+    """The most bytes of row data the shard holds (setting `max_bytes`): an insert that would go above it evicts
+    the oldest rows first, as many as needed; a batch larger than this on its own is INVALID_ARGUMENT. 0: no limit
+    but the capacity in rows.
+    """
     @_builtins.property
     def signature(self) -> _tensor_pb2.Signature:
         """Empty until declared at start-up or fixed by the first stored batch. Fields are in the table's order (the
@@ -457,10 +514,12 @@ class InfoResponse(_message.Message):
         samples_per_insert: _builtins.float = ...,
         max_sample_batch_size: _builtins.int = ...,
         inserted_bytes_total: _builtins.int = ...,
+        stored_bytes: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["signature", b"signature"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alpha", b"alpha", "capacity", b"capacity", "duplicate_batches_total", b"duplicate_batches_total", "evicted_total", b"evicted_total", "incarnation", b"incarnation", "inserted_bytes_total", b"inserted_bytes_total", "inserted_total", b"inserted_total", "max_priority", b"max_priority", "max_sample_batch_size", b"max_sample_batch_size", "min_priority", b"min_priority", "min_size_to_sample", b"min_size_to_sample", "sampled_total", b"sampled_total", "samples_per_insert", b"samples_per_insert", "signature", b"signature", "size", b"size", "stale_updates_total", b"stale_updates_total", "total_priority", b"total_priority", "updated_total", b"updated_total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alpha", b"alpha", "capacity", b"capacity", "duplicate_batches_total", b"duplicate_batches_total", "evicted_total", b"evicted_total", "incarnation", b"incarnation", "inserted_bytes_total", b"inserted_bytes_total", "inserted_total", b"inserted_total", "max_bytes", b"max_bytes", "max_priority", b"max_priority", "max_sample_batch_size", b"max_sample_batch_size", "min_priority", b"min_priority", "min_size_to_sample", b"min_size_to_sample", "sampled_total", b"sampled_total", "samples_per_insert", b"samples_per_insert", "signature", b"signature", "size", b"size", "stale_updates_total", b"stale_updates_total", "stored_bytes", b"stored_bytes", "total_priority", b"total_priority", "updated_total", b"updated_total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -43,6 +43,8 @@ Limits:
                       Info). Most gRPC client libraries receive at most 4 MiB by default: raise the
                       client's receive limit for large Sample answers.
   rows per insert     1 .. capacity (InfoResponse.capacity).
+  bytes held          at most InfoResponse.max_bytes of row data when set (setting `max_bytes`): inserts evict
+                      the oldest rows first; a batch larger than that alone is INVALID_ARGUMENT.
   rows per sample     1 .. max_sample_batch_size (InfoResponse.max_sample_batch_size, 4096 by default).
   priorities          0 .. 1e25, finite.
   tensor dimensions   0 .. 2**31 each.
@@ -50,8 +52,9 @@ Limits:
                       see Insert).
 
 Errors are gRPC status codes with a message naming the bad value:
-  INVALID_ARGUMENT     schema mismatch, bad tensor encoding, NaN/inf/negative/too large priority, bad batch_size
-                       (in an InsertAck's error_code for Insert)
+  INVALID_ARGUMENT     schema mismatch, bad tensor encoding (for a compressed field: raw data, another
+                       compression, frame lengths that do not add up, a frame without its magic number),
+                       NaN/inf/negative/too large priority, bad batch_size (in an InsertAck's error_code for Insert)
   RESOURCE_EXHAUSTED   message larger than the shard's receive or send limit (or the client's receive limit)
   FAILED_PRECONDITION  not enough rows to sample (or the rate limiter says wait) and the request said no_wait;
                        Checkpoint on a shard without a checkpoint directory or signature
@@ -94,8 +97,22 @@ class ReplayServiceStub:
     exactly-once in the table.
 
     Order and flow control. The shard processes the requests of one stream one at a time, in order, and answers
-    each with exactly one InsertAck, in the same order (ack.sequence names the request). Keep every batch until
-    its ack arrives, and bound the number of unacknowledged batches in flight (the Python SDK keeps 32).
+    each one-batch request with exactly one InsertAck, in the same order (ack.sequence names the request). Keep
+    every batch until its ack arrives, and bound the number of unacknowledged batches in flight (the Python SDK
+    keeps 32).
+
+    Merged requests (fewer messages and acks per row). One InsertRequest may carry several batches of one
+    writer back to back (InsertRequest.batch_rows), numbered sequence, sequence + 1, ...: the shard validates,
+    de-duplicates and stores them exactly as if they had been sent as that many one-batch requests in order,
+    and answers them with one ack per run of batches that had the same outcome (InsertAck.batches): usually one
+    ack for the whole request. A refused batch is still answered alone, with its own error, and the batches
+    after it are still processed. Acks keep the order of the batches. Exactly-once is unchanged: each batch is
+    stored whole or not at all, under its own sequence number, so a client may resend unacknowledged batches
+    merged differently (or one by one) and those already stored come back as duplicates. Send merged requests
+    only to a shard whose acks carry batches >= 1 (this version and later): an older shard ignores batch_rows
+    and would store the rows as one batch numbered `sequence`. The Python SDK sends one-batch requests until the
+    first ack of a stream shows batches >= 1; after that it merges the batches that queue up while earlier
+    requests are unacknowledged.
 
     De-duplication per writer_id. For each non-empty writer_id the shard remembers the sequence number of the
     last batch it STORED. A valid batch whose sequence is lower than or equal to that number is not stored: it is
@@ -121,7 +138,9 @@ class ReplayServiceStub:
         at the checkpoint's instant (with the write-ahead log: as of the last acknowledged batch).
 
     Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
-    nothing of it was stored, and the stream stays open for the next batch:
+    nothing of it was stored, and the stream stays open for the next batch (or the next batch of a merged
+    request). Such an ack answers one batch, except when a whole merged request is refused (its batch_rows do
+    not fit its columns, or a tensor of it does not decode): then one ack answers all its batches.
       3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
       14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
       4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
@@ -132,9 +151,10 @@ class ReplayServiceStub:
     requests before it were processed (their acks may or may not have reached the client); it and every request
     after it were not. The client must open a new stream and resend its unacknowledged batches except the
     oversize one (those already stored come back as duplicates); the oversize batch can never be accepted: split
-    its rows into smaller batches, numbered above every sequence number the writer has used. Other statuses that
-    end the stream: UNAUTHENTICATED (wrong token: do not retry), UNAVAILABLE or CANCELLED (connection lost or
-    shard stopped: reconnect with backoff and resend the unacknowledged batches).
+    its rows into smaller batches, numbered above every sequence number the writer has used. When the oversize
+    request was a merged one, resend its batches in smaller requests instead (one by one at worst). Other
+    statuses that end the stream: UNAUTHENTICATED (wrong token: do not retry), UNAVAILABLE or CANCELLED
+    (connection lost or shard stopped: reconnect with backoff and resend the unacknowledged batches).
 
     A stream cancelled by the client mid-way leaves no half-stored batch: a batch is stored whole or not at all.
     """
@@ -184,8 +204,22 @@ class ReplayServiceAsyncStub(ReplayServiceStub):
     exactly-once in the table.
 
     Order and flow control. The shard processes the requests of one stream one at a time, in order, and answers
-    each with exactly one InsertAck, in the same order (ack.sequence names the request). Keep every batch until
-    its ack arrives, and bound the number of unacknowledged batches in flight (the Python SDK keeps 32).
+    each one-batch request with exactly one InsertAck, in the same order (ack.sequence names the request). Keep
+    every batch until its ack arrives, and bound the number of unacknowledged batches in flight (the Python SDK
+    keeps 32).
+
+    Merged requests (fewer messages and acks per row). One InsertRequest may carry several batches of one
+    writer back to back (InsertRequest.batch_rows), numbered sequence, sequence + 1, ...: the shard validates,
+    de-duplicates and stores them exactly as if they had been sent as that many one-batch requests in order,
+    and answers them with one ack per run of batches that had the same outcome (InsertAck.batches): usually one
+    ack for the whole request. A refused batch is still answered alone, with its own error, and the batches
+    after it are still processed. Acks keep the order of the batches. Exactly-once is unchanged: each batch is
+    stored whole or not at all, under its own sequence number, so a client may resend unacknowledged batches
+    merged differently (or one by one) and those already stored come back as duplicates. Send merged requests
+    only to a shard whose acks carry batches >= 1 (this version and later): an older shard ignores batch_rows
+    and would store the rows as one batch numbered `sequence`. The Python SDK sends one-batch requests until the
+    first ack of a stream shows batches >= 1; after that it merges the batches that queue up while earlier
+    requests are unacknowledged.
 
     De-duplication per writer_id. For each non-empty writer_id the shard remembers the sequence number of the
     last batch it STORED. A valid batch whose sequence is lower than or equal to that number is not stored: it is
@@ -211,7 +245,9 @@ class ReplayServiceAsyncStub(ReplayServiceStub):
         at the checkpoint's instant (with the write-ahead log: as of the last acknowledged batch).
 
     Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
-    nothing of it was stored, and the stream stays open for the next batch:
+    nothing of it was stored, and the stream stays open for the next batch (or the next batch of a merged
+    request). Such an ack answers one batch, except when a whole merged request is refused (its batch_rows do
+    not fit its columns, or a tensor of it does not decode): then one ack answers all its batches.
       3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
       14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
       4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
@@ -222,9 +258,10 @@ class ReplayServiceAsyncStub(ReplayServiceStub):
     requests before it were processed (their acks may or may not have reached the client); it and every request
     after it were not. The client must open a new stream and resend its unacknowledged batches except the
     oversize one (those already stored come back as duplicates); the oversize batch can never be accepted: split
-    its rows into smaller batches, numbered above every sequence number the writer has used. Other statuses that
-    end the stream: UNAUTHENTICATED (wrong token: do not retry), UNAVAILABLE or CANCELLED (connection lost or
-    shard stopped: reconnect with backoff and resend the unacknowledged batches).
+    its rows into smaller batches, numbered above every sequence number the writer has used. When the oversize
+    request was a merged one, resend its batches in smaller requests instead (one by one at worst). Other
+    statuses that end the stream: UNAUTHENTICATED (wrong token: do not retry), UNAVAILABLE or CANCELLED
+    (connection lost or shard stopped: reconnect with backoff and resend the unacknowledged batches).
 
     A stream cancelled by the client mid-way leaves no half-stored batch: a batch is stored whole or not at all.
     """
@@ -277,8 +314,22 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         exactly-once in the table.
 
         Order and flow control. The shard processes the requests of one stream one at a time, in order, and answers
-        each with exactly one InsertAck, in the same order (ack.sequence names the request). Keep every batch until
-        its ack arrives, and bound the number of unacknowledged batches in flight (the Python SDK keeps 32).
+        each one-batch request with exactly one InsertAck, in the same order (ack.sequence names the request). Keep
+        every batch until its ack arrives, and bound the number of unacknowledged batches in flight (the Python SDK
+        keeps 32).
+
+        Merged requests (fewer messages and acks per row). One InsertRequest may carry several batches of one
+        writer back to back (InsertRequest.batch_rows), numbered sequence, sequence + 1, ...: the shard validates,
+        de-duplicates and stores them exactly as if they had been sent as that many one-batch requests in order,
+        and answers them with one ack per run of batches that had the same outcome (InsertAck.batches): usually one
+        ack for the whole request. A refused batch is still answered alone, with its own error, and the batches
+        after it are still processed. Acks keep the order of the batches. Exactly-once is unchanged: each batch is
+        stored whole or not at all, under its own sequence number, so a client may resend unacknowledged batches
+        merged differently (or one by one) and those already stored come back as duplicates. Send merged requests
+        only to a shard whose acks carry batches >= 1 (this version and later): an older shard ignores batch_rows
+        and would store the rows as one batch numbered `sequence`. The Python SDK sends one-batch requests until the
+        first ack of a stream shows batches >= 1; after that it merges the batches that queue up while earlier
+        requests are unacknowledged.
 
         De-duplication per writer_id. For each non-empty writer_id the shard remembers the sequence number of the
         last batch it STORED. A valid batch whose sequence is lower than or equal to that number is not stored: it is
@@ -304,7 +355,9 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
             at the checkpoint's instant (with the write-ahead log: as of the last acknowledged batch).
 
         Per-batch errors. A batch the shard refuses is answered by an ack with error_code != 0 and error_message;
-        nothing of it was stored, and the stream stays open for the next batch:
+        nothing of it was stored, and the stream stays open for the next batch (or the next batch of a merged
+        request). Such an ack answers one batch, except when a whole merged request is refused (its batch_rows do
+        not fit its columns, or a tensor of it does not decode): then one ack answers all its batches.
           3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
           14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
           4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
@@ -315,9 +368,10 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         requests before it were processed (their acks may or may not have reached the client); it and every request
         after it were not. The client must open a new stream and resend its unacknowledged batches except the
         oversize one (those already stored come back as duplicates); the oversize batch can never be accepted: split
-        its rows into smaller batches, numbered above every sequence number the writer has used. Other statuses that
-        end the stream: UNAUTHENTICATED (wrong token: do not retry), UNAVAILABLE or CANCELLED (connection lost or
-        shard stopped: reconnect with backoff and resend the unacknowledged batches).
+        its rows into smaller batches, numbered above every sequence number the writer has used. When the oversize
+        request was a merged one, resend its batches in smaller requests instead (one by one at worst). Other
+        statuses that end the stream: UNAUTHENTICATED (wrong token: do not retry), UNAVAILABLE or CANCELLED
+        (connection lost or shard stopped: reconnect with backoff and resend the unacknowledged batches).
 
         A stream cancelled by the client mid-way leaves no half-stored batch: a batch is stored whole or not at all.
         """

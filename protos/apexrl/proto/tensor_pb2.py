@@ -24,23 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61pexrl/proto/tensor.proto\x12\tapexrl.v1\"F\n\x06Tensor\x12\x1f\n\x05\x64type\x18\x01 \x01(\x0e\x32\x10.apexrl.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\">\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x06tensor\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor\"0\n\x05\x42\x61tch\x12\'\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x16.apexrl.v1.NamedTensor\"I\n\tFieldSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.apexrl.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"1\n\tSignature\x12$\n\x06\x66ields\x18\x01 \x03(\x0b\x32\x14.apexrl.v1.FieldSpec*\xa9\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x12\x08\n\x04INT8\x10\x04\x12\t\n\x05INT16\x10\x05\x12\t\n\x05INT32\x10\x06\x12\t\n\x05INT64\x10\x07\x12\t\n\x05UINT8\x10\x08\x12\n\n\x06UINT16\x10\t\x12\n\n\x06UINT32\x10\n\x12\n\n\x06UINT64\x10\x0b\x12\x08\n\x04\x42OOL\x10\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61pexrl/proto/tensor.proto\x12\tapexrl.v1\"\x8a\x01\n\x06Tensor\x12\x1f\n\x05\x64type\x18\x01 \x01(\x0e\x32\x10.apexrl.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12+\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x16.apexrl.v1.Compression\x12\x15\n\rframe_lengths\x18\x05 \x01(\x0c\">\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x06tensor\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor\"0\n\x05\x42\x61tch\x12\'\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x16.apexrl.v1.NamedTensor\"v\n\tFieldSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.apexrl.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12+\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x16.apexrl.v1.Compression\"1\n\tSignature\x12$\n\x06\x66ields\x18\x01 \x03(\x0b\x32\x14.apexrl.v1.FieldSpec*\xa9\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x12\x08\n\x04INT8\x10\x04\x12\t\n\x05INT16\x10\x05\x12\t\n\x05INT32\x10\x06\x12\t\n\x05INT64\x10\x07\x12\t\n\x05UINT8\x10\x08\x12\n\n\x06UINT16\x10\t\x12\n\n\x06UINT32\x10\n\x12\n\n\x06UINT64\x10\x0b\x12\x08\n\x04\x42OOL\x10\x0c*6\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x08\n\x04ZSTD\x10\x01\x12\x07\n\x03LZ4\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'apexrl.proto.tensor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=353
-  _globals['_DTYPE']._serialized_end=522
-  _globals['_TENSOR']._serialized_start=40
-  _globals['_TENSOR']._serialized_end=110
-  _globals['_NAMEDTENSOR']._serialized_start=112
-  _globals['_NAMEDTENSOR']._serialized_end=174
-  _globals['_BATCH']._serialized_start=176
-  _globals['_BATCH']._serialized_end=224
-  _globals['_FIELDSPEC']._serialized_start=226
-  _globals['_FIELDSPEC']._serialized_end=299
-  _globals['_SIGNATURE']._serialized_start=301
-  _globals['_SIGNATURE']._serialized_end=350
+  _globals['_DTYPE']._serialized_start=467
+  _globals['_DTYPE']._serialized_end=636
+  _globals['_COMPRESSION']._serialized_start=638
+  _globals['_COMPRESSION']._serialized_end=692
+  _globals['_TENSOR']._serialized_start=41
+  _globals['_TENSOR']._serialized_end=179
+  _globals['_NAMEDTENSOR']._serialized_start=181
+  _globals['_NAMEDTENSOR']._serialized_end=243
+  _globals['_BATCH']._serialized_start=245
+  _globals['_BATCH']._serialized_end=293
+  _globals['_FIELDSPEC']._serialized_start=295
+  _globals['_FIELDSPEC']._serialized_end=413
+  _globals['_SIGNATURE']._serialized_start=415
+  _globals['_SIGNATURE']._serialized_end=464
 # @@protoc_insertion_point(module_scope)

@@ -34,6 +34,17 @@ Tensor encoding (message Tensor below): raw bytes, little endian, C order (row-m
 fastest), no padding, exactly prod(shape) * itemsize(dtype) bytes, so a server decodes it with one
 numpy.frombuffer call. The server checks dtype, every dimension and the byte length before reading the data
 and answers INVALID_ARGUMENT on any mismatch.
+
+Compressed tensors (images): a tensor with `compression` set holds one compressed frame per row (per index of
+its first dimension) instead of raw bytes: row i's raw bytes (prod(shape[1:]) * itemsize, C order, little
+endian) compressed on their own into one ZSTD frame (RFC 8878; write the content size into the frame header)
+or one LZ4 frame (the LZ4 frame format, not a raw block; store the content size). `data` holds the frames back
+to back and `frame_lengths` their byte lengths. dtype and shape stay the logical (decompressed) ones. A table
+field declared compressed (FieldSpec.compression) takes only tensors of that compression; a replay shard
+stores the frames as they came and returns them as they are: it never decompresses. It checks each frame's
+length and magic number only (INVALID_ARGUMENT otherwise); a frame that is not valid or does not decompress
+to exactly one row is found by the reader (the learner), who decompresses. Example (Python, zstandard): for a
+uint8 [B, 4, 84, 84] batch, frames = [ZstdCompressor(level=3).compress(row.tobytes()) for row in batch].
 """
 
 from collections import abc as _abc
@@ -122,19 +133,60 @@ A value not listed here (e.g. 99) is refused with INVALID_ARGUMENT.
 """
 Global___DType: _TypeAlias = DType  # noqa: Y015
 
+class _Compression:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CompressionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Compression.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COMPRESSION_NONE: _Compression.ValueType  # 0
+    """Raw bytes (the default)."""
+    ZSTD: _Compression.ValueType  # 1
+    """One Zstandard frame per row: starts with the magic number 28 B5 2F FD; content size in the header."""
+    LZ4: _Compression.ValueType  # 2
+    """One LZ4 frame per row (LZ4 frame format): starts with the magic number 04 22 4D 18; content size stored.
+    A value not listed here is refused with INVALID_ARGUMENT.
+    """
+
+class Compression(_Compression, metaclass=_CompressionEnumTypeWrapper):
+    """How the rows of a tensor or a field are compressed (see "Compressed tensors" above). Next value: 3"""
+
+COMPRESSION_NONE: Compression.ValueType  # 0
+"""Raw bytes (the default)."""
+ZSTD: Compression.ValueType  # 1
+"""One Zstandard frame per row: starts with the magic number 28 B5 2F FD; content size in the header."""
+LZ4: Compression.ValueType  # 2
+"""One LZ4 frame per row (LZ4 frame format): starts with the magic number 04 22 4D 18; content size stored.
+A value not listed here is refused with INVALID_ARGUMENT.
+"""
+Global___Compression: _TypeAlias = Compression  # noqa: Y015
+
 @_typing.final
 class Tensor(_message.Message):
-    """An n-dimensional array. Next ID: 4"""
+    """An n-dimensional array. Next ID: 6"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     DTYPE_FIELD_NUMBER: _builtins.int
     SHAPE_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    COMPRESSION_FIELD_NUMBER: _builtins.int
+    FRAME_LENGTHS_FIELD_NUMBER: _builtins.int
     dtype: Global___DType.ValueType
     data: _builtins.bytes
     """Exactly prod(shape) * itemsize(dtype) bytes (one byte more or less is INVALID_ARGUMENT), C order, little
     endian. Example: FLOAT32 shape [2, 3] is 24 bytes: row 0's three floats, then row 1's.
+    With `compression`: the shape[0] compressed frames back to back (their lengths in frame_lengths).
+    """
+    compression: Global___Compression.ValueType
+    """COMPRESSION_NONE (unset) for raw data. ZSTD or LZ4: data holds one frame per row (see "Compressed tensors");
+    the tensor needs at least one dimension.
+    """
+    frame_lengths: _builtins.bytes
+    """With `compression` only (INVALID_ARGUMENT otherwise): the byte length of each row's frame, as little-endian
+    uint32 values, exactly shape[0] of them (4 * shape[0] bytes); they sum to len(data). Each frame is at least
+    4 bytes, starts with its compression's magic number and is at most n + n / 128 + 1024 bytes long for rows of
+    n raw bytes (INVALID_ARGUMENT otherwise).
     """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -149,10 +201,12 @@ class Tensor(_message.Message):
         dtype: Global___DType.ValueType = ...,
         shape: _abc.Iterable[_builtins.int] | None = ...,
         data: _builtins.bytes = ...,
+        compression: Global___Compression.ValueType = ...,
+        frame_lengths: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dtype", b"dtype", "shape", b"shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compression", b"compression", "data", b"data", "dtype", b"dtype", "frame_lengths", b"frame_lengths", "shape", b"shape"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -215,15 +269,21 @@ Global___Batch: _TypeAlias = Batch  # noqa: Y015
 
 @_typing.final
 class FieldSpec(_message.Message):
-    """The type of one field of a table: the per-row dtype and shape (without the batch dimension). Next ID: 4"""
+    """The type of one field of a table: the per-row dtype and shape (without the batch dimension). Next ID: 5"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
     SHAPE_FIELD_NUMBER: _builtins.int
+    COMPRESSION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dtype: Global___DType.ValueType
+    compression: Global___Compression.ValueType
+    """How the field's rows travel and are stored: COMPRESSION_NONE (raw) or one frame per row (its columns are
+    tensors with this compression; dtype and shape are what each frame decompresses to). Written in settings and
+    logs as `name:dtype[d0,d1]@zstd` (or `@lz4`).
+    """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Empty for a scalar field (one value per row)."""
@@ -234,10 +294,11 @@ class FieldSpec(_message.Message):
         name: _builtins.str = ...,
         dtype: Global___DType.ValueType = ...,
         shape: _abc.Iterable[_builtins.int] | None = ...,
+        compression: Global___Compression.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dtype", b"dtype", "name", b"name", "shape", b"shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compression", b"compression", "dtype", b"dtype", "name", b"name", "shape", b"shape"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

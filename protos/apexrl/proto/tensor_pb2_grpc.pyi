@@ -34,6 +34,17 @@ Tensor encoding (message Tensor below): raw bytes, little endian, C order (row-m
 fastest), no padding, exactly prod(shape) * itemsize(dtype) bytes, so a server decodes it with one
 numpy.frombuffer call. The server checks dtype, every dimension and the byte length before reading the data
 and answers INVALID_ARGUMENT on any mismatch.
+
+Compressed tensors (images): a tensor with `compression` set holds one compressed frame per row (per index of
+its first dimension) instead of raw bytes: row i's raw bytes (prod(shape[1:]) * itemsize, C order, little
+endian) compressed on their own into one ZSTD frame (RFC 8878; write the content size into the frame header)
+or one LZ4 frame (the LZ4 frame format, not a raw block; store the content size). `data` holds the frames back
+to back and `frame_lengths` their byte lengths. dtype and shape stay the logical (decompressed) ones. A table
+field declared compressed (FieldSpec.compression) takes only tensors of that compression; a replay shard
+stores the frames as they came and returns them as they are: it never decompresses. It checks each frame's
+length and magic number only (INVALID_ARGUMENT otherwise); a frame that is not valid or does not decompress
+to exactly one row is found by the reader (the learner), who decompresses. Example (Python, zstandard): for a
+uint8 [B, 4, 84, 84] batch, frames = [ZstdCompressor(level=3).compress(row.tobytes()) for row in batch].
 """
 
 from collections import abc as _abc

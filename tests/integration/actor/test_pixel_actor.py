@@ -1,6 +1,7 @@
 """`apexrl actor` as a real process on pixel environments (MinAtar, Atari through ale-py), against a real shard
 and a real parameter service serving a convolutional network: image rows arrive in their own dtype (bool planes,
-uint8 frame stacks), with the actor's torch priorities, from a vector environment of two."""
+uint8 frame stacks), compressed one zstd frame per row (raw with --compress none), with the actor's torch
+priorities, from a vector environment of two."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from apexrl.actor.apex_actor import MIN_PRIORITY
 from apexrl.actor.policy import make_policy
 from apexrl.actor.torch_policy import TorchDuelingPolicy
+from apexrl.common.compression import decompress
 from apexrl.common.environments import env_spaces
 from apexrl.learner.networks import build_network, state_dict_to_numpy
 from apexrl.parameter_server.service import create_parameter_server
@@ -31,11 +33,13 @@ def params():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("env_id", "package", "image"), [
-    ("MinAtar/Breakout-v1", "minatar", "bool[10,10,4]"),
-    ("ALE/Pong-v5", "ale_py", "uint8[4,84,84]"),
+@pytest.mark.parametrize(("env_id", "package", "image", "compress"), [
+    ("MinAtar/Breakout-v1", "minatar", "bool[10,10,4]@zstd", "zstd"),
+    ("ALE/Pong-v5", "ale_py", "uint8[4,84,84]@zstd", "zstd"),
+    ("ALE/Pong-v5", "ale_py", "uint8[4,84,84]", "none"),
 ])
-def test_an_actor_process_on_a_pixel_environment_inserts_image_rows(make_shard, params, env_id, package, image):
+def test_an_actor_process_on_a_pixel_environment_inserts_image_rows(make_shard, params, env_id, package, image,
+                                                                    compress):
     pytest.importorskip(package)
     shard = make_shard(TableConfig(capacity=1000, alpha=1.0, seed=0))  # alpha 1: priorities stored as sent
     address, store = params
@@ -47,13 +51,18 @@ def test_an_actor_process_on_a_pixel_environment_inserts_image_rows(make_shard, 
     done = subprocess.run(
         [sys.executable, "-m", "apexrl.launcher", "actor", "--env", env_id, "--params", address, "--replay",
          shard.address, "--num-envs", "2", "--batch-size", str(BATCH), "--max-env-steps", "60", "--pull-every",
-         "1000", "--metrics-port", "-1", "--seed", "0", "--gamma", str(GAMMA)],
+         "1000", "--metrics-port", "-1", "--seed", "0", "--gamma", str(GAMMA), "--compress", compress],
         capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr[-3000:]
     assert str(shard.table.signature) == (f"obs:{image},action:int64[],reward:float32[],discount:float32[],"
                                           f"next_obs:{image},weight_version:int64[]")
     assert shard.table.info().inserted_total >= 2 * BATCH
     batch = shard.table.sample(256)
+    if compress != "none":  # the shard holds frames; decompress as the learner's data path does
+        assert batch.writers and batch.columns["obs"].compression == compress
+        batch.columns.update({name: decompress(batch.columns[name])[0] for name in ("obs", "next_obs")})
+        info = shard.table.info()
+        assert info.stored_bytes / info.size < (2_000 if spaces.obs_shape == (4, 84, 84) else 200)
     obs, next_obs = batch.columns["obs"], batch.columns["next_obs"]
     assert obs.shape[1:] == spaces.obs_shape and obs.dtype == np.dtype(spaces.obs_dtype)
     assert obs.any(axis=tuple(range(1, obs.ndim))).all()  # real screens, not zeros

@@ -84,7 +84,12 @@ def rows_of(draw: Draw, rows: int) -> dict[str, np.ndarray]:
 
 
 def draw_insert_request(draw: Draw, sequences: Sequences, log: list[str]) -> bytes:
-    rows = draw(st.sampled_from([1, 1, 2, 3, 4, 8, 16, 32, CAPACITY - 1, CAPACITY, CAPACITY + 1]))
+    """A one-batch request, or (a quarter of the time) one merging 2-4 batches (InsertRequest.batch_rows)."""
+    batch_rows: list[int] = []
+    if chance(draw, 25):
+        batch_rows = [draw(st.sampled_from([1, 1, 2, 3, 8, 16, CAPACITY])) for _ in range(draw(st.integers(2, 4)))]
+        log.append(f"insert:merged{batch_rows}")
+    rows = sum(batch_rows) or draw(st.sampled_from([1, 1, 2, 3, 4, 8, 16, 32, CAPACITY - 1, CAPACITY, CAPACITY + 1]))
     columns = rows_of(draw, rows)
     if draw(st.booleans()):  # any column order is valid
         names = draw(st.permutations(list(columns)))
@@ -98,8 +103,10 @@ def draw_insert_request(draw: Draw, sequences: Sequences, log: list[str]) -> byt
         wire_dtype = codec.dtype_to_wire(np.dtype(dtype))
         priorities = np.frombuffer(special_values(draw, wire_dtype, rows * np.dtype(dtype).itemsize), dtype)
     writer_id = draw(st.sampled_from(["", "w0", "w1", "w2"]) | st.text(max_size=24))
-    request = wire.encode_insert(columns, priorities, writer_id)
+    request = wire.encode_insert(columns, priorities, writer_id, batch_rows)
     request.sequence = sequences.draw(draw, log)
+    if batch_rows and request.sequence == sequences.last:  # the merged batches are numbered on from it
+        sequences.last += len(batch_rows) - 1
     for _ in range(draw(st.sampled_from([0, 0, 0, 1, 1, 2]))):
         _mutate_insert(draw, request, rows, log)
     return mangle(draw, request.SerializeToString(), log, "insert")
@@ -109,7 +116,7 @@ def _mutate_insert(draw: Draw, request: replay_pb2.InsertRequest, rows: int, log
     cols = request.batch.columns
     op = draw(st.sampled_from(["column", "column", "drop_column", "duplicate_column", "rename_column",
                                "extra_column", "ragged", "scalar_column", "clear_batch", "priorities",
-                               "empty_priorities", "clear_priorities", "writer_id"]))
+                               "empty_priorities", "clear_priorities", "writer_id", "batch_rows"]))
     if op == "column" and cols:
         col = cols[draw(st.integers(0, len(cols) - 1))]
         mutate_tensor(draw, col.tensor, log, f"column {col.name}")
@@ -147,6 +154,21 @@ def _mutate_insert(draw: Draw, request: replay_pb2.InsertRequest, rows: int, log
         request.ClearField("priorities")
     elif op == "writer_id":
         request.writer_id = draw(st.text(min_size=100, max_size=2000))
+    elif op == "batch_rows":  # boundaries that do not fit the rows, a zero entry, too many, or none
+        kind = draw(st.sampled_from(["bump", "zero", "append", "split", "clear", "too_many"]))
+        log.append(f"insert:batch_rows-{kind}")
+        entries = list(request.batch_rows) or [rows]
+        if kind == "bump":
+            entries[-1] += draw(st.sampled_from([-1, 1]))
+        elif kind == "zero":
+            entries.insert(draw(st.integers(0, len(entries))), 0)
+        elif kind == "append":
+            entries.append(1)
+        elif kind == "split" and entries[0] > 1:  # still fits: one more batch
+            entries[:1] = [1, entries[0] - 1]
+        elif kind == "too_many":
+            entries = [1] * (wire.MAX_MERGED_BATCHES + 1)
+        request.batch_rows[:] = [] if kind == "clear" else [max(0, e) for e in entries]
 
 
 def draw_insert_stream(draw: Draw, sequences: Sequences, limit: int, log: list[str]) -> tuple[list[bytes], bool]:
@@ -293,35 +315,86 @@ def _valid_priorities(p: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(p) & (p >= 0) & (p <= MAX_PRIORITY)))
 
 
+def answered_batches(requests: list[bytes], acks: list[replay_pb2.InsertAck], context: str
+                     ) -> tuple[list[tuple[replay_pb2.InsertRequest, int, replay_pb2.InsertAck]], int]:
+    """Pair each ack with the batches it answers, in order: (request, index of its first batch answered, ack). A
+    one-batch request gets exactly one ack; a merged one (batch_rows) acks that cover consecutive runs of its
+    batches, each naming the last one. Also returns how many requests were answered completely."""
+    pairs, r, b = [], 0, 0
+    for ack in acks:
+        assert r < len(requests), f"an ack beyond the last batch: {context}"
+        request = _parse(replay_pb2.InsertRequest, requests[r])
+        assert request is not None, f"acked a message that does not parse: {context}"
+        batches = len(request.batch_rows) or 1
+        assert 1 <= ack.batches <= batches - b, f"ack answers {ack.batches} of {batches - b} batches: {context}"
+        assert ack.sequence == min(request.sequence + b + ack.batches - 1, 2**64 - 1), (
+            f"ack sequence {ack.sequence} for batches {b}..{b + ack.batches - 1} from {request.sequence}: {context}")
+        pairs.append((request, b, ack))
+        b += ack.batches
+        if b == batches:
+            r, b = r + 1, 0
+    assert b == 0, f"a merged request was answered only in part: {context}"
+    return pairs, r
+
+
+def batch_of(request: replay_pb2.InsertRequest, index: int, context: str) -> replay_pb2.InsertRequest:
+    """Batch `index` of a merged request as the one-batch request it stands for (its rows of every tensor)."""
+    if not request.batch_rows:
+        return request
+    lo = sum(request.batch_rows[:index])
+    hi = lo + request.batch_rows[index]
+    batch = replay_pb2.InsertRequest(writer_id=request.writer_id, sequence=request.sequence + index)
+
+    def rows(tensor, out, what: str) -> None:
+        shape = list(tensor.shape)
+        assert shape and shape[0] == sum(request.batch_rows), f"stored a merged {what} of shape {shape}: {context}"
+        row_bytes = math.prod(shape[1:]) * codec.dtype_from_wire(tensor.dtype).itemsize
+        assert len(tensor.data) == shape[0] * row_bytes, f"stored a merged {what} of bad length: {context}"
+        out.dtype = tensor.dtype
+        out.shape[:] = [hi - lo, *shape[1:]]
+        out.data = tensor.data[lo * row_bytes:hi * row_bytes]
+
+    for column in request.batch.columns:
+        rows(column.tensor, batch.batch.columns.add(name=column.name).tensor, f"column {column.name!r}")
+    if request.HasField("priorities"):
+        rows(request.priorities, batch.priorities, "priorities")
+    return batch
+
+
 def expect_insert(before: ShardState, requests: list[bytes], outcome: Outcome, oversize: bool,
                   acks: list[replay_pb2.InsertAck], context: str) -> ShardState:
     """The state after an Insert stream whose acks say what was stored; checks every ack on the way."""
     state = copy.deepcopy(before)
     info = state.info
-    assert len(acks) <= len(requests), context
     if oversize:
         assert outcome.code == EXHAUSTED and not acks, f"oversize first message: {context}"
         return state
+    pairs, complete = answered_batches(requests, acks, context)
     if outcome.code == OK:
-        assert len(acks) == len(requests), f"{len(acks)} acks for {len(requests)} batches; {context}"
+        assert complete == len(requests), f"{complete} of {len(requests)} requests answered: {context}"
     elif outcome.code == INVALID:  # a message that does not parse ends the stream; those before were acked
-        assert _parse(replay_pb2.InsertRequest, requests[len(acks)]) is None, (
-            f"stream ended INVALID_ARGUMENT at a parseable batch: {context}")
-    for raw, ack in zip(requests, acks, strict=False):
-        request = _parse(replay_pb2.InsertRequest, raw)
-        assert request is not None, f"acked a message that does not parse: {context}"
+        assert _parse(replay_pb2.InsertRequest, requests[complete]) is None, (
+            f"stream ended INVALID_ARGUMENT at a parseable request: {context}")
+    for request, first, ack in pairs:
         assert ack.error_code in ALLOWED_ACK_CODES, f"ack error_code {ack.error_code}: {context}"
-        assert (ack.sequence, ack.incarnation) == (request.sequence, info["incarnation"]), context
+        assert ack.incarnation == info["incarnation"], context
         if ack.error_code or ack.duplicate:
             assert (ack.rows, ack.first_key) == (0, 0), context
             assert not (ack.error_code and ack.duplicate), context
             if ack.duplicate:
-                info["duplicate_batches_total"] += 1
+                info["duplicate_batches_total"] += ack.batches
                 assert request.writer_id, f"duplicate without a writer id: {context}"
                 if state.exact:
-                    assert state.writers.get(request.writer_id, -1) >= request.sequence, context
+                    last = request.sequence + first + ack.batches - 1
+                    assert state.writers.get(request.writer_id, -1) >= last, context
             continue
-        _store(state, request, ack, context)
+        key, rows = ack.first_key, 0
+        for index in range(first, first + ack.batches):  # stored one after the other, at consecutive keys
+            batch = batch_of(request, index, context)
+            stored = batch.batch.columns[0].tensor.shape[0] if batch.batch.columns else 0
+            _store(state, batch, replay_pb2.InsertAck(first_key=key, rows=stored), context)
+            key, rows = key + stored, rows + stored
+        assert ack.rows == rows, f"ack says {ack.rows} rows stored, its batches hold {rows}: {context}"
     return state
 
 
@@ -366,6 +439,7 @@ def _store(state: ShardState, request: replay_pb2.InsertRequest, ack: replay_pb2
     info["size"] = min(CAPACITY, info["size"] + rows)
     info["inserted_total"] += rows
     info["inserted_bytes_total"] += rows * SIGNATURE.row_nbytes
+    info["stored_bytes"] = info["size"] * SIGNATURE.row_nbytes
     state.changed = True
 
 
@@ -490,19 +564,29 @@ def expect_first_inserts(requests: list[bytes], acks: list[replay_pb2.InsertAck]
     """The signature fixed by the first stored batch (None when none was stored) and the rows stored; every later
     stored batch must match it."""
     signature, stored = None, 0
-    for raw, ack in zip(requests, acks, strict=False):
+    for merged, first, ack in answered_batches(requests, acks, context)[0]:
         assert ack.error_code in ALLOWED_ACK_CODES, f"ack error_code {ack.error_code}: {context}"
         if ack.error_code or ack.duplicate:
             continue
-        request = replay_pb2.InsertRequest.FromString(raw)
-        implied = signature_of(request)
-        rows = request.batch.columns[0].tensor.shape[0]
-        assert all(c.tensor.shape[0] == rows for c in request.batch.columns), f"stored a ragged batch: {context}"
-        assert 1 <= rows <= CAPACITY and ack.rows == rows and ack.first_key == stored, context
-        if signature is None:
-            signature = implied
-        else:
-            assert {(f.name, f.dtype, f.shape) for f in implied.fields} == {
-                (f.name, f.dtype, f.shape) for f in signature.fields}, f"stored {implied} into {signature}: {context}"
-        stored += rows
+        assert ack.first_key == stored, context
+        rows_acked = stored
+        for index in range(first, first + ack.batches):  # a mangled request may have become a merged one
+            request = batch_of(merged, index, context)
+            signature, stored = _first_stored(request, signature, stored, context)
+        assert ack.rows == stored - rows_acked, context
     return signature, stored
+
+
+def _first_stored(request: replay_pb2.InsertRequest, signature: Signature | None, stored: int, context: str
+                  ) -> tuple[Signature | None, int]:
+    """One stored batch of a shard without a declared signature: it fixes the signature or matches it."""
+    implied = signature_of(request)
+    rows = request.batch.columns[0].tensor.shape[0]
+    assert all(c.tensor.shape[0] == rows for c in request.batch.columns), f"stored a ragged batch: {context}"
+    assert 1 <= rows <= CAPACITY, context
+    if signature is None:
+        signature = implied
+    else:
+        assert {(f.name, f.dtype, f.shape) for f in implied.fields} == {
+            (f.name, f.dtype, f.shape) for f in signature.fields}, f"stored {implied} into {signature}: {context}"
+    return signature, stored + rows

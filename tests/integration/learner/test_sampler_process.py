@@ -110,3 +110,66 @@ def test_an_empty_fleet_gives_no_batch_until_rows_arrive(make_shard):
         assert batch is not None and set(batch.columns["action"].tolist()) <= set(range(50))
     finally:
         sampler.close()
+
+
+# --- compressed columns ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_compressed_rows_arrive_decompressed_in_the_shared_slots(shard_processes):
+    from tests.conftest import pixel_batch, pixel_frames
+
+    shards = shard_processes(2, "--capacity", "1000")  # `apexrl replay` processes: they never decompress
+    for i, shard in enumerate(shards):
+        with ReplayClient(shard.address) as client:
+            for start in range(i * 1000, i * 1000 + 300, 100):
+                client.insert(pixel_batch(100, start), priorities=np.ones(100))
+            client.flush(timeout=10)
+    sampler = sampler_for(shards).start(lambda: 0.5)
+    try:
+        for _ in range(10):
+            batch = sampler.get(timeout=30)
+            assert batch is not None
+            ids = batch.columns["action"]
+            assert batch.columns["obs"].shape == (32, 2, 16, 16) and batch.columns["obs"].dtype == np.uint8
+            np.testing.assert_array_equal(batch.columns["obs"], pixel_frames(ids))  # the originals, pixel for pixel
+            np.testing.assert_array_equal(batch.columns["next_obs"], pixel_frames(ids + 1))
+            sampler.update_priorities(batch, np.ones(32))
+        assert sampler.rows_rejected == 0
+    finally:
+        sampler.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_row_that_does_not_decompress_is_rejected_naming_its_writer(make_shard, capfd):
+    from apexrl.common.compression import CompressedColumn, compress
+    from tests.conftest import pixel_batch, pixel_frames
+
+    shard = make_shard(TableConfig(capacity=1000, seed=0))
+    with ReplayClient(shard.address, writer_id="good-actor") as client:
+        client.insert(pixel_batch(200), priorities=np.ones(200))
+        client.flush(timeout=10)
+    bad = pixel_batch(2, 5000)  # frames of half a row: valid zstd, the wrong size
+    half = compress(pixel_frames([5000, 5001], shape=(2, 16, 8)), "zstd")
+    bad["obs"] = CompressedColumn("zstd", np.dtype(np.uint8), (2, 16, 16), half.data, half.lengths)
+    with ReplayClient(shard.address, writer_id="broken-actor") as client:
+        client.insert(bad, priorities=np.full(2, 50.0))  # drawn often until rejected
+        client.flush(timeout=10)
+    sampler = sampler_for([shard]).start(lambda: 0.5)
+    try:
+        for _ in range(20):
+            batch = sampler.get(timeout=30)
+            assert batch is not None
+            ids = batch.columns["action"]
+            assert ids.max() < 5000  # bad rows never reach the train step...
+            np.testing.assert_array_equal(batch.columns["obs"], pixel_frames(ids))  # ...whole good rows do
+            sampler.update_priorities(batch, np.ones(32))
+        sampler.flush_updates(timeout=10)
+        assert sampler.rows_rejected >= 2
+        leaves = shard.table._tree.leaf_values()
+        assert leaves[200] == 0 and leaves[201] == 0  # their priority is 0 on the shard: not drawn again
+    finally:
+        sampler.close()
+    err = capfd.readouterr().err
+    assert "written by writer 'broken-actor'" in err and "the frame announces 256 bytes, the row has 512" in err
+    assert "good-actor" not in err

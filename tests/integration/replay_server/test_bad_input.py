@@ -168,6 +168,90 @@ def test_bad_insert_is_rejected_precisely_and_nothing_changes(filled, case, muta
     assert insert_ack(filled, good_request()).rows == 8
 
 
+def merged_request(batches: int, rows: int = 8, sequence: int = 1) -> replay_pb2.InsertRequest:
+    """`batches` batches of `rows` rows in one request (InsertRequest.batch_rows), with priorities 1, 2, ..."""
+    request = replay_pb2.InsertRequest(writer_id="merged-test", sequence=sequence)
+    codec.encode_batch(cartpole_batch(batches * rows, 1000), request.batch)
+    codec.encode_tensor(np.arange(1, batches * rows + 1, dtype=np.float64), request.priorities)
+    request.batch_rows.extend([rows] * batches)
+    return request
+
+
+def test_a_bad_batch_inside_a_merged_request_is_refused_alone(filled):
+    """Batch 2 of 4 has a NaN priority: exactly it is refused, with the message it would get alone; the batches
+    around it are stored, and the acks say so in batch order."""
+    request = merged_request(4)
+    priorities = codec.decode_tensor(request.priorities).copy()
+    priorities[8 + 3] = np.nan  # row 3 of batch 2
+    codec.encode_tensor(priorities, request.priorities)
+    channel, s = stub(filled)
+    with channel:
+        acks = list(s.Insert(iter([request]), timeout=10))
+    assert [(a.sequence, a.batches, a.error_code, a.rows, a.first_key) for a in acks] == [
+        (1, 1, 0, 8, ROWS), (2, 1, grpc.StatusCode.INVALID_ARGUMENT.value[0], 0, 0), (4, 2, 0, 16, ROWS + 8)]
+    assert "first: index 3 = nan" in acks[1].error_message
+    info = filled.table.info()
+    assert (info.size, info.inserted_total) == (ROWS + 24, ROWS + 24)
+    stored = filled.table._storage["action"][ROWS:ROWS + 24]  # white box: the rows in key order
+    np.testing.assert_array_equal(stored, np.r_[1000:1008, 1016:1032])
+    # A request whose batches all miss the signature: each refused on its own, all with the table's reason.
+    request = merged_request(3, sequence=10)
+    codec.encode_tensor(np.zeros((24, 4), np.float64), column(request, "obs"))
+    channel, s = stub(filled)
+    with channel:
+        acks = list(s.Insert(iter([request]), timeout=10))
+    assert [(a.sequence, a.batches) for a in acks] == [(10, 1), (11, 1), (12, 1)]
+    assert all("'obs' is float64" in a.error_message for a in acks)
+    assert filled.table.info().inserted_total == ROWS + 24
+
+
+def _malformed_merges():
+    def sum_short(r):
+        r.batch_rows[-1] -= 1
+
+    def zero_entry(r):
+        r.batch_rows[:] = [8, 0, 8, 8]
+
+    def ragged(r):
+        codec.encode_tensor(np.zeros(31, np.float32), column(r, "reward"))
+
+    def priorities_short(r):
+        codec.encode_tensor(np.ones(31), r.priorities)
+
+    def sequence_overflow(r):
+        r.sequence = (1 << 64) - 2
+
+    def too_many(r):
+        r.batch_rows[:] = [1] * 5000
+
+    def undecodable(r):
+        column(r, "obs").data = column(r, "obs").data[:-1]
+
+    return [
+        ("batch_rows sum short", sum_short, "column 'obs' has 32 rows; batch_rows sum to 31"),
+        ("zero entry", zero_entry, "batch_rows has an entry 0"),
+        ("ragged", ragged, "column 'reward' has 31 rows; batch_rows sum to 32"),
+        ("priorities short", priorities_short, "column 'priorities' has 31 rows"),
+        ("sequence overflow", sequence_overflow, "sequence numbers pass 2**64 - 1"),
+        ("too many batches", too_many, "more than 4096 batches"),
+        ("undecodable tensor", undecodable, "column 'obs': 511 data bytes"),
+    ]
+
+
+@pytest.mark.parametrize(("case", "mutate", "message"), _malformed_merges(), ids=[m[0] for m in _malformed_merges()])
+def test_a_malformed_merged_request_is_refused_whole_by_one_ack(filled, case, mutate, message):
+    request = merged_request(4)
+    mutate(request)
+    channel, s = stub(filled)
+    with channel:
+        acks = list(s.Insert(iter([request]), timeout=10))
+    batches = len(request.batch_rows)
+    assert [(a.error_code, a.batches) for a in acks] == [(grpc.StatusCode.INVALID_ARGUMENT.value[0], batches)], case
+    assert acks[0].sequence == min(request.sequence + batches - 1, (1 << 64) - 1)
+    assert message in acks[0].error_message
+    assert_intact(filled)
+
+
 def test_sdk_raises_the_rejection_on_flush(filled):
     with ReplayClient(filled.address) as client:
         batch = cartpole_batch(8)

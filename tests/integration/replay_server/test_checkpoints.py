@@ -388,3 +388,45 @@ def test_with_the_write_ahead_log_acks_keep_their_order_errors_and_duplicates(tm
     replayed = ReplayTable(TableConfig(capacity=10_000))
     replayed.refuse_calls("restoring")
     assert WriteAheadLog(tmp_path / "wal").replay(replayed, restored=False) == 580
+
+
+def test_with_the_write_ahead_log_merged_requests_are_acknowledged_once_logged_and_replayed(tmp_path):
+    """Merged requests (several batches in one request) on a shard with a write-ahead log: each run's ack goes out
+    once its batches are logged, a bad batch inside is refused alone, a resend merged differently is de-duplicated
+    batch by batch, and the log replays exactly the stored rows with the writer's last stored sequence."""
+    from apexrl.common import codec
+    from apexrl.replay_server.service import create_replay_server
+    from apexrl.replay_server.table import ReplayTable, TableConfig
+    from apexrl.replay_server.wal import WriteAheadLog
+
+    table = ReplayTable(TableConfig(capacity=10_000))
+    wal = WriteAheadLog(tmp_path / "wal")
+    wal.open(table)
+    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", wal=wal)
+
+    def merged(sequence: int, batches: int, bad: int | None = None) -> replay_pb2.InsertRequest:
+        r = replay_pb2.InsertRequest(writer_id="w", sequence=sequence, batch_rows=[10] * batches)
+        codec.encode_batch(cartpole_batch(10 * batches, 10 * sequence), r.batch)
+        priorities = np.ones(10 * batches)
+        if bad is not None:
+            priorities[10 * (bad - sequence)] = -1.0
+        codec.encode_tensor(priorities, r.priorities)
+        return r
+
+    try:
+        with make_channel(f"127.0.0.1:{port}") as channel:
+            acks = list(replay_pb2_grpc.ReplayServiceStub(channel).Insert(
+                iter([merged(1, 4), merged(5, 3, bad=6), merged(1, 8)]), timeout=30))
+        assert [(a.sequence, a.batches, a.first_key, a.rows, a.duplicate, a.error_code) for a in acks] == [
+            (4, 4, 0, 40, False, 0), (5, 1, 40, 10, False, 0), (6, 1, 0, 0, False, 3), (7, 1, 50, 10, False, 0),
+            (7, 7, 0, 0, True, 0), (8, 1, 60, 10, False, 0)]
+        assert wal.durable_key == table.next_key == 70
+    finally:
+        server.stop(0).wait(10)
+        wal.close()
+    replayed = ReplayTable(TableConfig(capacity=10_000))
+    replayed.refuse_calls("restoring")
+    assert WriteAheadLog(tmp_path / "wal").replay(replayed, restored=False) == 70
+    replayed.refuse_calls(None)
+    np.testing.assert_array_equal(replayed._storage["action"][:70], np.r_[10:60, 70:80, 80:90])  # white box
+    assert replayed.insert(cartpole_batch(10), writer_id="w", sequence=8).duplicate

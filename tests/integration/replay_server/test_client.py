@@ -3,6 +3,7 @@ failures without loss or duplicates, and call futures that raise apexrl errors."
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 
@@ -75,6 +76,155 @@ def test_batches_refused_by_a_shutting_down_shard_are_resent_to_its_replacement(
         client.flush(timeout=30)
     assert replacement.info().inserted_total == 20
     np.testing.assert_array_equal(np.sort(replacement.sample(200).columns["action"].reshape(-1))[[0, -1]], [10, 29])
+
+
+def slowed(table, seconds: float = 0.002) -> None:
+    """Make every table insert take `seconds` longer, so that a fast writer's batches queue up behind it."""
+    original = table.insert
+
+    def slow_insert(*args, **kwargs):
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    table.insert = slow_insert
+
+
+def insert_requests(shard) -> float:
+    """InsertRequest messages the shard has handled (one per message, whatever it carried)."""
+    return shard.registry.get_sample_value("apexrl_replay_request_duration_seconds_count", {"method": "Insert"}) or 0
+
+
+def test_batches_queued_behind_an_unanswered_request_are_merged_with_fewer_acks(shard):
+    """A writer faster than its shard: the batches that queue while a request is unanswered travel as one merged
+    request, answered by one ack, and every row is stored once, in order."""
+    slowed(shard.table)
+    with ReplayClient(shard.address, timeout=30) as client:
+        for i in range(200):
+            client.insert(cartpole_batch(4, 4 * i), priorities=np.full(4, 1.0 + i))
+            if i == 0:
+                client.flush()  # the stream's first ack shows that the shard merges (until then: one by one)
+        client.flush()
+        counts = (client.acks_received, client.requests_sent, insert_requests(shard))
+    assert counts[0] == counts[1] == counts[2] <= 200 / 8, counts
+    info = shard.table.info()
+    assert info.inserted_total == info.size == 800
+    np.testing.assert_array_equal(shard.table._storage["action"][:800], np.arange(800))  # white box: key order
+    batch = shard.table.sample(256)  # each row kept its own batch's priority
+    np.testing.assert_allclose(batch.priorities, (1.0 + batch.columns["action"] // 4) ** shard.table.config.alpha)
+
+
+def test_merged_resends_after_the_stream_breaks_lose_and_duplicate_nothing(make_shard):
+    """Stop the shard's server while merged requests are in flight, with a new one on the same port over the same
+    table: the client resends what was not acknowledged (merged again, maybe differently) and every row lands
+    exactly once."""
+    from apexrl.replay_server.service import create_replay_server
+
+    shard = make_shard(TableConfig(capacity=10_000))
+    slowed(shard.table)
+    port = int(shard.address.rsplit(":", 1)[1])
+    client = ReplayClient(shard.address, max_in_flight=256, timeout=30)  # room for every batch while it is down
+    try:
+        for i in range(100):
+            client.insert(cartpole_batch(10, 10 * i))
+        assert client.pending > 1  # merged requests are on their way
+        shard.server.stop(0).wait(10)  # breaks the stream, maybe with batches in flight or half a request stored
+        first_requests = insert_requests(shard)
+        for i in range(100, 150):  # these queue up while the shard is down
+            client.insert(cartpole_batch(10, 10 * i))
+        shard.server, _, _, shard.registry = create_replay_server(shard.table, f"127.0.0.1:{port}")
+        for i in range(150, 200):
+            client.insert(cartpole_batch(10, 10 * i))
+        client.flush(timeout=30)
+        assert client.reconnects >= 1
+    finally:
+        client.close()
+    assert first_requests + insert_requests(shard) < 200 / 2
+    info = shard.table.info()
+    assert info.inserted_total == info.size == 2000
+    np.testing.assert_array_equal(np.sort(shard.table._storage["action"][:2000]), np.arange(2000))
+
+
+def test_a_rejected_batch_among_merged_ones_raises_its_own_error_and_the_others_are_stored(shard):
+    slowed(shard.table)
+    errors = []
+    with ReplayClient(shard.address, timeout=30) as client:
+        for i in range(40):
+            batch, priorities = cartpole_batch(5, 5 * i), np.full(5, np.nan if i == 25 else 1.0)
+            try:
+                client.insert(batch, priorities)
+            except InvalidArgumentError as err:  # raised by the next call after its ack came back
+                errors.append(err)
+                client.insert(batch, priorities)
+            if i == 0:
+                client.flush()  # the stream's first ack shows that the shard merges
+        try:
+            client.flush()
+        except InvalidArgumentError as err:
+            errors.append(err)
+        client.flush()  # the error is raised once; the rest is acknowledged
+        assert insert_requests(shard) < 40 / 2
+    assert len(errors) == 1
+    assert re.search(r"insert of batch 26 to .*INVALID_ARGUMENT.*index 0 = nan", str(errors[0])), errors[0]
+    stored = shard.table._storage["action"][:shard.table.info().inserted_total]  # white box: key order
+    np.testing.assert_array_equal(stored, np.r_[0:125, 130:200])
+
+
+def test_bool_bytes_other_than_0_or_1_travel_alone_so_only_their_batch_is_refused(make_shard):
+    """The shard refuses a BOOL tensor holding other bytes when it decodes the request, which for a merged request
+    would refuse all its batches: such a batch is never merged."""
+    shard = make_shard(TableConfig(capacity=1000))
+    slowed(shard.table)
+    errors = []
+    with ReplayClient(shard.address, timeout=30) as client:
+        for i in range(30):
+            done = np.frombuffer(bytes([0, 2, 1, 0]), np.bool_) if i == 20 else np.zeros(4, np.bool_)
+            try:
+                client.insert({"x": np.arange(4 * i, 4 * i + 4), "done": done})
+            except InvalidArgumentError as err:
+                errors.append(err)
+            if i == 0:
+                client.flush()  # the stream's first ack shows that the shard merges
+        try:
+            client.flush()
+        except InvalidArgumentError as err:
+            errors.append(err)
+        assert client.requests_sent < 30 / 2
+    assert len(errors) == 1 and "insert of batch 21 " in str(errors[0]) and "BOOL bytes" in str(errors[0])
+    stored = shard.table._storage["x"][:shard.table.info().inserted_total]  # white box: key order
+    np.testing.assert_array_equal(stored, np.r_[0:80, 84:120])
+
+
+def test_a_shard_whose_acks_carry_no_batch_count_gets_one_batch_per_request():
+    """An older shard ignores batch_rows (it would store a merged request as one batch): the SDK merges only
+    after an ack shows `batches`, so such a shard only ever sees one-batch requests, each acknowledged."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from apexrl.common import codec
+    from apexrl.proto import replay_pb2, replay_pb2_grpc
+
+    received = []
+
+    class OlderShard(replay_pb2_grpc.ReplayServiceServicer):
+        def Insert(self, request_iterator, context):  # noqa: N802
+            for request in request_iterator:
+                rows = len(codec.decode_tensor(request.batch.columns[0].tensor))
+                received.append((request.sequence, rows, len(request.batch_rows)))
+                time.sleep(0.002)
+                yield replay_pb2.InsertAck(sequence=request.sequence, rows=rows, incarnation=7)
+
+    server = grpc.server(ThreadPoolExecutor(4))
+    replay_pb2_grpc.add_ReplayServiceServicer_to_server(OlderShard(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with ReplayClient(f"127.0.0.1:{port}", timeout=30) as client:
+            for i in range(60):
+                client.insert(cartpole_batch(3, 3 * i))
+            client.flush()
+            assert client.pending == 0 and client.last_incarnation == 7
+    finally:
+        server.stop(0).wait(10)
+    assert received == [(i + 1, 3, 0) for i in range(60)]
 
 
 def free_port() -> int:

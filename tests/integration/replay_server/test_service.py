@@ -126,6 +126,60 @@ def test_resent_batches_are_acknowledged_but_stored_once(shard):
     assert (info.size, info.inserted_total, info.duplicate_batches_total) == (32, 32, 1)
 
 
+def _merged(writer: str, sequence: int, batches: int, rows: int = 8, start: int = 0) -> replay_pb2.InsertRequest:
+    """One request carrying `batches` batches of `rows` rows numbered sequence, sequence + 1, ... (batch_rows)."""
+    request = _request(writer, sequence, rows * batches, start)
+    request.batch_rows.extend([rows] * batches)
+    return request
+
+
+def _stored_ids(shard) -> np.ndarray:
+    info = shard.table.info()
+    assert info.size == info.inserted_total  # nothing evicted: the ring holds rows in key order
+    return shard.table._storage["action"][:info.size]  # white box: the stored rows in key order
+
+
+def test_merged_requests_store_each_batch_once_and_are_answered_by_one_ack(shard):
+    """A merged request is its batches sent one by one: stored in order under their own sequence numbers, and
+    answered by one ack naming the last one; one-batch requests keep one ack each (batches = 1)."""
+    acks = _raw_insert(shard.address, [_request("w", 1), _merged("w", 2, 4, start=8), _request("w", 6, start=40)])
+    assert [(a.sequence, a.batches, a.duplicate, a.first_key, a.rows, a.error_code) for a in acks] == [
+        (1, 1, False, 0, 8, 0), (5, 4, False, 8, 32, 0), (6, 1, False, 40, 8, 0)]
+    assert len({a.incarnation for a in acks}) == 1 and acks[0].incarnation == shard.table.incarnation
+    # After a broken stream a client resends 4..6 merged differently: 4..6 are duplicates, 7..8 are new. Each
+    # batch is judged on its own number, so nothing is stored twice and nothing is lost.
+    acks = _raw_insert(shard.address, [_merged("w", 4, 5, start=24)])
+    assert [(a.sequence, a.batches, a.duplicate, a.first_key, a.rows) for a in acks] == [
+        (6, 3, True, 0, 0), (8, 2, False, 48, 16)]
+    np.testing.assert_array_equal(_stored_ids(shard), np.arange(64))
+    info = shard.table.info()
+    assert info.duplicate_batches_total == 3
+    # The writer's last stored number is the last batch's: resending any of them again stores nothing.
+    acks = _raw_insert(shard.address, [_merged("w", 1, 8), _request("w", 8, start=56)])
+    assert [(a.sequence, a.batches, a.duplicate) for a in acks] == [(8, 8, True), (8, 1, True)]
+    assert shard.table.info().inserted_total == 64
+    # Without a writer id nothing is de-duplicated: every batch of a merged request is stored.
+    acks = _raw_insert(shard.address, [_merged("", 1, 3, start=64)])
+    assert [(a.sequence, a.batches, a.first_key, a.rows) for a in acks] == [(3, 3, 64, 24)]
+    np.testing.assert_array_equal(_stored_ids(shard), np.arange(88))
+
+
+def test_a_merged_request_with_compressed_columns_is_stored_batch_by_batch(shard):
+    """A client in another language may merge batches with compressed image columns: each batch keeps its own
+    rows' frames (the Python SDK sends compressed batches alone)."""
+    from tests.conftest import pixel_batch
+
+    request = replay_pb2.InsertRequest(writer_id="w", sequence=1)
+    codec.encode_batch(pixel_batch(12), request.batch)
+    request.batch_rows.extend([4, 4, 4])
+    (ack,) = _raw_insert(shard.address, [request])
+    assert (ack.sequence, ack.batches, ack.rows, ack.error_code) == (3, 3, 12, 0), ack
+    assert shard.table.info().size == 12
+    sampled = shard.table.sample(64)
+    frames = sampled.columns["obs"]
+    assert len(frames) == 64 and sorted(set(sampled.columns["action"].tolist())) == list(range(12))
+
+
 def test_sample_below_min_size_waits_for_its_deadline_or_fails_at_once(make_shard):
     shard = make_shard(TableConfig(capacity=100, min_size_to_sample=50))
     with ReplayClient(shard.address) as client:

@@ -118,3 +118,62 @@ def test_wire_dtype_numbers_are_the_proto_enum():
     assert {name: codec.dtype_to_wire(np.dtype(name)) for name in SUPPORTED_DTYPES} == {
         name: tensor_pb2.DType.Value(name.upper()) for name in SUPPORTED_DTYPES}
     assert codec.dtype_to_wire(np.dtype(">f4")) == tensor_pb2.FLOAT32
+
+
+# --- compressed tensors --------------------------------------------------------------------------------------------
+
+
+def pixels(rows: int = 3) -> np.ndarray:
+    out = np.zeros((rows, 4, 84, 84), np.uint8)
+    out[:, :, 10:20, 30:40] = np.arange(rows)[:, None, None, None] + 1
+    return out
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+def test_compressed_tensors_travel_as_their_frames(compression):
+    from apexrl.common.compression import CompressedColumn, compress, decompress
+
+    column = compress(pixels(), compression)
+    msg = tensor_pb2.Tensor.FromString(codec.encode_tensor(column).SerializeToString())
+    assert list(msg.shape) == [3, 4, 84, 84] and msg.dtype == tensor_pb2.UINT8
+    assert msg.compression == {"zstd": tensor_pb2.ZSTD, "lz4": tensor_pb2.LZ4}[compression]
+    assert msg.data == column.data and len(msg.frame_lengths) == 12
+    got = codec.decode_tensor(msg)
+    assert isinstance(got, CompressedColumn) and got.compression == compression and got.shape == (4, 84, 84)
+    np.testing.assert_array_equal(decompress(got)[0], pixels())
+    signature = Signature.parse(f"obs:uint8[4,84,84]@{compression},action:int64[]")
+    assert codec.decode_signature(codec.encode_signature(signature)) == signature
+
+
+def _compressed(**change) -> tensor_pb2.Tensor:
+    from apexrl.common.compression import compress
+
+    msg = codec.encode_tensor(compress(pixels(), "zstd"))
+    for name, value in change.items():
+        if name == "shape":
+            msg.shape[:] = value
+        else:
+            setattr(msg, name, value)
+    return msg
+
+
+def _lengths(*values: int) -> bytes:
+    return np.array(values, "<u4").tobytes()
+
+
+@pytest.mark.parametrize(("msg", "message"), [
+    (_compressed(compression=7), "obs: unknown compression 7"),
+    (_compressed(compression=tensor_pb2.COMPRESSION_NONE), "obs: frame_lengths given without a compression"),
+    (_compressed(shape=[]), "needs a first dimension"),
+    (_compressed(frame_lengths=b"\0" * 11), "obs: 11 bytes of frame_lengths, 3 rows need 12"),
+    (_compressed(frame_lengths=_lengths(3, 4, 5)), "obs: frame 0 is 3 bytes; frames of rows of 28224 bytes must "
+                                                   "be 4 .. 29468 bytes"),
+    (_compressed(frame_lengths=_lengths(4, 4, 30000)), "obs: frame 2 is 30000 bytes"),
+    (_compressed(frame_lengths=_lengths(4, 4, 4)), "obs: frame_lengths sum to 12, data holds"),
+    (_compressed(data=b"\x01\x02\x03\x04" * 3, frame_lengths=_lengths(4, 4, 4)),
+     "obs: frame 0 does not start with the zstd magic number 28 b5 2f fd (3 of 3 frames)"),
+])
+def test_malformed_compressed_tensors_are_refused_without_decompressing(msg, message):
+    with pytest.raises(InvalidArgumentError) as err:
+        codec.decode_tensor(msg, "obs")
+    assert message in str(err.value)

@@ -99,3 +99,50 @@ def test_check_rows_and_canonical_dtype():
     assert canonical_dtype(">u2") == np.dtype("<u2") and canonical_dtype(np.bool_) == np.dtype(bool)
     with pytest.raises(InvalidArgumentError, match="supported: float32, float64"):
         canonical_dtype(np.complex128)
+
+
+# --- compressed fields ---------------------------------------------------------------------------------------------
+
+
+def test_compressed_fields_parse_print_back_and_count_their_fixed_bytes():
+    text = "obs:uint8[4,84,84]@zstd,action:int64[],planes:bool[10,10,4]@lz4,reward:float32[]"
+    signature = Signature.parse(text)
+    assert str(signature) == text and Signature.parse(str(signature)) == signature
+    assert signature.fields[0] == FieldSpec("obs", np.dtype(np.uint8), (4, 84, 84), "zstd")
+    assert [f.name for f in signature.compressed] == ["obs", "planes"]
+    assert signature.fixed_row_nbytes == 8 + 4 and signature.row_nbytes == 28224 + 8 + 400 + 4
+    assert Signature.parse(" obs : uint8 [ 2 ] @ lz4 ").fields[0].compression == "lz4"
+    assert Signature.parse("x:uint8@zstd").fields[0] == FieldSpec("x", np.dtype(np.uint8), (), "zstd")
+    assert Signature.parse("obs:uint8[2]@zstd") != Signature.parse("obs:uint8[2]")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("obs:uint8[4]@gzip", "field 'obs': unknown compression 'gzip' (known: zstd, lz4)"),
+    ("obs:uint8[4]@", "cannot parse signature field"),
+    ("obs:uint8[4]zstd", "cannot parse signature field"),
+    ("obs:uint8[4]@zstd@lz4", "cannot parse signature field"),
+])
+def test_bad_compressions_are_refused(text, message):
+    with pytest.raises(InvalidArgumentError) as err:
+        Signature.parse(text)
+    assert message in str(err.value)
+
+
+def test_a_batch_of_compressed_columns_implies_and_matches_its_signature():
+    from apexrl.common.compression import compress
+
+    columns = cartpole(3)
+    columns["obs"] = compress(np.zeros((3, 4, 84, 84), np.uint8), "zstd")
+    signature = Signature.from_batch(columns)
+    assert str(signature).startswith("obs:uint8[4,84,84]@zstd,action:int64[]")
+    assert signature.check_batch(columns) == 3
+    raw = dict(columns, obs=np.zeros((3, 4, 84, 84), np.uint8))
+    with pytest.raises(InvalidArgumentError, match=r"column 'obs' is uint8\[4, 84, 84\] per row, the table "
+                                                   r"signature wants uint8\[4, 84, 84\]@zstd"):
+        signature.check_batch(raw)
+    lz4 = dict(columns, obs=compress(np.zeros((3, 4, 84, 84), np.uint8), "lz4"))
+    with pytest.raises(InvalidArgumentError, match=r"is uint8\[4, 84, 84\]@lz4 per row"):
+        signature.check_batch(lz4)
+    short = dict(columns, obs=compress(np.zeros((2, 4, 84, 84), np.uint8), "zstd"))
+    with pytest.raises(InvalidArgumentError, match="ragged batch"):
+        signature.check_batch(short)

@@ -86,7 +86,7 @@ def test_minatar_network_shapes_and_sizes():
     wide = build_network("minatar", MINATAR, hidden_sizes=(64, 32))
     assert tuple(wide.state_dict()["torso.2.weight"].shape) == (32, 64)
     assert isinstance(build_network("auto", CARTPOLE), DuelingQNetwork)
-    assert tuple(build_network("auto", CARTPOLE).state_dict()["torso.2.weight"].shape) == (128, 128)
+    assert tuple(build_network("auto", CARTPOLE).state_dict()["torso.2.weight"].shape) == (256, 256)
 
 
 def test_uint8_pixels_are_scaled_by_1_over_255_inside_the_network():

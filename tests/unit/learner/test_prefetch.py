@@ -11,8 +11,9 @@ import pytest
 
 from apexrl.common.errors import DeadlineExceededError, UnavailableError
 from apexrl.learner.prefetch import Prefetcher
+from apexrl.learner.sharded_client import PrioritizedBatch
 from tests.conftest import wait_until
-from tests.unit.learner.fakes import FakeSampler
+from tests.unit.learner.fakes import FakeSampler, make_batch
 
 
 def prefetch_threads() -> list[threading.Thread]:
@@ -106,3 +107,77 @@ def test_stop_ends_the_thread_even_when_the_queue_is_full(started):
     assert not prefetch_threads()
     assert prefetcher.get(timeout=0.01) is not None  # what was queued stays readable
     assert prefetcher.get(timeout=0.01) is None
+
+
+# --- compressed columns ------------------------------------------------------------------------------------------
+
+
+class PixelSampler(FakeSampler):
+    """FakeSampler whose batches carry compressed image observations naming their keys (tests.conftest), the row
+    with key `bad` a frame of the wrong size, and each row's writer; records zero_priorities."""
+
+    def __init__(self, bad: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.bad = bad
+        self.zeroed: list[list[int]] = []
+        self.shards = [type("Shard", (), {"address": f"shard-{s}:7000"})() for s in range(2)]
+
+    def sample(self, batch_size: int, *, beta: float = 0.4, timeout: float | None = None) -> PrioritizedBatch:
+        return pixel_version(super().sample(batch_size, beta=beta, timeout=timeout), self.bad)
+
+    def zero_priorities(self, batch: PrioritizedBatch, rows: np.ndarray) -> None:
+        self.zeroed.append(batch.keys[rows].tolist())
+
+
+def pixel_version(batch: PrioritizedBatch, bad: int | None = None) -> PrioritizedBatch:
+    from apexrl.common.compression import CompressedColumn, compress
+    from tests.conftest import pixel_frames
+
+    ids = batch.keys.astype(np.int64)
+    frames = compress(pixel_frames(ids), "zstd").frames()
+    for i in np.flatnonzero(ids == bad):
+        frames[i] = compress(pixel_frames(ids[i:i + 1], shape=(2, 16, 8)), "zstd").frame(0)
+    obs = CompressedColumn.from_frames("zstd", np.uint8, (2, 16, 16), frames)
+    writers = np.array([f"actor-{k % 3}" for k in ids], dtype=object)
+    return PrioritizedBatch({**batch.columns, "obs": obs}, batch.shard_ids, batch.keys, batch.probabilities,
+                            batch.weights, batch.incarnations, batch.fleet_size, writers)
+
+
+def test_compressed_columns_arrive_decompressed_from_the_prefetch_thread(started):
+    from tests.conftest import frame_ids
+
+    prefetcher = started(PixelSampler(), batch_size=8, batches_per_call=2, seed=0)
+    for _ in range(4):
+        batch = get(prefetcher)
+        assert batch.columns["obs"].shape == (8, 2, 16, 16) and batch.columns["obs"].dtype == np.uint8
+        np.testing.assert_array_equal(frame_ids(batch.columns["obs"]), batch.keys.astype(np.int64))
+    assert prefetcher.decompressor.rows_rejected == 0
+
+
+def test_a_row_that_does_not_decompress_is_named_zeroed_and_replaced_by_a_good_row(caplog):
+    from apexrl.learner.prefetch import BatchDecompressor
+    from tests.conftest import frame_ids
+
+    sampler = PixelSampler(bad=5)
+    decompressor = BatchDecompressor(sampler, seed=0)
+    batch = pixel_version(make_batch(range(8)), bad=5)
+    with caplog.at_level("ERROR"):
+        out = decompressor(batch)
+    assert out is not None and 5 not in out.keys.tolist() and len(out.keys) == 8
+    # The replacement is a whole good row: its frames, key, shard, probability and weight travel together.
+    np.testing.assert_array_equal(frame_ids(out.columns["obs"]), out.keys.astype(np.int64))
+    j = int(np.flatnonzero(batch.keys == 5)[0])
+    donor = int(out.keys[j])
+    assert out.weights[j] == batch.weights[donor] and out.shard_ids[j] == batch.shard_ids[donor]
+    assert out.columns["action"][j] == batch.columns["action"][donor]
+    assert sampler.zeroed == [[5]] and decompressor.rows_rejected == 1
+    (record,) = [r for r in caplog.records if "rejected row" in r.getMessage()]
+    message = record.getMessage()
+    assert "key 5 of shard shard-1:7000" in message and "written by writer 'actor-2'" in message
+    assert "the frame announces 256 bytes, the row has 512" in message
+    # A writer is named once a minute at most; every bad row still counts and is zeroed.
+    caplog.clear()
+    decompressor(pixel_version(make_batch([5, 6]), bad=5))
+    assert decompressor.rows_rejected == 2 and not [r for r in caplog.records if "rejected row" in r.getMessage()]
+    # A batch with no good row is dropped.
+    assert decompressor(pixel_version(make_batch([5, 5]), bad=5)) is None and sampler.zeroed[-1] == [5, 5]

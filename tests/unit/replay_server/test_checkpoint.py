@@ -279,3 +279,76 @@ def test_a_failed_restore_leaves_an_empty_table_ready_for_the_next(tmp_path):
         t.restore(reader.state, reader.blocks())
     t.refuse_calls(None)
     assert contents(t) == read_back(good)
+
+
+# --- compressed fields ---------------------------------------------------------------------------------------------
+
+
+def compressed_filled(rows: int = 130, **config) -> ReplayTable:
+    """As filled(), with compressed image observations (tests.conftest.pixel_batch)."""
+    from tests.conftest import pixel_batch
+
+    t = table(**config)
+    for start in range(0, rows, 10):
+        t.insert(pixel_batch(10, start), np.arange(start, start + 10) + 1.0, writer_id=f"w{start % 20 // 10}",
+                 sequence=start)
+    return t
+
+
+def compressed_contents(t: ReplayTable) -> dict[int, tuple]:
+    """key -> (action, obs frame, next_obs frame, writer, leaf) of every held row."""
+    info = t.info()
+    leaves = t._tree.leaf_values()
+    s = t._storage
+    return {key: (int(s["action"][key % 100]), s["obs"][key % 100], s["next_obs"][key % 100],
+                  t._row_writers[key % 100], float(leaves[key % 100]))
+            for key in range(info.inserted_total - info.size, info.inserted_total)}
+
+
+def test_compressed_fields_and_row_writers_round_trip_frame_for_frame(tmp_path):
+    from apexrl.common.compression import CompressedColumn
+    from apexrl.replay_server.snapshot import ROW_WRITER
+
+    t = compressed_filled()
+    before, info = compressed_contents(t), t.info()
+    path = save(t, tmp_path / "c", chunk_rows=16)
+    with CheckpointReader(path) as reader:
+        assert struct.unpack("<8sII", path.read_bytes()[:16])[1] == 2  # files with frames say version 2
+        reader.verify()
+        seen = {}
+        for first, columns, leaves in reader.blocks():
+            assert isinstance(columns["obs"], CompressedColumn)
+            for i in range(len(leaves)):
+                seen[first + i] = (int(columns["action"][i]), columns["obs"].frame(i), columns["next_obs"].frame(i),
+                                   columns[ROW_WRITER][i], float(leaves[i]))
+    assert seen == before
+    r = restored(path)
+    assert compressed_contents(r) == before
+    for field in ("size", "stored_bytes", "inserted_bytes_total", "total_priority", "evicted_total"):
+        assert getattr(r.info(), field) == getattr(info, field), field
+    assert r.sample(50).writers[0] in ("w0", "w1")
+    assert path.stat().st_size < 130 * 200  # frames, not pixels (a raw row is 1,040 bytes)
+
+
+def test_compressed_checkpoints_detect_flipped_bits_and_torn_files(tmp_path):
+    path = save(compressed_filled(), tmp_path / "c")
+    with CheckpointReader(path) as reader:
+        chunk = reader.chunks[1]
+    flip(path, chunk.offset + 3)  # inside the first frame lengths
+    with pytest.raises(CorruptCheckpointError, match="CRC32 mismatch"), CheckpointReader(path) as reader:
+        reader.verify()
+    torn = tmp_path / "torn"
+    torn.write_bytes(save(compressed_filled(), tmp_path / "d").read_bytes()[:-100])
+    with pytest.raises(CorruptCheckpointError):
+        CheckpointReader(torn)
+
+
+def test_restore_with_max_bytes_keeps_the_newest_rows_that_fit(tmp_path):
+    t = compressed_filled()
+    before = compressed_contents(t)
+    per_row = t.info().stored_bytes / t.info().size
+    r = restored(save(t, tmp_path / "c"), max_bytes=int(40 * per_row))
+    info = r.info()
+    assert 35 <= info.size <= 45 and info.stored_bytes <= 40 * per_row
+    assert info.evicted_total == t.info().evicted_total + 100 - info.size
+    assert compressed_contents(r) == {k: v for k, v in before.items() if k >= 130 - info.size}

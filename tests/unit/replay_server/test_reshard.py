@@ -116,3 +116,35 @@ def test_what_is_refused(tmp_path):
     with pytest.raises(SettingsError, match="holds no checkpoint"):
         reshard([tmp_path / "x"], [tmp_path / "y"])
     assert not list((tmp_path / "x").glob("*.apexrl")) and not list((tmp_path / "x").glob(".*tmp"))
+
+
+def test_compressed_rows_are_resharded_frame_for_frame_with_their_writers(tmp_path):
+    from apexrl.common.compression import decompress
+    from apexrl.replay_server.snapshot import ROW_WRITER
+    from tests.conftest import frame_ids, pixel_batch
+
+    sources = [tmp_path / "a", tmp_path / "b"]
+    for m, directory in enumerate(sources):
+        t = ReplayTable(TableConfig(capacity=150, alpha=0.6, seed=m))
+        for start in range(1000 * m, 1000 * m + 200, 20):  # wraps: the last 150 held
+            t.insert(pixel_batch(20, start), np.full(20, 1.0 + m), writer_id=f"actor-{m}", sequence=start)
+        Checkpointer(t, directory).checkpoint()
+    targets = [tmp_path / "x", tmp_path / "y", tmp_path / "z"]
+    result = reshard(sources, targets)
+    assert sum(result.rows) == 300
+    seen = []
+    for directory in targets:
+        (path,) = Checkpointer.list_files(directory)
+        with CheckpointReader(path) as reader:
+            for _, columns, _leaves in reader.blocks():
+                ids = columns["action"]
+                np.testing.assert_array_equal(frame_ids(decompress(columns["obs"])[0]), ids)
+                np.testing.assert_array_equal(frame_ids(decompress(columns["next_obs"])[0]), ids + 1)
+                assert list(columns[ROW_WRITER]) == [f"actor-{i // 1000}" for i in ids]
+                seen += ids.tolist()
+    assert sorted(seen) == sorted([*range(50, 200), *range(1050, 1200)])
+    t = ReplayTable(TableConfig(capacity=100, alpha=0.6))
+    t.refuse_calls("restoring")
+    assert Checkpointer(t, targets[1]).restore().size == 100
+    t.refuse_calls(None)
+    assert t.sample(10).writers[0].startswith("actor-")

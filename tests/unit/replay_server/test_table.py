@@ -328,3 +328,102 @@ def test_blocked_seconds_count_how_long_writers_and_samplers_were_held_back():
     assert t.blocked_seconds()["insert"] >= blocked["insert"]
     t.sample(8, timeout=1)  # admitted at once: samples were never held back
     assert t.blocked_seconds()["sample"] == 0.0
+
+
+# --- compressed fields and capacity in bytes ---------------------------------------------------------------------
+
+
+def test_compressed_fields_are_stored_and_sampled_as_their_frames_with_their_writers():
+    from apexrl.common.compression import CompressedColumn, decompress
+    from tests.conftest import frame_ids, pixel_batch
+
+    t = table()
+    first = pixel_batch(6, 0)
+    t.insert(first, writer_id="actor-a", sequence=1)
+    t.insert(pixel_batch(6, 6), writer_id="actor-b", sequence=1)  # 12 rows into 10 slots
+    assert str(t.signature) == ("obs:uint8[2,16,16]@zstd,action:int64[],reward:float32[],discount:float32[],"
+                                "next_obs:uint8[2,16,16]@zstd")
+    batch = t.sample(200)
+    obs = batch.columns["obs"]
+    assert isinstance(obs, CompressedColumn) and len(obs) == 200
+    ids = batch.columns["action"]
+    np.testing.assert_array_equal(frame_ids(decompress(obs)[0]), ids)  # each row's own frame, never decompressed
+    np.testing.assert_array_equal(frame_ids(decompress(batch.columns["next_obs"])[0]), ids + 1)
+    assert set(ids.tolist()) == set(range(2, 12))
+    assert list(batch.writers) == ["actor-a" if i < 6 else "actor-b" for i in ids]
+    info = t.info()
+    frames = sum(pixel_batch(1, i)[n].nbytes for i in range(2, 12) for n in ("obs", "next_obs"))
+    assert info.stored_bytes == 10 * (8 + 4 + 4) + frames  # the frames as they came, plus the raw fields
+    assert info.inserted_bytes_total == 12 * 16 + first["obs"].nbytes + first["next_obs"].nbytes + \
+        sum(pixel_batch(6, 6)[n].nbytes for n in ("obs", "next_obs"))
+    plain = table()  # a table without compressed fields returns no writers
+    plain.insert(cartpole_batch(3), writer_id="w", sequence=1)
+    assert plain.sample(4).writers == () and plain.info().stored_bytes == 3 * 48
+
+
+def test_a_compressed_signature_takes_only_frames_of_its_compression():
+    from tests.conftest import pixel_batch
+
+    t = table(signature=Signature.parse("obs:uint8[2,16,16]@zstd,action:int64[],reward:float32[],"
+                                        "discount:float32[],next_obs:uint8[2,16,16]@zstd"))
+    t.insert(pixel_batch(3))
+    with pytest.raises(InvalidArgumentError, match=r"column 'obs' is uint8\[2, 16, 16\]@lz4 per row, the table "
+                                                   r"signature wants uint8\[2, 16, 16\]@zstd"):
+        t.insert(pixel_batch(3, compression="lz4"))
+
+
+def test_max_bytes_evicts_the_oldest_rows_first_and_their_keys_go_stale():
+    t = table(capacity=100, max_bytes=10 * 48)  # CartPole rows are 48 bytes: 10 fit
+    for i in range(4):
+        t.insert(cartpole_batch(4, 4 * i))
+    info = t.info()
+    assert (info.size, info.stored_bytes, info.evicted_total, info.max_bytes) == (10, 480, 6, 480)
+    assert set(t.sample(300).keys.tolist()) == set(range(6, 16))
+    assert t.update_priorities(np.arange(16, dtype=np.uint64), np.ones(16)).stale == 6
+    assert t.info().total_priority == pytest.approx(10.0)  # evicted rows left the sum tree
+    with pytest.raises(InvalidArgumentError, match=r"batch of 528 bytes exceeds the table's max_bytes \(480\)"):
+        t.insert(cartpole_batch(11))
+    with pytest.raises(ValueError, match="max_bytes"):
+        TableConfig(max_bytes=0)
+
+
+def test_max_bytes_counts_compressed_rows_as_stored_and_releases_their_frames():
+    from tests.conftest import pixel_batch
+
+    one = pixel_batch(1)
+    row = 16 + one["obs"].nbytes + one["next_obs"].nbytes  # about 70 bytes: every frame is about the same size
+    t = table(capacity=1000, max_bytes=50 * row)
+    for i in range(20):
+        t.insert(pixel_batch(10, 10 * i), writer_id="w", sequence=i)
+    info = t.info()
+    assert 40 <= info.size <= 60 and info.stored_bytes <= 50 * row and info.evicted_total == 200 - info.size
+    assert set(t.sample(500).columns["action"].tolist()) == set(range(200 - info.size, 200))
+    held = [frame for frame in t._storage["obs"] if frame is not None]
+    assert len(held) == info.size  # the evicted rows' frames were released
+    assert info.stored_bytes == info.size * 16 + sum(map(len, held)) + sum(
+        len(f) for f in t._storage["next_obs"] if f is not None)
+
+
+def test_rows_evicted_by_bytes_while_a_snapshot_is_read_come_back_in_it():
+    from tests.conftest import frame_ids, pixel_batch
+
+    t = table(capacity=100, max_bytes=30 * 80)
+    for i in range(3):
+        t.insert(pixel_batch(10, 10 * i), writer_id="w", sequence=i)
+    held = t.info().size
+    snapshot = t.begin_snapshot(chunk_rows=8)
+    for i in range(3, 8):
+        t.insert(pixel_batch(10, 10 * i), writer_id="w", sequence=i)  # evicts (by bytes) what the snapshot holds
+    seen = {}
+    for slot, columns, _ in snapshot.chunks():
+        for j, frame in enumerate(columns["obs"]):
+            if frame is not None:
+                seen[slot + j] = frame
+    snapshot.close()
+    from apexrl.common.compression import CompressedColumn, decompress
+
+    state = snapshot.state
+    ids = [int(frame_ids(decompress(CompressedColumn.from_frames("zstd", np.uint8, (2, 16, 16),
+                                                                 [seen[k % 100]]))[0])[0])
+           for k in range(state.first_key, state.next_key)]
+    assert ids == list(range(30 - held, 30))

@@ -199,3 +199,23 @@ def _no_thread_left_behind():
     yield
     wait_until(lambda: not [t for t in threading.enumerate() if t not in before and t.name == "apexrl-wal"],
                "the log threads ended")
+
+
+def test_compressed_rows_are_logged_as_their_frames_and_replayed_with_their_writers(tmp_path):
+    from tests.conftest import pixel_batch
+
+    original = table()
+    log = WriteAheadLog(tmp_path)
+    log.open(original)
+    for i in range(6):
+        original.insert(pixel_batch(10, 10 * i), np.full(10, 1.0 + i),
+                        writer_id=f"w{i % 2}", sequence=i)
+    done = threading.Event()
+    log.when_durable(original.next_key, lambda error: done.set())
+    assert done.wait(10)
+    log.close()
+    t = replayed(tmp_path)
+    assert rows(t) == rows(original) and str(t.signature) == str(original.signature)
+    assert list(t._storage["obs"][:60]) == list(original._storage["obs"][:60])  # frame for frame
+    assert list(t._row_writers[:60]) == [f"w{i // 10 % 2}" for i in range(60)]
+    assert t.info().stored_bytes == original.info().stored_bytes

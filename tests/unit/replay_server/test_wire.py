@@ -87,3 +87,21 @@ def test_inserts_and_acks_round_trip():
     broken.batch.columns[0].tensor.data = b"\0"
     with pytest.raises(InvalidArgumentError, match="column 'obs'"):
         wire.decode_insert(broken)
+
+
+def test_merged_inserts_carry_their_batch_boundaries_and_acks_their_batch_count():
+    columns, priorities = cartpole_batch(9), np.arange(9, dtype=np.float64)
+    one = over_the_wire(wire.encode_insert(columns, priorities, "w", batch_rows=[9]))
+    assert list(one.batch_rows) == []  # one batch: a plain request, as every older client sends it
+    assert wire.merged_batch_offsets(one, *wire.decode_insert(one)) is None
+    merged = over_the_wire(wire.encode_insert(columns, priorities, "w", batch_rows=[2, 3, 4]))
+    merged.sequence = 7
+    assert list(merged.batch_rows) == [2, 3, 4]
+    assert wire.merged_batch_offsets(merged, *wire.decode_insert(merged)) == [0, 2, 5, 9]
+    ack = over_the_wire(wire.encode_ack(9, 1, wire.InsertResult(first_key=0, rows=9, duplicate=False), batches=3))
+    assert (ack.sequence, ack.batches, ack.rows) == (9, 3, 9)
+    assert over_the_wire(wire.encode_ack(4, 1, error_code=3)).batches == 1
+    merged.batch_rows[1] = 4
+    with pytest.raises(InvalidArgumentError, match=r"merged request 7 \(3 batches\): column 'obs' has 9 rows; "
+                                                   r"batch_rows sum to 10"):
+        wire.merged_batch_offsets(merged, *wire.decode_insert(merged))
