@@ -2,7 +2,7 @@
 rl-baselines3-zoo's tuned hyperparameters, in the same run, several seeds each.
 
     .venv/bin/python bench/solve_race.py --json /tmp/solve_race.json      # 3 seeds each, ~10-15 minutes
-    .venv/bin/python bench/solve_race.py --quick                          # 1 seed each, target 150, ~2 minutes
+    .venv/bin/python bench/solve_race.py --quick                          # 1 seed each, target 100, ~2 minutes
 
 SB3 runs in its own virtual environment (`--sb3-venv`, default bench/results/sb3-venv), created on first use
 with `stable-baselines3` and this venv's torch, numpy and Gymnasium versions (so both sides run the same
@@ -95,11 +95,11 @@ def main() -> int:
     parser.add_argument("--sb3-max-steps", type=int, default=200_000, help="SB3's env-step budget per run")
     parser.add_argument("--systems", nargs="+", choices=("sb3", "apexrl"), default=["sb3", "apexrl"])
     parser.add_argument("--sb3-venv", default=str(HERE / "results" / "sb3-venv"), help="SB3's virtual environment")
-    parser.add_argument("--quick", action="store_true", help="1 seed, target 150, 120 s budget (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="1 seed, target 100, 150 s budget (a smoke run)")
     parser.add_argument("--json", help="write every run and the summary here")
     args = parser.parse_args()
     if args.quick:
-        args.seeds, args.target, args.max_seconds = 1, 150.0, 120.0
+        args.seeds, args.target, args.max_seconds = 1, 100.0, 150.0
 
     load_before = os.getloadavg()[0]
     python = ensure_sb3_venv(Path(args.sb3_venv)) if "sb3" in args.systems else None

@@ -344,7 +344,7 @@ def test_a_learner_that_cannot_start_fails_the_launch_and_stops_the_shards(launc
     assert result["reason"] in ("startup_failed", "role_exited"), result
     assert ("apexrl launch: fleet did not start: learner exited with status" in err
             or "apexrl launch: learner died unexpectedly: learner exited with status" in err), err
-    assert "has network 4->(8,)->2, the configuration wants 4->(128, 128)->2" in err  # the learner's log tail
+    assert "has network 4->(8,)->2, the configuration wants 4->(256, 256)->2" in err  # the learner's log tail
     run.assert_no_role_left()
     assert "received SIGTERM; shutting down" in run.log("shard-0")
     assert "replay shard stopped: 0 rows held" in run.log("shard-0")

@@ -89,7 +89,7 @@ def test_a_checkpoint_of_another_shape_is_refused_with_exit_status_2(tmp_path):
     process = learner_process(tmp_path, "--replay", "127.0.0.1:1", "--run-dir", str(tmp_path))
     code = process.wait(60)
     log = (tmp_path / "learner.log").read_text()
-    assert "has network 4->(8,)->2, the configuration wants 4->(128, 128)->2" in log
+    assert "has network 4->(8,)->2, the configuration wants 4->(256, 256)->2" in log
     assert code == 2 and "apexrl learner: error:" in log and "Traceback" not in log
 
 
