@@ -46,6 +46,7 @@ import dataclasses
 import json
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -87,6 +88,8 @@ class Config:
     tau: float = 0.0  # soft target update rate per update; 0 means hard copies
     grad_clip: float = 10.0
     huber_delta: float = 1.0
+    sample_ahead: int = 0  # batches sampled this many updates before they are trained on (the fleet's prefetch)
+    priority_delay: int = 0  # a batch's new priorities land this many updates after it trained (coalescing)
     # Replay.
     capacity: int = 25_000  # the whole fleet's replay (split over shards in the real system)
     priority_alpha: float = 0.6
@@ -198,6 +201,8 @@ class Simulation:
         self.target.load_state_dict(self.online.state_dict())
         self.actor_net.load_state_dict(self.online.state_dict())
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.ahead: deque = deque()  # batches sampled ahead of their update
+        self.pending: deque = deque()  # (slots, priorities) not yet written back
         self.replay = ProportionalReplay(cfg.capacity, obs_dim, cfg.priority_alpha, cfg.priority_eps)
 
         self.env_steps = self.updates = self.tick = 0
@@ -249,14 +254,19 @@ class Simulation:
             frac = min(1.0, self.updates / cfg.lr_decay_updates)
             self.optimizer.param_groups[0]["lr"] = cfg.lr + (cfg.lr_end - cfg.lr) * frac
         beta = cfg.beta_start + (1.0 - cfg.beta_start) * min(1.0, self.updates / cfg.beta_updates)
-        slots, cols, weights = self.replay.sample(cfg.batch_size, beta, self.rng)
+        self.ahead.append(self.replay.sample(cfg.batch_size, beta, self.rng))
+        while len(self.ahead) <= cfg.sample_ahead:
+            self.ahead.append(self.replay.sample(cfg.batch_size, beta, self.rng))
+        slots, cols, weights = self.ahead.popleft()
         loss, td_abs = double_dqn_loss(self.online, self.target, **_tensors(cols),
                                        weights=torch.from_numpy(weights), huber_delta=cfg.huber_delta)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.online.parameters(), cfg.grad_clip)
         self.optimizer.step()
-        self.replay.update(slots, td_abs.numpy())
+        self.pending.append((slots, td_abs.numpy()))
+        while len(self.pending) > cfg.priority_delay:
+            self.replay.update(*self.pending.popleft())
         self.updates += 1
         if cfg.tau > 0:
             with torch.no_grad():
