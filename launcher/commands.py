@@ -13,7 +13,12 @@ from typing import Any
 
 from apexrl.actor.config import ActorConfig
 from apexrl.common.settings import SettingsError, parse_argv, to_argv
-from apexrl.launcher.fleet_config import ConfigError, FleetConfig
+from apexrl.launcher.fleet_config import (
+    ATARI_EVALUATION_EPISODES,
+    DEFAULT_EVALUATION_EPISODES,
+    ConfigError,
+    FleetConfig,
+)
 from apexrl.launcher.topology import Role, Wiring, roles_on
 from apexrl.learner.config import LearnerConfig
 from apexrl.replay_server.config import ReplayConfig
@@ -25,6 +30,15 @@ SUBCOMMANDS: dict[str, tuple[str, type]] = {
     "actor": ("actor", ActorConfig),
     "evaluator": ("actor", ActorConfig),
 }
+
+
+def evaluation_episodes(config: FleetConfig) -> int:
+    """Episodes per evaluator round: the fleet's setting, else 100 (10 for Atari: see FleetSettings)."""
+    if config.evaluation_episodes is not None:
+        return config.evaluation_episodes
+    from apexrl.common.environments import is_atari
+
+    return ATARI_EVALUATION_EPISODES if is_atari(config.env) else DEFAULT_EVALUATION_EPISODES
 
 
 def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -> Any:
@@ -57,7 +71,7 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
         if role.kind in ("actor", "evaluator"):
             evaluate = role.kind == "evaluator"
             if evaluate:
-                settings = {"num_envs": config.evaluation_episodes,
+                settings = {"num_envs": evaluation_episodes(config),
                             **(config.evaluator.settings if config.evaluator else {})}
             else:
                 settings = next(g.settings for g in config.actors

@@ -16,6 +16,8 @@ from apexrl.common.tls import TlsFiles
 
 LOCAL_HOST = "local"
 DEFAULT_ENV = "CartPole-v1"
+DEFAULT_EVALUATION_EPISODES = 100  # one round is the 100 episodes "solved" is defined on, of one policy
+ATARI_EVALUATION_EPISODES = 10
 
 
 class ConfigError(SettingsError):
@@ -55,9 +57,12 @@ class FleetSettings:
                                                 "least this (none: the environment's reward_threshold from its "
                                                 "Gymnasium registration, e.g. 475 for CartPole-v1 and -100 for "
                                                 "Acrobot-v1; an environment without one runs until --max-seconds)")
-    evaluation_episodes: int = setting(100, "greedy episodes the evaluator plays side by side per round, all with "
-                                            "the newest weights (its --num-envs; an [evaluator] num_envs overrides "
-                                            "it): the target is checked on the last 100 evaluation episodes")
+    evaluation_episodes: int | None = setting(
+        None, "greedy episodes the evaluator plays side by side per round, all with the newest weights (its "
+              "--num-envs; an [evaluator] num_envs overrides it): the target is checked on the last 100 evaluation "
+              f"episodes (none: {DEFAULT_EVALUATION_EPISODES}, or {ATARI_EVALUATION_EPISODES} for Atari, whose "
+              "rounds of a convolutional network over thousands of frames would otherwise last minutes on a few "
+              "cores)")
     max_seconds: float = setting(1200.0, "stop after this many seconds of wall time")
     bind: str = setting("127.0.0.1", "interface every service listens on (0.0.0.0: every interface, needed when "
                                      "other machines connect)")
@@ -94,7 +99,7 @@ class FleetSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} ({value}) must be positive")
-        if self.evaluation_episodes < 1:
+        if self.evaluation_episodes is not None and self.evaluation_episodes < 1:
             raise ConfigError(f"evaluation_episodes ({self.evaluation_episodes}) must be at least 1")
         if self.max_restarts < 0 or not self.restart_window > 0:
             raise ConfigError(f"max_restarts ({self.max_restarts}) must be >= 0 and restart_window "

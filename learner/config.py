@@ -69,7 +69,7 @@ class LearnerConfig:
                                    "below", choices=NETWORKS)
     hidden_sizes: tuple[int, ...] | None = setting(
         None, "sizes of the fully connected layers before the dueling head (after the convolutions of a "
-              "convolutional torso), comma-separated (none: 128,128 for mlp, 512 for nature, 128 for minatar)",
+              "convolutional torso), comma-separated (none: 256,256 for mlp, 512 for nature, 128 for minatar)",
         metavar="SIZES")
     batch_size: int = setting(256, "rows per update, drawn across all shards")
     learning_rate: float = setting(1e-3, "Adam learning rate")

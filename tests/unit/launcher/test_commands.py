@@ -67,6 +67,19 @@ def test_role_configs_share_the_fleet_settings_out():
     assert evaluator.effective_epsilon == 0.0
 
 
+@pytest.mark.parametrize(("fleet_settings", "expected"), [
+    ({"env": "CartPole-v1"}, 100),  # one round: the 100 episodes of one policy that "solved" is defined on
+    ({"env": "ALE/Pong-v5"}, 10),  # Atari: rounds of a conv net over thousands of frames stay short
+    ({"env": "ALE/Pong-v5", "evaluation_episodes": 30}, 30),
+    ({"env": "CartPole-v1", "evaluation_episodes": 7}, 7),
+])
+def test_the_evaluators_round_size_follows_the_environment_unless_set(fleet_settings, expected):
+    config = parse_config(fleet(fleet={"seed": 3, **fleet_settings}))
+    evaluator = role_config(config, {r.name: r for r in roles(config)}["evaluator"], wiring(config, "m1"),
+                            Path("/run"))
+    assert evaluator.num_envs == expected
+
+
 def test_the_evaluator_gets_the_actors_pass_through_args_first():
     extra = {"actor": ["--num-envs", "2"], "evaluator": ["--num-envs", "1"], "learner": ["--batch-size", "8"]}
     assert extra_args_for("evaluator", extra) == ["--num-envs", "2", "--num-envs", "1"]
