@@ -34,6 +34,15 @@ log = logging.getLogger("apexrl.actor")
 MIN_PRIORITY = 1e-3
 
 
+def evaluation_rest(took: float, round_seconds: float, cpu_share: float) -> float:
+    """Seconds the evaluator waits after a round that took `took` seconds: until the next round is due (rounds
+    start at most every `round_seconds`), and at least long enough that rounds take `cpu_share` of the time;
+    `round_seconds` 0 plays rounds back to back."""
+    if round_seconds == 0:
+        return 0.0
+    return max(round_seconds - took, took * (1.0 / cpu_share - 1.0))
+
+
 class ActorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.env_steps = Counter("apexrl_actor_env_steps", "Environment steps taken", registry=registry)
@@ -250,8 +259,9 @@ class ApeXActor:
     def _evaluate(self, stop: threading.Event) -> None:
         """Evaluator: rounds of num_envs greedy episodes played side by side, every one with the newest weights at
         the round's start (100 episodes of one policy, as "solved" is defined, in the time of the longest one).
-        Rounds start at most every `evaluation_round_seconds`, with a rest at least half as long as the last round,
-        so evaluation never takes more than two thirds of a core from the learner (CartPole's rounds, vectorised,
+        Rounds start at most every `evaluation_round_seconds`, with a rest that keeps them within
+        `evaluation_cpu_share` of a core (see `evaluation_rest`), so evaluation leaves the learner its CPU (a
+        Pong evaluator without it played 7x the exploring actors' env steps on 2 cores; CartPole's rounds, vectorised,
         take a small fraction of their 2 s)."""
         cfg = self.config
         num_envs = self.envs.num_envs
@@ -282,7 +292,7 @@ class ApeXActor:
                     return
             rounds += 1
             took = time.monotonic() - started
-            stop.wait(max(cfg.evaluation_round_seconds - took, took / 2 if cfg.evaluation_round_seconds else 0.0))
+            stop.wait(evaluation_rest(took, cfg.evaluation_round_seconds, cfg.evaluation_cpu_share))
 
     def _finish_episode(self, episode_return: float, length: int, env_steps: int) -> None:
         self.episodes += 1

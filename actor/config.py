@@ -76,8 +76,12 @@ class ActorConfig:
               "accept data; an evaluator paces its rounds instead: see evaluation_round_seconds)")
     evaluation_round_seconds: float = setting(
         2.0, "evaluator: a round of --num-envs greedy episodes, all played side by side with the newest weights, "
-             "starts at most this often, and the evaluator rests at least half as long as its last round took (so "
-             "it uses at most two thirds of a core); 0: rounds back to back")
+             "starts at most this often, and after each round the evaluator rests long enough to stay within "
+             "evaluation_cpu_share; 0: rounds back to back, no rest")
+    evaluation_cpu_share: float = setting(
+        0.25, "evaluator: the share of one core its rounds may take: after a round of T seconds it rests at least "
+              "T x (1/share - 1) (0.25: 3T), so slow rounds (Atari, environments without a vectorised version) "
+              "leave the learner its CPU; 1: no rest beyond evaluation_round_seconds")
     max_env_steps: int | None = setting(None, "stop after this many environment steps")
     max_episodes: int | None = setting(None, "stop after this many episodes")
 
@@ -102,6 +106,8 @@ class ActorConfig:
             raise ValueError(f"gamma ({self.gamma}) must be in (0, 1]")
         if self.max_steps_per_second is not None and not self.max_steps_per_second > 0:
             raise ValueError(f"max_steps_per_second ({self.max_steps_per_second}) must be > 0")
+        if not 0 < self.evaluation_cpu_share <= 1:
+            raise ValueError(f"evaluation_cpu_share ({self.evaluation_cpu_share}) must be in (0, 1]")
         if not self.evaluation_round_seconds >= 0:
             raise ValueError(f"evaluation_round_seconds ({self.evaluation_round_seconds}) must be >= 0")
         tls_of(self)

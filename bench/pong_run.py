@@ -19,7 +19,7 @@ Flags this script does not know are appended to the launch command (write pass-t
   were played with, against wall time and the fleet's env steps then.
 The table goes to stdout, then one JSON line (the last line); the launcher's progress lines go to stderr.
 
-`--evaluation-episodes` defaults to 4 here (the launcher's 100 side-by-side Pong episodes would not finish a round
+`--evaluation-episodes` is the launcher's default for Atari, 10 (100 side-by-side Pong episodes would not finish a round
 within a few minutes on 2 cores).
 """
 
@@ -73,8 +73,8 @@ class Fleet:
 
 def launch_command(args: argparse.Namespace, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "apexrl.launcher", "launch", "--env", ENV, "--max-seconds", str(args.max_seconds),
-            "--run-dir", str(args.run_dir), "--seed", str(args.seed), "--evaluation-episodes",
-            str(args.evaluation_episodes), *extra]
+            "--run-dir", str(args.run_dir), "--seed", str(args.seed),
+            *(["--evaluation-episodes", str(args.evaluation_episodes)] if args.evaluation_episodes else []), *extra]
 
 
 def run_fleet(args: argparse.Namespace, extra: list[str]) -> Fleet:
@@ -324,8 +324,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--max-seconds", type=float, default=240.0, help="the fleet's wall-time budget (240)")
     parser.add_argument("--run-dir", default=None, help="run directory (default runs/pong_run-TIMESTAMP)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--evaluation-episodes", type=int, default=4,
-                        help="greedy Pong episodes per evaluation round (default 4)")
+    parser.add_argument("--evaluation-episodes", type=int, default=None,
+                        help="greedy Pong episodes per evaluation round (default: the launcher's, 10 for Atari)")
     parser.add_argument("--scrape-seconds", type=float, default=5.0,
                         help="seconds between scrapes of the shards' /metrics (default 5)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures and the scrapes to PATH")

@@ -72,7 +72,8 @@ class LearnerConfig:
               "convolutional torso), comma-separated (none: 256,256 for mlp, 512 for nature, 128 for minatar)",
         metavar="SIZES")
     batch_size: int = setting(256, "rows per update, drawn across all shards")
-    learning_rate: float = setting(1e-3, "Adam learning rate")
+    learning_rate: float | None = setting(None, "Adam learning rate (none: 2e-3 for mlp, 1e-3 for nature and "
+                                                "minatar)")
     max_grad_norm: float = setting(10.0, "gradient clipping norm")
     target_update_period: int = setting(100, "updates between copies of the online network into the target network")
     # Prioritized replay
@@ -114,7 +115,7 @@ class LearnerConfig:
             raise ValueError(f"network ({self.network!r}) must be one of {', '.join(NETWORKS)}")
         if self.hidden_sizes is not None and (not self.hidden_sizes or min(self.hidden_sizes) < 1):
             raise ValueError(f"hidden_sizes ({self.hidden_sizes}) must be one or more positive sizes")
-        if not self.learning_rate > 0:
+        if self.learning_rate is not None and not self.learning_rate > 0:
             raise ValueError(f"learning_rate ({self.learning_rate}) must be > 0")
         if not 0 <= self.beta_start <= 1 or not 0 <= self.beta_end <= 1:
             raise ValueError(f"beta_start ({self.beta_start}) and beta_end ({self.beta_end}) must be in [0, 1]")

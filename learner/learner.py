@@ -24,7 +24,13 @@ from apexrl.common.signature import ROW_VERSION_COLUMN
 from apexrl.learner.checkpoint import CHECKPOINT_NAME, Checkpoint, load_checkpoint, save_checkpoint
 from apexrl.learner.config import LearnerConfig
 from apexrl.learner.losses import double_dqn_loss
-from apexrl.learner.networks import DEFAULT_HIDDEN, build_network, resolve_network, state_dict_to_numpy
+from apexrl.learner.networks import (
+    DEFAULT_HIDDEN,
+    DEFAULT_LEARNING_RATE,
+    build_network,
+    resolve_network,
+    state_dict_to_numpy,
+)
 from apexrl.learner.prefetch import Prefetcher
 from apexrl.learner.sampler_process import SamplerProcess, replay_sampler
 from apexrl.learner.sharded_client import PrioritizedBatch, Shard, ShardedReplayClient
@@ -121,7 +127,10 @@ class Learner:
         self.online = build_network(self.network, self.spaces, self.hidden_sizes).to(self.device)
         self.target = build_network(self.network, self.spaces, self.hidden_sizes).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learning_rate)
+        self.learning_rate = config.learning_rate or DEFAULT_LEARNING_RATE[self.network]
+        # Fused: one kernel for every parameter's update (0.59 -> 0.25 ms of a 4.3 ms CartPole update on a CPU).
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.learning_rate,
+                                          fused=self.device.type in ("cpu", "cuda"))
         self.metrics = LearnerMetrics(registry if registry is not None else CollectorRegistry())
         self.sampler = sampler
         self._publish = publish

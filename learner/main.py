@@ -72,7 +72,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
     log.info("learner for %s (%s %s -> %s -> %d), batch %d, lr %g; shards %s; parameter service %s; metrics %s",
              config.env, learner.network, "x".join(map(str, spaces.obs_shape)) + f" {spaces.obs_dtype}",
              learner.hidden_sizes, spaces.num_actions, config.batch_size,
-             config.learning_rate, ",".join(config.replay), where, metrics)
+             learner.learning_rate, ",".join(config.replay), where, metrics)
     try:
         learner.run(stop)
     finally:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from apexrl.common.environments import EnvSpaces
 from apexrl.learner import ShardedReplayClient
 from apexrl.learner.learner import Learner, make_sampler
 from apexrl.learner.losses import double_dqn_loss
@@ -157,3 +158,20 @@ def test_make_sampler_builds_the_sharded_client_the_settings_describe():
         assert sampler.coalesce_rows == (2 * 4 - 1) * 128 // (2 * 2)  # about 4 batches' rows per shard
     finally:
         sampler.close()
+
+
+@pytest.mark.parametrize(("network", "given", "expected"), [
+    ("mlp", None, 2e-3),  # vectors: the MLP's default (learner/networks.py DEFAULT_LEARNING_RATE)
+    ("mlp", 5e-4, 5e-4),  # a given rate always wins
+])
+def test_adam_uses_the_networks_default_learning_rate_unless_one_is_given(network, given, expected):
+    trainer, _, _ = learner(config(network=network, learning_rate=given))
+    assert trainer.learning_rate == expected
+    assert [group["lr"] for group in trainer.optimizer.param_groups] == [expected]
+
+
+def test_a_convolutional_learner_keeps_the_lower_default_learning_rate():
+    spaces = EnvSpaces((10, 10, 4), "bool", 3)  # MinAtar's planes
+    trainer = Learner(config(network="auto", learning_rate=None, hidden_sizes=None), spaces.obs_dim, 3,
+                      FakeSampler(), Publisher(), spaces=spaces)
+    assert trainer.network == "minatar" and trainer.learning_rate == 1e-3
