@@ -136,7 +136,7 @@ class ApeXActor:
                 raise TimeoutError(f"no weights from {self.config.params} after "
                                    f"{self.config.weights_wait_seconds:.0f}s")
             if not self._pull_weights():
-                stop.wait(0.5)
+                stop.wait(0.2)
         log.info("actor %d got weights version %d; epsilon %.4f", self.config.actor_index, self.weight_version,
                  self.epsilon)
 

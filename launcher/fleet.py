@@ -119,20 +119,24 @@ class Fleet:
             if shard.host != self.host:
                 self._wait_healthy(self._probe(shard.host, shard.port, self._health_port(i)), timeout, None,
                                    f"shard-{i} on {shard.host}")
+        local_learner: tuple[Role, Child] | None = None
         for role in (r for r in self.roles if r.kind == "learner"):
             if not role.port:
                 self.config = with_ports(self.config, params_port=free_port())
                 role = replace(role, port=self.config.learner.port)
-            child = self._spawn(role)
-            params = wiring(self.config, self.host).params
-            self._wait_healthy(self._probe(self.host, role.port, self._health_port(None)), timeout, child)
-            log.info("learner serving the parameter service at %s", params)
+            local_learner = (role, self._spawn(role))
         learner = self.config.learner
         if learner.host != self.host and any(r.kind in ("actor", "evaluator") for r in self.roles):
             self._wait_healthy(self._probe(learner.host, learner.port, self._health_port(None)), timeout, None,
                                f"learner on {learner.host}")
+        # Actors start while a local learner starts (its port is known): they import and build their environments
+        # meanwhile (~2 s) and wait for its first weights (weights_wait_seconds).
         for role in (r for r in self.roles if r.kind in ("actor", "evaluator")):
             self._spawn(role)
+        if local_learner is not None:
+            role, child = local_learner
+            self._wait_healthy(self._probe(self.host, role.port, self._health_port(None)), timeout, child)
+            log.info("learner serving the parameter service at %s", wiring(self.config, self.host).params)
         log.info("started %d roles on %s: %s", len(self.children), self.host,
                  ", ".join(c.role.name for c in self.children))
 

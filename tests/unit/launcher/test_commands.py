@@ -39,7 +39,7 @@ def test_command_lines_carry_the_wiring(tmp_path):
     assert learner[-2:] == ["--learning-rate", "3e-4"]  # pass-through args come last
     shard = command(config, by_name["shard-1"], wiring(config, "m1"), tmp_path)
     assert shard[shard.index("--port") + 1] == "7001"
-    assert shard[shard.index("--capacity") + 1] == "50000"
+    assert shard[shard.index("--capacity") + 1] == "12500"  # half of the default 25,000 rows
     assert shard[shard.index("--port-file") + 1] == str(tmp_path / "ports" / "shard-1.port")
     seeds = {name: command(config, r, wiring(config, r.host), tmp_path) for name, r in by_name.items()}
     seeds = [argv[argv.index("--seed") + 1] for argv in seeds.values()]
