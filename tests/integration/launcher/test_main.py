@@ -18,8 +18,12 @@ from tests.conftest import wait_until
 
 ROLES = ["shard-0", "learner", "actor-0", "evaluator"]
 # What each role logs once it runs (signal handlers in place, dependencies reached).
+# Actors start while the learner starts, so an actor runs once it holds the learner's first weights.
 RUNNING = {"shard-0": "replay shard serving on", "learner": "learner for CartPole-v1",
-           "actor-0": "actor 0/1 on CartPole-v1", "evaluator": "evaluator 0/1 on CartPole-v1"}
+           "actor-0": "actor 0 got weights version", "evaluator": "evaluator 0/1 on CartPole-v1"}
+# A target no run reaches: these fleets are stopped by the test (a fault, a signal, --max-seconds), and the default
+# fleet can solve CartPole within 15 s.
+UNREACHABLE_TARGET = ("--target-return", "1000000")
 
 
 class Launch:
@@ -32,7 +36,7 @@ class Launch:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "apexrl.launcher", "launch", "--num-shards", "1", "--num-actors", "1",
                  "--seed", "0", "--max-seconds", "90", "--progress-seconds", "1", "--run-dir", str(self.run_dir),
-                 *argv],
+                 *UNREACHABLE_TARGET, *argv],
                 stdout=out, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.pids: dict[str, int] = {}
 

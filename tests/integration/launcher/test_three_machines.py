@@ -140,7 +140,8 @@ def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path):
             home = tmp_path / name
             home.mkdir()
             argv = [sys.executable, "-m", "apexrl.launcher", "launch", "--config", str(fleet), "--host-name", name,
-                    "--max-seconds", str(MAX_SECONDS), "--progress-seconds", "1"]
+                    "--max-seconds", str(MAX_SECONDS), "--progress-seconds", "1",
+                    "--target-return", "1000000"]  # the test stops the fleet: solving first would end it early
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             if name == "m1":
                 # m1 listens on its own address only (m2 and m3 on every interface, as the file says), and runs as
