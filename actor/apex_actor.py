@@ -173,14 +173,15 @@ class ApeXActor:
         priorities = self.policy.td_error_abs(columns) + MIN_PRIORITY
         columns = compress_image_columns(columns, self.config.compress)  # after the priorities: they need pixels
         self._sync_shards()
-        while not self.shards and not stop.wait(1.0):  # a name that resolves to no shard yet
-            self._sync_shards(force=True)
-        n = len(self.shards)
-        if n == 0:
-            return
-        start = self._next_shard % n
-        self._next_shard = (start + 1) % n
+        start = self._next_shard
         while not stop.is_set():
+            n = len(self.shards)
+            if n == 0:  # a name that resolves to no shard yet
+                if not stop.wait(1.0):
+                    self._sync_shards(force=True)
+                continue
+            start %= n
+            self._next_shard = (start + 1) % n
             for attempt in range(n):
                 client = self.shards[(start + attempt) % n]
                 try:
@@ -196,7 +197,11 @@ class ApeXActor:
                 self.metrics.transitions_sent.inc(len(transitions))
                 return
             except DeadlineExceededError:
-                continue
+                # Every shard is full. Follow the names meanwhile: a shard that joined since (a headless Service
+                # that listed only the pods Ready when this actor started) may have room; without this, actors
+                # blocked on the first shard's rate limiter never learn of the others and the learner waits forever
+                # for its minimum replay size.
+                self._sync_shards()
 
     # --------------------------------------------------------------------------------------------------- loop
     def run(self, stop: threading.Event) -> None:

@@ -18,13 +18,15 @@ from apexrl.actor.apex_actor import MIN_PRIORITY, ApeXActor
 from apexrl.actor.config import ActorConfig
 from apexrl.actor.policy import NumpyDuelingPolicy
 from apexrl.common import grpc_util
+from apexrl.common.discovery import ShardAddresses
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, read_episodes
 from apexrl.common.metrics import RpcMetrics
 from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
 from apexrl.parameter_server.service import ParameterServicer, create_parameter_server
 from apexrl.parameter_server.store import WeightStore
 from apexrl.proto import parameters_pb2_grpc
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.service import create_replay_server
+from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import wait_until
 
 GAMMA = 0.9
@@ -336,3 +338,33 @@ def test_rows_carry_the_weights_version_that_made_them_and_the_lag_is_exported(m
     run.join()
     versions = set(shard.table.sample(4096).columns["weight_version"].tolist())
     assert versions <= {1, 4} and {1, 4} <= versions  # never a version the actor did not act with
+
+
+def test_an_actor_held_back_by_full_shards_finds_a_shard_that_joins_its_name_meanwhile(make_shard, params,
+                                                                                        run_actor):
+    """A headless Service lists only the pods Ready when an actor resolves it. The actor, held back by the one
+    shard it knew (its rate limiter holds inserts until the learner samples, and the learner waits for more rows
+    than that shard admits), must keep following the name, or the fleet deadlocks (seen in the pod emulation)."""
+    # Shard A on 127.0.0.1:P admits 64 rows before anything samples; shard B is on 127.0.0.2:P, the same port.
+    full = make_shard(TableConfig(capacity=10_000, seed=0, min_size_to_sample=32, samples_per_insert=1.0,
+                                  samples_per_insert_tolerance=32.0))
+    port = int(full.address.rsplit(":", 1)[1])
+    joining = ReplayTable(TableConfig(capacity=10_000, seed=1))
+    server, _, _, _ = create_replay_server(joining, f"127.0.0.2:{port}")
+    try:
+        resolved = ["127.0.0.1"]
+        service = params()
+        target = f"dns:///fleet.test:{port}"
+        run = run_actor(params=service.address, replay=(target,), pull_every=1000)
+        run.actor._addresses = ShardAddresses((target,), resolve_every=0.1, resolver=lambda name, p: list(resolved))
+        service.store.publish(weights(0))
+        wait_until(lambda: full.table.info().inserted_total >= 64, "shard A filled up to its limiter", timeout=30)
+        wait_until(lambda: run.actor.shards and run.actor.shards[0].pending >= 8, "the actor held back", timeout=30)
+        assert joining.info().inserted_total == 0 and run.running()
+        resolved.append("127.0.0.2")  # the second pod becomes Ready
+        wait_until(lambda: joining.info().inserted_total > 0, "the actor inserts into the shard that joined",
+                   timeout=15)
+        assert run.running()
+    finally:
+        joining.close()
+        server.stop(0)
