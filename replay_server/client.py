@@ -101,7 +101,8 @@ class ReplayClient:
     Args:
         address: `host:port` of the shard.
         timeout: default deadline in seconds for every call.
-        writer_id: de-duplication id for inserts; a fresh UUID by default. Reuse an id only for the same writer.
+        writer_id: de-duplication id for inserts, at most MAX_WRITER_ID_BYTES (256) bytes in UTF-8; a fresh UUID
+            by default. Reuse an id only for the same writer.
         max_in_flight: unacknowledged insert batches before `insert` blocks.
         max_message_bytes: largest message sent or received; larger batches raise ResourceExhaustedError.
         token: bearer token when the shard requires one.
@@ -121,6 +122,9 @@ class ReplayClient:
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight ({max_in_flight}) must be >= 1")
+        if writer_id is not None and (size := len(writer_id.encode())) > wire.MAX_WRITER_ID_BYTES:
+            raise ValueError(f"writer_id ({writer_id[:40]!r}{'...' if len(writer_id) > 40 else ''}) is {size} "
+                             f"bytes in UTF-8, over the limit of {wire.MAX_WRITER_ID_BYTES} bytes")
         self.address = address
         self.timeout = timeout
         self.writer_id = writer_id or uuid.uuid4().hex

@@ -26,6 +26,8 @@ class DurabilityStats:
     wal_fsyncs: int = 0
     wal_batches: int = 0
     wal_replayed_rows: int = 0
+    wal_failures: int = 0                       # failed appends and writes, and inserts refused after them
+    wal_failed: int = 0                         # 1 once the log failed for good (until the shard restarts)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
@@ -48,6 +50,10 @@ class DurabilityCollector:
             ("wal_fsyncs", "fsync calls of the write-ahead log (each commits a group of insert batches)",
              s.wal_fsyncs),
             ("wal_batches", "Insert batches appended to the write-ahead log", s.wal_batches),
+            ("wal_failures", "Inserts the write-ahead log failed (count of table inserts, each one batch or a run "
+             "of a merged request's batches): the append or the write/fsync that failed, and every insert refused "
+             "after it until the shard restarts; none was acknowledged (see apexrl_replay_wal_failed)",
+             s.wal_failures),
         ):
             yield CounterMetricFamily(f"apexrl_replay_{name}", doc, value=value)
         for name, doc, value in (
@@ -61,5 +67,8 @@ class DurabilityCollector:
              s.restore_seconds),
             ("restored_rows", "Rows restored at start (checkpoint and write-ahead log)", s.restored_rows),
             ("wal_replayed_rows", "Rows replayed from the write-ahead log at start", s.wal_replayed_rows),
+            ("wal_failed", "Whether the write-ahead log has failed (0 or 1): at 1 the shard refuses every insert "
+             "(UNAVAILABLE), reports gRPC health NOT_SERVING and must be restarted, which replays the log",
+             s.wal_failed),
         ):
             yield GaugeMetricFamily(f"apexrl_replay_{name}", doc, value=value)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -377,7 +378,7 @@ def create_replay_server(
     `health_address` it also serves the health service alone, in plaintext, there (`server.health_port`). With
     `serving` false health reports NOT_SERVING until `server.set_serving()` (the shard is restoring); with a
     `checkpointer` the Checkpoint RPC writes checkpoints; with a `wal` every insert is acknowledged only once
-    it is in the write-ahead log.
+    it is in the write-ahead log, and once the log fails inserts answer UNAVAILABLE and health NOT_SERVING.
     Raises OSError when an address cannot be bound."""
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(TableCollector(table))
@@ -391,4 +392,12 @@ def create_replay_server(
                              [wire.SERVICE_NAME], max_message_bytes=max_message_bytes, token=token, tls=tls,
                              health_address=health_address, serving=serving, on_stop=close)
     port = server.start(address)
+    if wal is not None:
+        def not_serving(error: BaseException) -> None:
+            # The log refuses every insert from now on: leave the load balancers' rotation until a restart. This
+            # runs under the table lock, maybe on the server's own loop, and reporting waits on that loop.
+            log.error("the write-ahead log failed (%s): health NOT_SERVING until the shard restarts", error)
+            threading.Thread(target=server.enter_graceful_shutdown, name="apexrl-wal-failed", daemon=True).start()
+
+        wal.on_failure(not_serving)
     return server, port, server, registry

@@ -43,6 +43,9 @@ from apexrl.replay_server.wire import InsertResult, SampledBatch, ShardInfo, Sha
 
 # How often a blocked call re-checks whether its caller is still there.
 _WAIT_SLICE_SECONDS = 0.25
+# A table's storage: per field its column ([capacity, *shape], or [capacity] of frames), then for compressed
+# signatures per slot its frames' bytes and its writer id (None, None otherwise).
+_Storage = tuple[dict[str, np.ndarray], np.ndarray | None, np.ndarray | None]
 
 
 @dataclass(frozen=True)
@@ -164,8 +167,10 @@ class ReplayTable:
         self._unavailable: str | None = None  # why calls are refused for now (a restore in progress), or None
         self._aliases: dict[int, int] = {}  # earlier incarnation -> key limit (see snapshot.TableState)
         self._snapshot: Snapshot | None = None
-        # Durability hook (write-ahead log): called under the lock with each stored batch (see set_journal).
+        # Durability hook (write-ahead log): called under the lock with each batch before it is stored (see
+        # set_journal); why inserts are refused when storing failed after the journal took a batch, or None.
         self._journal: Callable[[int, Mapping[str, np.ndarray], np.ndarray, str, int], None] | None = None
+        self._journal_broken: str | None = None
         # Counters (read by the metrics collector through info()).
         self._evicted = 0
         self._sampled = 0
@@ -203,20 +208,35 @@ class ReplayTable:
         values = None if priorities is None else check_priorities(priorities, rows)
         with self._cond:
             self.check_available()
+            if self._journal_broken is not None:
+                raise UnavailableError(self._journal_broken)
             if writer_id and self._writers.get(writer_id, -1) >= sequence:
                 self._duplicates += 1
                 self._writers.move_to_end(writer_id)
                 return InsertResult(first_key=0, rows=0, duplicate=True)
             self._wait(lambda: self._limiter.can_insert(), timeout, is_active, "insert")
+            storage = None
             if self._signature is None:
-                self._allocate(signature)
+                storage = self._new_storage(signature)  # adopted once the batch is journalled
             elif signature is not self._signature:
                 rows = self._signature.check_batch(columns)  # first insert raced with another; check again
-            values = self._store(columns, values, rows, writer_id)
-            self._remember_writer(writer_id, sequence)
-            first_key = self._next_key - rows
+            first_key = self._next_key
+            if values is None:
+                values = np.full(rows, self._max_priority)
             if self._journal is not None:
+                # Journal first: a journal that raises (the write-ahead log failed) leaves the table as it was, so
+                # nothing is ever stored, and so sampled or acknowledged, that the log does not hold.
                 self._journal(first_key, columns, values, writer_id, sequence)
+            try:
+                if storage is not None:
+                    self._adopt(signature, storage)
+                self._store(columns, values, rows, writer_id)
+                self._remember_writer(writer_id, sequence)
+            except BaseException:
+                if self._journal is not None:  # the log holds keys the table does not: later keys would clash
+                    self._journal_broken = (f"an insert failed after its batch was journalled at key {first_key}: "
+                                            f"inserts are refused until the shard restarts (and replays the log)")
+                raise
             self._cond.notify_all()
         return InsertResult(first_key=first_key, rows=rows, duplicate=False)
 
@@ -228,6 +248,11 @@ class ReplayTable:
                 self._writers.popitem(last=False)
 
     def _allocate(self, signature: Signature) -> None:
+        self._adopt(signature, self._new_storage(signature))
+
+    def _new_storage(self, signature: Signature) -> _Storage:
+        """Empty storage for `signature`: per field, then per slot the frames' bytes and writer ids (compressed
+        signatures only). InvalidArgumentError when it cannot be stored; changes nothing."""
         cap = self.config.capacity
         # numpy refuses any array whose nonzero dimensions multiply past int64 bytes, even an empty one: check the
         # storage and the largest sampled batch before adopting the signature (a first batch may be hostile).
@@ -238,28 +263,27 @@ class ReplayTable:
         try:
             storage = {f.name: np.zeros((cap, *f.shape), dtype=f.dtype) if f.compression is None
                        else np.full(cap, None, dtype=object) for f in signature.fields}
-            if signature.compressed:
-                self._row_bytes = np.zeros(cap, dtype=np.int64)
-                self._row_writers = np.full(cap, None, dtype=object)
+            if not signature.compressed:
+                return storage, None, None
+            return storage, np.zeros(cap, dtype=np.int64), np.full(cap, None, dtype=object)
         except MemoryError:
             raise InvalidArgumentError(f"{cap} rows of signature {signature} do not fit in memory") from None
-        self._storage = storage
+
+    def _adopt(self, signature: Signature, storage: _Storage) -> None:
+        self._storage, self._row_bytes, self._row_writers = storage
         self._signature = signature
         self._frame_bytes = 0
 
-    def _store(self, columns: Mapping[str, np.ndarray | CompressedColumn], values: np.ndarray | None, rows: int,
-               writer_id: str) -> np.ndarray:
-        """Store a checked batch at the next keys (evicting the oldest rows beyond max_bytes); return the raw
-        priorities it got."""
+    def _store(self, columns: Mapping[str, np.ndarray | CompressedColumn], values: np.ndarray, rows: int,
+               writer_id: str) -> None:
+        """Store a checked batch with its raw priorities at the next keys (evicting the oldest rows beyond
+        max_bytes)."""
         cap = self.config.capacity
         start = self._next_key % cap
         if self._snapshot is not None:
             self._snapshot.before_write(start, rows)
         slots = self._write_rows(start, columns, rows, writers=writer_id)
-        if values is None:
-            values = np.full(rows, self._max_priority)
-        else:
-            self._max_priority = max(self._max_priority, float(values.max()))
+        self._max_priority = max(self._max_priority, float(values.max()))
         self._tree.update(slots, values)
         self._evicted += max(0, self._size + rows - cap)
         self._size = min(cap, self._size + rows)
@@ -268,7 +292,6 @@ class ReplayTable:
         self._inserted_bytes += rows * self._signature.fixed_row_nbytes + frame_bytes
         self._enforce_max_bytes()
         self._limiter.inserted(rows, self._size)
-        return values
 
     def _write_rows(self, start: int, columns: Mapping[str, np.ndarray | CompressedColumn], rows: int,
                     offset: int = 0, writers: str | np.ndarray | None = None) -> np.ndarray:
@@ -549,8 +572,10 @@ class ReplayTable:
 
     def set_journal(self, journal: Callable[[int, Mapping[str, np.ndarray], np.ndarray, str, int], None] | None,
                     ) -> None:
-        """Call `journal(first_key, columns, raw priorities, writer_id, sequence)` for each stored batch, under the
-        table lock, in key order (the write-ahead log)."""
+        """Call `journal(first_key, columns, raw priorities, writer_id, sequence)` for each batch about to be
+        stored, under the table lock, in key order (the write-ahead log). It runs before the table changes: when
+        it raises, the insert raises that exception and the table is exactly as before (no key, row, counter or
+        writer's sequence advanced)."""
         with self._cond:
             self._journal = journal
 

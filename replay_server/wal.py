@@ -2,9 +2,15 @@
 fsynced before its ack goes out, and replayed at start after the newest checkpoint, so a SIGKILL loses no
 acknowledged row.
 
-Group commit: the table hands each stored batch to `append` (under its lock, in key order); one thread writes
-everything appended since its last fsync and fsyncs once, then reports the keys durable; acks wait for that
-(`when_durable`). While one fsync runs the next group gathers, so the cost per batch falls as the load rises.
+Group commit: the table hands each batch to `append` before it stores it (under its lock, in key order); one
+thread writes everything appended since its last fsync and fsyncs once, then reports the keys durable; acks wait
+for that (`when_durable`). While one fsync runs the next group gathers, so the cost per batch falls as the load
+rises.
+
+Failure: once a write or fsync fails (a full disk), or an append raises, the log is failed for good: every later
+append raises UnavailableError, so the table stores nothing more (nothing unlogged is ever stored, sampled or
+acknowledged), acks still waiting answer UNAVAILABLE, `stats.wal_failed` is 1 and the `on_failure` callbacks run
+once (the server reports NOT_SERVING). Only a restart, which replays the log, brings the shard back.
 
 Files: segments `wal-<first key, 20 digits>.log`, a new one at start and after each checkpoint, deleted once every
 kept checkpoint covers them. A segment starts with a header (magic, version, lineage, first key, signature) and
@@ -33,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from apexrl.common.compression import CompressedColumn
-from apexrl.common.errors import ApexError
+from apexrl.common.errors import ApexError, UnavailableError
 from apexrl.common.signature import Signature
 from apexrl.replay_server.checkpoint import fsync_directory
 from apexrl.replay_server.durability_metrics import DurabilityStats
@@ -62,7 +68,9 @@ class WriteAheadLog:
         self._queue: list[tuple[int, bytes, int]] = []   # (end key, record, first key) not yet written
         self._waiters: list[tuple[int, Callable[[BaseException | None], None]]] = []
         self._durable = 0                                 # every key below this is durable
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None          # why appends are refused: the failure, or closed
+        self._failure: BaseException | None = None        # the failure (not set by close)
+        self._on_failure: list[Callable[[BaseException], None]] = []
         self._closing = False
         self._rotate = False
         self._file: int | None = None
@@ -127,7 +135,35 @@ class WriteAheadLog:
 
     def append(self, first_key: int, columns: Mapping[str, np.ndarray], priorities: np.ndarray, writer_id: str,
                sequence: int) -> None:
-        """Queue one stored batch (the table's journal hook: called under its lock, in key order)."""
+        """Queue one batch the table is about to store (its journal hook: called under its lock, in key order).
+        UnavailableError when the log has failed or fails now (see the module docstring): then the table stores
+        nothing."""
+        with self._cond:
+            error = self._error
+        if error is None:
+            try:
+                record = self._record(first_key, columns, priorities, writer_id, sequence)
+            except Exception as err:  # a batch the log cannot hold: fail closed rather than store it unlogged
+                log.error("write-ahead log failed to append the batch at key %d (writer %.64r, sequence %d): %r; "
+                          "inserts are refused until the shard restarts", first_key, writer_id, sequence, err)
+                self._fail(err)
+                self._count_failure()
+                raise UnavailableError(f"the write-ahead log could not append this batch ({err!r}): not stored; "
+                                       f"inserts are refused until the shard restarts") from err
+            with self._cond:
+                error = self._error
+                if error is None:
+                    if self._signature is None:
+                        self._signature = Signature.from_batch(columns)
+                    self._queue.append((first_key + len(priorities), record, first_key))
+                    self._cond.notify_all()
+                    return
+        self._count_failure()
+        raise UnavailableError(f"the write-ahead log failed ({error}): not stored; inserts are refused until the "
+                               f"shard restarts")
+
+    def _record(self, first_key: int, columns: Mapping[str, np.ndarray], priorities: np.ndarray, writer_id: str,
+                sequence: int) -> bytes:
         writer = writer_id.encode()
         rows = len(priorities)
         parts = [_PAYLOAD.pack(first_key, rows, self._incarnation, sequence, len(writer)), writer,
@@ -138,14 +174,21 @@ class WriteAheadLog:
             else:
                 parts.append(np.ascontiguousarray(column).tobytes())
         payload = b"".join(parts)
-        record = _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+        return _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+
+    def _count_failure(self) -> None:
+        with self.stats.lock:
+            self.stats.wal_failures += 1
+
+    def on_failure(self, callback: Callable[[BaseException], None]) -> None:
+        """Call `callback(error)` once when the log fails (at once if it has failed): from the thread that found
+        the failure, possibly under the table's lock, so it must neither block nor call the table."""
         with self._cond:
-            if self._error is not None:
-                return  # the log failed: nothing is acknowledged any more (see when_durable)
-            if self._signature is None:
-                self._signature = Signature.from_batch(columns)
-            self._queue.append((first_key + rows, record, first_key))
-            self._cond.notify_all()
+            failure = self._failure
+            if failure is None:
+                self._on_failure.append(callback)
+        if failure is not None:
+            callback(failure)
 
     @property
     def durable_key(self) -> int:
@@ -156,10 +199,13 @@ class WriteAheadLog:
         """Call `callback(None)` once every key below `key` is durable (at once if it is), or
         `callback(error)` if the log failed. Called from the log's thread."""
         with self._cond:
-            if self._error is None and self._durable < key:
+            if self._durable >= key:
+                error = None
+            elif self._error is None:
                 self._waiters.append((key, callback))
                 return
-            error = self._error
+            else:
+                error = self._error
         callback(error)
 
     def _run(self) -> None:
@@ -177,9 +223,11 @@ class WriteAheadLog:
                 data = b"".join(record for _, record, _ in group)
                 _write_all(self._file, data)
                 os.fsync(self._file)
-            except OSError as err:
-                log.error("write-ahead log failed (%s): inserts are no longer acknowledged", err)
+            except Exception as err:  # OSError (a full disk) or worse: never leave the waiters waiting
+                log.error("write-ahead log failed (%r): the batches waiting for it are not acknowledged and inserts "
+                          "are refused until the shard restarts", err)
                 self._fail(err)
+                self._count_failure()  # the failed write, however many batches it held
                 return
             with self._cond:
                 self._durable = group[-1][0]
@@ -192,11 +240,23 @@ class WriteAheadLog:
             for callback in due:
                 callback(None)
 
-    def _fail(self, error: BaseException) -> None:
+    def _fail(self, error: BaseException, closing: bool = False) -> None:
+        """Stop for good with `error`: answer every waiter with it and, unless the log is just being closed,
+        report the failure (stats.wal_failed, the on_failure callbacks)."""
         with self._cond:
-            self._error = error
+            if self._error is None:
+                self._error = error
+            failed_now = not closing and self._failure is None
+            if failed_now:
+                self._failure = error
+            error = self._error
             waiters, self._waiters = self._waiters, []
+            callbacks, self._on_failure = (self._on_failure, []) if failed_now else ([], self._on_failure)
+        if failed_now:
+            self.stats.wal_failed = 1
         for _, callback in waiters:
+            callback(error)
+        for callback in callbacks:
             callback(error)
 
     def _new_segment(self, first_key: int) -> None:
@@ -233,7 +293,7 @@ class WriteAheadLog:
         if self._file is not None:
             os.close(self._file)
             self._file = None
-        self._fail(OSError("the write-ahead log is closed"))
+        self._fail(OSError("the write-ahead log is closed"), closing=True)
 
 
 def _write_all(fd: int, data: bytes) -> None:

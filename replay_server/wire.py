@@ -200,6 +200,9 @@ def decode_info(response: replay_pb2.InfoResponse) -> ShardInfo:
 
 # The most batches one merged InsertRequest may carry (replay.proto, InsertRequest.batch_rows).
 MAX_MERGED_BATCHES = 4096
+# The longest writer id, in UTF-8 bytes (replay.proto, InsertRequest.writer_id): the shard refuses a longer one at
+# decode, before anything is stored, and the SDK refuses it when the client is made.
+MAX_WRITER_ID_BYTES = 256
 
 
 def encode_insert(columns, priorities: np.ndarray | None, writer_id: str,
@@ -216,7 +219,12 @@ def encode_insert(columns, priorities: np.ndarray | None, writer_id: str,
 
 
 def decode_insert(request: replay_pb2.InsertRequest) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-    """(columns, priorities or None); InvalidArgumentError for a bad tensor. The table checks the signature."""
+    """(columns, priorities or None); InvalidArgumentError for a writer id over MAX_WRITER_ID_BYTES or a bad
+    tensor. The table checks the signature."""
+    writer_bytes = len(request.writer_id.encode())
+    if writer_bytes > MAX_WRITER_ID_BYTES:
+        raise InvalidArgumentError(f"writer_id is {writer_bytes} bytes (UTF-8), over the limit of "
+                                   f"{MAX_WRITER_ID_BYTES} bytes")
     columns = codec.decode_batch(request.batch)
     priorities = codec.decode_tensor(request.priorities, "priorities") if request.HasField("priorities") else None
     return columns, priorities

@@ -50,6 +50,7 @@ Limits:
   tensor dimensions   0 .. 2**31 each.
   writers tracked     100,000 by default (setting `max_tracked_writers`; least recently used forgotten first;
                       see Insert).
+  writer id           at most 256 bytes in UTF-8 (InsertRequest.writer_id).
 
 Errors are gRPC status codes with a message naming the bad value:
   INVALID_ARGUMENT     schema mismatch, bad tensor encoding (for a compressed field: raw data, another
@@ -60,7 +61,8 @@ Errors are gRPC status codes with a message naming the bad value:
                        Checkpoint on a shard without a checkpoint directory or signature
   DEADLINE_EXCEEDED    a rate-limited call waited until its deadline
   UNAUTHENTICATED      missing or wrong token (when the shard requires one)
-  UNAVAILABLE          the shard is shutting down or restoring its checkpoint (or cannot be reached)
+  UNAVAILABLE          the shard is shutting down or restoring its checkpoint (or cannot be reached); for
+                       Insert also: its write-ahead log failed (health NOT_SERVING until it is restarted)
   INTERNAL             a checkpoint could not be written (Checkpoint only)
 """
 
@@ -93,7 +95,9 @@ class InsertRequest(_message.Message):
     BATCH_ROWS_FIELD_NUMBER: _builtins.int
     writer_id: _builtins.str
     """Identifies the writer for de-duplication (see Insert). Each writer, and each concurrent stream, uses its own
-    id (a UUID is a good choice). Empty: no de-duplication.
+    id (a UUID is a good choice). Empty: no de-duplication. At most 256 bytes in UTF-8 (MAX_WRITER_ID_BYTES in
+    replay_server/wire.py): a longer id is INVALID_ARGUMENT in the ack, naming the limit and its length, and
+    nothing of the request is stored (a merged request is refused whole); the Python SDK refuses it up front.
     """
     sequence: _builtins.int
     """Increasing per writer (gaps allowed, any start, 0 included). Resent batches keep their sequence number."""

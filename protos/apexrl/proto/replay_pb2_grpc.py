@@ -119,7 +119,9 @@ class ReplayServiceServicer:
         request). Such an ack answers one batch, except when a whole merged request is refused (its batch_rows do
         not fit its columns, or a tensor of it does not decode): then one ack answers all its batches.
         3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
-        14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
+        14 UNAVAILABLE        the shard is shutting down, or its write-ahead log failed (nothing of the batch is
+        acknowledged; the shard reports NOT_SERVING until restarted): keep the batch and
+        resend it later, on a new stream.
         4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
         Insert stream is long-lived: give it no deadline (then a held batch waits).
 

@@ -50,6 +50,7 @@ Limits:
   tensor dimensions   0 .. 2**31 each.
   writers tracked     100,000 by default (setting `max_tracked_writers`; least recently used forgotten first;
                       see Insert).
+  writer id           at most 256 bytes in UTF-8 (InsertRequest.writer_id).
 
 Errors are gRPC status codes with a message naming the bad value:
   INVALID_ARGUMENT     schema mismatch, bad tensor encoding (for a compressed field: raw data, another
@@ -60,7 +61,8 @@ Errors are gRPC status codes with a message naming the bad value:
                        Checkpoint on a shard without a checkpoint directory or signature
   DEADLINE_EXCEEDED    a rate-limited call waited until its deadline
   UNAUTHENTICATED      missing or wrong token (when the shard requires one)
-  UNAVAILABLE          the shard is shutting down or restoring its checkpoint (or cannot be reached)
+  UNAVAILABLE          the shard is shutting down or restoring its checkpoint (or cannot be reached); for
+                       Insert also: its write-ahead log failed (health NOT_SERVING until it is restarted)
   INTERNAL             a checkpoint could not be written (Checkpoint only)
 """
 
@@ -142,7 +144,9 @@ class ReplayServiceStub:
     request). Such an ack answers one batch, except when a whole merged request is refused (its batch_rows do
     not fit its columns, or a tensor of it does not decode): then one ack answers all its batches.
       3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
-      14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
+      14 UNAVAILABLE        the shard is shutting down, or its write-ahead log failed (nothing of the batch is
+                            acknowledged; the shard reports NOT_SERVING until restarted): keep the batch and
+                            resend it later, on a new stream.
       4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
                             Insert stream is long-lived: give it no deadline (then a held batch waits).
 
@@ -249,7 +253,9 @@ class ReplayServiceAsyncStub(ReplayServiceStub):
     request). Such an ack answers one batch, except when a whole merged request is refused (its batch_rows do
     not fit its columns, or a tensor of it does not decode): then one ack answers all its batches.
       3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
-      14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
+      14 UNAVAILABLE        the shard is shutting down, or its write-ahead log failed (nothing of the batch is
+                            acknowledged; the shard reports NOT_SERVING until restarted): keep the batch and
+                            resend it later, on a new stream.
       4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
                             Insert stream is long-lived: give it no deadline (then a held batch waits).
 
@@ -359,7 +365,9 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         request). Such an ack answers one batch, except when a whole merged request is refused (its batch_rows do
         not fit its columns, or a tensor of it does not decode): then one ack answers all its batches.
           3  INVALID_ARGUMENT   the batch is wrong (see InsertRequest): do not resend it unchanged.
-          14 UNAVAILABLE        the shard is shutting down: keep the batch and resend it later, on a new stream.
+          14 UNAVAILABLE        the shard is shutting down, or its write-ahead log failed (nothing of the batch is
+                                acknowledged; the shard reports NOT_SERVING until restarted): keep the batch and
+                                resend it later, on a new stream.
           4  DEADLINE_EXCEEDED  the rate limiter held the batch until the stream's deadline: resend it later. An
                                 Insert stream is long-lived: give it no deadline (then a held batch waits).
 

@@ -130,6 +130,11 @@ def _mutations():
     def priorities_int(r):
         codec.encode_tensor(np.ones(8, np.int64), r.priorities)
 
+    def writer_id(value):
+        def set_writer_id(r):
+            r.writer_id = value
+        return set_writer_id
+
     return [
         ("dtype differs", wrong_dtype, "column 'obs' is float64[4] per row, the table signature wants float32[4]"),
         ("shape differs", wrong_shape, "column 'obs' is float32[5] per row"),
@@ -153,6 +158,9 @@ def _mutations():
         ("priority huge", priority(1e300), "<= 1e+25; 1 are not (first: index 3 = 1e+300)"),
         ("priorities length", priorities_wrong_length, "priorities has shape [5], expected [8]"),
         ("priorities dtype", priorities_int, "priorities must be float32 or float64, got int64"),
+        ("writer id 70,000 characters", writer_id("w" * 70_000),
+         "writer_id is 70000 bytes (UTF-8), over the limit of 256 bytes"),
+        ("writer id 257 bytes", writer_id("é" * 128 + "w"), "writer_id is 257 bytes (UTF-8), over the limit of 256"),
     ]
 
 
@@ -227,6 +235,9 @@ def _malformed_merges():
     def undecodable(r):
         column(r, "obs").data = column(r, "obs").data[:-1]
 
+    def long_writer_id(r):
+        r.writer_id = "w" * 70_000
+
     return [
         ("batch_rows sum short", sum_short, "column 'obs' has 32 rows; batch_rows sum to 31"),
         ("zero entry", zero_entry, "batch_rows has an entry 0"),
@@ -235,6 +246,7 @@ def _malformed_merges():
         ("sequence overflow", sequence_overflow, "sequence numbers pass 2**64 - 1"),
         ("too many batches", too_many, "more than 4096 batches"),
         ("undecodable tensor", undecodable, "column 'obs': 511 data bytes"),
+        ("writer id 70,000 characters", long_writer_id, "writer_id is 70000 bytes (UTF-8), over the limit of 256"),
     ]
 
 
@@ -260,6 +272,23 @@ def test_sdk_raises_the_rejection_on_flush(filled):
         with pytest.raises(InvalidArgumentError, match="INVALID_ARGUMENT.*'obs' is float64"):
             client.flush()
     assert_intact(filled)
+
+
+def test_writer_ids_are_at_most_256_bytes_in_the_sdk_and_on_the_shard(filled):
+    """MAX_WRITER_ID_BYTES (replay.proto, InsertRequest.writer_id): the SDK refuses a longer id when the client is
+    made; an id of exactly 256 bytes (UTF-8, not characters) is stored and de-duplicated."""
+    with pytest.raises(ValueError, match=r"is 257 bytes in UTF-8, over the limit of 256 bytes"):
+        ReplayClient(filled.address, writer_id="é" * 128 + "w")
+    with pytest.raises(ValueError, match=r"is 70000 bytes in UTF-8"):
+        ReplayClient(filled.address, writer_id="w" * 70_000)
+    request = good_request()
+    request.writer_id = "é" * 128
+    assert insert_ack(filled, request).rows == 8
+    assert insert_ack(filled, request).duplicate
+    with ReplayClient(filled.address, writer_id="ü" * 128) as client:
+        client.insert(cartpole_batch(8, 2000))
+        client.flush()
+    assert filled.table.info().inserted_total == ROWS + 16
 
 
 def test_oversize_message_is_resource_exhausted(filled):

@@ -5,6 +5,7 @@ checkpoint of another signature refused."""
 from __future__ import annotations
 
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -430,3 +431,149 @@ def test_with_the_write_ahead_log_merged_requests_are_acknowledged_once_logged_a
     replayed.refuse_calls(None)
     np.testing.assert_array_equal(replayed._storage["action"][:70], np.r_[10:60, 70:80, 80:90])  # white box
     assert replayed.insert(cartpole_batch(10), writer_id="w", sequence=8).duplicate
+
+
+def test_with_the_write_ahead_log_a_long_writer_id_is_refused_and_no_acknowledged_row_is_lost(tmp_path):
+    """The security review's reproduction against a real `apexrl replay --wal` process: an insert whose writer id is
+    70,000 characters (beyond the log record's 16-bit length) used to be stored but not logged, and the log's replay
+    stopped at the gap, losing every acknowledged batch after it, from every writer, on a SIGKILL. It is refused
+    with INVALID_ARGUMENT at decode (the stream stays open), and every acknowledged row survives the SIGKILL."""
+    from apexrl.common import codec
+
+    args = ["--capacity", "10000", "--checkpoint-dir", str(tmp_path / "ck"), "--wal", str(tmp_path / "wal")]
+    shard = start_shard_process(tmp_path, "first", *args)
+    port = shard.address.rsplit(":", 1)[1]
+
+    def request(writer_id: str, sequence: int, start: int) -> replay_pb2.InsertRequest:
+        r = replay_pb2.InsertRequest(writer_id=writer_id, sequence=sequence)
+        codec.encode_batch(cartpole_batch(1, start), r.batch)
+        return r
+
+    writers = [ReplayClient(shard.address, writer_id=f"writer-{i}", timeout=30) for i in range(2)]
+    try:
+        for i in range(50):
+            writers[i % 2].insert(cartpole_batch(2, 2 * i))
+        for writer in writers:
+            writer.flush()
+        with make_channel(shard.address) as channel:
+            acks = list(replay_pb2_grpc.ReplayServiceStub(channel).Insert(iter([
+                request("raw", 1, 100), request("x" * 70_000, 1, 101), request("raw", 2, 102)]), timeout=30))
+        assert [(a.sequence, a.error_code, a.rows) for a in acks] == [
+            (1, 0, 1), (1, grpc.StatusCode.INVALID_ARGUMENT.value[0], 0), (2, 0, 1)]
+        assert "writer_id is 70000 bytes (UTF-8), over the limit of 256 bytes" in acks[1].error_message
+        for i in range(50, 100):
+            writers[i % 2].insert(cartpole_batch(2, 2 * i + 100))
+        for writer in writers:
+            writer.flush()  # every batch acknowledged
+        acknowledged = 2 * 100 + 2
+        with ReplayClient(shard.address) as check:
+            assert check.info().inserted_total == acknowledged
+        shard.process.kill()
+        shard.process.wait(10)
+        shard = start_shard_process(tmp_path, "second", *args, "--port", port)
+        with ReplayClient(shard.address) as check:
+            info = check.info()
+            assert (info.inserted_total, info.size) == (acknowledged, acknowledged)
+            # The writers' last stored sequences came back with their rows: a resend is a duplicate.
+            with ReplayClient(shard.address, writer_id="writer-1") as resend:
+                resend.insert(cartpole_batch(2, 10_000))
+                resend.insert(cartpole_batch(2, 10_000))
+                resend.flush()
+            assert check.info().duplicate_batches_total == 2
+    finally:
+        for writer in writers:
+            writer.close()
+        assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    assert "replayed 202 rows from the write-ahead log" in (tmp_path / "second.log").read_text()
+
+
+@pytest.mark.parametrize("fault", ["the disk fills up", "an append raises"])
+def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_serving_and_it_is_counted(
+        tmp_path, monkeypatch, fault):
+    """A real server on loopback whose log fails: by a write that raises (a full disk) or by an append that raises
+    (a batch the log cannot encode). The insert that met the failure is not acknowledged (UNAVAILABLE), every later
+    one is refused without being stored, health turns NOT_SERVING, apexrl_replay_wal_failed is 1 and
+    apexrl_replay_wal_failures_total counts the failed inserts; Sample and Info still answer."""
+    from apexrl.common import codec
+    from apexrl.replay_server import wal as wal_module
+    from apexrl.replay_server.durability_metrics import DurabilityStats
+    from apexrl.replay_server.main import metrics_registry
+    from apexrl.replay_server.service import create_replay_server
+    from apexrl.replay_server.table import ReplayTable, TableConfig
+    from apexrl.replay_server.wal import WriteAheadLog
+
+    table = ReplayTable(TableConfig(capacity=10_000))
+    stats = DurabilityStats()
+    wal = WriteAheadLog(tmp_path / "wal", stats)
+    wal.open(table)
+    server, port, _, registry = create_replay_server(table, "127.0.0.1:0", registry=metrics_registry(table, stats),
+                                                     wal=wal)
+    address = f"127.0.0.1:{port}"
+
+    def request(sequence: int) -> replay_pb2.InsertRequest:
+        r = replay_pb2.InsertRequest(writer_id="w", sequence=sequence)
+        codec.encode_batch(cartpole_batch(10, 10 * sequence), r.batch)
+        return r
+
+    def metric(name: str) -> float:
+        return registry.get_sample_value(name)
+
+    unavailable = grpc.StatusCode.UNAVAILABLE.value[0]
+    try:
+        with make_channel(address) as channel:
+            stub = replay_pb2_grpc.ReplayServiceStub(channel)
+            health = health_pb2_grpc.HealthStub(channel)
+
+            def status():
+                return health.Check(health_pb2.HealthCheckRequest(service="apexrl.v1.ReplayService"), timeout=5).status
+
+            def insert(sequence: int) -> replay_pb2.InsertAck:
+                return next(iter(stub.Insert(iter([request(sequence)]), timeout=30)))
+
+            assert insert(1).error_code == 0
+            assert status() == health_pb2.HealthCheckResponse.SERVING
+            assert (metric("apexrl_replay_wal_failed"), metric("apexrl_replay_wal_failures_total")) == (0, 0)
+            if fault == "the disk fills up":
+                def full(fd, data):
+                    raise OSError(28, "No space left on device")
+
+                monkeypatch.setattr(wal_module, "_write_all", full)
+                reason = "No space left on device"
+            else:
+                encode, failed = wal._record, []
+
+                def cannot_encode_once(*batch):
+                    if not failed:
+                        failed.append(batch)
+                        raise struct.error("ushort format requires 0 <= number <= 65535")
+                    return encode(*batch)
+
+                monkeypatch.setattr(wal, "_record", cannot_encode_once)
+                reason = "65535"
+            ack = insert(2)
+            assert (ack.error_code, ack.rows) == (unavailable, 0) and reason in ack.error_message
+            held = table.info()
+            assert held.inserted_total == (20 if fault == "the disk fills up" else 10)  # never more than logged
+            wait_until(lambda: status() == health_pb2.HealthCheckResponse.NOT_SERVING, "health NOT_SERVING", timeout=30)
+            assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
+                health_pb2.HealthCheckResponse.NOT_SERVING
+            ack = insert(3)  # refused: nothing stored that the log does not hold
+            assert (ack.error_code, ack.rows) == (unavailable, 0)
+            assert "write-ahead log failed" in ack.error_message and reason in ack.error_message
+            assert table.info() == held
+            assert (metric("apexrl_replay_wal_failed"), metric("apexrl_replay_wal_failures_total")) == (1, 2)
+            # The SDK keeps a refused batch and resends it (to the restarted shard); it is never acknowledged here.
+            client = ReplayClient(address, timeout=30)
+            try:
+                client.insert(cartpole_batch(10, 1000))
+                wait_until(lambda: metric("apexrl_replay_wal_failures_total") >= 4, "the SDK's resends refused",
+                           timeout=30)
+                assert client.pending == 1
+            finally:
+                client.close(flush_timeout=0)
+            assert table.info() == held
+            assert stub.Sample(replay_pb2.SampleRequest(batch_size=4), timeout=10).size == held.size
+    finally:
+        server.stop(0).wait(10)
+        monkeypatch.undo()
+        wal.close()

@@ -27,6 +27,7 @@ REQUIRED_ALERTS = {
     "a high stale-update ratio": "ApexrlHighStaleUpdateRatio",
     "actors' weight version lagging": "ApexrlActorWeightVersionLag",
     "the rate limiter blocking": "ApexrlRateLimiterBlocking",
+    "a failed write-ahead log": "ApexrlReplayWriteAheadLogFailed",
 }
 
 

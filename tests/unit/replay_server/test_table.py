@@ -427,3 +427,70 @@ def test_rows_evicted_by_bytes_while_a_snapshot_is_read_come_back_in_it():
                                                                  [seen[k % 100]]))[0])[0])
            for k in range(state.first_key, state.next_key)]
     assert ids == list(range(30 - held, 30))
+
+
+# --- the journal (write-ahead log hook) ----------------------------------------------------------------------------
+
+
+def _disk_full(*batch) -> None:
+    raise OSError(28, "No space left on device")
+
+
+def test_a_journal_that_raises_fails_the_insert_and_leaves_the_table_unchanged():
+    """The journal runs before the table changes, so a batch the write-ahead log did not take is never stored (and
+    so never sampled, counted or acknowledged)."""
+    t = table(capacity=100)
+    t.insert(cartpole_batch(10), np.full(10, 2.0), writer_id="w", sequence=1)
+    before, writers, leaves = t.info(), dict(t._writers), t._tree.leaf_values().copy()  # white box: exact state
+    t.set_journal(_disk_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        t.insert(cartpole_batch(10, 10), np.full(10, 7.0), writer_id="w", sequence=2)
+    with pytest.raises(OSError, match="No space left on device"):
+        t.insert(cartpole_batch(10, 10), writer_id="new", sequence=1)  # a writer never seen: not remembered
+    assert t.info() == before  # size, inserted count, keys, max priority, every counter
+    assert dict(t._writers) == writers and t.next_key == 10
+    np.testing.assert_array_equal(t._tree.leaf_values(), leaves)
+    assert t.insert(cartpole_batch(10, 10), writer_id="w", sequence=1).duplicate  # de-duplication as before
+    t.set_journal(None)
+    result = t.insert(cartpole_batch(10, 10), writer_id="w", sequence=2)  # the sequence was not used up
+    assert (result.first_key, result.rows, result.duplicate) == (10, 10, False)
+
+
+def test_a_first_insert_the_journal_refuses_fixes_no_signature():
+    t = table()
+    t.set_journal(_disk_full)
+    with pytest.raises(OSError):
+        t.insert(cartpole_batch(3))
+    assert t.signature is None and t.info().size == 0
+    t.set_journal(None)
+    t.insert({"x": np.zeros((2, 3), np.int8)})  # another signature is still free to come first
+    assert str(t.signature) == "x:int8[3]"
+
+
+def test_the_journal_sees_each_batch_before_the_table_changes_with_the_priorities_it_will_get():
+    t = table(capacity=100)
+    seen = []
+
+    def journal(first_key, columns, priorities, writer_id, sequence):
+        seen.append((first_key, t.next_key, priorities.tolist(), writer_id, sequence))
+
+    t.set_journal(journal)
+    t.insert(cartpole_batch(2), np.array([3.0, 4.0]), writer_id="w", sequence=7)
+    t.insert(cartpole_batch(2, 2))  # no priorities: the largest seen
+    assert seen == [(0, 0, [3.0, 4.0], "w", 7), (2, 2, [4.0, 4.0], "", 0)]
+
+
+def test_an_insert_that_fails_after_its_batch_was_journalled_stops_inserts(monkeypatch):
+    """The log then holds keys the table does not: a later batch must not be logged under the same keys."""
+    t = table(capacity=100)
+    t.set_journal(lambda *batch: None)
+
+    def broken(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(t, "_write_rows", broken)
+    with pytest.raises(MemoryError):
+        t.insert(cartpole_batch(2))
+    monkeypatch.undo()
+    with pytest.raises(UnavailableError, match="after its batch was journalled at key 0"):
+        t.insert(cartpole_batch(2))

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from apexrl.common.errors import UnavailableError
 from apexrl.replay_server import wal as wal_module
 from apexrl.replay_server.checkpointer import Checkpointer
 from apexrl.replay_server.table import ReplayTable, TableConfig
@@ -189,6 +190,63 @@ def test_a_failing_disk_answers_every_waiter_with_its_error(tmp_path, monkeypatc
     assert "No space left on device" in str(errors[0])
     log.when_durable(30, errors.append)  # later waiters too, at once
     assert len(errors) == 2 and errors[1] is errors[0]
+    monkeypatch.undo()
+    log.close()
+
+
+def test_a_batch_the_log_cannot_append_is_not_stored_and_the_log_refuses_every_later_one(tmp_path):
+    """The security review's reproduction, below the server: a 70,000-character writer id does not fit the
+    record's 16-bit length. The server refuses such ids at decode (wire.MAX_WRITER_ID_BYTES); should a batch the log
+    cannot append reach it anyway, it is not stored, the log fails for good (reported once), every later insert is
+    refused, and a restart replays every batch appended before it: no acknowledged row is lost."""
+    t = table()
+    log = WriteAheadLog(tmp_path)
+    failures: list = []
+    log.on_failure(failures.append)
+    log.open(t)
+    for i in range(10):
+        t.insert(cartpole_batch(10, 10 * i), writer_id="w0", sequence=i)
+    before = t.info()
+    with pytest.raises(UnavailableError, match="could not append this batch"):
+        t.insert(cartpole_batch(10, 100), writer_id="x" * 70_000, sequence=1)
+    with pytest.raises(UnavailableError, match="write-ahead log failed"):
+        t.insert(cartpole_batch(10, 100), writer_id="w1", sequence=1)
+    assert t.info() == before and set(t._writers) == {"w0"}
+    assert len(failures) == 1 and log.stats.wal_failed == 1 and log.stats.wal_failures == 2
+    late: list = []
+    log.on_failure(late.append)  # registered after the failure: called at once
+    assert late == failures
+    log.close()
+    assert len(failures) == 1  # closing is no second failure
+    restarted = replayed(tmp_path)
+    assert rows(restarted) == rows(t) and restarted.next_key == 100
+    assert restarted.insert(cartpole_batch(10), writer_id="w0", sequence=9).duplicate
+
+
+def test_after_a_failed_write_the_table_refuses_inserts_and_the_failure_is_reported_once(tmp_path, monkeypatch):
+    t = table()
+    log = WriteAheadLog(tmp_path)
+    failures: list = []
+    log.on_failure(failures.append)
+    log.open(t)
+    t.insert(cartpole_batch(10))
+    wait_until(lambda: log.durable_key == 10, "the first batch durable")
+
+    def full(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(wal_module, "_write_all", full)
+    t.insert(cartpole_batch(10, 10))  # appended before the write fails: held in memory, never acknowledged
+    wait_until(lambda: failures, "the failure reported")
+    held = t.info()
+    with pytest.raises(UnavailableError, match="No space left on device"):
+        t.insert(cartpole_batch(10, 20))
+    assert t.info() == held
+    assert len(failures) == 1 and log.stats.wal_failed == 1 and log.stats.wal_failures == 2
+    answers: list = []
+    log.when_durable(10, answers.append)  # durable before the failure: still reported durable
+    log.when_durable(20, answers.append)
+    assert answers[0] is None and "No space left on device" in str(answers[1])
     monkeypatch.undo()
     log.close()
 
