@@ -28,6 +28,7 @@ COPY replay_server/ replay_server/
 COPY parameter_server/ parameter_server/
 COPY actor/ actor/
 COPY learner/ learner/
+COPY algorithms/ algorithms/
 COPY launcher/ launcher/
 COPY docker/install.sh docker/install.sh
 

@@ -1,8 +1,11 @@
 """The built-in Ape-X actor: a Gymnasium vector environment (num_envs copies stepped together, each with its own
-n-step accumulator), per-actor epsilon, n-step transitions with initial priorities from the actor's own network,
-streamed to the replay shards round-robin with failover.
+n-step accumulator), per-actor exploration, n-step transitions with initial priorities from the actor's own copy
+of the networks, streamed to the replay shards round-robin with failover.
 
-Written on the public SDK only (ReplayClient, ParameterClient), as a custom actor would be.
+It never names an algorithm: the policy, its exploration and the initial priorities come from the acting half of
+the algorithm that plays the environment's action space (`apexrl.algorithms`: Ape-X DQN's epsilon-greedy Q-network,
+Ape-X DPG's deterministic policy with Gaussian noise). Written on the public SDK only (ReplayClient,
+ParameterClient), as a custom actor would be.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from apexrl.actor.config import ActorConfig
-from apexrl.actor.exploration import epsilon_greedy
 from apexrl.actor.nstep import NStepAccumulator, Transition, compress_image_columns, stack_transitions
-from apexrl.actor.policy import Policy, make_policy
+from apexrl.algorithms.base import ActingPolicy
+from apexrl.algorithms.registry import for_spaces, with_defaults
 from apexrl.common.discovery import ShardAddresses
 from apexrl.common.environments import check_spaces, clips_rewards, make_vector_env
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
 from apexrl.common.errors import ApexError, DeadlineExceededError, is_transient
+from apexrl.common.settings import SettingsError
 from apexrl.common.signature import ROW_VERSION_COLUMN
 from apexrl.common.tls import tls_of
 from apexrl.parameter_server.client import ParameterClient
@@ -57,7 +61,10 @@ class ActorMetrics:
         self.weight_lag = Gauge("apexrl_actor_weight_version_lag_versions", "Versions the weights in use were behind "
                                 "the newest published when the actor last pulled (its policy's staleness)",
                                 registry=registry)
-        self.epsilon = Gauge("apexrl_actor_epsilon", "Exploration rate", registry=registry)
+        self.epsilon = Gauge("apexrl_actor_epsilon", "DQN: this actor's exploration rate (probability of a "
+                             "uniformly random action)", registry=registry)
+        self.noise_scale = Gauge("apexrl_actor_noise_scale", "DPG: standard deviation of this actor's Gaussian "
+                                 "action noise, in half action ranges", registry=registry)
         self.last_return = Gauge("apexrl_actor_last_episode_return", "Return of the last finished episode",
                                  registry=registry)
         self.mean_return = Gauge("apexrl_actor_mean_episode_return_100", "Mean return of the last 100 episodes",
@@ -76,16 +83,25 @@ class ActorMetrics:
 class ApeXActor:
     def __init__(self, config: ActorConfig, registry: CollectorRegistry | None = None,
                  episode_log: EpisodeLog | None = None) -> None:
-        self.config = config
         self.metrics = ActorMetrics(registry if registry is not None else CollectorRegistry())
         self.episode_log = episode_log
-        self.epsilon = config.effective_epsilon
-        self.metrics.epsilon.set(self.epsilon)
         seed = config.seed if config.seed is not None else int(time.time_ns() % 2**31)
         self._rng = np.random.default_rng([seed, config.actor_index])
         # Exploring: same-step autoreset (every step yields one transition per environment, see make_vector_env).
-        self.envs = make_vector_env(config.env, config.num_envs, same_step_autoreset=not config.evaluate)
-        self.spaces = check_spaces(self.envs, config.env)
+        try:
+            self.envs = make_vector_env(config.env, config.num_envs, same_step_autoreset=not config.evaluate)
+        except ValueError as err:
+            raise SettingsError(f"--env: {err}") from None
+        try:
+            self.spaces = check_spaces(self.envs, config.env)
+            self.algorithm = for_spaces(config.algorithm, self.spaces, config.env)
+            self.config = config = with_defaults(config, self.algorithm, "actor")
+        except ValueError as err:
+            self.envs.close()
+            raise SettingsError(str(err)) from None
+        self.acting = self.algorithm.acting()
+        self.explorer = self.acting.make_explorer(config, self.spaces, self._rng)
+        (self.metrics.epsilon if self.explorer.name == "epsilon" else self.metrics.noise_scale).set(self.explorer.scale)
         # Atari: train on rewards clipped to [-1, 1] (DQN, Ape-X); episode returns are reported unclipped.
         self.clip_rewards = clips_rewards(config.env)
         # Environment i of this actor resets with seed + i; below 2**32, which MinAtar's RandomState requires.
@@ -98,7 +114,7 @@ class ApeXActor:
                                          resolve_every=config.replay_resolve_seconds)
         self._sync_shards(force=True)
         self._next_shard = config.actor_index % max(1, len(self.shards))
-        self.policy: Policy | None = None
+        self.policy: ActingPolicy | None = None
         self.weight_version = 0
         self.env_steps = 0
         self.episodes = 0
@@ -123,7 +139,7 @@ class ApeXActor:
             return False
         self.metrics.weight_lag.set(fetched[0] - self.weight_version if self.policy is not None else 0)
         self.weight_version, weights = fetched
-        self.policy = make_policy(weights, self.spaces)
+        self.policy = self.acting.make_policy(weights, self.spaces)
         self.metrics.weight_version.set(self.weight_version)
         return True
 
@@ -137,8 +153,8 @@ class ApeXActor:
                                    f"{self.config.weights_wait_seconds:.0f}s")
             if not self._pull_weights():
                 stop.wait(0.2)
-        log.info("actor %d got weights version %d; epsilon %.4f", self.config.actor_index, self.weight_version,
-                 self.epsilon)
+        log.info("actor %d got weights version %d; %s %.4f", self.config.actor_index, self.weight_version,
+                 self.explorer.name, self.explorer.scale)
 
     # ------------------------------------------------------------------------------------------------- replay
     def _sync_shards(self, force: bool = False) -> None:
@@ -170,7 +186,7 @@ class ApeXActor:
         learner can measure policy staleness. Image observations are compressed (setting `compress`)."""
         columns = stack_transitions(transitions)
         columns[ROW_VERSION_COLUMN] = np.asarray(versions, dtype=np.int64)
-        priorities = self.policy.td_error_abs(columns) + MIN_PRIORITY
+        priorities = self.policy.initial_priorities(columns) + MIN_PRIORITY
         columns = compress_image_columns(columns, self.config.compress)  # after the priorities: they need pixels
         self._sync_shards()
         start = self._next_shard
@@ -226,7 +242,7 @@ class ApeXActor:
                 if ahead > 0.01:
                     stop.wait(ahead)
             acting_since = time.perf_counter()
-            actions = epsilon_greedy(self.policy.q_values(obs), self.epsilon, self._rng)
+            actions = self.explorer.actions(self.policy, obs)
             next_obs, rewards, terminated, truncated, info = self.envs.step(actions)
             train_rewards = np.clip(rewards, -1.0, 1.0) if self.clip_rewards else rewards
             for i in range(num_envs):
@@ -283,7 +299,7 @@ class ApeXActor:
                     ahead = self.env_steps / cfg.max_steps_per_second - (time.monotonic() - started)
                     if ahead > 0.01:
                         stop.wait(ahead)
-                actions = epsilon_greedy(self.policy.q_values(obs), self.epsilon, self._rng)
+                actions = self.explorer.actions(self.policy, obs)
                 obs, rewards, terminated, truncated, _ = self.envs.step(actions)
                 returns += np.where(playing, rewards, 0.0)
                 lengths += playing

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apexrl.actor.exploration import apex_epsilon
+from apexrl.algorithms.registry import AUTO
+from apexrl.algorithms.registry import names as algorithm_names
 from apexrl.common.discovery import check_targets
 from apexrl.common.process import (
     host_setting,
@@ -38,9 +39,13 @@ class ActorConfig:
                                       wiring="the [[shard]] tables", metavar="ADDRESSES")
     replay_resolve_seconds: float = replay_resolve_setting()
     actor_index: int = setting(0, "this actor's index i in the fleet", wiring="the [[actors]] groups")
-    num_actors: int = setting(1, "actors in the fleet N; with i it sets epsilon = 0.4 ** (1 + 7 i / (N - 1))",
+    num_actors: int = setting(1, "actors in the fleet N; with i it sets this actor's exploration (dqn: epsilon = "
+                                 "0.4 ** (1 + 7 i / (N - 1)); dpg: noise scale = 0.5 * 0.1 ** (i / (N - 1)))",
                               wiring="the [[actors]] groups")
     env: str = setting("CartPole-v1", "Gymnasium environment id", wiring="[fleet] env")
+    algorithm: str = setting(AUTO, "algorithm whose policy this actor plays: dqn (Discrete actions) or dpg (Box "
+                                   "actions); auto picks by the environment's action space",
+                             choices=algorithm_names(), wiring="[fleet] algorithm")
     evaluate: bool = setting(False, "evaluator: play rounds of --num-envs greedy episodes side by side, each round "
                                     "with the newest weights, insert nothing", wiring="the [evaluator] table")
     episodes_csv: str | None = setting(None, "append one CSV line per finished episode to this file",
@@ -58,8 +63,14 @@ class ActorConfig:
     # Exploration
     num_envs: int = setting(1, "environments stepped together by this actor (one Gymnasium vector environment; "
                                "a convolutional network's forward pass is batched over them)")
-    epsilon: float | None = setting(None, "fixed exploration rate instead of the Ape-X schedule (none: the "
+    epsilon: float | None = setting(None, "dqn: fixed exploration rate instead of the Ape-X schedule (none: the "
                                           "schedule; evaluators play with 0)")
+    noise_scale: float | None = setting(None, "dpg: fixed standard deviation of the Gaussian action noise, in "
+                                              "half action ranges, instead of the per-actor schedule (none: the "
+                                              "schedule, from 0.5 for actor 0 down to 0.05 for actor N-1; "
+                                              "evaluators play with 0)")
+    random_steps: int | None = setting(None, "dpg: environment steps this actor takes with uniformly random "
+                                             "actions before it follows its policy (none: 1000)")
     # Transitions
     n_step: int = setting(3, "n of the n-step returns")
     gamma: float = setting(0.99, "discount factor")
@@ -102,6 +113,12 @@ class ActorConfig:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
         if self.epsilon is not None and not 0 <= self.epsilon <= 1:
             raise ValueError(f"epsilon ({self.epsilon}) must be in [0, 1]")
+        if self.noise_scale is not None and not 0 <= self.noise_scale <= 10:
+            raise ValueError(f"noise_scale ({self.noise_scale}) must be in [0, 10] (half action ranges)")
+        if self.random_steps is not None and self.random_steps < 0:
+            raise ValueError(f"random_steps ({self.random_steps}) must be >= 0")
+        if self.algorithm not in algorithm_names():
+            raise ValueError(f"algorithm ({self.algorithm!r}) must be one of {', '.join(algorithm_names())}")
         if not 0 < self.gamma <= 1:
             raise ValueError(f"gamma ({self.gamma}) must be in (0, 1]")
         if self.max_steps_per_second is not None and not self.max_steps_per_second > 0:
@@ -111,10 +128,3 @@ class ActorConfig:
         if not self.evaluation_round_seconds >= 0:
             raise ValueError(f"evaluation_round_seconds ({self.evaluation_round_seconds}) must be >= 0")
         tls_of(self)
-
-    @property
-    def effective_epsilon(self) -> float:
-        if self.epsilon is not None:
-            return self.epsilon
-        return 0.0 if self.evaluate else apex_epsilon(self.actor_index, self.num_actors)
-

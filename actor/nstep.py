@@ -24,10 +24,11 @@ from apexrl.common.compression import CompressedColumn, compress
 
 
 class Transition(NamedTuple):
-    """One n-step transition as the actor sends it (semantics in the module docstring)."""
+    """One n-step transition as the actor sends it (semantics in the module docstring). `action` is an int for
+    a Discrete space, a float32 array for a Box (as taken: noise included, inside the bounds)."""
 
     obs: np.ndarray
-    action: int
+    action: int | np.ndarray
     reward: float
     discount: float
     next_obs: np.ndarray
@@ -50,7 +51,7 @@ class NStepAccumulator:
         self.n = n
         self.gamma = float(gamma)
         self._powers = self.gamma ** np.arange(n + 1)  # gamma^0 .. gamma^n
-        self._pending: deque[tuple[np.ndarray, int, float]] = deque()
+        self._pending: deque[tuple[np.ndarray, int | np.ndarray, float]] = deque()
 
     def __len__(self) -> int:
         """The number of steps still waiting for their n-step return."""
@@ -63,14 +64,14 @@ class NStepAccumulator:
     def push(
         self,
         obs: np.ndarray,
-        action: int,
+        action: int | np.ndarray,
         reward: float,
         next_obs: np.ndarray,
         terminated: bool,
         truncated: bool,
     ) -> list[Transition]:
         """Record one step; return the transitions it completed, oldest first."""
-        self._pending.append((stored_obs(obs), int(action), float(reward)))
+        self._pending.append((stored_obs(obs), stored_action(action), float(reward)))
         episode_over = bool(terminated) or bool(truncated)
         if len(self._pending) < self.n and not episode_over:
             return []
@@ -92,14 +93,27 @@ def stored_obs(obs: np.ndarray) -> np.ndarray:
     return np.array(array, dtype=np.float32 if array.dtype.kind == "f" else array.dtype)
 
 
+def stored_action(action: int | np.ndarray) -> int | np.ndarray:
+    """An action as replay stores it: an int (Discrete) or a float32 copy (a Box)."""
+    array = np.asarray(action)
+    if array.ndim == 0 and array.dtype.kind in "iub":
+        return int(array)
+    return np.array(array, dtype=np.float32)
+
+
 def stack_transitions(transitions: Sequence[Transition]) -> dict[str, np.ndarray]:
     """Columns for a replay insert: obs/next_obs [B, *obs_shape] (float32, or the observations' own dtype: uint8
-    pixels stay uint8), action int64[B], reward/discount float32[B]."""
+    pixels stay uint8), action int64[B] (Discrete) or float32[B, action_dim] (Box), reward/discount float32[B]."""
     if not transitions:
         raise ValueError("cannot stack an empty list of transitions")
+    first = transitions[0].action
+    if isinstance(first, np.ndarray):
+        actions = np.stack([t.action for t in transitions]).astype(np.float32, copy=False)
+    else:
+        actions = np.fromiter((t.action for t in transitions), dtype=np.int64, count=len(transitions))
     return {
         "obs": _stacked([t.obs for t in transitions]),
-        "action": np.fromiter((t.action for t in transitions), dtype=np.int64, count=len(transitions)),
+        "action": actions,
         "reward": np.fromiter((t.reward for t in transitions), dtype=np.float32, count=len(transitions)),
         "discount": np.fromiter((t.discount for t in transitions), dtype=np.float32, count=len(transitions)),
         "next_obs": _stacked([t.next_obs for t in transitions]),

@@ -189,8 +189,8 @@ def run_envs(args: argparse.Namespace, results: Results) -> EnvRun:
 def measure_env(args: argparse.Namespace, results: Results, children: Children, env_id: str) -> dict:
     """Play and store real transitions of `env_id` in 2 fresh shards, then measure each batch size."""
     from apexrl.actor.nstep import compress_image_columns
+    from apexrl.algorithms.torso_specs import resolve_network
     from apexrl.common.environments import env_spaces
-    from apexrl.learner.networks import resolve_network
 
     spaces = env_spaces(env_id)
     network = resolve_network("auto", spaces)

@@ -53,10 +53,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from apexrl.actor.exploration import apex_epsilon
 from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
-from apexrl.learner.losses import double_dqn_loss, td_error_abs
-from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
+from apexrl.algorithms.dqn.exploration import apex_epsilon
+from apexrl.algorithms.dqn.losses import double_dqn_loss, td_error_abs
+from apexrl.algorithms.dqn.networks import DuelingQNetwork
+from apexrl.algorithms.torsos import state_dict_to_numpy
 
 
 @dataclass

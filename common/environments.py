@@ -17,80 +17,20 @@ Atari and MinAtar need the `atari` extra (`pip install 'apexrl[atari]'`).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+from apexrl.common.spaces import BOX, CHW, DISCRETE, HW, HWC, VECTOR, EnvSpaces, image_layout
 
 ATARI_FRAME_SKIP = 4
 ATARI_SCREEN_SIZE = 84
 ATARI_FRAME_STACK = 4
 ATARI_NOOP_MAX = 30
 MINATAR_MAX_EPISODE_STEPS = 10_000
-
-# Observation layouts the built-in networks read: a flat vector, or an image with its channel axis first ([C, H, W],
-# e.g. stacked Atari frames), last ([H, W, C], e.g. MinAtar) or absent ([H, W]).
-VECTOR, CHW, HWC, HW = "vector", "chw", "hwc", "hw"
-
-
-@dataclass(frozen=True)
-class EnvSpaces:
-    """What the built-in networks need to know of an environment's spaces."""
-
-    obs_shape: tuple[int, ...]
-    obs_dtype: str  # numpy dtype name: float32, uint8, bool, ...
-    num_actions: int
-
-    @classmethod
-    def vector(cls, obs_dim: int, num_actions: int) -> EnvSpaces:
-        return cls((obs_dim,), "float32", num_actions)
-
-    @property
-    def obs_dim(self) -> int:
-        """Numbers in one observation (an MLP's input size)."""
-        return math.prod(self.obs_shape)
-
-    @property
-    def layout(self) -> str:
-        """VECTOR, CHW, HWC or HW (see `image_layout`)."""
-        return image_layout(self.obs_shape)
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        """(channels, height, width) of an image observation; ValueError for a vector."""
-        s = self.obs_shape
-        if self.layout == CHW:
-            return s[0], s[1], s[2]
-        if self.layout == HWC:
-            return s[2], s[0], s[1]
-        if self.layout == HW:
-            return 1, s[0], s[1]
-        raise ValueError(f"observations of shape {s} are not images")
-
-    @property
-    def input_scale(self) -> float:
-        """Factor a network applies to the observation: 1/255 for uint8 pixels (scaled inside the network, so
-        replay and the wire keep 1 byte per pixel), 1 otherwise."""
-        return 1.0 / 255.0 if self.obs_dtype == "uint8" else 1.0
-
-
-def image_layout(shape: tuple[int, ...]) -> str:
-    """How the axes of an observation of this shape are read.
-
-    One axis: VECTOR. Two: HW (one channel). Three: CHW when the first axis is strictly shorter than both others
-    (a stack of a few frames: Atari's [4, 84, 84]), HWC otherwise (Gymnasium's image convention: ALE's raw
-    [210, 160, 3], MinAtar's [10, 10, C] including Seaquest's [10, 10, 10]).
-    """
-    if len(shape) == 1:
-        return VECTOR
-    if len(shape) == 2:
-        return HW
-    if len(shape) == 3:
-        return CHW if shape[0] < min(shape[1], shape[2]) else HWC
-    raise ValueError(f"observations of shape {shape} are neither vectors nor images")
-
+# The spaces' types live in apexrl.common.spaces (no gymnasium); re-exported here for the roles that make envs.
+__all__ = ["BOX", "CHW", "DISCRETE", "HW", "HWC", "VECTOR", "EnvSpaces", "image_layout"]
 
 def check_spaces(env: gym.Env | gym.vector.VectorEnv, env_id: str) -> EnvSpaces:
     """The sizes the built-in networks need (of one copy, for a vector environment); ValueError naming the space
@@ -102,12 +42,27 @@ def check_spaces(env: gym.Env | gym.vector.VectorEnv, env_id: str) -> EnvSpaces:
     if not isinstance(obs_space, gym.spaces.Box) or not 1 <= len(obs_space.shape) <= 3:
         raise ValueError(f"{env_id}: the built-in actor needs a Box observation space of a vector or an image, "
                          f"got {obs_space}")
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise ValueError(f"{env_id}: the built-in actor needs a Discrete action space, got {action_space}")
     dtype = np.dtype(obs_space.dtype)
     if dtype.kind not in "fiub":
         raise ValueError(f"{env_id}: observations of dtype {dtype} are not supported")
-    return EnvSpaces(tuple(int(d) for d in obs_space.shape), dtype.name, int(action_space.n))
+    obs_shape = tuple(int(d) for d in obs_space.shape)
+    if isinstance(action_space, gym.spaces.Discrete):
+        if int(action_space.start) != 0:
+            raise ValueError(f"{env_id}: a Discrete action space must start at 0, got {action_space}")
+        return EnvSpaces(obs_shape, dtype.name, int(action_space.n))
+    if isinstance(action_space, gym.spaces.Box):
+        if len(action_space.shape) != 1 or action_space.shape[0] < 1:
+            raise ValueError(f"{env_id}: a Box action space must be one-dimensional (a vector of floats), got "
+                             f"shape {action_space.shape}")
+        low, high = np.asarray(action_space.low, np.float64), np.asarray(action_space.high, np.float64)
+        if not (np.isfinite(low).all() and np.isfinite(high).all()):
+            raise ValueError(f"{env_id}: a Box action space needs finite bounds (a deterministic policy is squashed "
+                             f"into them), got low {low.tolist()} and high {high.tolist()}")
+        if not (low < high).all():
+            raise ValueError(f"{env_id}: a Box action space needs low < high in every dimension, got low "
+                             f"{low.tolist()} and high {high.tolist()}")
+        return EnvSpaces(obs_shape, dtype.name, 0, tuple(low.tolist()), tuple(high.tolist()))
+    raise ValueError(f"{env_id}: the built-in actor needs a Discrete or a Box action space, got {action_space}")
 
 
 def is_atari(env_id: str) -> bool:
@@ -158,15 +113,21 @@ def make_vector_env(env_id: str, num_envs: int, *, same_step_autoreset: bool = T
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
+# Solve bars of environments whose registration has no reward_threshold but whose community has one.
+USUAL_THRESHOLDS = {"Pendulum-v1": -150.0}  # rl-baselines3-zoo's and most papers' bar; Gymnasium registers none
+
+
 def reward_threshold(env_id: str) -> float | None:
-    """The return at which `env_id` counts as solved in its Gymnasium registration (None when it has none, as the
-    Atari and MinAtar games, or for an unknown id)."""
+    """The return at which `env_id` counts as solved: its Gymnasium registration's reward_threshold, else the usual
+    bar of `USUAL_THRESHOLDS` (None when neither has one, as the Atari and MinAtar games, or for an unknown id)."""
     _register(env_id)
     try:
         threshold = gym.spec(env_id).reward_threshold
     except gym.error.Error:
         return None
-    return None if threshold is None else float(threshold)
+    if threshold is None:
+        return USUAL_THRESHOLDS.get(env_id)
+    return float(threshold)
 
 
 def env_spaces(env_id: str) -> EnvSpaces:
@@ -199,4 +160,8 @@ def _register(env_id: str) -> None:
 def _extra_hint(env_id: str) -> str:
     if env_id.startswith(("ALE/", "MinAtar/")):
         return " (Atari and MinAtar need the atari extra: pip install 'apexrl[atari]')"
+    entry_point = str(getattr(gym.registry.get(env_id), "entry_point", ""))
+    for family in ("mujoco", "box2d"):
+        if entry_point.startswith(f"gymnasium.envs.{family}"):
+            return f" (Gymnasium's {family} environments need the {family} extra: pip install 'apexrl[{family}]')"
     return ""

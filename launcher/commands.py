@@ -7,11 +7,13 @@ will, so a bad setting is refused before any process starts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from apexrl.actor.config import ActorConfig
+from apexrl.algorithms.registry import AUTO, for_action_kind, get, with_defaults
 from apexrl.common.settings import SettingsError, parse_argv, to_argv
 from apexrl.launcher.fleet_config import (
     ATARI_EVALUATION_EPISODES,
@@ -41,10 +43,46 @@ def evaluation_episodes(config: FleetConfig) -> int:
     return ATARI_EVALUATION_EPISODES if is_atari(config.env) else DEFAULT_EVALUATION_EPISODES
 
 
+@functools.lru_cache(maxsize=16)
+def action_kind(env_id: str) -> str | None:
+    """DISCRETE or BOX: the action space of `env_id` (made once); None on a machine without gymnasium (a shards-only
+    machine may lack it); ConfigError when the environment cannot be made or played."""
+    try:
+        from apexrl.common.environments import env_spaces
+    except ImportError:
+        return None
+    try:
+        return env_spaces(env_id).action_kind
+    except ValueError as err:
+        raise ConfigError(f"--env: {err}") from None
+
+
+def with_algorithm(config: FleetConfig) -> FleetConfig:
+    """`config` with its algorithm named (auto: by the environment's action space) and the algorithm's fleet
+    defaults (replay_capacity, samples_per_insert) filled in where none were given; ConfigError for an algorithm
+    that cannot play the environment (--algorithm dqn on a Box). Idempotent."""
+    kind = action_kind(config.env)
+    try:
+        if config.algorithm == AUTO:
+            if kind is None:
+                raise ValueError(f"cannot read {config.env}'s action space on this machine (no gymnasium): set "
+                                 f"[fleet] algorithm (dqn or dpg) so that every machine agrees on its defaults")
+            algorithm = for_action_kind(AUTO, kind, config.env)
+            config = dataclasses.replace(config, algorithm=algorithm.name)
+        else:
+            algorithm = get(config.algorithm)
+            if kind is not None:
+                for_action_kind(config.algorithm, kind, config.env)
+        return with_defaults(config, algorithm, "fleet")
+    except ValueError as err:
+        raise ConfigError(f"--algorithm: {err}") from None
+
+
 def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -> Any:
     """The settings dataclass of `role`: its fleet-file settings with the launcher's wiring on top. Its ports
     must be concrete (0 is allowed for a shard: it reports the port it got in its port file). Every role gets
     the machine's TLS files ([fleet] tls_cert, tls_key, tls_ca), every role that dials also tls_server_name."""
+    config = with_algorithm(config)
     seed = config.seed
     metrics = role.metrics_port if role.metrics_port is not None else -1
     tls = {"tls_cert": config.tls_cert, "tls_key": config.tls_key, "tls_ca": config.tls_ca}
@@ -63,7 +101,8 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
             )
         if role.kind == "learner":
             return LearnerConfig(
-                **config.learner.settings, **client_tls, replay=links.replay, env=config.env, run_dir=str(run_dir),
+                **config.learner.settings, **client_tls, replay=links.replay, env=config.env,
+                algorithm=config.algorithm, run_dir=str(run_dir),
                 seed=seed,
                 host=config.bind, port=role.port or 0, metrics_port=metrics,
                 min_replay_size=config.shard_min_size * len(config.shards),
@@ -78,7 +117,7 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
                                 if g.first_index <= role.index < g.first_index + g.count)
             return ActorConfig(
                 **settings, **client_tls, params=links.params, replay=links.replay, actor_index=role.index,
-                num_actors=config.num_actors, env=config.env, evaluate=evaluate,
+                num_actors=config.num_actors, env=config.env, algorithm=config.algorithm, evaluate=evaluate,
                 episodes_csv=str(run_dir / "episodes" / ("evaluator.csv" if evaluate else f"actor-{role.index}.csv")),
                 seed=None if seed is None else seed + (999 if evaluate else 1000 + role.index),
                 host=config.bind, metrics_port=metrics,

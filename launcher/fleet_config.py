@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from apexrl.algorithms.registry import AUTO
+from apexrl.algorithms.registry import names as algorithm_names
 from apexrl.common.settings import SettingsError, setting
 from apexrl.common.tls import TlsFiles
 
@@ -30,9 +32,12 @@ class FleetSettings:
 
     Attributes:
         seed: base seed (shard i: seed + i, learner: seed, actor i: seed + 1000 + i, evaluator: seed + 999).
+        algorithm: the learning algorithm of every role (`apexrl.algorithms`); auto: Ape-X DQN for a Discrete action
+            space, Ape-X DPG for a Box. The algorithm's defaults fill replay_capacity and samples_per_insert when
+            they are not given (`apexrl.launcher.commands.with_algorithm`).
         samples_per_insert: replay ratio the shards enforce (sampled rows per inserted row; 0 = unlimited): actors
             wait when they run ahead of the learner, so learning per environment step does not depend on how the
-            machine's cores are shared. 16 (one update of 256 rows per 16 env steps) with the learner's defaults
+            machine's cores are shared. DQN's 16 (one update of 256 rows per 16 env steps) with the learner's defaults
             (dueling 256x256, target copy every 100 updates) solved CartPole-v1 in ~0.6x the env steps and ~0.8x
             the wall time of the earlier 8 with 128x128 rows and copies every 250 (bench/tune_cartpole.py's sweep
             and seed-0 fleet runs; docs/progress.md).
@@ -54,13 +59,17 @@ class FleetSettings:
 
     env: str = setting(DEFAULT_ENV, "Gymnasium environment id played by actors and evaluator and learnt by the "
                                     "learner")
+    algorithm: str = setting(AUTO, "learning algorithm: dqn (Ape-X DQN, Discrete actions) or dpg (Ape-X DPG, Box "
+                                   "actions); auto picks by the environment's action space",
+                             choices=algorithm_names())
     run_dir: str | None = setting(None, "directory of logs, episodes, checkpoints and results on every machine "
                                         "(none: runs/ENV-TIMESTAMP)", metavar="DIR")
     seed: int | None = setting(None, "base seed; each role derives its own (none: unseeded)")
     target_return: float | None = setting(None, "stop, solved, once the last 100 evaluation episodes average at "
                                                 "least this (none: the environment's reward_threshold from its "
                                                 "Gymnasium registration, e.g. 475 for CartPole-v1 and -100 for "
-                                                "Acrobot-v1; an environment without one runs until --max-seconds)")
+                                                "Acrobot-v1, or the usual bar where it registers none: -150 for "
+                                                "Pendulum-v1; an environment without one runs until --max-seconds)")
     evaluation_episodes: int | None = setting(
         None, "greedy episodes the evaluator plays side by side per round, all with the newest weights (its "
               "--num-envs; an [evaluator] num_envs overrides it): the target is checked on the last 100 evaluation "
@@ -83,9 +92,11 @@ class FleetSettings:
                                                 "instead of the addresses it dials (one certificate for every "
                                                 "machine); needs tls_ca or tls_cert (none: the addresses "
                                                 "dialled)", metavar="NAME")
-    replay_capacity: int = setting(25_000, "rows over all shards together (each holds its share)")
-    samples_per_insert: float = setting(16.0, "replay ratio the shards enforce: sampled rows per inserted row, "
-                                              "0 = unlimited (16 with batches of 256: one update per 16 env steps)")
+    replay_capacity: int | None = setting(None, "rows over all shards together (each holds its share) (none: the "
+                                                "algorithm's default: dqn 25,000, dpg 100,000)")
+    samples_per_insert: float | None = setting(
+        None, "replay ratio the shards enforce: sampled rows per inserted row, 0 = unlimited (none: the "
+              "algorithm's default: dqn 16, one update of 256 rows per 16 env steps; dpg 64, one per 4)")
     min_replay_size: int = setting(1_000, "rows the shards hold in total before the learner trains")
     startup_timeout: float = setting(120.0, "seconds each service may take to report SERVING")
     progress_seconds: float = setting(5.0, "seconds between progress lines")
@@ -110,10 +121,13 @@ class FleetSettings:
                               f"({self.restart_window}) > 0")
         if not self.stop_grace >= 0:
             raise ConfigError(f"stop_grace ({self.stop_grace}) must be >= 0")
-        if self.replay_capacity < 1 or self.min_replay_size < 1:
+        if self.algorithm not in algorithm_names():
+            raise ConfigError(f"algorithm ({self.algorithm!r}) must be one of {', '.join(algorithm_names())}")
+        if (self.replay_capacity is not None and self.replay_capacity < 1) or self.min_replay_size < 1:
             raise ConfigError(f"replay_capacity ({self.replay_capacity}) and min_replay_size "
                               f"({self.min_replay_size}) must be at least 1")
-        if not (math.isfinite(self.samples_per_insert) and self.samples_per_insert >= 0):
+        if self.samples_per_insert is not None and \
+                not (math.isfinite(self.samples_per_insert) and self.samples_per_insert >= 0):
             raise ConfigError(f"samples_per_insert ({self.samples_per_insert}) must be >= 0")
         try:
             self.tls_files()
@@ -182,6 +196,8 @@ class FleetConfig(FleetSettings):
 
     @property
     def shard_capacity(self) -> int:
+        if self.replay_capacity is None:
+            raise ConfigError("replay_capacity is not resolved yet (apexrl.launcher.commands.with_algorithm)")
         return -(-self.replay_capacity // len(self.shards))
 
     @property

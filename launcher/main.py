@@ -77,10 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from apexrl.launcher.commands import check_commands
+    from apexrl.launcher.commands import check_commands, with_algorithm
 
     try:
         config, host = resolve_config(args)
+        config = with_algorithm(config)
         run_dir = Path(config.run_dir or default_run_dir(config.env))
         if (run_dir / "config.json").exists():
             raise ConfigError(f"{run_dir} already holds a run (config.json); choose another --run-dir")

@@ -1,55 +1,63 @@
 """Learner checkpoints: everything needed to resume training or to play the policy (`apexrl evaluate`).
 
 A checkpoint is a torch file of tensors and plain values only, written atomically (temp file, fsync, rename) and
-read back with `torch.load(weights_only=True)`, so loading one never runs pickled code.
+read back with `torch.load(weights_only=True)`, so loading one never runs pickled code. It holds the algorithm's
+name, the environment's spaces, the network architecture (checked on resume), the algorithm's training state
+(networks, targets, optimisers), and the acting weights, the same mapping the parameter service publishes, so a
+policy plays from a checkpoint with the actors' code alone. Checkpoints of the DQN-only format
+(`apexrl-dqn-v1`) still load.
 """
 
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from apexrl.common.files import atomic_write
+from apexrl.common.spaces import EnvSpaces
 
-FORMAT = "apexrl-dqn-v1"
+FORMAT = "apexrl-v2"
+FORMAT_DQN_V1 = "apexrl-dqn-v1"
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     env_id: str
-    obs_dim: int
-    num_actions: int
-    hidden_sizes: tuple[int, ...]
-    online: dict[str, torch.Tensor]
-    target: dict[str, torch.Tensor]
-    optimizer: dict[str, Any] | None
+    algorithm: str
+    spaces: EnvSpaces
+    architecture: dict[str, Any]
+    state: dict[str, Any]
+    acting_weights: Mapping[str, np.ndarray]
     updates: int
     weight_version: int
-    network: str = "mlp"  # the torso (apexrl.learner.networks.build_network); checkpoints before it were MLPs
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
     """Write atomically; a crash mid-write leaves the previous checkpoint intact."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    spaces = checkpoint.spaces
     payload = {
         "format": FORMAT,
         "env_id": checkpoint.env_id,
-        "obs_dim": checkpoint.obs_dim,
-        "num_actions": checkpoint.num_actions,
-        "hidden_sizes": list(checkpoint.hidden_sizes),
-        "online": checkpoint.online,
-        "target": checkpoint.target,
-        "optimizer": checkpoint.optimizer,
+        "algorithm": checkpoint.algorithm,
+        "spaces": {"obs_shape": list(spaces.obs_shape), "obs_dtype": spaces.obs_dtype,
+                   "num_actions": spaces.num_actions, "action_low": list(spaces.action_low),
+                   "action_high": list(spaces.action_high)},
+        "architecture": checkpoint.architecture,
+        "state": checkpoint.state,
+        "acting_weights": {name: torch.from_numpy(np.ascontiguousarray(array))
+                           for name, array in checkpoint.acting_weights.items()},
         "updates": checkpoint.updates,
         "weight_version": checkpoint.weight_version,
-        "network": checkpoint.network,
     }
     buffer = io.BytesIO()
     torch.save(payload, buffer)
@@ -66,23 +74,58 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """The checkpoint at `path` (see `resolve_checkpoint`); ValueError naming the fault when it is not one."""
     file = resolve_checkpoint(path)
     try:
         payload = torch.load(file, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises whatever its unpickler meets (UnpicklingError, EOFError, ...)
         raise ValueError(f"{file} is not an apexrl checkpoint: {type(err).__name__}: {err}") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise ValueError(f"{file} is not an apexrl checkpoint (format {found!r}, want {FORMAT!r})")
+    found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+    try:
+        if found == FORMAT:
+            return _from_v2(payload)
+        if found == FORMAT_DQN_V1:
+            return _from_dqn_v1(payload)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{file} is a damaged apexrl checkpoint ({found}): {type(err).__name__}: {err}") from None
+    raise ValueError(f"{file} is not an apexrl checkpoint (format {found!r}, want {FORMAT!r})")
+
+
+def _numpy(weights: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {name: tensor.detach().cpu().numpy() for name, tensor in weights.items()}
+
+
+def _from_v2(payload: dict[str, Any]) -> Checkpoint:
+    spaces = payload["spaces"]
     return Checkpoint(
-        env_id=payload["env_id"],
-        obs_dim=int(payload["obs_dim"]),
-        num_actions=int(payload["num_actions"]),
-        hidden_sizes=tuple(int(h) for h in payload["hidden_sizes"]),
-        online=payload["online"],
-        target=payload["target"],
-        optimizer=payload["optimizer"],
+        env_id=str(payload["env_id"]),
+        algorithm=str(payload["algorithm"]),
+        spaces=EnvSpaces(tuple(int(d) for d in spaces["obs_shape"]), str(spaces["obs_dtype"]),
+                         int(spaces["num_actions"]), tuple(float(v) for v in spaces["action_low"]),
+                         tuple(float(v) for v in spaces["action_high"])),
+        architecture=dict(payload["architecture"]),
+        state=dict(payload["state"]),
+        acting_weights=_numpy(payload["acting_weights"]),
         updates=int(payload["updates"]),
         weight_version=int(payload["weight_version"]),
-        network=str(payload.get("network", "mlp")),
+    )
+
+
+def _from_dqn_v1(payload: dict[str, Any]) -> Checkpoint:
+    """A checkpoint of the DQN-only learner: its online network is also the acting weights. It recorded the
+    observations' size, not their shape or dtype: `spaces` is a float vector of that size (`apexrl evaluate` reads
+    the environment's own spaces)."""
+    network = str(payload.get("network", "mlp"))
+    obs_dim, num_actions = int(payload["obs_dim"]), int(payload["num_actions"])
+    spaces = EnvSpaces((obs_dim,), "float32", num_actions)
+    return Checkpoint(
+        env_id=str(payload["env_id"]),
+        algorithm="dqn",
+        spaces=spaces,
+        architecture={"network": network, "hidden_sizes": [int(h) for h in payload["hidden_sizes"]],
+                      "obs_dim": obs_dim, "num_actions": num_actions},
+        state={"online": payload["online"], "target": payload["target"], "optimizer": payload["optimizer"]},
+        acting_weights=_numpy(payload["online"]),
+        updates=int(payload["updates"]),
+        weight_version=int(payload["weight_version"]),
     )

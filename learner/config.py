@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from apexrl.algorithms.registry import AUTO
+from apexrl.algorithms.registry import names as algorithm_names
+from apexrl.algorithms.torso_specs import NETWORKS
 from apexrl.common.discovery import check_targets
 from apexrl.common.process import (
     health_port_setting,
@@ -24,17 +27,16 @@ from apexrl.common.tls import check_health_port, tls_of
 
 DEFAULT_PORT = 7200
 DEFAULT_METRICS_PORT = 9200
-# The Q-network torsos `apexrl.learner.networks` builds (auto: chosen from the observation space).
-NETWORKS = ("auto", "mlp", "nature", "minatar")
 
 
 @dataclass(frozen=True)
 class LearnerConfig:
-    """Configuration of the learner process (Ape-X's learner: dueling double DQN on n-step targets over
+    """Configuration of the learner process (Ape-X's learner: an algorithm of `apexrl.algorithms` trained on
     prioritized batches drawn across every shard).
 
-    Attributes are grouped as: wiring (set by the launcher), the hosted parameter service, the network and its
-    optimisation, prioritized replay, the data path, weights and checkpoints, limits.
+    Attributes are grouped as: wiring (set by the launcher), the hosted parameter service, the algorithm, the
+    network and its optimisation, prioritized replay, the data path, weights and checkpoints, limits. A setting
+    left at None takes the algorithm's default (`apexrl.algorithms.registry.with_defaults`).
     """
 
     replay: tuple[str, ...] = setting(help="comma-separated host:port of every replay shard, or dns:///NAME:PORT "
@@ -62,20 +64,40 @@ class LearnerConfig:
     tls_server_name: str | None = tls_server_name_setting()
     health_port: int | None = health_port_setting()
     port_file: str | None = port_file_setting()
+    # Algorithm
+    algorithm: str = setting(AUTO, "learning algorithm: dqn (Ape-X DQN, Discrete actions) or dpg (Ape-X DPG, Box "
+                                   "actions); auto picks by the environment's action space",
+                             choices=algorithm_names(), wiring="[fleet] algorithm")
     # Network and optimisation
-    network: str = setting("auto", "Q-network torso: mlp (vectors; images are flattened), nature (Nature DQN's "
+    network: str = setting("auto", "network torso: mlp (vectors; images are flattened), nature (Nature DQN's "
                                    "convolutions, images of 36x36 and up), minatar (one 3x3 convolution, small "
                                    "images); auto picks mlp for vectors, nature for images of 36x36 and up, minatar "
                                    "below", choices=NETWORKS)
     hidden_sizes: tuple[int, ...] | None = setting(
-        None, "sizes of the fully connected layers before the dueling head (after the convolutions of a "
-              "convolutional torso), comma-separated (none: 256,256 for mlp, 512 for nature, 128 for minatar)",
+        None, "sizes of the fully connected layers before the output (DQN's dueling head, DPG's action or value), "
+              "after the convolutions of a convolutional torso, comma-separated (none: 256,256 for mlp, 512 for "
+              "nature, 128 for minatar)",
         metavar="SIZES")
     batch_size: int = setting(256, "rows per update, drawn across all shards")
-    learning_rate: float | None = setting(None, "Adam learning rate (none: 2e-3 for mlp, 1e-3 for nature and "
-                                                "minatar)")
-    max_grad_norm: float = setting(10.0, "gradient clipping norm")
-    target_update_period: int = setting(100, "updates between copies of the online network into the target network")
+    learning_rate: float | None = setting(None, "Adam learning rate (DPG: of the critic) (none: dqn 2e-3 for mlp, "
+                                                "1e-3 for nature and minatar; dpg 1e-3)")
+    max_grad_norm: float = setting(10.0, "gradient clipping norm (of each network)")
+    target_update_period: int | None = setting(None, "updates between moves of the target networks toward the "
+                                                     "online ones (none: dqn 100, dpg 1)")
+    target_tau: float | None = setting(None, "how far the target networks move at each of those moves: target <- "
+                                             "tau * online + (1 - tau) * target (Polyak averaging); 1: a hard copy "
+                                             "(none: dqn 1, dpg 0.005)")
+    # DPG only
+    policy_learning_rate: float | None = setting(None, "dpg: Adam learning rate of the policy (none: learning_rate)")
+    twin_critics: bool | None = setting(None, "dpg: two critics, the target from the smaller of their values "
+                                              "(TD3's clipped double-Q) (none: on)")
+    policy_delay: int | None = setting(None, "dpg: critic updates per policy update (TD3's delayed policy "
+                                             "updates; 1: every update) (none: 2)")
+    target_noise: float | None = setting(None, "dpg: standard deviation of the Gaussian noise added to the target "
+                                               "policy's action, in half action ranges (TD3's target-policy "
+                                               "smoothing; 0: off) (none: 0.2)")
+    target_noise_clip: float | None = setting(None, "dpg: that noise is clipped to +-this, in half action ranges "
+                                                    "(none: 0.5)")
     # Prioritized replay
     beta_start: float = setting(0.4, "initial importance-sampling exponent (PER)")
     beta_end: float = setting(1.0, "final importance-sampling exponent")
@@ -105,12 +127,26 @@ class LearnerConfig:
         check_targets(self.replay)
         if not self.replay_resolve_seconds > 0:
             raise ValueError(f"replay_resolve_seconds ({self.replay_resolve_seconds}) must be > 0")
-        for name in ("batch_size", "target_update_period", "publish_every", "checkpoint_every", "prefetch_depth",
+        for name in ("batch_size", "publish_every", "checkpoint_every", "prefetch_depth",
                      "sample_batches_per_call", "priority_coalesce_batches", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
         if not self.replay:
             raise ValueError("replay must name at least one shard address")
+        if self.algorithm not in algorithm_names():
+            raise ValueError(f"algorithm ({self.algorithm!r}) must be one of {', '.join(algorithm_names())}")
+        for name in ("target_update_period", "policy_delay"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
+        if self.target_tau is not None and not 0 < self.target_tau <= 1:
+            raise ValueError(f"target_tau ({self.target_tau}) must be in (0, 1]")
+        for name in ("target_noise", "target_noise_clip"):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
+        if self.policy_learning_rate is not None and not self.policy_learning_rate > 0:
+            raise ValueError(f"policy_learning_rate ({self.policy_learning_rate}) must be > 0")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm ({self.max_grad_norm}) must be > 0")
         if self.network not in NETWORKS:
             raise ValueError(f"network ({self.network!r}) must be one of {', '.join(NETWORKS)}")
         if self.hidden_sizes is not None and (not self.hidden_sizes or min(self.hidden_sizes) < 1):

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 
 from apexrl.common.settings import SettingsError, setting
+from apexrl.common.spaces import EnvSpaces
 
 log = logging.getLogger("apexrl.evaluate")
 
@@ -41,37 +42,37 @@ CONFIG = EvaluateConfig
 
 def run(args: EvaluateConfig, stop: threading.Event) -> int:
     import numpy as np
-    import torch
 
+    from apexrl.algorithms.registry import get
     from apexrl.common.environments import check_spaces, make_env
     from apexrl.learner.checkpoint import load_checkpoint, resolve_checkpoint
-    from apexrl.learner.networks import build_network
 
     try:
         file = resolve_checkpoint(args.path)
         checkpoint = load_checkpoint(file)
+        algorithm = get(checkpoint.algorithm)
     except (FileNotFoundError, ValueError) as err:
         raise SettingsError(str(err)) from None
     env_id = args.env or checkpoint.env_id
     try:  # the same preprocessing the actors played with (Atari frame stacks, ...)
         env = make_env(env_id, render_mode="human" if args.render else None)
+        spaces = check_spaces(env, env_id)
     except ValueError as err:
         raise SettingsError(str(err)) from None
-    obs_dim = int(np.prod(env.observation_space.shape or (0,)))
-    num_actions = getattr(env.action_space, "n", None)
-    if obs_dim != checkpoint.obs_dim or num_actions != checkpoint.num_actions:
+    saved = checkpoint.spaces
+    if (spaces.obs_dim, spaces.num_actions, spaces.action_low, spaces.action_high) != \
+            (saved.obs_dim, saved.num_actions, saved.action_low, saved.action_high):
         env.close()
-        raise SettingsError(f"{env_id} has observations of size {obs_dim} and {num_actions} actions; the "
-                            f"checkpoint's network expects {checkpoint.obs_dim} and {checkpoint.num_actions}")
-    try:
-        net = build_network(checkpoint.network, check_spaces(env, env_id), checkpoint.hidden_sizes)
-        net.load_state_dict(checkpoint.online)
-    except (ValueError, RuntimeError) as err:  # another environment's images, a damaged state dict
+        raise SettingsError(f"{env_id} has observations of size {spaces.obs_dim} and {_actions(spaces)}; the "
+                            f"checkpoint's policy expects {saved.obs_dim} and {_actions(saved)}")
+    try:  # the actors' own code: the policy rebuilt from the weights the parameter service would publish
+        policy = algorithm.acting().make_policy(checkpoint.acting_weights, spaces)
+        policy.greedy(np.asarray(env.observation_space.sample())[None])
+    except (ValueError, RuntimeError) as err:  # another environment's images, damaged weights
         env.close()
         raise SettingsError(f"{file} does not fit {env_id}: {err}") from None
-    net.eval()
-    print(f"evaluating {file} (updates {checkpoint.updates}, weights v{checkpoint.weight_version}) on {env_id} "
-          f"for {args.episodes} greedy episodes", flush=True)
+    print(f"evaluating {file} ({algorithm.name}, updates {checkpoint.updates}, weights v{checkpoint.weight_version}) "
+          f"on {env_id} for {args.episodes} greedy episodes", flush=True)
     returns = []
     try:
         for k in range(args.episodes):
@@ -80,9 +81,8 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
             obs, _info = env.reset(seed=None if args.seed is None else args.seed + k)
             total, length, done = 0.0, 0, False
             while not done:
-                with torch.no_grad():
-                    q = net(torch.as_tensor(np.asarray(obs)[None]))  # the network casts and scales
-                obs, reward, terminated, truncated, _info = env.step(int(q.argmax(dim=1).item()))
+                action = policy.greedy(np.asarray(obs)[None])[0]
+                obs, reward, terminated, truncated, _info = env.step(action if action.ndim else int(action))
                 total += float(reward)
                 length += 1
                 done = terminated or truncated
@@ -99,3 +99,9 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
     print(json.dumps({"episodes": len(returns), "mean_return": mean, "std_return": std,
                       "min_return": min(returns), "max_return": max(returns)}), flush=True)
     return 0
+
+
+def _actions(spaces: EnvSpaces) -> str:
+    if spaces.num_actions:
+        return f"{spaces.num_actions} actions"
+    return f"actions in {list(spaces.action_low)}..{list(spaces.action_high)}"

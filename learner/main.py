@@ -12,19 +12,20 @@ from apexrl.learner.config import LearnerConfig
 log = logging.getLogger("apexrl.learner")
 
 CONFIG = LearnerConfig
-HELP = "run the DQN learner, hosting the parameter service"
+HELP = "run the learner (Ape-X DQN or DPG), hosting the parameter service"
 
 
 def run(config: LearnerConfig, stop: threading.Event) -> int:
     import torch
     from prometheus_client import CollectorRegistry
 
+    from apexrl.algorithms.registry import for_spaces
+    from apexrl.algorithms.torso_specs import resolve_network
     from apexrl.common.environments import env_spaces
     from apexrl.common.files import atomic_write
     from apexrl.common.metrics import serve_metrics
     from apexrl.common.tls import describe, tls_of
     from apexrl.learner.learner import Learner, make_sampler
-    from apexrl.learner.networks import resolve_network
     from apexrl.learner.tensorboard_curves import TrainingCurves
 
     torch.set_num_threads(config.torch_threads)
@@ -32,6 +33,10 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         spaces = env_spaces(config.env)
     except ValueError as err:
         raise SettingsError(f"--env: {err}") from None
+    try:
+        for_spaces(config.algorithm, spaces, config.env)
+    except ValueError as err:
+        raise SettingsError(f"--algorithm: {err}") from None
     try:
         resolve_network(config.network, spaces)
     except ValueError as err:
@@ -52,8 +57,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         publish = store.publish
     # The learner (and its checkpoint) first: the hosted service reports SERVING only for a learner that can run.
     curves = TrainingCurves(Path(config.run_dir) / "tensorboard" / "learner") if config.run_dir else None
-    learner = Learner(config, spaces.obs_dim, spaces.num_actions, make_sampler(config), publish, registry, curves,
-                      spaces=spaces)
+    learner = Learner(config, spaces, make_sampler(config), publish, registry, curves)
     if client is not None:
         # A standalone service outlives this process and may hold versions newer than the checkpoint (published
         # after it was written): continue above them, since versions may only grow.
@@ -69,10 +73,11 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         if config.port_file:
             atomic_write(config.port_file, f"{port}\n")
     metrics = serve_metrics(registry, config.metrics_port, config.host)
-    log.info("learner for %s (%s %s -> %s -> %d), batch %d, lr %g; shards %s; parameter service %s; metrics %s",
-             config.env, learner.network, "x".join(map(str, spaces.obs_shape)) + f" {spaces.obs_dtype}",
-             learner.hidden_sizes, spaces.num_actions, config.batch_size,
-             learner.learning_rate, ",".join(config.replay), where, metrics)
+    actions = f"{spaces.num_actions} actions" if spaces.num_actions else \
+        f"actions in [{', '.join(f'{lo:g}' for lo in spaces.action_low)}]..[{', '.join(f'{hi:g}' for hi in spaces.action_high)}]"
+    log.info("learner for %s (observations %s %s, %s): %s; batch %d; shards %s; parameter service %s; metrics %s",
+             config.env, "x".join(map(str, spaces.obs_shape)), spaces.obs_dtype, actions,
+             learner.learning.describe(), config.batch_size, ",".join(config.replay), where, metrics)
     try:
         learner.run(stop)
     finally:

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Create .venv (or reuse it) and install apexrl with everything needed to train and test.
-#   bash scripts/setup.sh           # train + atari + dev + monitoring extras
+#   bash scripts/setup.sh           # train + atari + mujoco + box2d + dev + monitoring extras
 #   APEXRL_EXTRAS=train bash scripts/setup.sh
 # torch is pinned to the CPU build first: a plain 'torch' requirement would otherwise pull a multi-GB CUDA build.
 # Set APEXRL_TORCH to choose another torch requirement (e.g. a CUDA build on a GPU machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${APEXRL_VENV:-.venv}
-EXTRAS=${APEXRL_EXTRAS:-train,atari,dev,monitoring}
+EXTRAS=${APEXRL_EXTRAS:-train,atari,mujoco,box2d,dev,monitoring}
 TORCH=${APEXRL_TORCH:-torch==2.13.0}
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -24,6 +24,9 @@ PACKAGES = {
     "actor": "apexrl.actor",
     "learner": "apexrl.learner",
     "launcher": "apexrl.launcher",
+    "algorithms": "apexrl.algorithms",
+    "algorithms/dqn": "apexrl.algorithms.dqn",
+    "algorithms/dpg": "apexrl.algorithms.dpg",
 }
 # The only modules that may import grpc (and grpc_health / grpc_reflection) or the generated apexrl.proto code.
 WIRE_EDGE = {
@@ -40,8 +43,17 @@ WIRE_EDGE = {
     "apexrl.parameter_server.wire",
 }
 GRPC = ("grpc", "grpc_health", "grpc_reflection", "apexrl.proto")
-MODEL_LIBRARIES = ("torch", "apexrl.learner.learner", "apexrl.learner.networks", "apexrl.learner.checkpoint",
-                   "apexrl.learner.losses", "apexrl.learner.evaluate")
+MODEL_LIBRARIES = ("torch", "apexrl.learner.learner", "apexrl.learner.checkpoint", "apexrl.learner.evaluate",
+                   "apexrl.algorithms.torsos", "apexrl.algorithms.torch_forward")
+# The learner's half of every algorithm (torch networks, losses, updates): never in an actor's process.
+LEARNING_SIDE = ("apexrl.algorithms.torsos", "apexrl.algorithms.dqn.learning", "apexrl.algorithms.dqn.networks",
+                 "apexrl.algorithms.dqn.losses", "apexrl.algorithms.dpg.learning", "apexrl.algorithms.dpg.networks",
+                 "apexrl.algorithms.dpg.losses")
+# Modules an actor of vector environments loads: no torch at import (convolutional policies import it lazily).
+TORCH_FREE_ACTING = ("apexrl.algorithms", "apexrl.algorithms.registry", "apexrl.algorithms.base",
+                     "apexrl.algorithms.torso_specs", "apexrl.algorithms.forward", "apexrl.algorithms.dqn",
+                     "apexrl.algorithms.dqn.acting", "apexrl.algorithms.dqn.exploration", "apexrl.algorithms.dpg",
+                     "apexrl.algorithms.dpg.acting", "apexrl.algorithms.dpg.exploration")
 
 
 def modules() -> dict[str, Path]:
@@ -100,8 +112,43 @@ def test_learner_and_actor_are_siblings():
     assert violations(rule) == []
 
 
+def test_the_algorithms_sit_below_the_roles_and_their_acting_half_never_loads_the_learning_half():
+    """docs/architecture.md: actor and learner are sibling roles on one seam, `apexrl.algorithms`; an actor process
+    reaches only the acting half of an algorithm, and the wiring (learner loop, actor loop, launcher) never names
+    an algorithm's modules: it goes through the registry."""
+    def rule(module: str, target: str) -> str | None:
+        if under(module, "apexrl.algorithms") and under(target, ("apexrl.actor", "apexrl.learner", "apexrl.launcher",
+                                                                 "apexrl.replay_server", "apexrl.parameter_server")):
+            return "algorithms sit below the roles and the services"
+        if under(module, "apexrl.actor") and under(target, LEARNING_SIDE):
+            return "the actor process never loads an algorithm's learning half"
+        if module not in LEARNING_SIDE and not module.endswith(".learning") and under(module, "apexrl.algorithms") \
+                and under(target, LEARNING_SIDE):
+            return "an algorithm's acting half never imports its learning half"
+        if under(module, ("apexrl.actor", "apexrl.learner", "apexrl.launcher")) and \
+                under(target, ("apexrl.algorithms.dqn", "apexrl.algorithms.dpg")):
+            return "the wiring reaches an algorithm through apexrl.algorithms.registry, never by name"
+        return None
+
+    assert violations(rule) == []
+
+
+def test_the_acting_modules_import_torch_only_inside_functions():
+    """A top-level torch import in these modules would load torch into every actor of a vector environment."""
+    found = []
+    for module in TORCH_FREE_ACTING:
+        path = modules()[module]
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
+                      if under(name, ("torch", "apexrl.algorithms.torch_forward", "apexrl.algorithms.torsos"))]
+    assert found == []
+
+
 def test_services_and_common_do_not_import_the_roles_above_them():
-    roles = ("apexrl.actor", "apexrl.learner", "apexrl.launcher")
+    roles = ("apexrl.actor", "apexrl.learner", "apexrl.launcher", "apexrl.algorithms")
 
     def rule(module: str, target: str) -> str | None:
         if under(module, ("apexrl.common", "apexrl.replay_server", "apexrl.parameter_server")) and \
@@ -165,7 +212,8 @@ def test_a_rule_violation_is_caught(tmp_path):
 
 @pytest.mark.parametrize("module", [
     "apexrl.replay_server.main", "apexrl.replay_server.service", "apexrl.parameter_server.main",
-    "apexrl.actor", "apexrl.learner", "apexrl.launcher.cli",
+    "apexrl.actor", "apexrl.learner", "apexrl.launcher.cli", "apexrl.algorithms.registry",
+    "apexrl.algorithms.dqn.acting", "apexrl.algorithms.dpg.acting",
 ])
 def test_importing_the_shard_sdk_and_cli_loads_no_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules, 'gymnasium' in sys.modules)"

@@ -16,12 +16,13 @@ from prometheus_client import CollectorRegistry
 
 from apexrl.actor.apex_actor import MIN_PRIORITY, ApeXActor
 from apexrl.actor.config import ActorConfig
-from apexrl.actor.policy import NumpyDuelingPolicy
+from apexrl.algorithms.dqn.acting import NumpyDuelingPolicy
+from apexrl.algorithms.dqn.networks import DuelingQNetwork
+from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common import grpc_util
 from apexrl.common.discovery import ShardAddresses
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, read_episodes
 from apexrl.common.metrics import RpcMetrics
-from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
 from apexrl.parameter_server.service import ParameterServicer, create_parameter_server
 from apexrl.parameter_server.store import WeightStore
 from apexrl.proto import parameters_pb2_grpc
@@ -142,7 +143,7 @@ def test_it_waits_for_weights_then_inserts_n_step_transitions_with_its_own_prior
     for shard in shards:
         batch = shard.table.sample(512)
         # Initial priority = |TD error| of the actor's own network + a floor (alpha 1: stored as sent).
-        np.testing.assert_allclose(batch.priorities, policy.td_error_abs(batch.columns) + MIN_PRIORITY, rtol=1e-5)
+        np.testing.assert_allclose(batch.priorities, policy.initial_priorities(batch.columns) + MIN_PRIORITY, rtol=1e-5)
         # CartPole pays 1 per step: an n = 3 return mid-episode, or a shorter one ending in a terminal state.
         pairs = {(round(float(r), 5), round(float(d), 5))
                  for r, d in zip(batch.columns["reward"], batch.columns["discount"], strict=True)}
@@ -251,7 +252,7 @@ def test_the_evaluator_plays_rounds_of_greedy_episodes_each_round_with_the_newes
     service.store.publish(weights(0))
     run = run_actor(params=service.address, evaluate=True, num_envs=5, max_episodes=10,
                     evaluation_round_seconds=2.0)
-    assert run.actor.epsilon == 0.0 and run.actor.shards == []
+    assert run.actor.explorer.scale == 0.0 and run.actor.shards == []
     wait_until(lambda: run.actor.episodes >= 5, "a first round of 5 evaluation episodes")
     service.store.publish(weights(3))  # while the evaluator rests (at least 2 s minus its round's length)
     run.join()

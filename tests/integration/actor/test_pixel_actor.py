@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from apexrl.actor.apex_actor import MIN_PRIORITY
-from apexrl.actor.policy import make_policy
-from apexrl.actor.torch_policy import TorchDuelingPolicy
+from apexrl.algorithms.dqn.acting import make_policy
+from apexrl.algorithms.dqn.networks import build_network
+from apexrl.algorithms.dqn.torch_policy import TorchDuelingPolicy
+from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.compression import decompress
 from apexrl.common.environments import env_spaces
-from apexrl.learner.networks import build_network, state_dict_to_numpy
 from apexrl.parameter_server.service import create_parameter_server
 from apexrl.replay_server.table import TableConfig
 
@@ -70,7 +71,7 @@ def test_an_actor_process_on_a_pixel_environment_inserts_image_rows(make_shard, 
     # The initial priorities are the actor's torch network's |TD error| on exactly these rows.
     policy = make_policy(weights, spaces)
     assert isinstance(policy, TorchDuelingPolicy)
-    np.testing.assert_allclose(batch.priorities, policy.td_error_abs(batch.columns) + MIN_PRIORITY, rtol=1e-4,
+    np.testing.assert_allclose(batch.priorities, policy.initial_priorities(batch.columns) + MIN_PRIORITY, rtol=1e-4,
                                atol=1e-5)
     if spaces.obs_shape == (4, 84, 84):
         # Mid-episode rows (Pong's random episodes outlast 30 steps) bootstrap 3 steps later in the same game:

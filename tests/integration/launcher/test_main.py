@@ -334,12 +334,12 @@ def test_a_role_that_dies_past_its_restart_budget_ends_the_run(launch):
 
 @pytest.mark.timeout(150)
 def test_a_learner_that_cannot_start_fails_the_launch_and_stops_the_shards(launch, tmp_path):
-    from apexrl.learner.checkpoint import Checkpoint, save_checkpoint
-    from apexrl.learner.networks import DuelingQNetwork
+    from apexrl.algorithms.dqn.networks import DuelingQNetwork
+    from apexrl.learner.checkpoint import save_checkpoint
+    from tests.support.checkpoints import dqn_checkpoint
 
-    state = DuelingQNetwork(4, 2, (8,)).state_dict()  # the fleet's learner wants (128, 128)
-    save_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint.pt", Checkpoint(
-        "CartPole-v1", 4, 2, (8,), state, state, None, updates=5, weight_version=2))
+    save_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint.pt",  # the fleet's learner wants (256, 256)
+                    dqn_checkpoint(DuelingQNetwork(4, 2, (8,)), (8,), updates=5, weight_version=2))
     run = launch()
     code, result, err = run.wait(timeout=90)
     assert code == 1 and result["solved"] is False
@@ -348,7 +348,7 @@ def test_a_learner_that_cannot_start_fails_the_launch_and_stops_the_shards(launc
     assert result["reason"] in ("startup_failed", "role_exited"), result
     assert ("apexrl launch: fleet did not start: learner exited with status" in err
             or "apexrl launch: learner died unexpectedly: learner exited with status" in err), err
-    assert "has network 4->(8,)->2, the configuration wants 4->(256, 256)->2" in err  # the learner's log tail
+    assert "has another network: hidden_sizes [8] there, [256, 256] in the configuration" in err  # its log tail
     run.assert_no_role_left()
     assert "received SIGTERM; shutting down" in run.log("shard-0")
     assert "replay shard stopped: 0 rows held" in run.log("shard-0")

@@ -13,19 +13,17 @@ import numpy as np
 import pytest
 import torch
 
+from apexrl.algorithms.dqn.networks import DuelingQNetwork
 from apexrl.launcher import cli
-from apexrl.learner.checkpoint import Checkpoint, save_checkpoint
-from apexrl.learner.networks import DuelingQNetwork
+from apexrl.learner.checkpoint import save_checkpoint
+from tests.support.checkpoints import dqn_checkpoint
 
 # A linear controller that balances CartPole-v1 from every start: push right when w . obs > 0.
 BALANCE = [0.1, 0.5, 1.0, 1.0]
 
 
 def save(path, net: DuelingQNetwork, hidden: tuple[int, ...], env_id: str = "CartPole-v1"):
-    state = {k: v.clone() for k, v in net.state_dict().items()}
-    return save_checkpoint(path, Checkpoint(env_id=env_id, obs_dim=4, num_actions=2, hidden_sizes=hidden,
-                                            online=state, target=state, optimizer=None, updates=12,
-                                            weight_version=3))
+    return save_checkpoint(path, dqn_checkpoint(net, hidden, env_id=env_id))
 
 
 def balancing_network() -> DuelingQNetwork:

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from apexrl.actor import ParameterClient, ReplayClient
-from apexrl.actor.policy import NumpyDuelingPolicy
-from apexrl.learner.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from apexrl.algorithms.dqn.acting import NumpyDuelingPolicy
+from apexrl.learner.checkpoint import load_checkpoint, save_checkpoint
 from apexrl.replay_server.table import TableConfig
+from tests.support.checkpoints import dqn_checkpoint
 
 
 def wait_until(condition, what: str, process: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -71,7 +72,7 @@ def test_a_learner_process_trains_from_a_shard_serves_weights_and_checkpoints_on
     log = (tmp_path / "learner.log").read_text()
     assert "received SIGTERM" in log and "final checkpoint" in log and "Traceback" not in log
     checkpoint = load_checkpoint(tmp_path / "run")
-    assert checkpoint.updates >= 10 and checkpoint.weight_version >= version and checkpoint.hidden_sizes == (16,)
+    assert checkpoint.updates >= 10 and checkpoint.weight_version >= version and checkpoint.architecture["hidden_sizes"] == [16]
     info = shard.table.info()
     assert info.sampled_total >= 32 * checkpoint.updates and info.stale_updates_total == 0
 
@@ -80,16 +81,15 @@ def test_a_learner_process_trains_from_a_shard_serves_weights_and_checkpoints_on
 def test_a_checkpoint_of_another_shape_is_refused_with_exit_status_2(tmp_path):
     import torch
 
-    from apexrl.learner.networks import DuelingQNetwork
+    from apexrl.algorithms.dqn.networks import DuelingQNetwork
 
     torch.manual_seed(0)
-    state = DuelingQNetwork(4, 2, (8,)).state_dict()
     save_checkpoint(tmp_path / "checkpoints" / "checkpoint.pt",
-                    Checkpoint("CartPole-v1", 4, 2, (8,), state, state, None, updates=5, weight_version=2))
+                    dqn_checkpoint(DuelingQNetwork(4, 2, (8,)), (8,), updates=5, weight_version=2))
     process = learner_process(tmp_path, "--replay", "127.0.0.1:1", "--run-dir", str(tmp_path))
     code = process.wait(60)
     log = (tmp_path / "learner.log").read_text()
-    assert "has network 4->(8,)->2, the configuration wants 4->(256, 256)->2" in log
+    assert "has another network: hidden_sizes [8] there, [256, 256] in the configuration" in log
     assert code == 2 and "apexrl learner: error:" in log and "Traceback" not in log
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from apexrl.common.environments import (
+    BOX,
     CHW,
     HWC,
     MINATAR_MAX_EPISODE_STEPS,
@@ -67,9 +68,34 @@ def test_unknown_ids_and_unsupported_spaces_are_refused():
         make_env("NoSuchEnv-v0")
     with pytest.raises(ValueError, match="Blackjack-v1: the built-in actor needs a Box observation space"):
         env_spaces("Blackjack-v1")
-    env = gym.make("Pendulum-v1")
+    for space, match in [
+        (gym.spaces.MultiDiscrete([2, 3]), "needs a Discrete or a Box action space, got MultiDiscrete"),
+        (gym.spaces.Box(-np.inf, np.inf, (2,)), r"needs finite bounds .* got low \[-inf, -inf\]"),
+        (gym.spaces.Box(-1, np.array([1, np.inf], np.float32)), r"needs finite bounds"),
+        (gym.spaces.Box(-1, 1, (2, 3)), r"must be one-dimensional .* got shape \(2, 3\)"),
+        (gym.spaces.Discrete(3, start=1), "must start at 0"),
+    ]:
+        env = gym.make("CartPole-v1")
+        env.action_space = space
+        try:
+            with pytest.raises(ValueError, match=match):
+                check_spaces(env, "Odd-v0")
+        finally:
+            env.close()
+
+
+def test_a_box_action_space_gives_its_bounds_per_dimension():
+    spaces = env_spaces("Pendulum-v1")
+    assert spaces == EnvSpaces.box((3,), (-2.0,), (2.0,)) and spaces.action_kind == BOX and spaces.action_dim == 1
+    env = gym.make("CartPole-v1")
+    env.action_space = gym.spaces.Box(np.array([-1, 0, -5], np.float32), np.array([3, 1, -4], np.float32))
     try:
-        with pytest.raises(ValueError, match="needs a Discrete action space"):
-            check_spaces(env, "Pendulum-v1")
+        asymmetric = check_spaces(env, "Asymmetric-v0")
     finally:
         env.close()
+    assert (asymmetric.action_low, asymmetric.action_high) == ((-1.0, 0.0, -5.0), (3.0, 1.0, -4.0))
+    assert asymmetric.num_actions == 0 and asymmetric.action_dim == 3
+    with pytest.raises(ValueError, match="either num_actions"):
+        EnvSpaces((3,), "float32", 2, (-1.0,), (1.0,))
+    with pytest.raises(ValueError, match="finite with low < high"):
+        EnvSpaces.box((3,), (1.0,), (1.0,))

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from apexrl.actor.exploration import apex_epsilon, epsilon_greedy
+from apexrl.algorithms.dqn.exploration import apex_epsilon, epsilon_greedy
 
 
 def test_apex_epsilons_for_four_actors() -> None:

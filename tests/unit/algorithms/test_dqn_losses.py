@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from apexrl.learner.losses import double_dqn_loss, double_q_target, td_error_abs
+from apexrl.algorithms.dqn.losses import double_dqn_loss, double_q_target, td_error_abs
 
 
 def _table_net(q_table: list[list[float]]) -> nn.Linear:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl.learner.networks import DuelingQNetwork, load_numpy_state_dict, state_dict_to_numpy
+from apexrl.algorithms.dqn.networks import DuelingQNetwork
+from apexrl.algorithms.torsos import load_numpy_state_dict, state_dict_to_numpy
 
 
 def test_dueling_head_by_hand() -> None:

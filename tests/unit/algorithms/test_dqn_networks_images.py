@@ -7,15 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from apexrl.algorithms.dqn.networks import ConvDuelingQNetwork, DuelingQNetwork, build_network
+from apexrl.algorithms.torso_specs import resolve_network
+from apexrl.algorithms.torsos import load_numpy_state_dict, state_dict_to_numpy
 from apexrl.common.environments import CHW, HW, HWC, VECTOR, EnvSpaces, image_layout
-from apexrl.learner.networks import (
-    ConvDuelingQNetwork,
-    DuelingQNetwork,
-    build_network,
-    load_numpy_state_dict,
-    resolve_network,
-    state_dict_to_numpy,
-)
 
 ATARI = EnvSpaces((4, 84, 84), "uint8", 6)  # FrameStackObservation(AtariPreprocessing(...), 4)
 MINATAR = EnvSpaces((10, 10, 4), "bool", 3)  # MinAtar/Breakout-v1
@@ -152,23 +147,21 @@ def test_the_learner_trains_publishes_and_checkpoints_a_network_for_images(tmp_p
 
     cfg = config(tmp_path, hidden_sizes=None, network="auto")
     publish = Publisher()
-    learner = Learner(cfg, MINATAR.obs_dim, 3, FakeSampler(), publish, spaces=MINATAR)
-    assert (learner.network, learner.hidden_sizes) == ("minatar", (128,))
-    before = {k: v.clone() for k, v in learner.online.state_dict().items()}
+    learner = Learner(cfg, MINATAR, FakeSampler(), publish)
+    assert (learner.learning.network, learner.learning.hidden_sizes) == ("minatar", (128,))
+    online = learner.learning.online
+    before = {k: v.clone() for k, v in online.state_dict().items()}
     for _ in range(cfg.publish_every):
         assert np.isfinite(learner.train_step(minatar_batch(8)))
-    assert not torch.equal(before["conv.0.weight"], learner.online.state_dict()["conv.0.weight"])
+    assert not torch.equal(before["conv.0.weight"], online.state_dict()["conv.0.weight"])
     version, weights = publish.published[-1]
     assert weights["conv.0.weight"].shape == (16, 4, 3, 3) and weights["conv_strides"].tolist() == [1]
     saved = load_checkpoint(learner.save())
-    assert (saved.network, saved.hidden_sizes, saved.obs_dim) == ("minatar", (128,), 400)
+    assert (saved.architecture["network"], saved.architecture["hidden_sizes"], saved.spaces) == \
+        ("minatar", [128], MINATAR)
     # The same run directory with another torso is refused, naming both.
-    with pytest.raises(SettingsError, match=r"has network 400->\(128,\)->3, the configuration wants "
-                                            r"400->\(128,\)->3 \(torso minatar, the configuration's mlp\)"):
-        Learner(config(tmp_path, hidden_sizes=(128,), network="mlp"), 400, 3, FakeSampler(), Publisher(),
-                spaces=MINATAR)
-    with pytest.raises(ValueError, match="do not have obs_dim 4"):
-        Learner(cfg, 4, 3, FakeSampler(), Publisher(), spaces=MINATAR)
+    with pytest.raises(SettingsError, match=r"has another network: network minatar there, mlp in the configuration"):
+        Learner(config(tmp_path, hidden_sizes=(128,), network="mlp"), MINATAR, FakeSampler(), Publisher())
 
 
 def test_a_checkpoint_of_a_convolutional_network_plays_with_apexrl_evaluate(tmp_path, capsys):
@@ -179,7 +172,7 @@ def test_a_checkpoint_of_a_convolutional_network_plays_with_apexrl_evaluate(tmp_
     torch.manual_seed(0)
     net = build_network("auto", MINATAR)
     save_checkpoint(tmp_path / "checkpoint.pt", Checkpoint(
-        env_id="MinAtar/Breakout-v1", obs_dim=400, num_actions=3, hidden_sizes=(128,), online=net.state_dict(),
-        target=net.state_dict(), optimizer=None, updates=0, weight_version=1, network="minatar"))
+        env_id="MinAtar/Breakout-v1", algorithm="dqn", spaces=MINATAR, architecture={"network": "minatar"},
+        state={}, acting_weights=state_dict_to_numpy(net), updates=0, weight_version=1))
     assert cli.main(["evaluate", str(tmp_path), "--episodes", "2", "--seed", "0"]) == 0
     assert '"episodes": 2' in capsys.readouterr().out

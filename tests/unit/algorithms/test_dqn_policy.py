@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl.actor.policy import NumpyDuelingPolicy
-from apexrl.learner.losses import td_error_abs
-from apexrl.learner.networks import DuelingQNetwork, state_dict_to_numpy
+from apexrl.algorithms.dqn.acting import NumpyDuelingPolicy
+from apexrl.algorithms.dqn.losses import td_error_abs
+from apexrl.algorithms.dqn.networks import DuelingQNetwork
+from apexrl.algorithms.torsos import state_dict_to_numpy
 
 
 @pytest.mark.parametrize("hidden", [(16,), (64, 32), (32, 32, 32)])
@@ -36,7 +37,7 @@ def test_initial_priorities_are_the_td_error_of_the_actor_network():
     }
     want = td_error_abs(net, net, *(torch.as_tensor(columns[k]) for k in ("obs", "action", "reward", "discount",
                                                                           "next_obs"))).numpy()
-    np.testing.assert_allclose(NumpyDuelingPolicy(state_dict_to_numpy(net)).td_error_abs(columns), want,
+    np.testing.assert_allclose(NumpyDuelingPolicy(state_dict_to_numpy(net)).initial_priorities(columns), want,
                                rtol=1e-4, atol=1e-5)
 
 

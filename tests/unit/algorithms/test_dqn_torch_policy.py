@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl.actor.policy import NumpyDuelingPolicy, make_policy
-from apexrl.actor.torch_policy import TorchDuelingPolicy
+from apexrl.algorithms.dqn.acting import NumpyDuelingPolicy, make_policy
+from apexrl.algorithms.dqn.losses import td_error_abs
+from apexrl.algorithms.dqn.networks import build_network
+from apexrl.algorithms.dqn.torch_policy import TorchDuelingPolicy
+from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.environments import EnvSpaces
-from apexrl.learner.losses import td_error_abs
-from apexrl.learner.networks import build_network, state_dict_to_numpy
 
 ATARI = EnvSpaces((4, 84, 84), "uint8", 6)
 MINATAR = EnvSpaces((10, 10, 4), "bool", 3)
@@ -52,7 +53,7 @@ def test_torch_policy_priorities_are_the_learners_td_errors(spaces):
     want = td_error_abs(net, net, *(torch.as_tensor(columns[k]) for k in ("obs", "action", "reward", "discount",
                                                                           "next_obs"))).numpy()
     policy = make_policy(state_dict_to_numpy(net), spaces)
-    np.testing.assert_allclose(policy.td_error_abs(columns), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(policy.initial_priorities(columns), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("spaces", [CARTPOLE, ATARI])

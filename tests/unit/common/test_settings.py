@@ -122,7 +122,7 @@ def _other_value(s):
                "samples_per_insert_tolerance": 99.0, "epsilon": 0.25, "gamma": 0.9, "actor_index": 1,
                "num_actors": 3, "beta_start": 0.5, "beta_end": 0.9, "metrics_port": 9999, "port": 7777,
                "max_message_bytes": 1 << 20, "env": "Acrobot-v1", "host": "0.0.0.0", "device": "cpu",
-               "signature": None, "evaluation_cpu_share": 0.5}
+               "signature": None, "evaluation_cpu_share": 0.5, "target_tau": 0.5}
     if s.name in special:
         return special[s.name]
     if s.choices is not None:

@@ -64,7 +64,8 @@ def test_role_configs_share_the_fleet_settings_out():
     assert learner.min_replay_size == 302 and learner.replay == links.replay and learner.run_dir == "/run"
     evaluator = role_config(config, by_name["evaluator"], links, Path("/run"))
     assert isinstance(evaluator, ActorConfig) and evaluator.evaluate and evaluator.seed == 3 + 999
-    assert evaluator.effective_epsilon == 0.0
+    assert evaluator.epsilon is None and evaluator.algorithm == "dqn"  # greedy: see the explorer tests
+    assert learner.algorithm == "dqn" and shard.capacity == 501  # the algorithm named; given settings kept
 
 
 @pytest.mark.parametrize(("fleet_settings", "expected"), [

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import torch
 
+from apexrl.common.spaces import EnvSpaces
 from apexrl.learner.config import LearnerConfig
 from apexrl.learner.learner import Learner
 from apexrl.learner.sharded_client import PrioritizedBatch
@@ -111,7 +112,7 @@ def config(tmp_path=None, **changes) -> LearnerConfig:
 def learner(cfg: LearnerConfig, sampler: FakeSampler | None = None) -> tuple[Learner, FakeSampler, Publisher]:
     sampler = sampler or FakeSampler()
     publish = Publisher()
-    return Learner(cfg, 4, 2, sampler, publish), sampler, publish
+    return Learner(cfg, EnvSpaces.vector(4, 2), sampler, publish), sampler, publish
 
 
 def params(net: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -1,5 +1,6 @@
 """Learner checkpoints (learner/checkpoint.py) and resuming from them (Learner with the same run directory): the
-same updates, weight version, networks and optimiser state; a checkpoint of another network shape is refused."""
+same updates, weight version, networks and optimiser state; a checkpoint of another network shape or algorithm is
+refused; checkpoints of the DQN-only format (apexrl-dqn-v1) still load."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from apexrl.algorithms.dqn.networks import DuelingQNetwork
+from apexrl.algorithms.torsos import state_dict_to_numpy
+from apexrl.common.spaces import EnvSpaces
 from apexrl.learner.checkpoint import (
     CHECKPOINT_NAME,
     Checkpoint,
@@ -14,15 +18,17 @@ from apexrl.learner.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from apexrl.learner.networks import DuelingQNetwork
 from tests.unit.learner.fakes import config, learner, make_batch, params, same
 
 
 def checkpoint(**changes) -> Checkpoint:
     torch.manual_seed(0)
-    online, target = DuelingQNetwork(4, 2, (8,)).state_dict(), DuelingQNetwork(4, 2, (8,)).state_dict()
-    values = {"env_id": "CartPole-v1", "obs_dim": 4, "num_actions": 2, "hidden_sizes": (8,), "online": online,
-              "target": target, "optimizer": None, "updates": 42, "weight_version": 5, **changes}
+    online_net = DuelingQNetwork(4, 2, (8,))
+    online, target = online_net.state_dict(), DuelingQNetwork(4, 2, (8,)).state_dict()
+    values = {"env_id": "CartPole-v1", "algorithm": "dqn", "spaces": EnvSpaces.vector(4, 2),
+              "architecture": {"network": "mlp", "hidden_sizes": [8]},
+              "state": {"online": online, "target": target, "optimizer": None},
+              "acting_weights": state_dict_to_numpy(online_net), "updates": 42, "weight_version": 5, **changes}
     return Checkpoint(**values)
 
 
@@ -33,9 +39,15 @@ def test_a_checkpoint_round_trips_and_is_found_from_its_run_directory(tmp_path):
     for where in (path, tmp_path / "checkpoints", tmp_path):
         assert resolve_checkpoint(where) == path
         loaded = load_checkpoint(where)
-        assert (loaded.env_id, loaded.obs_dim, loaded.num_actions, loaded.hidden_sizes, loaded.updates,
-                loaded.weight_version, loaded.optimizer) == ("CartPole-v1", 4, 2, (8,), 42, 5, None)
-        assert same(loaded.online, saved.online) and same(loaded.target, saved.target)
+        assert (loaded.env_id, loaded.algorithm, loaded.spaces, loaded.architecture, loaded.updates,
+                loaded.weight_version) == ("CartPole-v1", "dqn", EnvSpaces.vector(4, 2),
+                                           {"network": "mlp", "hidden_sizes": [8]}, 42, 5)
+        assert same(loaded.state["online"], saved.state["online"]) and same(loaded.state["target"],
+                                                                             saved.state["target"])
+        assert loaded.state["optimizer"] is None
+        assert loaded.acting_weights.keys() == saved.acting_weights.keys()
+        for name, array in saved.acting_weights.items():
+            np.testing.assert_array_equal(loaded.acting_weights[name], array)
     with pytest.raises(FileNotFoundError, match="no checkpoint at .*looked for checkpoint.pt"):
         resolve_checkpoint(tmp_path / "elsewhere")
 
@@ -74,16 +86,16 @@ def test_a_new_learner_on_the_same_run_directory_resumes_exactly(tmp_path):
 
     second, sampler, publisher2 = learner(config(tmp_path, publish_every=2, target_update_period=3, seed=1))
     assert (second.updates, second.weight_version) == (7, 3)
-    assert same(params(second.online), params(first.online)) and same(params(second.target), params(first.target))
-    assert not same(params(second.online), params(second.target))  # both networks came back, not one twice
-    first_state, second_state = first.optimizer.state_dict(), second.optimizer.state_dict()
+    assert same(params(second.learning.online), params(first.learning.online)) and same(params(second.learning.target), params(first.learning.target))
+    assert not same(params(second.learning.online), params(second.learning.target))  # both networks came back, not one twice
+    first_state, second_state = first.learning.optimizer.state_dict(), second.learning.optimizer.state_dict()
     assert first_state["param_groups"] == second_state["param_groups"]
     for key, value in first_state["state"].items():
         assert same(value, second_state["state"][key])
     # Both continue identically: the same next update, and versions that never go backwards for the actors.
     batch = make_batch(range(100, 108))
     assert second.train_step(batch) == pytest.approx(first.train_step(batch), rel=1e-6)
-    assert same(params(second.online), params(first.online))
+    assert same(params(second.learning.online), params(first.learning.online))
     np.testing.assert_allclose(sampler.updates[0][1], first.sampler.updates[-1][1], rtol=1e-6)
     assert [v for v, _ in publisher2.published] == [4] == [v for v, _ in publisher.published[3:]]  # update 8
     assert second.publish_weights() == 5
@@ -93,9 +105,26 @@ def test_a_checkpoint_of_another_network_shape_is_refused(tmp_path):
     first, _, _ = learner(config(tmp_path, hidden_sizes=(16,)))
     first.train_step(make_batch(range(8)))
     first.save()
-    with pytest.raises(ValueError, match=r"has network 4->\(16,\)->2, the configuration wants 4->\(32,\)->2"):
+    with pytest.raises(ValueError, match=r"has another network: hidden_sizes \[16\] there, \[32\] in the configuration"):
         learner(config(tmp_path, hidden_sizes=(32,)))
     assert load_checkpoint(tmp_path).updates == 1  # left as it was
+
+
+def test_a_checkpoint_of_the_dqn_only_format_still_loads_and_resumes(tmp_path):
+    """The format before the algorithm seam (apexrl-dqn-v1): the online network is the acting weights, the
+    learner resumes from it."""
+    first, _, _ = learner(config(tmp_path))
+    first.train_step(make_batch(range(8)))
+    state = first.learning.state_dict()
+    torch.save({"format": "apexrl-dqn-v1", "env_id": "CartPole-v1", "obs_dim": 4, "num_actions": 2,
+                "hidden_sizes": [16], "online": state["online"], "target": state["target"],
+                "optimizer": state["optimizer"], "updates": 1, "weight_version": 0, "network": "mlp"},
+               tmp_path / "checkpoints" / CHECKPOINT_NAME if (tmp_path / "checkpoints").mkdir() is None else None)
+    loaded = load_checkpoint(tmp_path)
+    assert (loaded.algorithm, loaded.spaces, loaded.updates) == ("dqn", EnvSpaces.vector(4, 2), 1)
+    np.testing.assert_array_equal(loaded.acting_weights["value.bias"], state["online"]["value.bias"].numpy())
+    second, _, _ = learner(config(tmp_path))
+    assert second.updates == 1 and same(params(second.learning.online), params(first.learning.online))
 
 
 def test_without_a_run_directory_nothing_is_resumed_or_saved(tmp_path):

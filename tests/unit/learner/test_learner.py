@@ -12,11 +12,11 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from apexrl.algorithms.dqn.losses import double_dqn_loss
+from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.environments import EnvSpaces
 from apexrl.learner import ShardedReplayClient
 from apexrl.learner.learner import Learner, make_sampler
-from apexrl.learner.losses import double_dqn_loss
-from apexrl.learner.networks import state_dict_to_numpy
 from apexrl.learner.sampler_process import SamplerProcess
 from tests.conftest import wait_until
 from tests.unit.learner.fakes import FakeSampler, Publisher, config, learner, make_batch, params, same
@@ -25,11 +25,11 @@ from tests.unit.learner.fakes import FakeSampler, Publisher, config, learner, ma
 def test_train_step_sends_back_td_error_plus_epsilon_for_exactly_the_batchs_rows():
     lrn, sampler, _ = learner(config(priority_epsilon=0.05))
     batch = make_batch([5, 17, 2, 40, 33, 8, 11, 26])
-    online, target = copy.deepcopy(lrn.online), copy.deepcopy(lrn.target)
+    online, target = copy.deepcopy(lrn.learning.online), copy.deepcopy(lrn.learning.target)
     cols = {k: torch.as_tensor(v) for k, v in batch.columns.items()}
     want_loss, want_td = double_dqn_loss(online, target, cols["obs"], cols["action"], cols["reward"],
                                          cols["discount"], cols["next_obs"], torch.as_tensor(batch.weights))
-    before = params(lrn.online)
+    before = params(lrn.learning.online)
     loss = lrn.train_step(batch)
     assert loss == pytest.approx(want_loss.item(), rel=1e-6)
     ((sent_batch, priorities),) = sampler.updates
@@ -37,13 +37,13 @@ def test_train_step_sends_back_td_error_plus_epsilon_for_exactly_the_batchs_rows
     assert priorities.dtype == np.float64 and priorities.shape == (8,)
     np.testing.assert_allclose(priorities, want_td.numpy() + 0.05, rtol=1e-5)  # row j's |TD| for row j
     assert len(set(np.round(priorities, 6))) == 8  # distinct rows, so a permutation would be caught
-    assert not same(before, params(lrn.online))  # the optimiser stepped
+    assert not same(before, params(lrn.learning.online))  # the optimiser stepped
     assert lrn.updates == 1
 
 
 def test_importance_weights_scale_the_loss():
     (plain, _, _), (heavy, _, _) = learner(config()), learner(config())  # same seed: the same networks
-    assert same(params(plain.online), params(heavy.online))
+    assert same(params(plain.learning.online), params(heavy.learning.online))
     batch = make_batch(range(8))
     tripled = dataclasses.replace(batch, weights=batch.weights * 3)
     assert heavy.train_step(tripled) == pytest.approx(3 * plain.train_step(batch), rel=1e-5)
@@ -51,17 +51,17 @@ def test_importance_weights_scale_the_loss():
 
 def test_the_target_network_is_copied_every_target_update_period():
     lrn, _, _ = learner(config(target_update_period=3, publish_every=100))
-    initial = params(lrn.target)
-    assert same(initial, params(lrn.online))
+    initial = params(lrn.learning.target)
+    assert same(initial, params(lrn.learning.online))
     for update in range(1, 10):
         lrn.train_step(make_batch(range(8 * update, 8 * update + 8)))
-        online = params(lrn.online)
+        online = params(lrn.learning.online)
         if update % 3 == 0:
-            assert same(params(lrn.target), online), update
+            assert same(params(lrn.learning.target), online), update
             copied = online
         else:
-            assert not same(params(lrn.target), online), update
-            assert same(params(lrn.target), initial if update < 3 else copied), update
+            assert not same(params(lrn.learning.target), online), update
+            assert same(params(lrn.learning.target), initial if update < 3 else copied), update
 
 
 def test_weights_are_published_every_publish_every_with_increasing_versions():
@@ -69,7 +69,7 @@ def test_weights_are_published_every_publish_every_with_increasing_versions():
     snapshots = {}
     for update in range(1, 8):
         lrn.train_step(make_batch(range(8 * update, 8 * update + 8)))
-        snapshots[update] = state_dict_to_numpy(lrn.online)
+        snapshots[update] = state_dict_to_numpy(lrn.learning.online)
     assert [version for version, _ in publisher.published] == [1, 2, 3]  # after updates 2, 4 and 6
     assert lrn.weight_version == 3
     for (_, weights), update in zip(publisher.published, (2, 4, 6), strict=True):
@@ -119,7 +119,7 @@ def test_run_trains_to_max_updates_publishing_checkpointing_and_flushing(tmp_pat
 def test_the_staleness_of_sampled_rows_is_a_histogram_of_versions_behind():
     cfg = config(max_updates=12, publish_every=5)
     registry = CollectorRegistry()
-    lrn = Learner(cfg, 4, 2, FakeSampler(row_version=1), Publisher(), registry)
+    lrn = Learner(cfg, EnvSpaces.vector(4, 2), FakeSampler(row_version=1), Publisher(), registry)
     lrn.run(threading.Event())
     value = registry.get_sample_value
     # Batches 1-5 meet version 1 (0 behind), 6-10 version 2 (1 behind), 11-12 version 3 (2 behind); 8 rows each.
@@ -161,17 +161,17 @@ def test_make_sampler_builds_the_sharded_client_the_settings_describe():
 
 
 @pytest.mark.parametrize(("network", "given", "expected"), [
-    ("mlp", None, 2e-3),  # vectors: the MLP's default (learner/networks.py DEFAULT_LEARNING_RATE)
+    ("mlp", None, 2e-3),  # vectors: the MLP's default (algorithms/dqn/networks.py DEFAULT_LEARNING_RATE)
     ("mlp", 5e-4, 5e-4),  # a given rate always wins
 ])
 def test_adam_uses_the_networks_default_learning_rate_unless_one_is_given(network, given, expected):
     trainer, _, _ = learner(config(network=network, learning_rate=given))
-    assert trainer.learning_rate == expected
-    assert [group["lr"] for group in trainer.optimizer.param_groups] == [expected]
+    assert trainer.learning.learning_rate == expected
+    assert [group["lr"] for group in trainer.learning.optimizer.param_groups] == [expected]
 
 
 def test_a_convolutional_learner_keeps_the_lower_default_learning_rate():
     spaces = EnvSpaces((10, 10, 4), "bool", 3)  # MinAtar's planes
-    trainer = Learner(config(network="auto", learning_rate=None, hidden_sizes=None), spaces.obs_dim, 3,
-                      FakeSampler(), Publisher(), spaces=spaces)
-    assert trainer.network == "minatar" and trainer.learning_rate == 1e-3
+    trainer = Learner(config(network="auto", learning_rate=None, hidden_sizes=None), spaces, FakeSampler(),
+                      Publisher())
+    assert trainer.learning.network == "minatar" and trainer.learning.learning_rate == 1e-3

@@ -11,6 +11,7 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from apexrl.common.spaces import EnvSpaces
 from apexrl.launcher.progress import ProgressCsv, ProgressRow
 
 
@@ -113,7 +114,7 @@ def test_a_learner_training_from_a_real_shard_leaves_its_curves_in_the_run_direc
                            hidden_sizes=(16,), batch_size=16, min_replay_size=100, max_updates=60,
                            sample_batches_per_call=1)
     curves = TrainingCurves(Path(config.run_dir) / "tensorboard" / "learner")
-    learner = Learner(config, 4, 2, make_sampler(config), WeightStore().publish, curves=curves)
+    learner = Learner(config, EnvSpaces.vector(4, 2), make_sampler(config), WeightStore().publish, curves=curves)
     runner = threading.Thread(target=learner.run, args=(threading.Event(),), kwargs={"progress_every": 0.01})
     runner.start()
     runner.join(90)

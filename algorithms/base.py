@@ -1,0 +1,102 @@
+"""The interfaces of the seam: what the actor loop, the evaluator, the learner loop and the checkpoints ask of an
+algorithm's acting and learning halves. Protocols only (no torch import: `Tensor` is a name for type checkers).
+
+The actor side (`acting.py` of an algorithm) provides
+    make_policy(weights, spaces, torch_threads=1) -> ActingPolicy
+    make_explorer(settings: ActorSettings, spaces, rng) -> Explorer
+and the learner side (`learning.py`) provides
+    make_learning(settings: LearnerSettings, spaces, device) -> Learning
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+class ActingPolicy(Protocol):
+    """An actor's copy of the policy, rebuilt from the published weights alone."""
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """The policy's own actions for a batch of observations as the environment gives them (no exploration):
+        int64 [batch] for Discrete, float32 [batch, action_dim] inside the bounds for a Box."""
+        ...
+
+    def initial_priorities(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+        """|n-step TD error| (float64 [batch]) of a batch of transitions at their stored actions, with this one
+        copy standing in for the online and the target networks (Ape-X: actors compute initial priorities)."""
+        ...
+
+
+class Explorer(Protocol):
+    """How one actor departs from the greedy policy; `scale` (its epsilon or noise scale) is exported as a
+    metric and logged under `name`."""
+
+    name: str
+    scale: float
+
+    def actions(self, policy: ActingPolicy, obs: np.ndarray) -> np.ndarray:
+        """Actions for a batch of observations (one per environment of the actor)."""
+        ...
+
+
+class ActorSettings(Protocol):
+    """The actor settings exploration reads (ActorConfig has them)."""
+
+    actor_index: int
+    num_actors: int
+    evaluate: bool
+    epsilon: float | None
+    noise_scale: float | None
+    random_steps: int | None
+
+
+@dataclass
+class UpdateResult:
+    """What one update reports: `td_abs` |TD error| per row (new priorities before epsilon), `loss` the loss the
+    priorities come from (a 0-d tensor: reading it synchronises the device), and optional `stats` (floats) for
+    metrics and curves (see `Learning.update`)."""
+
+    td_abs: torch.Tensor
+    loss: torch.Tensor
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class Learning(Protocol):
+    """An algorithm's learner half: its networks, optimisers and targets, updated one prioritized batch at a time.
+
+    `architecture` (plain values: torso, layer sizes, ...) is saved in checkpoints and must match on resume.
+    """
+
+    architecture: dict[str, Any]
+
+    def update(self, batch: Mapping[str, torch.Tensor], weights: torch.Tensor, step: int) -> UpdateResult:
+        """One update on a batch of replay columns with importance weights; `step` counts updates from 1, so an
+        algorithm can act every k updates (target copies, delayed policy updates)."""
+        ...
+
+    def acting_weights(self) -> dict[str, np.ndarray]:
+        """The weights actors and the evaluator need, as `name -> array` (published; kept in checkpoints)."""
+        ...
+
+    def batch_stats(self, batch: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        """Statistics of the current networks on a batch for metrics: `mean_q` (float), and for continuous actions
+        `action_mean` / `action_std` (one float per action dimension)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything training needs to continue (networks, targets, optimisers), as tensors and plain values."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        ...
+
+    def describe(self) -> str:
+        """One line for the start-up log: torsos, layer sizes, learning rates."""
+        ...

@@ -1,0 +1,135 @@
+"""Ape-X DPG on the actor's side: the policy and the critic rebuilt from the published weights (`policy.*`,
+`critic.*`), Gaussian exploration with a noise scale per actor after optional uniformly random warm-up steps, and
+the initial priorities of n-step transitions.
+
+`make_policy` evaluates MLP weights with numpy and convolutional ones (`policy.conv.*`) with torch
+(`apexrl.algorithms.dpg.torch_policy`). Both mirror `apexrl.algorithms.dpg.networks` without importing it; tests
+check them equal on the same weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from apexrl.algorithms.base import ActorSettings
+from apexrl.algorithms.dpg.exploration import apex_noise_scale, gaussian_actions, uniform_actions
+from apexrl.algorithms.forward import dense, dense_stack, flat_float, is_convolutional, relu_stack
+from apexrl.common.spaces import EnvSpaces
+
+
+def make_policy(weights: Mapping[str, np.ndarray], spaces: EnvSpaces, torch_threads: int = 1) -> DPGPolicy:
+    """The policy and critic of these weights for observations of `spaces`: numpy for MLPs, torch (with
+    `torch_threads` CPU threads) for convolutional networks."""
+    if not is_convolutional(weights, "policy."):
+        return NumpyDPGPolicy(weights, input_scale=spaces.input_scale)
+    import torch
+
+    from apexrl.algorithms.dpg.torch_policy import TorchDPGPolicy
+
+    torch.set_num_threads(torch_threads)
+    return TorchDPGPolicy(weights, layout=spaces.layout, input_scale=spaces.input_scale)
+
+
+class DPGPolicy:
+    """pi(s) and Q(s, a) from the weights; subclasses provide `greedy` and `q`. `low`/`high` are the bounds the
+    weights carry (float64 [action_dim])."""
+
+    low: np.ndarray
+    high: np.ndarray
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def q(self, obs: np.ndarray, action: np.ndarray) -> np.ndarray:
+        """Q(s, a) [batch] for actions in the environment's units."""
+        raise NotImplementedError
+
+    def initial_priorities(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+        """|reward + discount * Q(next_obs, pi(next_obs)) - Q(obs, action)| at the stored action, this copy standing
+        in for the online and the target networks."""
+        obs, next_obs = np.asarray(columns["obs"]), np.asarray(columns["next_obs"])
+        both = np.concatenate([obs, next_obs])
+        actions = np.concatenate([np.asarray(columns["action"], np.float32), self.greedy(next_obs)])
+        q = self.q(both, actions)
+        target = columns["reward"] + columns["discount"] * q[len(obs):]
+        return np.abs(target - q[: len(obs)]).astype(np.float64)
+
+    def _unit(self, action: np.ndarray) -> np.ndarray:
+        return ((np.asarray(action, np.float32) - self.low) / (self.high - self.low) * 2.0 - 1.0).astype(np.float32)
+
+    def _squash(self, x: np.ndarray) -> np.ndarray:
+        return (self.low + (np.tanh(x) + 1.0) * 0.5 * (self.high - self.low)).astype(np.float32)
+
+
+class NumpyDPGPolicy(DPGPolicy):
+    """The MLP policy and critic with numpy; observations flattened and multiplied by `input_scale`."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray], input_scale: float = 1.0) -> None:
+        if is_convolutional(weights, "policy.") or is_convolutional(weights, "critic."):
+            raise ValueError("weights of convolutional networks: use make_policy (torch)")
+        try:
+            self._policy = dense_stack(weights, "policy.torso")
+            self._policy_out = dense(weights, "policy.out")
+            self._critic = dense_stack(weights, "critic.torso")
+            self._critic_out = dense(weights, "critic.out")
+            self.low = np.asarray(weights["policy.action_low"], np.float64)
+            self.high = np.asarray(weights["policy.action_high"], np.float64)
+        except KeyError as err:
+            raise ValueError(f"weights are not a DPG policy and critic: missing {err}") from None
+        if not self._policy or not self._critic:
+            raise ValueError("weights are not a DPG policy and critic: no torso layers")
+        self.input_scale = float(input_scale)
+        self.action_dim = len(self.low)
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        h = relu_stack(flat_float(obs, self.input_scale), self._policy)
+        return self._squash(h @ self._policy_out[0] + self._policy_out[1])
+
+    def q(self, obs: np.ndarray, action: np.ndarray) -> np.ndarray:
+        x = np.concatenate([flat_float(obs, self.input_scale), self._unit(action)], axis=1)
+        h = relu_stack(x, self._critic)
+        return (h @ self._critic_out[0] + self._critic_out[1])[:, 0]
+
+
+class GaussianNoise:
+    """The policy's action plus Gaussian noise of scale `scale` (half ranges), clipped to the bounds; the first
+    `random_steps` environment steps of this actor draw uniformly random actions instead."""
+
+    name = "noise_scale"
+
+    def __init__(self, scale: float, low: np.ndarray, high: np.ndarray, rng: np.random.Generator,
+                 random_steps: int = 0) -> None:
+        if not scale >= 0:
+            raise ValueError(f"noise scale ({scale!r}) must be >= 0")
+        if random_steps < 0:
+            raise ValueError(f"random_steps ({random_steps!r}) must be >= 0")
+        self.scale = float(scale)
+        self.low, self.high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+        self.random_steps = int(random_steps)
+        self.steps = 0
+        self._rng = rng
+
+    def actions(self, policy: DPGPolicy, obs: np.ndarray) -> np.ndarray:
+        batch = len(obs)
+        random = self.steps < self.random_steps
+        self.steps += batch
+        if random:
+            return uniform_actions(batch, self.low, self.high, self._rng)
+        greedy = policy.greedy(obs)
+        if self.scale == 0.0:
+            return greedy
+        return gaussian_actions(greedy, self.scale, self.low, self.high, self._rng)
+
+
+def make_explorer(settings: ActorSettings, spaces: EnvSpaces, rng: np.random.Generator) -> GaussianNoise:
+    """Actor i of N explores with the noise scale sigma_i (`apex_noise_scale`) unless `settings.noise_scale` fixes
+    one, after `settings.random_steps` uniformly random steps; the evaluator acts greedily (no noise, no random
+    steps) unless given a noise scale."""
+    low, high = np.asarray(spaces.action_low), np.asarray(spaces.action_high)
+    if settings.evaluate:
+        return GaussianNoise(settings.noise_scale or 0.0, low, high, rng)
+    scale = settings.noise_scale if settings.noise_scale is not None \
+        else apex_noise_scale(settings.actor_index, settings.num_actors)
+    return GaussianNoise(scale, low, high, rng, random_steps=settings.random_steps or 0)

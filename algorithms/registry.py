@@ -1,0 +1,120 @@
+"""The algorithm seam: which algorithms exist, which one plays an environment, and their default settings.
+
+Adding an algorithm is its own package (see `apexrl.algorithms`) plus one line in `_PACKAGES`. Pure data: no torch,
+no gymnasium, so the launcher and the role configs can consult it before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, TypeVar
+
+from apexrl.common.spaces import BOX, DISCRETE, EnvSpaces
+
+AUTO = "auto"
+# The registration: one package per algorithm, each with an ALGORITHM record in its __init__.
+_PACKAGES = ("apexrl.algorithms.dqn", "apexrl.algorithms.dpg")
+# Role settings an algorithm may give defaults for (a setting left at None takes the algorithm's value).
+ROLES = ("fleet", "learner", "actor")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm: its name, the action space it plays (DISCRETE or BOX), where its acting and learning halves
+    live, its default settings per role ("fleet", "learner", "actor": setting name -> value), and the settings
+    only it reads (role -> names), which another algorithm's run refuses when they are given."""
+
+    name: str
+    action_kind: str
+    summary: str
+    acting_module: str
+    learning_module: str
+    defaults: Mapping[str, Mapping[str, Any]]
+    own_settings: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.action_kind not in (DISCRETE, BOX):
+            raise ValueError(f"action_kind ({self.action_kind!r}) must be {DISCRETE} or {BOX}")
+        unknown = set(self.defaults) - set(ROLES)
+        if unknown:
+            raise ValueError(f"defaults for unknown roles {sorted(unknown)}; roles are {ROLES}")
+
+    def acting(self) -> ModuleType:
+        """The actor's half: `make_policy(weights, spaces)` and `make_explorer(...)`."""
+        return importlib.import_module(self.acting_module)
+
+    def learning(self) -> ModuleType:
+        """The learner's half (torch): `make_learning(config, spaces, device)`."""
+        return importlib.import_module(self.learning_module)
+
+
+def algorithms() -> dict[str, Algorithm]:
+    """Every registered algorithm by name."""
+    found = {}
+    for package in _PACKAGES:
+        algorithm = importlib.import_module(package).ALGORITHM
+        found[algorithm.name] = algorithm
+    return found
+
+
+def names() -> tuple[str, ...]:
+    """The values an `algorithm` setting accepts: auto, then every registered name."""
+    return (AUTO, *algorithms())
+
+
+def get(name: str) -> Algorithm:
+    """The algorithm called `name`; ValueError naming the choices otherwise."""
+    found = algorithms()
+    if name not in found:
+        raise ValueError(f"algorithm ({name!r}) must be one of {', '.join(names())}")
+    return found[name]
+
+
+def for_action_kind(name: str, action_kind: str, env_id: str = "the environment") -> Algorithm:
+    """The algorithm `name` stands for on an action space of this kind: "auto" picks the one registered for it
+    (Discrete -> dqn, Box -> dpg); a named one must play it. ValueError says which would."""
+    if name == AUTO:
+        matching = [a for a in algorithms().values() if a.action_kind == action_kind]
+        if not matching:
+            raise ValueError(f"no algorithm plays {env_id}'s {action_kind} action space")
+        return matching[0]
+    algorithm = get(name)
+    if algorithm.action_kind != action_kind:
+        fitting = ", ".join(a.name for a in algorithms().values() if a.action_kind == action_kind) or "none"
+        raise ValueError(f"algorithm {algorithm.name} needs a {_SPACE[algorithm.action_kind]} action space; "
+                         f"{env_id} has a {_SPACE[action_kind]} one (algorithms for it: {fitting})")
+    return algorithm
+
+
+def for_spaces(name: str, spaces: EnvSpaces, env_id: str = "the environment") -> Algorithm:
+    """`for_action_kind` of these spaces."""
+    return for_action_kind(name, spaces.action_kind, env_id)
+
+
+def with_defaults(config: T, algorithm: Algorithm, role: str) -> T:
+    """`config` (a frozen settings dataclass) with every setting it leaves at None that `algorithm` has a default
+    for in `role` filled in; settings given explicitly stay."""
+    for other in algorithms().values():
+        if other.name == algorithm.name:
+            continue
+        given = [name for name in other.own_settings.get(role, ()) if name not in
+                 algorithm.own_settings.get(role, ()) and getattr(config, name, None) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: {'a setting' if len(given) == 1 else 'settings'} of algorithm "
+                             f"{other.name}, but this run's algorithm is {algorithm.name}")
+    defaults = algorithm.defaults.get(role, {})
+    fields = {f.name for f in dataclasses.fields(config)}
+    missing = sorted(set(defaults) - fields)
+    if missing:
+        raise ValueError(f"algorithm {algorithm.name} has {role} defaults for unknown settings {missing}")
+    fill = {name: value for name, value in defaults.items() if getattr(config, name) is None}
+    return dataclasses.replace(config, **fill) if fill else config
+
+
+_SPACE = {DISCRETE: "Discrete", BOX: "Box"}
