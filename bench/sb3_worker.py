@@ -1,4 +1,5 @@
-"""Stable-Baselines3 DQN with rl-baselines3-zoo's tuned CartPole-v1 hyperparameters, timed to a greedy mean return.
+"""Stable-Baselines3 with rl-baselines3-zoo's tuned hyperparameters, timed to a greedy mean return: DQN on CartPole-v1,
+TD3 on the continuous-control tasks (Pendulum-v1, LunarLanderContinuous-v3, InvertedPendulum-v5, HalfCheetah-v5).
 
 Run by `bench/solve_race.py` with the interpreter of its own virtual environment (SB3 is not an apexrl
 dependency); it imports nothing from apexrl. Every `--eval-every` env steps the current policy plays
@@ -18,8 +19,9 @@ import time
 import gymnasium as gym
 import numpy as np
 import torch
-from stable_baselines3 import DQN
+from stable_baselines3 import DQN, TD3
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.noise import NormalActionNoise
 
 # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1 (the issue quotes them).
 ZOO_CARTPOLE = dict(
@@ -28,9 +30,31 @@ ZOO_CARTPOLE = dict(
     exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
 )
 ZOO_TIMESTEPS = 50_000  # the zoo's n_timesteps: sets the exploration schedule's length
+# rl-baselines3-zoo hyperparams/td3.yml: Pendulum-v1 and LunarLanderContinuous use these (noise_std 0.1, normal);
+# the MuJoCo tasks use the same without gamma 0.98 and the buffer cap (SB3's defaults: gamma 0.99, 1M rows).
+ZOO_TD3 = {
+    "Pendulum-v1": dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, gradient_steps=1, train_freq=1,
+                        learning_rate=1e-3, policy_kwargs=dict(net_arch=[400, 300])),
+    "LunarLanderContinuous-v3": dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, gradient_steps=1,
+                                     train_freq=1, learning_rate=1e-3, policy_kwargs=dict(net_arch=[400, 300])),
+    "MuJoCo": dict(learning_starts=10_000, gradient_steps=1, train_freq=1, learning_rate=1e-3,
+                   policy_kwargs=dict(net_arch=[400, 300])),
+}
+TD3_NOISE_STD = 0.1
 
 
-def greedy_mean_return(model: DQN, env_id: str, episodes: int, seed: int) -> float:
+def make_model(env_id: str, seed: int):
+    """DQN with the zoo's CartPole settings for a Discrete task, TD3 with the zoo's settings for a Box one."""
+    env = gym.make(env_id)
+    if isinstance(env.action_space, gym.spaces.Discrete):
+        return ZooScheduleDQN("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **ZOO_CARTPOLE)
+    dims = env.action_space.shape[0]
+    noise = NormalActionNoise(mean=np.zeros(dims), sigma=TD3_NOISE_STD * np.ones(dims))
+    settings = ZOO_TD3.get(env_id, ZOO_TD3["MuJoCo"])
+    return TD3("MlpPolicy", env, seed=seed, verbose=0, device="cpu", action_noise=noise, **settings)
+
+
+def greedy_mean_return(model: DQN | TD3, env_id: str, episodes: int, seed: int) -> float:
     """Mean return of `episodes` greedy episodes played side by side (one env per episode)."""
     envs = gym.make_vec(env_id, num_envs=episodes, vectorization_mode="sync")
     obs, _ = envs.reset(seed=seed)
@@ -90,8 +114,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     started = time.perf_counter()
-    model = ZooScheduleDQN("MlpPolicy", gym.make(args.env), seed=args.seed, verbose=0, device="cpu",
-                           **ZOO_CARTPOLE)
+    model = make_model(args.env, args.seed)
     callback = SolveCallback(args)
     model.learn(total_timesteps=args.max_steps, callback=callback)
     wall = time.perf_counter() - started

@@ -1,8 +1,12 @@
-"""Wall time and env steps to solve CartPole-v1: the default `apexrl launch` against Stable-Baselines3's DQN with
-rl-baselines3-zoo's tuned hyperparameters, in the same run, several seeds each.
+"""Wall time and env steps to solve a task: the default `apexrl launch --env ENV` against Stable-Baselines3 with
+rl-baselines3-zoo's tuned hyperparameters (DQN for CartPole-v1, TD3 for the continuous-control tasks), in the same
+run, several seeds each.
 
-    .venv/bin/python bench/solve_race.py --json /tmp/solve_race.json      # 3 seeds each, ~10-15 minutes
+    .venv/bin/python bench/solve_race.py --json /tmp/solve_race.json      # CartPole-v1, 3 seeds each, ~10-15 min
+    .venv/bin/python bench/solve_race.py --env Pendulum-v1                # Ape-X DPG against TD3, ~10 minutes
     .venv/bin/python bench/solve_race.py --quick                          # 1 seed each, target 100, ~2 minutes
+    .venv/bin/python bench/solve_race.py --systems apexrl base --base-python /tmp/base/.venv/bin/python
+                                       # this checkout against another one's apexrl (before/after a change)
 
 SB3 runs in its own virtual environment (`--sb3-venv`, default bench/results/sb3-venv), created on first use
 with `stable-baselines3` and this venv's torch, numpy and Gymnasium versions (so both sides run the same
@@ -35,6 +39,9 @@ from harness.report import load_line, metadata, progress, render_table, write_js
 
 HERE = Path(__file__).resolve().parent
 SB3_VERSION = "2.9.2"
+# The solve bar of each task (greedy mean return over 100 episodes): Gymnasium's reward_threshold, or the usual bar.
+TARGETS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "Pendulum-v1": -150.0, "LunarLanderContinuous-v3": 200.0,
+           "InvertedPendulum-v5": 950.0, "HalfCheetah-v5": 4800.0}
 
 
 def ensure_sb3_venv(venv: Path) -> Path:
@@ -57,9 +64,9 @@ def ensure_sb3_venv(venv: Path) -> Path:
 
 
 def run_sb3(python: Path, seed: int, args: argparse.Namespace) -> dict:
-    command = [str(python), str(HERE / "sb3_worker.py"), "--seed", str(seed), "--target", str(args.target),
-               "--max-steps", str(args.sb3_max_steps)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds * 3)
+    command = [str(python), str(HERE / "sb3_worker.py"), "--env", args.env, "--seed", str(seed), "--target",
+               str(args.target), "--max-steps", str(args.sb3_max_steps)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds * 5)
     if done.returncode != 0:
         raise RuntimeError(f"SB3 seed {seed} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -67,16 +74,18 @@ def run_sb3(python: Path, seed: int, args: argparse.Namespace) -> dict:
             "env_steps": result["env_steps"], "wall_with_evaluation": result["wall_seconds"]}
 
 
-def run_apexrl(seed: int, args: argparse.Namespace, workdir: Path) -> dict:
-    command = [sys.executable, "-m", "apexrl.launcher", "launch", "--seed", str(seed), "--target-return",
-               str(args.target), "--max-seconds", str(args.max_seconds), "--run-dir", str(workdir / f"apexrl-{seed}"),
-               "--progress-seconds", "5"]
+def run_apexrl(seed: int, args: argparse.Namespace, workdir: Path, system: str = "apexrl") -> dict:
+    python = sys.executable if system == "apexrl" else args.base_python
+    command = [python, "-m", "apexrl.launcher", "launch", "--env", args.env, "--seed", str(seed),
+               "--target-return", str(args.target), "--max-seconds", str(args.max_seconds),
+               "--run-dir", str(workdir / f"{system}-{seed}"), "--progress-seconds", "5",
+               *(a for text in args.apexrl_arg for a in text.split())]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds + 120)
     lines = done.stdout.strip().splitlines()
     if not lines:
         raise RuntimeError(f"apexrl seed {seed} printed nothing:\n{done.stderr[-3000:]}")
     result = json.loads(lines[-1])
-    return {"system": "apexrl", "seed": seed, "solved": result["solved"], "seconds": result["wall_seconds"],
+    return {"system": system, "seed": seed, "solved": result["solved"], "seconds": result["wall_seconds"],
             "env_steps": result["env_steps"], "updates": result["updates"]}
 
 
@@ -89,27 +98,38 @@ def summary(runs: list[dict], system: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="CartPole-v1", help="Gymnasium id raced (SB3: DQN on Discrete, TD3 on Box)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per system (0, 1, ...)")
-    parser.add_argument("--target", type=float, default=475.0, help="greedy mean return over 100 episodes")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed")
+    parser.add_argument("--target", type=float, default=None,
+                        help="greedy mean return over 100 episodes (default: the task's bar, see TARGETS)")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="apexrl's budget per run")
     parser.add_argument("--sb3-max-steps", type=int, default=200_000, help="SB3's env-step budget per run")
-    parser.add_argument("--systems", nargs="+", choices=("sb3", "apexrl"), default=["sb3", "apexrl"])
+    parser.add_argument("--systems", nargs="+", choices=("sb3", "apexrl", "base"), default=["sb3", "apexrl"],
+                        help="base: apexrl from --base-python's environment (another checkout, before a change)")
+    parser.add_argument("--base-python", help="interpreter whose apexrl is the 'base' system")
+    parser.add_argument("--apexrl-arg", action="append", default=[],
+                        help="extra flags for both apexrl systems' `apexrl launch`, e.g. --apexrl-arg='--num-actors 2'")
     parser.add_argument("--sb3-venv", default=str(HERE / "results" / "sb3-venv"), help="SB3's virtual environment")
     parser.add_argument("--quick", action="store_true", help="1 seed, target 100, 150 s budget (a smoke run)")
     parser.add_argument("--json", help="write every run and the summary here")
     args = parser.parse_args()
+    if args.target is None:
+        args.target = TARGETS[args.env]
     if args.quick:
         args.seeds, args.target, args.max_seconds = 1, 100.0, 150.0
+    if "base" in args.systems and not args.base_python:
+        parser.error("--systems base needs --base-python")
 
     load_before = os.getloadavg()[0]
     python = ensure_sb3_venv(Path(args.sb3_venv)) if "sb3" in args.systems else None
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="solve-race-") as tmp:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for system in args.systems:
                 started = time.perf_counter()
                 progress(f"{system} seed {seed} ...")
-                run = run_sb3(python, seed, args) if system == "sb3" else run_apexrl(seed, args, Path(tmp))
+                run = run_sb3(python, seed, args) if system == "sb3" else run_apexrl(seed, args, Path(tmp), system)
                 runs.append(run)
                 progress(f"{system} seed {seed}: solved={run['solved']} in {run['seconds']:.1f} s, "
                          f"{run['env_steps']:,} env steps ({time.perf_counter() - started:.0f} s with set-up)")
@@ -120,15 +140,17 @@ def main() -> int:
               f"{r['env_steps']:,}"] for r in runs]
     lines += [[f"{system} median", "", f"{s['solved']}/{s['runs']}", f"{s['median_seconds']:.1f}",
                f"{s['median_env_steps']:,.0f}"] for system, s in summaries.items()]
-    print(f"CartPole-v1, solved = greedy mean return over 100 episodes >= {args.target:g}")
+    print(f"{args.env}, solved = greedy mean return over 100 episodes >= {args.target:g}")
     print("\n".join(render_table(["system", "seed", "solved", "seconds", "env steps"], lines, left={0})))
     ratios = {}
-    if set(summaries) == {"sb3", "apexrl"}:
-        sb3, apexrl = summaries["sb3"], summaries["apexrl"]
-        ratios = {"wall_time": apexrl["median_seconds"] / sb3["median_seconds"],
-                  "env_steps": apexrl["median_env_steps"] / sb3["median_env_steps"]}
-        print(f"apexrl / SB3 (medians): wall time {ratios['wall_time']:.2f}x (target <= 0.5), "
-              f"env steps {ratios['env_steps']:.2f}x")
+    if "apexrl" in summaries:
+        apexrl = summaries["apexrl"]
+        for other in ("sb3", "base"):
+            if other in summaries:
+                ratios[other] = {"wall_time": apexrl["median_seconds"] / summaries[other]["median_seconds"],
+                                 "env_steps": apexrl["median_env_steps"] / summaries[other]["median_env_steps"]}
+                print(f"apexrl / {other} (medians): wall time {ratios[other]['wall_time']:.2f}x, "
+                      f"env steps {ratios[other]['env_steps']:.2f}x")
     print(load_line(load_before, load_after))
     if args.json:
         write_json(args.json, {"meta": metadata(args), "runs": runs, "summary": summaries, "ratios": ratios,

@@ -4,7 +4,7 @@
 # it into a fresh prefix and starts the entry points from there, so the recipe is exercised without an engine.
 #
 #   sh docker/install.sh replay PREFIX [SOURCE]   the core install only (numpy, grpcio, ...): replay shards, SDK
-#   sh docker/install.sh train  PREFIX [SOURCE]   + torch, gymnasium, matplotlib: actors, learner, launcher
+#   sh docker/install.sh train  PREFIX [SOURCE]   + torch, gymnasium (MuJoCo too), matplotlib: actors, learner, launcher
 #
 # SOURCE is the apexrl source tree (default: the folder above this script). Environment:
 #   TORCH_SPEC       torch requirement of the train target (default torch==2.13.0)
@@ -36,7 +36,7 @@ if [ "$target" = train ]; then
     else
         "$py" -m pip install --quiet $pip_args "$torch_spec"
     fi
-    "$py" -m pip install --quiet $pip_args "$source_dir[train]"
+    "$py" -m pip install --quiet $pip_args "$source_dir[train,mujoco]"
 else
     "$py" -m pip install --quiet $pip_args "$source_dir"
 fi

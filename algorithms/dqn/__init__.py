@@ -16,6 +16,6 @@ ALGORITHM = Algorithm(
         # Measured on CartPole-v1, Acrobot-v1 and MinAtar (FleetSettings and LearnerConfig say how).
         "fleet": {"samples_per_insert": 16.0, "replay_capacity": 25_000},
         "learner": {"target_update_period": 100, "target_tau": 1.0},
-        "actor": {"random_steps": 0},
     },
+    own_settings={"actor": ("epsilon",)},
 )

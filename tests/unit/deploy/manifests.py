@@ -35,6 +35,7 @@ TARGETS = {
     "small-cpu": Path("overlays/small-cpu"),
     "production": Path("overlays/production"),
     "small-cpu-tls": Path("overlays/small-cpu-tls"),
+    "continuous-cpu": Path("overlays/continuous-cpu"),
 }
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 # The label every fleet pod carries (k8s/base/kustomization.yaml); the NetworkPolicy admits exactly these pods.

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(m.kubectl_missing() is not None, reason=m.kubect
 OLDEST_KUBERNETES = "1.28.0"
 # Sizes each overlay promises in its kustomization.yaml.
 OVERLAY_SIZES = {"small-cpu": {"replay": 2, "actor": 4}, "production": {"replay": 8, "actor": 64},
-                 "small-cpu-tls": {"replay": 2, "actor": 4}}
+                 "small-cpu-tls": {"replay": 2, "actor": 4}, "continuous-cpu": {"replay": 2, "actor": 4}}
 # The Secret components/tls mounts, and the name its clients check the servers' certificates against.
 TLS_SECRET = "apexrl-tls"
 TLS_SERVER_NAME = "apexrl-replay.apexrl.svc"
@@ -158,6 +158,19 @@ def test_production_runs_the_learner_on_a_gpu_and_is_scraped_by_the_operator(ren
     others = [c for c in fleet.containers() if m.component(c.workload) != "learner"]
     assert all("-cuda" not in c.spec["image"] and "nvidia.com/gpu" not in c.spec["resources"]["limits"]
                for c in others)
+
+
+def test_the_continuous_overlay_runs_dpg_on_pendulum_with_dpgs_replay_settings(rendered):
+    from apexrl.algorithms.registry import get
+
+    data = next(o["data"] for o in rendered["continuous-cpu"]
+                if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("apexrl-fleet"))
+    assert (data["APEXRL_ENV"], data["APEXRL_ALGORITHM"]) == ("Pendulum-v1", "dpg")
+    assert float(data["APEXRL_REPLAY_SAMPLES_PER_INSERT"]) == get("dpg").defaults["fleet"]["samples_per_insert"]
+    for workload in m.Fleet(rendered["continuous-cpu"]).workloads():
+        args = m.pod_spec(workload)["containers"][0]["args"]
+        if "--env=$(APEXRL_ENV)" in args:  # learner, actors, evaluator: the same algorithm everywhere
+            assert "--algorithm=$(APEXRL_ALGORITHM)" in args, workload["metadata"]["name"]
 
 
 def test_base_keeps_the_cpu_learner_and_finds_shards_through_the_headless_service(rendered):

@@ -15,10 +15,10 @@ from apexrl.learner.sharded_client import PrioritizedBatch
 
 
 def make_batch(keys, obs_dim: int = 4, num_actions: int = 2, shards: int = 2, seed: int = 0,
-               row_version: int | None = None) -> PrioritizedBatch:
+               row_version: int | None = None, action_dim: int | None = None) -> PrioritizedBatch:
     """A CartPole-shaped batch: row j has key keys[j], lives on shard keys[j] % shards, and its columns, probability
     and weight are functions of its key (so a row can be recognised after shuffling). With `row_version`, every
-    row also carries that weight_version."""
+    row also carries that weight_version; with `action_dim`, actions are float32 vectors in [-1, 1] (a Box)."""
     keys = np.asarray(keys, dtype=np.uint64)
     k = keys.astype(np.int64)
     rng = np.random.default_rng(seed)
@@ -26,7 +26,8 @@ def make_batch(keys, obs_dim: int = 4, num_actions: int = 2, shards: int = 2, se
     return PrioritizedBatch(
         columns={**versions,
             "obs": (rng.normal(size=(len(k), obs_dim)) + k[:, None]).astype(np.float32),
-            "action": (k % num_actions).astype(np.int64),
+            "action": (k % num_actions).astype(np.int64) if action_dim is None else
+            np.sin(k[:, None] + np.arange(action_dim)).astype(np.float32),
             "reward": (k % 3).astype(np.float32),
             "discount": np.where(k % 5 == 0, 0.0, 0.97).astype(np.float32),
             "next_obs": rng.normal(size=(len(k), obs_dim)).astype(np.float32),
@@ -45,8 +46,10 @@ class FakeSampler:
 
     `fleet_sizes` are the successive values refresh() reports; `failures` are exceptions sample() raises first."""
 
-    def __init__(self, *, fleet_sizes=(1000,), failures=(), obs_dim: int = 4, row_version: int | None = None) -> None:
+    def __init__(self, *, fleet_sizes=(1000,), failures=(), obs_dim: int = 4, row_version: int | None = None,
+                 action_dim: int | None = None) -> None:
         self.row_version = row_version
+        self.action_dim = action_dim
         self._lock = threading.Lock()
         self._fleet_sizes = list(fleet_sizes)
         self.fleet_size = 0
@@ -75,7 +78,7 @@ class FakeSampler:
             if self.failures:
                 raise self.failures.pop(0)
             batch = make_batch(range(self._next_key, self._next_key + batch_size), obs_dim=self.obs_dim,
-                               seed=self._next_key, row_version=self.row_version)
+                               seed=self._next_key, row_version=self.row_version, action_dim=self.action_dim)
             self._next_key += batch_size
             self.drawn.append(batch)
             return batch

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import yaml
 
 from tests.unit.monitoring.expressions import DASHBOARDS, dashboard_expressions
@@ -22,12 +23,16 @@ def test_committed_files_are_what_the_generator_builds():
     assert {p.name for p in DASHBOARDS.glob("*.json")} == set(build.dashboards())
 
 
-def test_the_fleet_dashboard_has_every_row_and_importable_panels():
-    dashboard = json.loads((DASHBOARDS / "apexrl-fleet.json").read_text())
-    assert dashboard["uid"] == "apexrl-fleet" and dashboard["schemaVersion"] == 41
+DPG_ROWS = ["Critic and policy", "Actions and exploration", "Returns and pace"]
+
+
+@pytest.mark.parametrize(("name", "rows"), [("apexrl-fleet", ROWS), ("apexrl-dpg", DPG_ROWS)])
+def test_each_dashboard_has_every_row_and_importable_panels(name, rows):
+    dashboard = json.loads((DASHBOARDS / f"{name}.json").read_text())
+    assert dashboard["uid"] == name and dashboard["schemaVersion"] == 41
     assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource"]
     panels = dashboard["panels"]
-    assert [p["title"] for p in panels if p["type"] == "row"] == ROWS
+    assert [p["title"] for p in panels if p["type"] == "row"] == rows
     assert panels[0]["type"] == "row"  # every panel sits in a row
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids)) and 0 not in ids

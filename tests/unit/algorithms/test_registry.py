@@ -1,0 +1,67 @@
+"""The algorithm seam's registry (algorithms/registry.py): the algorithm chosen from the action space, a named one
+refused on a space it cannot play, defaults that fill only the settings left at None, and every registered
+algorithm complete (an acting and a learning half with the functions the wiring calls)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from apexrl.actor.config import ActorConfig
+from apexrl.algorithms.registry import (
+    AUTO,
+    algorithms,
+    for_action_kind,
+    for_spaces,
+    get,
+    names,
+    with_defaults,
+)
+from apexrl.common.spaces import BOX, DISCRETE, EnvSpaces
+from apexrl.launcher.fleet_config import FleetSettings
+from apexrl.learner.config import LearnerConfig
+
+
+def test_auto_picks_dqn_for_discrete_and_dpg_for_box_actions():
+    assert names() == (AUTO, "dqn", "dpg")
+    assert for_spaces(AUTO, EnvSpaces.vector(4, 2)).name == "dqn"
+    assert for_spaces(AUTO, EnvSpaces.box((3,), (-2.0,), (2.0,))).name == "dpg"
+    assert for_action_kind("dpg", BOX).name == "dpg"
+
+
+def test_a_named_algorithm_is_refused_on_a_space_it_cannot_play_naming_one_that_can():
+    with pytest.raises(ValueError, match=r"algorithm dqn needs a Discrete action space; Pendulum-v1 has a Box one "
+                                         r"\(algorithms for it: dpg\)"):
+        for_action_kind("dqn", BOX, "Pendulum-v1")
+    with pytest.raises(ValueError, match="algorithm dpg needs a Box action space; CartPole-v1 has a Discrete one"):
+        for_action_kind("dpg", DISCRETE, "CartPole-v1")
+    with pytest.raises(ValueError, match=r"algorithm \('ppo'\) must be one of auto, dqn, dpg"):
+        get("ppo")
+
+
+@pytest.mark.parametrize(("role", "config"), [
+    ("fleet", FleetSettings()),
+    ("learner", LearnerConfig(replay=("a:1",))),
+    ("actor", ActorConfig(params="a:1", replay=("a:2",))),
+])
+def test_defaults_fill_only_what_is_left_at_none_and_name_real_settings(role, config):
+    for algorithm in algorithms().values():
+        filled = with_defaults(config, algorithm, role)
+        for name, value in algorithm.defaults.get(role, {}).items():
+            assert getattr(config, name) is None, f"{algorithm.name}: {role}.{name} has no None default to fill"
+            assert getattr(filled, name) == value
+        given = {name: getattr(filled, name) for name in algorithm.defaults.get(role, {})}
+        if given:  # a value given explicitly wins over the algorithm's default
+            first = next(iter(given))
+            explicit = dataclasses.replace(config, **{first: given[first] * 2 if given[first] else 1})
+            assert getattr(with_defaults(explicit, algorithm, role), first) == getattr(explicit, first)
+
+
+def test_every_algorithm_provides_what_the_wiring_calls():
+    for algorithm in algorithms().values():
+        acting, learning = algorithm.acting(), algorithm.learning()
+        assert list(inspect.signature(acting.make_policy).parameters)[:2] == ["weights", "spaces"]
+        assert list(inspect.signature(acting.make_explorer).parameters) == ["settings", "spaces", "rng"]
+        assert list(inspect.signature(learning.make_learning).parameters) == ["settings", "spaces", "device"]
