@@ -16,6 +16,7 @@ from apexrl.common.process import (
     tls_cert_setting,
     tls_key_setting,
     tls_server_name_setting,
+    token_file_setting,
     token_setting,
 )
 from apexrl.common.settings import setting
@@ -56,6 +57,7 @@ class ActorConfig:
     host: str = host_setting()
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
     token: str | None = token_setting()
+    token_file: str | None = token_file_setting()
     tls_cert: str | None = tls_cert_setting()
     tls_key: str | None = tls_key_setting()
     tls_ca: str | None = tls_ca_setting()

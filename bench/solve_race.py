@@ -79,14 +79,15 @@ def run_apexrl(seed: int, args: argparse.Namespace, workdir: Path, system: str =
     command = [python, "-m", "apexrl.launcher", "launch", "--env", args.env, "--seed", str(seed),
                "--target-return", str(args.target), "--max-seconds", str(args.max_seconds),
                "--run-dir", str(workdir / f"{system}-{seed}"), "--progress-seconds", "5",
-               *(a for text in args.apexrl_arg for a in text.split())]
+               *(a for text in args.apexrl_arg for a in text.split()),
+               *(a for text in (args.base_arg if system == "base" else []) for a in text.split())]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds + 120)
     lines = done.stdout.strip().splitlines()
     if not lines:
         raise RuntimeError(f"apexrl seed {seed} printed nothing:\n{done.stderr[-3000:]}")
     result = json.loads(lines[-1])
     return {"system": system, "seed": seed, "solved": result["solved"], "seconds": result["wall_seconds"],
-            "env_steps": result["env_steps"], "updates": result["updates"]}
+            "env_steps": result["env_steps"], "updates": result["updates"], "final_return": result["mean_return_100"]}
 
 
 def summary(runs: list[dict], system: str) -> dict:
@@ -107,7 +108,10 @@ def main() -> int:
     parser.add_argument("--sb3-max-steps", type=int, default=200_000, help="SB3's env-step budget per run")
     parser.add_argument("--systems", nargs="+", choices=("sb3", "apexrl", "base"), default=["sb3", "apexrl"],
                         help="base: apexrl from --base-python's environment (another checkout, before a change)")
-    parser.add_argument("--base-python", help="interpreter whose apexrl is the 'base' system")
+    parser.add_argument("--base-python", default=sys.executable,
+                        help="interpreter whose apexrl is the 'base' system (default: this one, with --base-arg)")
+    parser.add_argument("--base-arg", action="append", default=[],
+                        help="extra flags for the base system only, e.g. --base-arg='--learner-arg=--policy-delay=1'")
     parser.add_argument("--apexrl-arg", action="append", default=[],
                         help="extra flags for both apexrl systems' `apexrl launch`, e.g. --apexrl-arg='--num-actors 2'")
     parser.add_argument("--sb3-venv", default=str(HERE / "results" / "sb3-venv"), help="SB3's virtual environment")
@@ -118,8 +122,6 @@ def main() -> int:
         args.target = TARGETS[args.env]
     if args.quick:
         args.seeds, args.target, args.max_seconds = 1, 100.0, 150.0
-    if "base" in args.systems and not args.base_python:
-        parser.error("--systems base needs --base-python")
 
     load_before = os.getloadavg()[0]
     python = ensure_sb3_venv(Path(args.sb3_venv)) if "sb3" in args.systems else None
@@ -137,11 +139,12 @@ def main() -> int:
 
     summaries = {system: summary(runs, system) for system in args.systems}
     lines = [[r["system"], str(r["seed"]), "yes" if r["solved"] else "NO", f"{r['seconds']:.1f}",
-              f"{r['env_steps']:,}"] for r in runs]
+              f"{r['env_steps']:,}", _final(r.get("final_return"))] for r in runs]
     lines += [[f"{system} median", "", f"{s['solved']}/{s['runs']}", f"{s['median_seconds']:.1f}",
-               f"{s['median_env_steps']:,.0f}"] for system, s in summaries.items()]
+               f"{s['median_env_steps']:,.0f}", ""] for system, s in summaries.items()]
     print(f"{args.env}, solved = greedy mean return over 100 episodes >= {args.target:g}")
-    print("\n".join(render_table(["system", "seed", "solved", "seconds", "env steps"], lines, left={0})))
+    print("\n".join(render_table(["system", "seed", "solved", "seconds", "env steps", "last eval return"], lines,
+                                 left={0})))
     ratios = {}
     if "apexrl" in summaries:
         apexrl = summaries["apexrl"]
@@ -156,6 +159,11 @@ def main() -> int:
         write_json(args.json, {"meta": metadata(args), "runs": runs, "summary": summaries, "ratios": ratios,
                                "load_average": [load_before, load_after]})
     return 0
+
+
+def _final(value: float | None) -> str:
+    """apexrl's last evaluation mean return (SB3 reports none)."""
+    return "-" if value is None else f"{value:.1f}"
 
 
 if __name__ == "__main__":

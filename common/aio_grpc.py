@@ -32,6 +32,7 @@ from apexrl.common.grpc_util import (
     raw_request_handler,
     token_checked,
     undecodable_message,
+    warn_if_token_in_clear,
 )
 from apexrl.common.tls import TlsFiles
 
@@ -222,6 +223,7 @@ class AioServerThread:
         await self._set_health(self._serving)
         reflection.enable_server_reflection([*self._service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
         port = bind(server, address, tls=self._tls)
+        warn_if_token_in_clear(address, port, self._token, self._tls)
         if self._health_address is not None:
             health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
             health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)

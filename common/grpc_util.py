@@ -12,11 +12,15 @@ TLS handshake is UNAVAILABLE, whichever side refuses it (no or a foreign client 
 server certificate the client's CA did not sign, plaintext to a TLS port, TLS to a plaintext port); the details
 say "Tls handshake failed" when the client refused, "Socket closed" when the server did, and "Hostname
 Verification Check failed" when the server's certificate names neither the address dialled nor tls_server_name.
-A missing or wrong token over a good connection is UNAUTHENTICATED. No refused call reaches a servicer.
+A missing or wrong token over a good connection is UNAUTHENTICATED. No refused call reaches a servicer. Tokens are
+compared in constant time, and a server that requires one over plaintext on an address other machines can reach
+says at start that the token will cross the network in clear (`warn_if_token_in_clear`).
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -84,7 +88,8 @@ def token_checked(handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCa
     method (handler None) stays unknown. Shared by the thread-pool and the asyncio interceptors."""
     if handler is None or details.method.startswith(f"/{HEALTH_SERVICE}/"):
         return handler
-    if dict(details.invocation_metadata or ()).get(_AUTH_HEADER) == expected:
+    received = dict(details.invocation_metadata or ()).get(_AUTH_HEADER) or ""
+    if hmac.compare_digest(_as_bytes(received), expected.encode()):  # constant time: no timing oracle
         return handler
     make = {
         (False, False): grpc.unary_unary_rpc_method_handler,
@@ -93,6 +98,33 @@ def token_checked(handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCa
         (True, True): grpc.stream_stream_rpc_method_handler,
     }[(handler.request_streaming, handler.response_streaming)]
     return make(deny)
+
+
+def _as_bytes(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
+
+
+def warn_if_token_in_clear(address: str, port: int, token: str | None, tls: TlsFiles | None) -> None:
+    """Log a warning when a server that requires a bearer token serves plaintext on `address` (host:port, bound
+    to `port`) and the host is not a loopback address: every call then carries the token across the network in
+    clear. Loopback binds, TLS and servers without a token stay quiet."""
+    host = address.rpartition(":")[0]
+    if not token or (tls is not None and tls.cert is not None) or is_loopback(host):
+        return
+    log.warning("serving %s:%d with a bearer token over plaintext: the token crosses the network in clear on every "
+                "call; serve TLS (--tls-cert, --tls-key) or bind 127.0.0.1", host, port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback IP addresses ([::1] too); False for any other name or address, and for ""
+    or 0.0.0.0 (every interface)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):

@@ -1,6 +1,7 @@
 """The skeleton every role process shares: logging, exit codes, a stop event set by SIGTERM/SIGINT, and the
 settings shared by every process that listens or dials (host, metrics port, token, TLS files and server name,
-health port, port file).
+health port, port file), and where the bearer token comes from (`resolve_token`: --token, else --token-file, else
+the APEXRL_TOKEN environment variable).
 
 Exit codes: 0 clean stop, 1 failure, 2 bad configuration (refused before anything starts).
 """
@@ -8,16 +9,24 @@ Exit codes: 0 clean stop, 1 failure, 2 bad configuration (refused before anythin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TypeVar
 
-from apexrl.common.settings import setting
+from apexrl.common.settings import SettingsError, setting
+
+C = TypeVar("C")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_CONFIG = 2
+
+TOKEN_VARIABLE = "APEXRL_TOKEN"  # the bearer token when neither --token nor --token-file is given
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -69,9 +78,64 @@ def replay_resolve_setting() -> float:
                          "used, shards that disappear are dropped, with no restart)")
 
 
+TOKEN_PRECEDENCE = (f"Precedence: --token, then --token-file, then the {TOKEN_VARIABLE} environment variable (none "
+                    f"of them: no authentication)")
+
+
 def token_setting() -> str | None:
     return setting(None, "bearer token: servers require 'authorization: Bearer TOKEN' on every call except health "
-                         "checks, clients send it (none: no authentication)")
+                         "checks, clients send it. A command line is visible to every local user (ps, "
+                         f"/proc/PID/cmdline): prefer --token-file or {TOKEN_VARIABLE}. {TOKEN_PRECEDENCE}")
+
+
+def token_file_setting() -> str | None:
+    return setting(None, "file holding the bearer token (its content, surrounding whitespace stripped; keep it "
+                         f"mode 0600), used when --token is not given, before {TOKEN_VARIABLE}", metavar="PATH")
+
+
+def resolve_token(token: str | None, token_file: str | None,
+                  environ: Mapping[str, str] = os.environ) -> str | None:
+    """The bearer token: `token` (--token), else the content of `token_file` (surrounding whitespace stripped),
+    else $APEXRL_TOKEN (stripped too); None when none is given.
+
+    SettingsError, in one line naming the path or the variable, for a token file that is missing, unreadable or
+    empty, or an APEXRL_TOKEN that is set but empty: a token meant and not found must not run unauthenticated."""
+    if token:
+        return token
+    if token_file is not None:
+        try:
+            text = Path(token_file).read_text().strip()
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise SettingsError(f"--token-file: cannot read {token_file}: {reason}") from None
+        if not text:
+            raise SettingsError(f"--token-file: {token_file} is empty")
+        _warn_if_readable_by_others(token_file)
+        return text
+    value = environ.get(TOKEN_VARIABLE)
+    if value is None:
+        return None
+    if not value.strip():
+        raise SettingsError(f"{TOKEN_VARIABLE} is set but empty (unset it to run without a token)")
+    return value.strip()
+
+
+def with_token(config: C, environ: Mapping[str, str] = os.environ) -> C:
+    """`config` with `token` resolved from its token, token_file and the environment (`resolve_token`); a config
+    without these fields comes back as it is."""
+    if not hasattr(config, "token_file"):
+        return config
+    return dataclasses.replace(config, token=resolve_token(config.token, config.token_file, environ))
+
+
+def _warn_if_readable_by_others(path: str) -> None:
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError:
+        return
+    if mode & 0o044:
+        logging.getLogger("apexrl").warning("token file %s is readable by other users (mode %04o): chmod 600 it",
+                                            path, mode)
 
 
 def tls_cert_setting() -> str | None:

@@ -2,8 +2,9 @@
 
 A role module (`<role>/main.py`) exposes `CONFIG` (its settings dataclass), `HELP` and `run(config, stop) -> int`;
 the flags come from the dataclass (common/settings.py), the process skeleton (logging, the stop event on
-SIGTERM/Ctrl-C, exit codes) from common/process.py. Role modules import their heavy dependencies inside `run`, so
-building the parser is cheap and `apexrl replay` never imports torch. `launch` parses its own arguments.
+SIGTERM/Ctrl-C, exit codes, the bearer token from --token, --token-file or APEXRL_TOKEN) from common/process.py.
+Role modules import their heavy dependencies inside `run`, so building the parser is cheap and `apexrl replay`
+never imports torch. `launch` parses its own arguments.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import os
 import sys
 
-from apexrl.common.process import EXIT_BAD_CONFIG, EXIT_FAILURE, setup_logging, stop_on_signals
+from apexrl.common.process import EXIT_BAD_CONFIG, EXIT_FAILURE, setup_logging, stop_on_signals, with_token
 from apexrl.common.settings import SettingsError, add_arguments, from_namespace
 
 log = logging.getLogger("apexrl")
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(module, "CONFIG"):
         return int(module.run(args) or 0)
     try:
-        config = from_namespace(module.CONFIG, args)
+        config = with_token(from_namespace(module.CONFIG, args))  # --token, --token-file or APEXRL_TOKEN
     except SettingsError as err:
         print(f"apexrl {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG

@@ -2,18 +2,22 @@
 wires (addresses, ports, seeds, the run directory, the shards' share of the replay) over the role's fleet-file
 settings, and `to_argv` writes the flags. `check_commands` parses every local role's command exactly as the role
 will, so a bad setting is refused before any process starts.
+
+The bearer token is never on a command line (every local user reads /proc/PID/cmdline): `command` leaves it out
+and `environment` gives it to the role as APEXRL_TOKEN.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from apexrl.actor.config import ActorConfig
 from apexrl.algorithms.registry import AUTO, for_action_kind, get, with_defaults
+from apexrl.common.process import TOKEN_VARIABLE
 from apexrl.common.settings import SettingsError, parse_argv, to_argv
 from apexrl.launcher.fleet_config import (
     ATARI_EVALUATION_EPISODES,
@@ -129,9 +133,20 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
 
 def command(config: FleetConfig, role: Role, links: Wiring, run_dir: Path,
             extra_args: Sequence[str] = ()) -> list[str]:
-    """The `apexrl ...` arguments (after the program name) that run `role`; pass-through args come last."""
+    """The `apexrl ...` arguments (after the program name) that run `role`; pass-through args come last. A token
+    in the role's table is left out: `environment` carries it."""
     subcommand, _ = SUBCOMMANDS[role.kind]
-    return [subcommand, *to_argv(role_config(config, role, links, run_dir)), *extra_args]
+    settings = dataclasses.replace(role_config(config, role, links, run_dir), token=None)
+    return [subcommand, *to_argv(settings), *extra_args]
+
+
+def environment(config: FleetConfig, role: Role, links: Wiring, run_dir: Path,
+                base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of `role`'s process: `base` with APEXRL_TOKEN set to the token of the role's table, else
+    the fleet's (resolved by then: `common.process.with_token`), and without it when there is none."""
+    token = role_config(config, role, links, run_dir).token or config.token
+    env = {k: v for k, v in base.items() if k != TOKEN_VARIABLE}
+    return {**env, TOKEN_VARIABLE: token} if token else env
 
 
 def check_commands(config: FleetConfig, host: str, run_dir: Path,
@@ -145,8 +160,16 @@ def check_commands(config: FleetConfig, host: str, run_dir: Path,
         argv = command(config, role, placeholder, run_dir, extra_args_for(role.kind, extra_args))
         subcommand, cls = SUBCOMMANDS[role.kind]
         try:
-            parse_argv(cls, argv[1:], prog=f"apexrl {subcommand} ({role.name})")
+            parsed = parse_argv(cls, argv[1:], prog=f"apexrl {subcommand} ({role.name})")
+            if parsed.token is not None:  # only a pass-through arg can put it there: `command` leaves it out
+                raise ConfigError(f"--token in a pass-through arg would put the token on the command line and "
+                                  f"in config.json; give it to apexrl launch (--token-file, {TOKEN_VARIABLE} or "
+                                  f"[fleet] token_file)")
+            if role.kind != "replay":  # the same check the role makes: no setting another algorithm owns
+                with_defaults(parsed, get(parsed.algorithm), "learner" if role.kind == "learner" else "actor")
         except SettingsError as err:
+            raise ConfigError(f"{role.name}: {err}") from None
+        except ValueError as err:
             raise ConfigError(f"{role.name}: {err}") from None
 
 

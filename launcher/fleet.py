@@ -5,7 +5,8 @@ the learner (gRPC health on its parameter-service port), then actors and the eva
 machines are waited for the same way before the roles that need them start. Health is checked over TLS with the
 machine's files when TLS is on, or on a server's plaintext `health_port` when its table sets one. Every child runs
 `python -m apexrl.launcher ROLE ...` in its own session (so Ctrl-C reaches the launcher only and the launcher
-stops the roles in order) with stdout and stderr in RUN_DIR/logs/NAME.log.
+stops the roles in order) with stdout and stderr in RUN_DIR/logs/NAME.log, and the bearer token, if any, in its
+environment (APEXRL_TOKEN), never on its command line. logs/ and checkpoints/ are 0700, the logs 0600.
 """
 
 from __future__ import annotations
@@ -24,15 +25,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
+from apexrl.common.files import open_private
 from apexrl.common.grpc_util import wait_for_health
 from apexrl.common.tls import TlsFiles
-from apexrl.launcher.commands import command, extra_args_for
+from apexrl.launcher.commands import command, environment, extra_args_for
 from apexrl.launcher.fleet_config import FleetConfig
 from apexrl.launcher.topology import Role, Wiring, address, roles_on, wiring, with_ports
 
 log = logging.getLogger("apexrl.launch")
 
 STOP_ORDER = (("actor", "evaluator", "learner"), ("replay",))  # users of a service stop before the service
+PRIVATE_DIRECTORIES = ("logs", "checkpoints")  # 0700: role logs and checkpoints are the owner's alone
 
 
 class Interrupted(Exception):
@@ -104,6 +107,8 @@ class Fleet:
         until `stop`)."""
         for d in ("logs", "ports", "episodes", "checkpoints"):
             (self.run_dir / d).mkdir(parents=True, exist_ok=True)
+        for d in PRIVATE_DIRECTORIES:
+            (self.run_dir / d).chmod(0o700)
         timeout = self.config.startup_timeout
         shards = [self._spawn(r) for r in self.roles if r.kind == "replay"]  # start together, then wait for each
         shard_ports: dict[int, int] = {}
@@ -167,11 +172,12 @@ class Fleet:
         extra = extra_args_for(role.kind, self.extra_args)
         argv = [sys.executable, "-m", "apexrl.launcher", *command(self.config, role, links, self.run_dir, extra)]
         log_path = self.run_dir / "logs" / f"{role.name}.log"
-        log_file = open(log_path, "ab")  # noqa: SIM115 (the child writes to it for its lifetime)
+        log_file = open_private(log_path, "ab")  # 0600; the child writes to it for its lifetime
         log_file.write(f"# {' '.join(argv)}\n".encode())
         log_file.flush()
+        env = environment(self.config, role, links, self.run_dir, {**os.environ, "PYTHONUNBUFFERED": "1"})
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                                   env=env, start_new_session=True)
         child = Child(role, argv, log_path, process, log_file)
         self.children.append(child)
         log.debug("started %s (pid %d): %s", role.name, process.pid, " ".join(argv))

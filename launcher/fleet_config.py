@@ -13,6 +13,7 @@ from typing import Any
 
 from apexrl.algorithms.registry import AUTO
 from apexrl.algorithms.registry import names as algorithm_names
+from apexrl.common.process import TOKEN_PRECEDENCE, TOKEN_VARIABLE
 from apexrl.common.settings import SettingsError, setting
 from apexrl.common.tls import TlsFiles
 
@@ -55,6 +56,10 @@ class FleetSettings:
         tls_server_name: the name the clients (learner, actors, evaluator, the launcher's health checks) check
             every server's certificate against instead of the address they dial: one certificate naming it serves
             every machine.
+        token, token_file: the fleet's bearer token (with APEXRL_TOKEN in the launcher's environment as the last
+            source). The launcher resolves it once and hands it to each local role in the role's environment
+            (APEXRL_TOKEN), never on a command line (readable by every local user) nor in config.json or a log;
+            every machine of a fleet needs the same one.
     """
 
     env: str = setting(DEFAULT_ENV, "Gymnasium environment id played by actors and evaluator and learnt by the "
@@ -92,6 +97,15 @@ class FleetSettings:
                                                 "instead of the addresses it dials (one certificate for every "
                                                 "machine); needs tls_ca or tls_cert (none: the addresses "
                                                 "dialled)", metavar="NAME")
+    token: str | None = setting(None, "bearer token of the fleet: every role's servers require it and its clients "
+                                      "send it; each local role gets it in its environment "
+                                      f"({TOKEN_VARIABLE}), never on a command line or in config.json or a log. "
+                                      "This launcher's own command line is visible to every local user: prefer "
+                                      f"token_file or {TOKEN_VARIABLE}. {TOKEN_PRECEDENCE}; a role table's own "
+                                      "token or token_file wins for that role")
+    token_file: str | None = setting(None, "file holding the fleet's bearer token (its content, surrounding "
+                                           "whitespace stripped; keep it mode 0600), used when token is not given, "
+                                           f"before {TOKEN_VARIABLE}", metavar="PATH")
     replay_capacity: int | None = setting(None, "rows over all shards together (each holds its share) (none: the "
                                                 "algorithm's default: dqn 25,000, dpg 100,000)")
     samples_per_insert: float | None = setting(

@@ -17,9 +17,10 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from apexrl.common.files import atomic_write
-from apexrl.common.process import EXIT_BAD_CONFIG, stop_on_signals
+from apexrl.common.process import EXIT_BAD_CONFIG, stop_on_signals, with_token
 from apexrl.common.settings import SettingsError, settings_of
 from apexrl.common.settings import add_arguments as add_settings
 from apexrl.launcher.fleet_config import ConfigError, FleetConfig, FleetSettings, local_fleet
@@ -48,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "learner and the evaluator checks the target return; the others run until a signal or --max-seconds.\n\n"
         "Every role's command line is checked before any process starts: a bad setting, pass-through flag or "
         "environment id is refused in one line with exit status 2.\n\n"
+        "The bearer token (--token, else --token-file, else the APEXRL_TOKEN environment variable) reaches each "
+        "role in its environment as APEXRL_TOKEN, never on a command line, in config.json or in a log. RUN_DIR "
+        "(when the launcher creates it), RUN_DIR/logs and RUN_DIR/checkpoints are mode 0700, the logs 0600.\n\n"
         "The last line on stdout is JSON: env_steps (exploring actors' environment steps), episodes (exploration "
         "episodes; evaluation episodes are not counted), updates (learner), mean_return_100 (mean return of the "
         "last 100 evaluation episodes), wall_seconds, solved, target_return (the target checked, or null: an "
@@ -81,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config, host = resolve_config(args)
-        config = with_algorithm(config)
+        config = with_token(with_algorithm(config))  # --token, --token-file or APEXRL_TOKEN, read once here
         run_dir = Path(config.run_dir or default_run_dir(config.env))
         if (run_dir / "config.json").exists():
             raise ConfigError(f"{run_dir} already holds a run (config.json); choose another --run-dir")
@@ -165,7 +169,9 @@ class Launch:
         self.force = threading.Event()
 
     def run(self) -> int:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not self.run_dir.exists():
+            self.run_dir.mkdir(parents=True)
+            self.run_dir.chmod(0o700)  # logs, checkpoints: the run is its owner's alone
         with stop_on_signals(self.stop, hangup=True, on_repeat=self.force.set):  # second Ctrl-C: kill at once
             return self._run(time.time())
 
@@ -302,7 +308,7 @@ class Launch:
                 for role in roles(fleet.config)
             ],
         }
-        atomic_write(self.run_dir / "config.json", json.dumps(doc, indent=2, default=str) + "\n")
+        atomic_write(self.run_dir / "config.json", json.dumps(redacted(doc), indent=2, default=str) + "\n")
 
     def _write_results(self) -> None:
         from apexrl.common.episodes import merge_episode_files
@@ -323,6 +329,19 @@ class Launch:
             except Exception as err:  # a missing plot must not hide the run's result
                 log.warning("could not plot the learning curve: %s", err)
         log.info("wrote %s in %s", ", ".join(written), self.run_dir)
+
+
+REDACTED = "<redacted>"
+
+
+def redacted(value: Any) -> Any:
+    """`value` (nested dicts and lists) with the value of every `token` key that is set replaced by REDACTED: the
+    fleet's token, a role table's, a `--token` launch option. Paths (token_file) stay."""
+    if isinstance(value, dict):
+        return {k: REDACTED if k == "token" and v else redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redacted(v) for v in value]
+    return value
 
 
 def _import_plotting() -> None:

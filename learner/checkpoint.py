@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from apexrl.common.files import atomic_write
+from apexrl.common.files import PRIVATE, atomic_write
 from apexrl.common.spaces import EnvSpaces
 
 FORMAT = "apexrl-v2"
@@ -61,7 +61,7 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
     }
     buffer = io.BytesIO()
     torch.save(payload, buffer)
-    return atomic_write(path, buffer.getvalue())
+    return atomic_write(path, buffer.getvalue(), mode=PRIVATE)  # owner-only: the trained networks
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:

@@ -12,6 +12,7 @@ from apexrl.common.process import (
     tls_ca_setting,
     tls_cert_setting,
     tls_key_setting,
+    token_file_setting,
     token_setting,
 )
 from apexrl.common.settings import setting
@@ -35,6 +36,7 @@ class ParamsConfig:
     max_message_bytes: int = setting(DEFAULT_MAX_MESSAGE_BYTES, "largest gRPC message received or sent; chunking "
                                                                 "makes gRPC's default 4 MiB enough for any model")
     token: str | None = token_setting()
+    token_file: str | None = token_file_setting()
     tls_cert: str | None = tls_cert_setting()
     tls_key: str | None = tls_key_setting()
     tls_ca: str | None = tls_ca_setting()

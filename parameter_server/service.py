@@ -193,6 +193,7 @@ def create_parameter_server(
     parameters_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, server)
     health = grpc_util.add_health_and_reflection(server, [SERVICE_NAME])
     port = grpc_util.bind(server, address, tls=tls)
+    grpc_util.warn_if_token_in_clear(address, port, token, tls)
     if health_address is not None:
         server = grpc_util.WithHealthPort(server, health, health_address)
     server.start()

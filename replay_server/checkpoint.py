@@ -12,10 +12,11 @@ Layout of one file (integers little endian; no pickle anywhere, so a file from a
               de-duplication table, counters) and, per chunk, its first slot, rows, offset, length and CRC32
     trailer   24 bytes   u64 footer length, u32 CRC32 of the footer, 4 zero bytes, b"APXRLEND"
 
-A file is written beside its final name, fsynced, renamed over it and the directory fsynced (`CheckpointWriter`),
-so a crash leaves the previous file or the new one, never half of one under the final name. The trailer is written
-last: a truncated file has none (or one whose footer CRC fails); a flipped bit fails the CRC32 of its footer or
-chunk. `CheckpointReader` checks all of that and raises CorruptCheckpointError naming the file and the fault.
+A file (mode 0600) is written beside its final name, fsynced, renamed over it and the directory fsynced
+(`CheckpointWriter`), so a crash leaves the previous file or the new one, never half of one under the final name.
+The trailer is written last: a truncated file has none (or one whose footer CRC fails); a flipped bit fails the
+CRC32 of its footer or chunk. `CheckpointReader` checks all of that and raises CorruptCheckpointError naming the
+file and the fault.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 
 from apexrl.common.compression import CompressedColumn, take_rows
 from apexrl.common.errors import InvalidArgumentError
+from apexrl.common.files import open_private
 from apexrl.common.signature import Signature
 from apexrl.replay_server.snapshot import ROW_WRITER, Snapshot, TableState, chunks_holding
 
@@ -94,7 +96,8 @@ class CheckpointWriter:
         self.path = Path(path)
         self.chunk_rows = chunk_rows
         self._tmp = self.path.with_name(f".{self.path.name}.tmp")
-        self._file: BinaryIO | None = open(self._tmp, "wb")  # noqa: SIM115 (closed by finish or close)
+        # The table's rows may be anyone's data: owner-only (0600), like the learner's checkpoints.
+        self._file: BinaryIO | None = open_private(self._tmp, "wb")
         self._file.write(_HEADER.pack(_HEADER_MAGIC, FORMAT_VERSION, 0))
         self._offset = _HEADER.size
         self._chunks: list[Chunk] = []

@@ -13,6 +13,7 @@ from apexrl.common.process import (
     tls_ca_setting,
     tls_cert_setting,
     tls_key_setting,
+    token_file_setting,
     token_setting,
 )
 from apexrl.common.settings import setting
@@ -33,6 +34,7 @@ class ReplayConfig(TableConfig):
     max_message_bytes: int = setting(64 * 1024 * 1024, "largest gRPC message received or sent; larger ones are "
                                                        "refused with RESOURCE_EXHAUSTED")
     token: str | None = token_setting()
+    token_file: str | None = token_file_setting()
     tls_cert: str | None = tls_cert_setting()
     tls_key: str | None = tls_key_setting()
     tls_ca: str | None = tls_ca_setting()

@@ -12,11 +12,11 @@ append raises UnavailableError, so the table stores nothing more (nothing unlogg
 acknowledged), acks still waiting answer UNAVAILABLE, `stats.wal_failed` is 1 and the `on_failure` callbacks run
 once (the server reports NOT_SERVING). Only a restart, which replays the log, brings the shard back.
 
-Files: segments `wal-<first key, 20 digits>.log`, a new one at start and after each checkpoint, deleted once every
-kept checkpoint covers them. A segment starts with a header (magic, version, lineage, first key, signature) and
-holds records: u32 length, u32 CRC32 of the payload, payload = first key, rows, incarnation, sequence, writer
-id, the raw priorities (float64), then each column's bytes in signature order (a compressed field: u32 frame
-lengths, one per row, then the frames back to back). Replay stops at the first torn or
+Files: segments `wal-<first key, 20 digits>.log` (mode 0600), a new one at start and after each checkpoint,
+deleted once every kept checkpoint covers them. A segment starts with a header (magic, version, lineage, first
+key, signature) and holds records: u32 length, u32 CRC32 of the payload, payload = first key, rows, incarnation,
+sequence, writer id, the raw priorities (float64), then each column's bytes in signature order (a compressed
+field: u32 frame lengths, one per row, then the frames back to back). Replay stops at the first torn or
 corrupt record of a segment (a SIGKILL leaves at most the batches whose fsync had not ended, none acknowledged),
 and goes on with the next segment if it starts right there. Segments of another lineage (a resharded shard, a
 wiped checkpoint directory) are never replayed: they are renamed `*.orphan` and named in the log.
@@ -40,6 +40,7 @@ import numpy as np
 
 from apexrl.common.compression import CompressedColumn
 from apexrl.common.errors import ApexError, UnavailableError
+from apexrl.common.files import PRIVATE
 from apexrl.common.signature import Signature
 from apexrl.replay_server.checkpoint import fsync_directory
 from apexrl.replay_server.durability_metrics import DurabilityStats
@@ -265,7 +266,7 @@ class WriteAheadLog:
         path = self.directory / f"wal-{first_key:020d}.log"
         if path.exists():  # a segment that replayed nothing (torn at its first record): keep it aside
             path.rename(path.with_name(path.name + ".orphan"))
-        self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, PRIVATE)
         signature = str(self._signature).encode()
         _write_all(self._file, _SEGMENT.pack(_MAGIC, _VERSION, 0, self._lineage, first_key, len(signature))
                    + signature)

@@ -148,3 +148,12 @@ def test_scaling_model_quick_mode_measures_every_cost_and_models_every_shard_cou
     for r in data["model"]:
         assert r["updates_per_s"] == min(r["bounds"].values()) > 0 and r["bound"] in r["bounds"]
     assert "MODEL (not a measurement)" in proc.stdout
+
+
+def test_the_dqn_digest_runs_and_is_reproducible():
+    """bench/dqn_digest.py compares checkouts bit for bit: it must run, and give the same lines twice."""
+    runs = [subprocess.run([sys.executable, str(BENCH / "dqn_digest.py")], timeout=120, capture_output=True,
+                           text=True) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-3000:]
+    lines = runs[0].stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["learner", "actor"] and runs[1].stdout == runs[0].stdout

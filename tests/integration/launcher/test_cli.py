@@ -82,6 +82,17 @@ def test_launch_refuses_a_fleet_file_with_a_port_used_twice(tmp_path, capsys):
     (["--actor-arg=--num-envs=0"], "actor-0: --num-envs: num_envs (0) must be a positive integer"),
     (["--evaluator-arg=--epsilon 2"], "evaluator: --epsilon: epsilon (2.0) must be in [0, 1]"),
     (["--env", "NoSuchEnv-v0"], "--env: cannot make environment 'NoSuchEnv-v0'"),
+    # Continuous control: the algorithm must play the action space, which must be Discrete or a bounded Box.
+    (["--env", "Pendulum-v1", "--algorithm", "dqn"], "--algorithm: algorithm dqn needs a Discrete action space; "
+                                                     "Pendulum-v1 has a Box one (algorithms for it: dpg)"),
+    (["--algorithm", "dpg"], "--algorithm: algorithm dpg needs a Box action space; CartPole-v1 has a Discrete one"),
+    (["--env", "tests.support.odd_envs:UnboundedActions-v0"], "a Box action space needs finite bounds"),
+    (["--env", "tests.support.odd_envs:MultiDiscreteActions-v0"],
+     "the built-in actor needs a Discrete or a Box action space, got MultiDiscrete([3 3])"),
+    (["--env", "Blackjack-v1"], "needs a Box observation space of a vector or an image"),
+    (["--actor-arg=--noise-scale=0.2"], "actor-0: noise_scale: a setting of algorithm dpg, but this run's "
+                                        "algorithm is dqn"),
+    (["--env", "Pendulum-v1", "--learner-arg=--target-tau=2"], "learner: --target-tau: target_tau (2.0) must be in"),
 ])
 def test_launch_refuses_bad_settings_before_anything_starts(tmp_path, argv, message):
     """Every role's command line is parsed first: a bad setting or pass-through flag is one line on stderr and

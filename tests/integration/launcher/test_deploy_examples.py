@@ -39,7 +39,8 @@ def placement(path: Path) -> dict[str, set[str]]:
     return result
 
 
-@pytest.mark.parametrize("name", ["one_machine.toml", "three_machines.toml", "../fleet.toml"])
+@pytest.mark.parametrize("name", ["one_machine.toml", "three_machines.toml", "continuous_one_machine.toml",
+                                  "../fleet.toml"])
 def test_every_machine_of_an_example_fleet_passes_the_launchers_preflight(name, tmp_path):
     config = load_config(FLEETS / name)
     for host in host_names(config):

@@ -1,0 +1,93 @@
+"""A digest of Ape-X DQN's behaviour, to compare two checkouts bit for bit (a refactor must not change it): the
+learner's published weights, priorities and losses after 50 updates on fixed batches with seed 0, and the actor
+policy's epsilon-greedy actions and initial priorities on fixed weights and transitions.
+
+    .venv/bin/python bench/dqn_digest.py                                   # this checkout
+    cd /tmp/base && /tmp/base/.venv/bin/python /work/main/bench/dqn_digest.py --checkout /tmp/base
+
+(`git worktree add /tmp/base REV` and `bash scripts/setup.sh` there make the other checkout.) Equal lines mean the
+same behaviour. It also runs on checkouts from before the algorithm seam (their Learner took obs_dim and
+num_actions, their actor policy lived in apexrl.actor.policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def digest(arrays) -> str:
+    h = hashlib.sha256()
+    for array in arrays:
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()[:16]
+
+
+def learner_line() -> str:
+    from apexrl.learner.learner import Learner
+    from tests.unit.learner.fakes import FakeSampler, Publisher, config, make_batch
+
+    cfg = config(hidden_sizes=(64, 64), batch_size=32, publish_every=10, target_update_period=7)
+    sampler, publisher = FakeSampler(), Publisher()
+    if list(inspect.signature(Learner.__init__).parameters)[2] == "obs_dim":  # before the seam
+        learner = Learner(cfg, 4, 2, sampler, publisher)
+    else:
+        from apexrl.common.spaces import EnvSpaces
+
+        learner = Learner(cfg, EnvSpaces.vector(4, 2), sampler, publisher)
+    losses = [learner.train_step(make_batch(range(32 * i, 32 * i + 32), seed=i)) for i in range(50)]
+    version, weights = publisher.published[-1]
+    return (f"learner: version {version}, weights {digest(weights[k] for k in sorted(weights))}, priorities "
+            f"{digest(p for _, p in sampler.updates)}, losses {digest([np.array(losses)])}")
+
+
+def actor_line() -> str:
+    from apexrl.common.environments import EnvSpaces
+
+    rng = np.random.default_rng(0)
+    shapes = {"torso.0.weight": (64, 4), "torso.0.bias": (64,), "value.weight": (1, 64), "value.bias": (1,),
+              "advantage.weight": (2, 64), "advantage.bias": (2,)}
+    weights = {name: rng.normal(size=shape).astype(np.float32) for name, shape in shapes.items()}
+    columns = {"obs": rng.normal(size=(256, 4)).astype(np.float32),
+               "next_obs": rng.normal(size=(256, 4)).astype(np.float32), "action": rng.integers(2, size=256),
+               "reward": rng.normal(size=256).astype(np.float32),
+               "discount": rng.choice([0.0, 0.97], 256).astype(np.float32)}
+    act_rng = np.random.default_rng(1)
+    batches = [columns["obs"][i:i + 4] for i in range(0, 256, 4)]
+    try:
+        from apexrl.algorithms.dqn.acting import EpsilonGreedy, make_policy
+    except ImportError:  # before the seam
+        from apexrl.actor.exploration import epsilon_greedy
+        from apexrl.actor.policy import make_policy
+
+        policy = make_policy(weights, EnvSpaces.vector(4, 2))
+        priorities = policy.td_error_abs(columns)
+        actions = [epsilon_greedy(policy.q_values(obs), 0.3, act_rng) for obs in batches]
+    else:
+        policy = make_policy(weights, EnvSpaces.vector(4, 2))
+        priorities = policy.initial_priorities(columns)
+        explorer = EpsilonGreedy(0.3, act_rng)
+        actions = [explorer.actions(policy, obs) for obs in batches]
+    return f"actor: priorities {digest([priorities])}, actions {digest(a.astype(np.int64) for a in actions)}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkout", default=str(Path(__file__).resolve().parents[1]),
+                        help="the checkout whose tests/unit/learner/fakes.py makes the batches")
+    args = parser.parse_args()
+    sys.path.insert(0, args.checkout)
+    torch.set_num_threads(1)
+    print(learner_line())
+    print(actor_line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
