@@ -278,8 +278,7 @@ def measure_batch_size(results: Results, section: str, key: str, config, spaces,
 
     b = config.batch_size
     progress(f"  batch {b}: train_step fed by the sampler process, {timing.warmup:g}s warm-up + {timing.seconds:g}s")
-    learner = Learner(config, spaces.obs_dim, spaces.num_actions, make_sampler(config), WeightStore().publish,
-                      spaces=spaces)
+    learner = Learner(config, spaces, make_sampler(config), WeightStore().publish)
     fed, wait_share, shard_cores, batch = fed_phase(learner, shard_pids, timing)
     progress(f"  batch {b}: the same Learner on one batch reused (sampling removed)")
     learner.sampler = ReusedBatchSampler(batch)

@@ -44,10 +44,11 @@ class Phase:
 
 def new_learner(config, sampler, registry=None):
     """A Learner with the benchmark's network shape, publishing into an in-process WeightStore."""
+    from apexrl.common.spaces import EnvSpaces
     from apexrl.learner.learner import Learner
     from apexrl.parameter_server.store import WeightStore
 
-    return Learner(config, OBS_DIM, NUM_ACTIONS, sampler, WeightStore().publish, registry)
+    return Learner(config, EnvSpaces.vector(OBS_DIM, NUM_ACTIONS), sampler, WeightStore().publish, registry)
 
 
 def warm_up_torch(config, batch, steps: int = 30) -> None:
