@@ -48,6 +48,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="Pendulum-v1")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (then +1, +2, ...)")
     parser.add_argument("--max-seconds", type=float, default=240.0, help="budget of every run")
     parser.add_argument("--single", type=float, default=0.1, help="the one noise scale of the 'single' variant")
     parser.add_argument("--json", help="write every run and the summary here")
@@ -56,7 +57,7 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     runs = []
     with tempfile.TemporaryDirectory(prefix="noise-schedule-") as tmp:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for variant in VARIANTS:
                 started = time.perf_counter()
                 progress(f"{variant} seed {seed} ...")
