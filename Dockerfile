@@ -8,8 +8,12 @@
 #
 # Every install step lives in docker/install.sh, which the test suite also runs into a fresh prefix
 # (tests/integration/deploy/test_image_recipe.py), so the recipe is exercised where no engine can build it.
+# scripts/build_images.sh builds both targets with podman from this file, unchanged but for PYTHON_IMAGE (a Debian
+# base it makes where no registry is reachable; tests/integration/containers/ run the images).
 # Build, push and deploy: docs/deploy-kubernetes.md.
 
+# Pin the base by digest for a release (PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:...; docs/deploy-kubernetes.md
+# says how to find it): the label org.opencontainers.image.base.name then names exactly the base used.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS base
@@ -23,6 +27,7 @@ FROM base AS source
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY protos/apexrl/proto/ protos/apexrl/proto/
+COPY apexrl/ apexrl/
 COPY common/ common/
 COPY replay_server/ replay_server/
 COPY parameter_server/ parameter_server/

@@ -23,6 +23,7 @@ from apexrl.actor.nstep import NStepAccumulator, Transition, compress_image_colu
 from apexrl.algorithms.base import ActingPolicy
 from apexrl.algorithms.registry import for_spaces, with_defaults
 from apexrl.common.discovery import ShardAddresses
+from apexrl.common.env_settings import EnvChoice
 from apexrl.common.environments import check_spaces, clips_rewards, make_vector_env
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
 from apexrl.common.errors import ApexError, DeadlineExceededError, is_transient
@@ -36,6 +37,10 @@ log = logging.getLogger("apexrl.actor")
 
 # Added to |TD error| so no fresh transition starts with priority 0 (which would never be sampled).
 MIN_PRIORITY = 1e-3
+# Actors start while the learner starts (apexrl launch), so the parameter service is unreachable for the first few
+# seconds of every run: that is logged at INFO, and only weights still missing after this long at WARNING.
+STARTUP_WINDOW_SECONDS = 30.0
+FETCH_WARNING_PERIOD_SECONDS = 30.0  # at most one such line per period
 
 
 def evaluation_rest(took: float, round_seconds: float, cpu_share: float) -> float:
@@ -45,6 +50,12 @@ def evaluation_rest(took: float, round_seconds: float, cpu_share: float) -> floa
     if round_seconds == 0:
         return 0.0
     return max(round_seconds - took, took * (1.0 / cpu_share - 1.0))
+
+
+def log_round(number: int, weight_version: int, returns: list[float], seconds: float) -> None:
+    """The evaluator's one line per round: what the greedy policy of these weights scores now."""
+    log.info("evaluation round %d (weights v%d): %d greedy episodes, mean return %.1f (min %.1f, max %.1f) in %.1fs",
+             number, weight_version, len(returns), float(np.mean(returns)), min(returns), max(returns), seconds)
 
 
 class ActorMetrics:
@@ -89,7 +100,8 @@ class ApeXActor:
         self._rng = np.random.default_rng([seed, config.actor_index])
         # Exploring: same-step autoreset (every step yields one transition per environment, see make_vector_env).
         try:
-            self.envs = make_vector_env(config.env, config.num_envs, same_step_autoreset=not config.evaluate)
+            self.envs = make_vector_env(EnvChoice.of(config), config.num_envs,
+                                        same_step_autoreset=not config.evaluate)
         except ValueError as err:
             raise SettingsError(f"--env: {err}") from None
         try:
@@ -119,7 +131,8 @@ class ApeXActor:
         self.env_steps = 0
         self.episodes = 0
         self._recent_returns: deque[float] = deque(maxlen=100)
-        self._last_fetch_warning = 0.0
+        self._last_fetch_warning = -float("inf")
+        self._waiting_since = time.monotonic()  # for the first weights: reset when run() starts waiting
 
     # ----------------------------------------------------------------------------------------------- weights
     def _pull_weights(self) -> bool:
@@ -130,9 +143,7 @@ class ApeXActor:
             if not is_transient(err):
                 raise
             self.metrics.fetch_failures.inc()
-            if time.monotonic() - self._last_fetch_warning > 30:
-                log.warning("weights unavailable, acting with version %d: %s", self.weight_version, err)
-                self._last_fetch_warning = time.monotonic()
+            self._report_fetch_failure(err)
             return False
         if fetched is None:
             self.metrics.weight_lag.set(0)
@@ -143,8 +154,26 @@ class ApeXActor:
         self.metrics.weight_version.set(self.weight_version)
         return True
 
+    def _report_fetch_failure(self, err: ApexError) -> None:
+        """One line per FETCH_WARNING_PERIOD_SECONDS: INFO while the first weights are awaited within the start-up
+        window (the learner is starting), WARNING once that is over or when weights in use could not be refreshed."""
+        now = time.monotonic()
+        if now - self._last_fetch_warning < FETCH_WARNING_PERIOD_SECONDS:
+            return
+        self._last_fetch_warning = now
+        waited = now - self._waiting_since
+        if self.policy is None and waited < STARTUP_WINDOW_SECONDS:
+            log.info("waiting for the first weights from the parameter service at %s (the learner may still be "
+                     "starting)", self.config.params)
+        elif self.policy is None:
+            log.warning("no weights from %s after %.0fs of waiting (the learner is not serving): %s",
+                        self.config.params, waited, err)
+        else:
+            log.warning("weights unavailable, acting with version %d: %s", self.weight_version, err)
+
     def _wait_for_first_weights(self, stop: threading.Event) -> None:
-        deadline = time.monotonic() + self.config.weights_wait_seconds
+        self._waiting_since = time.monotonic()
+        deadline = self._waiting_since + self.config.weights_wait_seconds
         while self.policy is None:
             if stop.is_set():
                 return
@@ -294,6 +323,8 @@ class ApeXActor:
             returns = np.zeros(num_envs)
             lengths = np.zeros(num_envs, dtype=np.int64)
             playing = np.ones(num_envs, dtype=bool)
+            finished: list[float] = []
+            limit = False
             while playing.any() and not stop.is_set():
                 if cfg.max_steps_per_second:
                     ahead = self.env_steps / cfg.max_steps_per_second - (time.monotonic() - started)
@@ -308,11 +339,17 @@ class ApeXActor:
                 for i in np.flatnonzero(playing & (terminated | truncated)):
                     playing[i] = False  # its environment restarts (autoreset); the round ignores what follows
                     self._finish_episode(returns[i], lengths[i], env_steps=self.env_steps)
-                if (cfg.max_episodes is not None and self.episodes >= cfg.max_episodes) or \
-                        (cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps):
-                    return
+                    finished.append(float(returns[i]))
+                limit = (cfg.max_episodes is not None and self.episodes >= cfg.max_episodes) or \
+                    (cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps)
+                if limit:
+                    break
             rounds += 1
             took = time.monotonic() - started
+            if not playing.any():  # a whole round (one cut short by a stop or a limit gets no line)
+                log_round(rounds, self.weight_version, finished, took)
+            if limit:
+                return
             stop.wait(evaluation_rest(took, cfg.evaluation_round_seconds, cfg.evaluation_cpu_share))
 
     def _finish_episode(self, episode_return: float, length: int, env_steps: int) -> None:

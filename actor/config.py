@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from apexrl.algorithms.registry import AUTO
 from apexrl.algorithms.registry import names as algorithm_names
-from apexrl.common.discovery import check_targets
+from apexrl.common.addresses import check_address, check_host, check_port, check_targets
+from apexrl.common.env_settings import EnvKwargs, env_kwargs_setting, env_module_setting
 from apexrl.common.process import (
     host_setting,
-    metrics_port_setting,
     replay_resolve_setting,
     tls_ca_setting,
     tls_cert_setting,
@@ -22,7 +22,8 @@ from apexrl.common.process import (
 from apexrl.common.settings import setting
 from apexrl.common.tls import tls_of
 
-DEFAULT_METRICS_PORT = 9300
+DEFAULT_METRICS_PORT = 9300            # + actor_index: several actors on one machine take consecutive ports
+EVALUATOR_METRICS_PORT = 9400          # the fleet files' convention too (examples/fleet.toml)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class ActorConfig:
                                  "0.4 ** (1 + 7 i / (N - 1)); dpg: noise scale = 0.5 * 0.1 ** (i / (N - 1)))",
                               wiring="the [[actors]] groups")
     env: str = setting("CartPole-v1", "Gymnasium environment id", wiring="[fleet] env")
+    env_module: tuple[str, ...] = env_module_setting(wiring="[fleet] env_module")
+    env_kwargs: EnvKwargs = env_kwargs_setting(wiring="[fleet] env_kwargs")
     algorithm: str = setting(AUTO, "algorithm whose policy this actor plays: dqn (Discrete actions) or dpg (Box "
                                    "actions); auto picks by the environment's action space",
                              choices=algorithm_names(), wiring="[fleet] algorithm")
@@ -55,7 +58,10 @@ class ActorConfig:
                                wiring="[fleet] seed + 1000 + actor index (evaluator: + 999)")
     # Serving
     host: str = host_setting()
-    metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
+    metrics_port: int | None = setting(
+        None, "port of the Prometheus endpoint http://HOST:PORT/metrics; 0 picks a free port, -1 turns it off "
+              f"(none: {DEFAULT_METRICS_PORT} + actor_index for an exploring actor, {EVALUATOR_METRICS_PORT} for the "
+              "evaluator, so the actors and the evaluator of one machine do not clash)")
     token: str | None = token_setting()
     token_file: str | None = token_file_setting()
     tls_cert: str | None = tls_cert_setting()
@@ -98,10 +104,30 @@ class ActorConfig:
     max_env_steps: int | None = setting(None, "stop after this many environment steps")
     max_episodes: int | None = setting(None, "stop after this many episodes")
 
+    @property
+    def default_metrics_port(self) -> int:
+        return EVALUATOR_METRICS_PORT if self.evaluate else DEFAULT_METRICS_PORT + self.actor_index
+
+    @property
+    def serving_metrics_port(self) -> int:
+        """The metrics port this process binds (-1: none): metrics_port, else the default for its role."""
+        return self.default_metrics_port if self.metrics_port is None else self.metrics_port
+
+    def listening_ports(self) -> dict[str, int]:
+        """Flag -> port this process listens on (metrics only; 0 and -1: none to check)."""
+        return {"--metrics-port": self.serving_metrics_port} if self.serving_metrics_port > 0 else {}
+
     def __post_init__(self) -> None:
         if not self.evaluate and not self.replay:
             raise ValueError("replay must name at least one shard address (an exploring actor inserts)")
-        check_targets(self.replay)
+        check_targets(self.replay, "replay")
+        check_address(self.params, "params")
+        check_host(self.host, "host")
+        if self.metrics_port is not None:
+            check_port(self.metrics_port, "metrics_port", pick=True, off=True)
+        elif self.default_metrics_port > 65535:
+            raise ValueError(f"actor_index ({self.actor_index}) puts the default metrics port "
+                             f"({self.default_metrics_port}) past 65535: set metrics_port")
         if not self.replay_resolve_seconds > 0:
             raise ValueError(f"replay_resolve_seconds ({self.replay_resolve_seconds}) must be > 0")
         if self.num_actors < 1:

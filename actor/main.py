@@ -22,7 +22,7 @@ def run(config: ActorConfig, stop: threading.Event) -> int:
 
     registry = CollectorRegistry()
     actor = ApeXActor(config, registry, EpisodeLog(config.episodes_csv) if config.episodes_csv else None)
-    metrics = serve_metrics(registry, config.metrics_port, config.host)
+    metrics = serve_metrics(registry, config.serving_metrics_port, config.host)
     role = "evaluator" if config.evaluate else "actor"
     log.info("%s %d/%d on %s (%s): %s %.4f, %d env(s), shards %s, params %s; metrics %s", role, config.actor_index,
              config.num_actors, config.env, actor.algorithm.name, actor.explorer.name, actor.explorer.scale,

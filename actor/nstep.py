@@ -21,6 +21,8 @@ from typing import NamedTuple
 import numpy as np
 
 from apexrl.common.compression import CompressedColumn, compress
+from apexrl.common.signature import ROW_VERSION_COLUMN, Signature
+from apexrl.common.spaces import EnvSpaces
 
 
 class Transition(NamedTuple):
@@ -137,6 +139,20 @@ def compress_image_columns(columns: dict[str, np.ndarray], compression: str | No
 
 
 _IMAGE_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
+
+
+def replay_signature(spaces: EnvSpaces, compression: str | None) -> Signature:
+    """The table signature of what the built-in actor writes for an environment of `spaces` (stack_transitions,
+    the weight_version column, compress_image_columns): what the launcher and the Kubernetes manifests pin with
+    `--signature`, so that no writer has to fix a table's columns by its first insert."""
+    obs_dtype = np.dtype(spaces.obs_dtype)
+    obs_dtype = np.dtype(np.float32) if obs_dtype.kind == "f" else obs_dtype
+    obs = f"{obs_dtype.name}[{','.join(map(str, spaces.obs_shape))}]"
+    if compression not in (None, "none") and obs_dtype in _IMAGE_DTYPES and len(spaces.obs_shape) >= 2:
+        obs += f"@{compression}"
+    action = "int64[]" if spaces.num_actions else f"float32[{spaces.action_dim}]"
+    return Signature.parse(f"obs:{obs},action:{action},reward:float32[],discount:float32[],next_obs:{obs},"
+                           f"{ROW_VERSION_COLUMN}:int64[]")
 
 
 def _stacked(observations: list[np.ndarray]) -> np.ndarray:

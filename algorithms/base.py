@@ -4,6 +4,7 @@ algorithm's acting and learning halves. Protocols only (no torch import: `Tensor
 The actor side (`acting.py` of an algorithm) provides
     make_policy(weights, spaces, torch_threads=1) -> ActingPolicy
     make_explorer(settings: ActorSettings, spaces, rng) -> Explorer
+    make_greedy_module(weights, spaces) -> torch.nn.Module   (observations -> greedy actions; `apexrl export`)
 and the learner side (`learning.py`) provides
     make_learning(settings: LearnerSettings, spaces, device) -> Learning
 """

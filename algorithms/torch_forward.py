@@ -1,7 +1,10 @@
 """Forward passes rebuilt from published weights on the actor's side, with torch: convolutional stacks
 (`PREFIX.conv.N.weight`/`bias` and `PREFIX.conv_strides`, a ReLU after each, no padding) and fully connected
-layers, on the CPU without gradients. Imported only when an actor meets convolutional weights, so actors of vector
-environments never load torch.
+layers, on the CPU without gradients. Imported only when an actor meets convolutional weights (or a policy is
+exported), so actors of vector environments never load torch.
+
+The pieces are torch modules with the weights as frozen parameters, so the same code serves an actor's batched
+forward pass and `apexrl export` (TorchScript, ONNX).
 """
 
 from __future__ import annotations
@@ -12,10 +15,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from apexrl.common.spaces import HW, HWC, VECTOR
-
-Layer = tuple[torch.Tensor, torch.Tensor]
 
 
 def tensor(weights: Mapping[str, np.ndarray], name: str) -> torch.Tensor:
@@ -23,43 +25,86 @@ def tensor(weights: Mapping[str, np.ndarray], name: str) -> torch.Tensor:
     return torch.from_numpy(np.array(weights[name], dtype=np.float32))
 
 
-def layers(weights: Mapping[str, np.ndarray], prefix: str) -> list[Layer]:
-    """Every `PREFIX.N` layer (weight, bias), in order of N."""
-    ids = sorted(int(m.group(1)) for name in weights if (m := re.fullmatch(rf"{re.escape(prefix)}\.(\d+)\.weight", name)))
-    return [(tensor(weights, f"{prefix}.{i}.weight"), tensor(weights, f"{prefix}.{i}.bias")) for i in ids]
+def layer_ids(weights: Mapping[str, np.ndarray], prefix: str) -> list[int]:
+    """The N of every `PREFIX.N.weight`, in order."""
+    return sorted(int(m.group(1)) for name in weights if (m := re.fullmatch(rf"{re.escape(prefix)}\.(\d+)\.weight", name)))
 
 
-class ConvTorso:
+def linear(weights: Mapping[str, np.ndarray], name: str) -> nn.Linear:
+    """The frozen linear layer `name` (`name.weight` [out, in], `name.bias` [out]); KeyError when missing."""
+    weight, bias = tensor(weights, f"{name}.weight"), tensor(weights, f"{name}.bias")
+    layer = nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        layer.bias.copy_(bias)
+    return layer.requires_grad_(False)
+
+
+def batch_tensor(obs: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A batch of observations (numpy or torch) as a tensor, without copying when it can."""
+    return torch.as_tensor(np.ascontiguousarray(obs)) if isinstance(obs, np.ndarray) else obs
+
+
+class ConvTorso(nn.Module):
     """The convolutions under `prefix` (none for an MLP) applied to observations as the environment gives them:
     channel axis moved first per `layout`, cast to float32 and multiplied by `input_scale`, then flattened."""
 
     def __init__(self, weights: Mapping[str, np.ndarray], prefix: str, layout: str, input_scale: float) -> None:
-        self.conv = layers(weights, f"{prefix}conv")
-        strides = [int(s) for s in np.asarray(weights[f"{prefix}conv_strides"]).reshape(-1)] if self.conv else []
-        if len(strides) != len(self.conv):
-            raise ValueError(f"conv_strides has {len(strides)} strides for {len(self.conv)} convolutions")
-        if self.conv and layout == VECTOR:
+        super().__init__()
+        ids = layer_ids(weights, f"{prefix}conv")
+        strides = [int(s) for s in np.asarray(weights[f"{prefix}conv_strides"]).reshape(-1)] if ids else []
+        if len(strides) != len(ids):
+            raise ValueError(f"conv_strides has {len(strides)} strides for {len(ids)} convolutions")
+        if ids and layout == VECTOR:
             raise ValueError("a convolutional network cannot read vector observations")
-        self.strides = strides
-        self.layout = layout
+        convs = []
+        for i, stride in zip(ids, strides, strict=True):
+            weight, bias = tensor(weights, f"{prefix}conv.{i}.weight"), tensor(weights, f"{prefix}conv.{i}.bias")
+            conv = nn.Conv2d(weight.shape[1], weight.shape[0], tuple(weight.shape[2:]), stride=stride)
+            with torch.no_grad():
+                conv.weight.copy_(weight)
+                conv.bias.copy_(bias)
+            convs.append(conv.requires_grad_(False))
+        self.convs = nn.ModuleList(convs)
+        self.channels_last = bool(ids) and layout == HWC
+        self.no_channel = bool(ids) and layout == HW
         self.input_scale = float(input_scale)
 
-    def __call__(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
-        x = torch.as_tensor(np.ascontiguousarray(obs) if isinstance(obs, np.ndarray) else obs).to(torch.float32)
-        if self.conv:
-            if self.layout == HWC:
-                x = x.permute(0, 3, 1, 2)
-            elif self.layout == HW:
-                x = x.unsqueeze(1)
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.to(torch.float32)
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        elif self.no_channel:
+            x = x.unsqueeze(1)
         if self.input_scale != 1.0:
             x = x * self.input_scale
-        for (w, b), stride in zip(self.conv, self.strides, strict=True):
-            x = F.relu(F.conv2d(x, w, b, stride=stride))
+        for conv in self.convs:
+            x = F.relu(conv(x))
         return x.flatten(1)
 
 
-def relu_stack(x: torch.Tensor, stack: list[Layer]) -> torch.Tensor:
-    """x through linear + ReLU layers."""
-    for w, b in stack:
-        x = F.relu(F.linear(x, w, b))
-    return x
+class DenseStack(nn.Module):
+    """Every `PREFIX.N` linear layer, in order of N, each followed by a ReLU."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray], prefix: str) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(linear(weights, f"{prefix}.{i}") for i in layer_ids(weights, prefix))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = F.relu(layer(x))
+        return x
+
+
+class OneHot(nn.Module):
+    """Discrete observations given as int64 indices [batch] -> float32 one-hot [batch, n]; n 0: unchanged (for
+    exported policies, whose users hold the raw environment's ints)."""
+
+    def __init__(self, n: int = 0) -> None:
+        super().__init__()
+        self.n = int(n)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.n > 0:
+            return F.one_hot(obs.to(torch.int64).reshape(-1), self.n).to(torch.float32)
+        return obs

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace, results: Results) -> RunInfo:
                     measure_pixels(results, timing, args.atari_capacity, args.pong_rows, args.insert_window,
                                    workdir)
             except ImportError as err:  # the `atari` extra (ale-py) or the `compression` one is missing
-                info.pixels_skipped = f"{err} (pip install 'apexrl[atari]')"
+                info.pixels_skipped = f"{err} (in the clone: pip install -e '.[atari]')"
         if args.cpprb:
             info.cpprb_skipped = measure_cpprb(results, args.cpprb_python or sys.executable, args.capacity,
                                                args.seconds, args.warmup)

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 import grpc
@@ -23,14 +23,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from apexrl.common.access import AUDITED_METHODS, AccessDenied, AccessPolicy, Identity, is_open_method
 from apexrl.common.grpc_util import (
     HEALTH_SERVICE,
-    UNAUTHENTICATED_MESSAGE,
+    audit_allowed,
+    audit_refused,
     bind,
     handler_behavior,
     message_size_options,
     raw_request_handler,
-    token_checked,
+    same_kind_handler,
+    status_of,
     undecodable_message,
     warn_if_token_in_clear,
 )
@@ -40,18 +43,61 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
-    """The asyncio twin of grpc_util.TokenAuthInterceptor (same rules: grpc_util.token_checked)."""
+class AccessInterceptor(grpc.aio.ServerInterceptor):
+    """The asyncio twin of grpc_util.AccessInterceptor (same rules, same audit lines). The wrappers keep the
+    behaviour's kind (coroutine, async generator or plain function), which grpc.aio looks at to decide how to run
+    it."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}"
+    def __init__(self, policy: AccessPolicy) -> None:
+        self._policy = policy
 
     async def intercept_service(self, continuation, handler_call_details):
-        return token_checked(await continuation(handler_call_details), handler_call_details, self._expected, _deny)
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or self._policy.is_open or is_open_method(method):
+            return handler
+        decision = self._policy.decide(method, handler_call_details.invocation_metadata)
+        if isinstance(decision, AccessDenied):
+            async def deny(request_or_iterator, context):
+                audit_refused(method, context.peer(), decision)
+                await context.abort(status_of(decision), str(decision))
+            return same_kind_handler(handler, deny)
+        if decision is None or method in AUDITED_METHODS:
+            return same_kind_handler(handler, _run_after(handler_behavior(handler), self._checker(method, decision)))
+        return handler
+
+    def _checker(self, method: str, decision: Identity | None) -> Callable:
+        policy = self._policy
+
+        async def check(context) -> None:
+            identity = decision
+            if identity is None:  # the client certificate decides
+                try:
+                    identity = policy.identify(context.invocation_metadata(), context.auth_context)
+                    policy.check(method, identity)
+                except AccessDenied as denied:
+                    audit_refused(method, context.peer(), denied)
+                    await context.abort(status_of(denied), str(denied))
+            if method in AUDITED_METHODS:
+                audit_allowed(method, context.peer(), identity)
+        return check
 
 
-async def _deny(request_or_iterator, context) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+def _run_after(behavior: Callable, check: Callable) -> Callable:
+    """`behavior` with `await check(context)` first, of the same kind as `behavior`."""
+    if inspect.isasyncgenfunction(behavior):
+        async def checked_stream(request, context):
+            await check(context)
+            async with contextlib.aclosing(behavior(request, context)) as responses:
+                async for response in responses:
+                    yield response
+        return checked_stream
+
+    async def checked(request, context):
+        await check(context)
+        result = behavior(request, context)
+        return await result if inspect.isawaitable(result) else result
+    return checked
 
 
 class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
@@ -78,7 +124,10 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
                 try:
                     request = parse(raw)
                 except Exception as err:  # noqa: BLE001 (as in decode)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_message(method, err))
+                    # Raised, not aborted here: the behaviour may read its requests in another task (the insert
+                    # stream with a write-ahead log) while this call writes a response, and gRPC refuses a status
+                    # sent meanwhile (the call would then hang until its deadline). `decoded` aborts instead.
+                    raise _Undecodable(undecodable_message(method, err)) from None
                 yield request
 
         async def argument(request, context):
@@ -86,13 +135,23 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
 
         if inspect.isasyncgenfunction(behavior):
             async def decoded(request, context):
-                async with contextlib.aclosing(behavior(await argument(request, context), context)) as responses:
-                    async for response in responses:
-                        yield response
+                try:
+                    async with contextlib.aclosing(behavior(await argument(request, context), context)) as responses:
+                        async for response in responses:
+                            yield response
+                except _Undecodable as err:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         else:
             async def decoded(request, context):
-                return await behavior(await argument(request, context), context)
+                try:
+                    return await behavior(await argument(request, context), context)
+                except _Undecodable as err:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return raw_request_handler(handler, decoded)
+
+
+class _Undecodable(Exception):
+    """A message of a request stream that does not parse (RequestDecodeInterceptor answers INVALID_ARGUMENT)."""
 
 
 class Changes:
@@ -159,18 +218,21 @@ class AioServerThread:
 
     `add_services(server)` registers the servicers (it runs on the loop). `start()` binds and returns the port;
     `stop(grace)` returns a threading.Event set once the server has stopped (the grpc.Server.stop contract).
-    With `tls` the port serves TLS (grpc_util.server_credentials); with `health_address` a second, plaintext
+    With `tls` the port serves TLS (grpc_util.server_credentials: files renewed on disk serve the next
+    connections, no restart); with `health_address` a second, plaintext
     server on the same loop serves only the health service there (its port: `health_port`). With `serving`
     false, health reports NOT_SERVING from the start until `set_serving()` (a shard restoring its checkpoint)."""
 
     def __init__(self, add_services: Callable[[grpc.aio.Server], None], service_names: Iterable[str], *,
-                 max_message_bytes: int, token: str | None = None, tls: TlsFiles | None = None,
+                 max_message_bytes: int, token: str | None = None, access: AccessPolicy | None = None,
+                 options: Sequence[tuple[str, int | str]] = (), tls: TlsFiles | None = None,
                  health_address: str | None = None, serving: bool = True,
                  on_stop: Callable[[], Awaitable[None] | None] | None = None) -> None:
         self._add_services = add_services
         self._service_names = list(service_names)
         self._max_message_bytes = max_message_bytes
-        self._token = token
+        self.access = access if access is not None else AccessPolicy.single_token(token) if token else AccessPolicy()
+        self._options = list(options)
         self._tls = tls
         self._health_address = health_address
         self._health_server: grpc.aio.Server | None = None
@@ -213,17 +275,18 @@ class AioServerThread:
             raise
 
     async def _start(self, address: str) -> int:
-        interceptors = [TokenAuthInterceptor(self._token)] if self._token else []
-        interceptors.append(RequestDecodeInterceptor())  # after the token check: see RequestDecodeInterceptor
+        interceptors = [] if self.access.is_open else [AccessInterceptor(self.access)]
+        interceptors.append(RequestDecodeInterceptor())  # after the access check: see RequestDecodeInterceptor
         server = grpc.aio.server(interceptors=interceptors,
-                                 options=message_size_options(self._max_message_bytes) + [("grpc.so_reuseport", 0)])
+                                 options=message_size_options(self._max_message_bytes) + self._options
+                                 + [("grpc.so_reuseport", 0)])
         self._add_services(server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         await self._set_health(self._serving)
         reflection.enable_server_reflection([*self._service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
         port = bind(server, address, tls=self._tls)
-        warn_if_token_in_clear(address, port, self._token, self._tls)
+        warn_if_token_in_clear(address, port, self.access.has_tokens, self._tls)
         if self._health_address is not None:
             health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
             health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)

@@ -13,37 +13,31 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 
+from apexrl.common.addresses import DNS_SCHEME, join_host_port, parse_dns_target
+from apexrl.common.addresses import check_targets as check_replay_targets
+
 log = logging.getLogger(__name__)
 
-DNS_SCHEME = "dns:///"
 # (name, port) -> the addresses the name resolves to now (IPv4 or IPv6 literals).
 Resolver = Callable[[str, int], list[str]]
 
 
 def split_target(target: str) -> tuple[str, int]:
-    """NAME and PORT of `dns:///NAME:PORT`; ValueError naming the target otherwise."""
-    rest = target[len(DNS_SCHEME):]
-    name, sep, port = rest.rpartition(":")
-    if not target.startswith(DNS_SCHEME) or not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{target!r} is not dns:///NAME:PORT")
-    return name.strip("[]"), int(port)
+    """NAME and PORT of `dns:///NAME:PORT`; ValueError naming the target otherwise (common/addresses.py)."""
+    address = parse_dns_target(target, "replay")
+    return address.host, address.port
 
 
 def check_targets(targets: Sequence[str]) -> None:
-    """Validate every `dns:///` entry up front, so a typo fails at start-up rather than at the first refresh."""
-    for target in targets:
-        if target.startswith("dns:"):
-            split_target(target)
+    """Validate every entry up front (HOST:PORT or dns:///NAME:PORT), so a typo fails at start-up rather than at
+    the first dial or refresh."""
+    check_replay_targets(targets, "replay")
 
 
 def system_resolver(name: str, port: int) -> list[str]:
     """Every address `name` resolves to through the system resolver (/etc/hosts, DNS), in a stable order."""
     infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     return sorted({info[4][0] for info in infos})
-
-
-def host_port(address: str, port: int) -> str:
-    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 class ShardAddresses:
@@ -86,7 +80,7 @@ class ShardAddresses:
     def _resolve(self, target: str) -> None:
         name, port = split_target(target)
         try:
-            found = [host_port(a, port) for a in self._resolver(name, port)]
+            found = [join_host_port(a, port) for a in self._resolver(name, port)]
         except OSError as err:
             log.warning("cannot resolve %s (%s); keeping its %d known shards", target, err,
                         len(self._resolved.get(target, [])))

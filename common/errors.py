@@ -52,6 +52,12 @@ class UnauthenticatedError(ApexError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class PermissionDeniedError(ApexError):
+    """A known caller whose role may not do this (common/access.py); retrying cannot help."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class CancelledError(ApexError):
     """The call was cancelled (by this client closing, or by the server going away mid-call)."""
 
@@ -79,6 +85,7 @@ _BY_CODE: dict[grpc.StatusCode, type[ApexError]] = {
         DeadlineExceededError,
         UnavailableError,
         UnauthenticatedError,
+        PermissionDeniedError,
         NotFoundError,
         CancelledError,
         InternalError,

@@ -1,25 +1,26 @@
 """gRPC plumbing shared by every apexrl server and client: server/channel options, TLS credentials, health and
-reflection (and the plaintext health-only port beside a TLS server), token authentication, and a graceful
+reflection (and the plaintext health-only port beside a TLS server), access control (the policy: common/access.py),
+and a graceful
 SIGTERM/Ctrl-C shutdown.
 
 TLS (common/tls.py holds the files): a server with a certificate serves TLS, and with a CA also requires client
 certificates signed by it (mutual TLS); a client given TlsFiles dials TLS, verifying the server with the CA (the
 system's roots without one) and presenting its certificate when it has one; with `tls.server_name` it checks the
 server's certificate against that name instead of the address dialled (`grpc.ssl_target_name_override`: shards
-dialled by pod IP, one certificate for all). The bearer token works alongside.
+dialled by pod IP, one certificate for all). The bearer token works alongside. Files renewed on disk are taken up
+without a restart: by servers at their next connection, by clients at their next call (common/tls_reload.py).
 What a client sees when credentials do not match (gRPC 1.85, checked by tests/integration/test_tls.py): a failed
 TLS handshake is UNAVAILABLE, whichever side refuses it (no or a foreign client certificate under mutual TLS, a
 server certificate the client's CA did not sign, plaintext to a TLS port, TLS to a plaintext port); the details
 say "Tls handshake failed" when the client refused, "Socket closed" when the server did, and "Hostname
 Verification Check failed" when the server's certificate names neither the address dialled nor tls_server_name.
-A missing or wrong token over a good connection is UNAUTHENTICATED. No refused call reaches a servicer. Tokens are
-compared in constant time, and a server that requires one over plaintext on an address other machines can reach
+A missing or wrong token over a good connection is UNAUTHENTICATED; a call the caller's role may not make is
+PERMISSION_DENIED. No refused call reaches a servicer. Tokens are compared in constant time, and a server that requires one over plaintext on an address other machines can reach
 says at start that the token will cross the network in clear (`warn_if_token_in_clear`).
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import logging
 import threading
@@ -31,8 +32,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from apexrl.common import certificates
+from apexrl.common.access import (
+    AUDITED_METHODS,
+    AccessDenied,
+    AccessPolicy,
+    Identity,
+    audit_log,
+    is_open_method,
+    method_name,
+)
 from apexrl.common.errors import CancelledError, DeadlineExceededError, from_rpc_error
 from apexrl.common.tls import TlsFiles
+from apexrl.common.tls_reload import ReloadingChannel, reloading_server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -78,33 +90,26 @@ def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
-UNAUTHENTICATED_MESSAGE = "missing or wrong bearer token"
+def same_kind_handler(handler: grpc.RpcMethodHandler, behavior: Callable) -> grpc.RpcMethodHandler:
+    """A handler of `handler`'s streaming kind, encodings included, served by `behavior`."""
+    make = _KINDS[(handler.request_streaming, handler.response_streaming)][0]
+    return make(behavior, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
 
 
-def token_checked(handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails, expected: str,
-                  deny: Callable) -> grpc.RpcMethodHandler | None:
-    """`handler`, or one of the same streaming kind that runs `deny` (answers UNAUTHENTICATED) when the call lacks
-    `authorization: <expected>`. Health checks always pass (Kubernetes probes cannot send tokens); an unknown
-    method (handler None) stays unknown. Shared by the thread-pool and the asyncio interceptors."""
-    if handler is None or details.method.startswith(f"/{HEALTH_SERVICE}/"):
-        return handler
-    received = dict(details.invocation_metadata or ()).get(_AUTH_HEADER) or ""
-    if hmac.compare_digest(_as_bytes(received), expected.encode()):  # constant time: no timing oracle
-        return handler
-    make = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[(handler.request_streaming, handler.response_streaming)]
-    return make(deny)
+def status_of(denied: AccessDenied) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, denied.code)
 
 
-def _as_bytes(value: str | bytes) -> bytes:
-    return value if isinstance(value, bytes) else value.encode()
+def audit_refused(method: str, peer: str, denied: AccessDenied) -> None:
+    audit_log.warning("refused %s from %s: %s %s", method_name(method), peer, denied.code, denied)
 
 
-def warn_if_token_in_clear(address: str, port: int, token: str | None, tls: TlsFiles | None) -> None:
+def audit_allowed(method: str, peer: str, identity: Identity) -> None:
+    audit_log.info("allowed %s from %s: %s", method_name(method), peer, identity)
+
+
+def warn_if_token_in_clear(address: str, port: int, token: str | bool | None, tls: TlsFiles | None) -> None:
     """Log a warning when a server that requires a bearer token serves plaintext on `address` (host:port, bound
     to `port`) and the host is not a loopback address: every call then carries the token across the network in
     clear. Loopback binds, TLS and servers without a token stay quiet."""
@@ -127,18 +132,44 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class TokenAuthInterceptor(grpc.ServerInterceptor):
-    """Refuses every call without `authorization: Bearer <token>` with UNAUTHENTICATED (see token_checked)."""
+class AccessInterceptor(grpc.ServerInterceptor):
+    """Enforces an AccessPolicy (common/access.py) on a thread-pool server: a call without a known credential is
+    UNAUTHENTICATED, a call its role may not make PERMISSION_DENIED naming the identity and the method; neither
+    reaches the servicer, and both are written to the audit log with the peer. Allowed Publish and Checkpoint
+    calls are audited too. Health checks are open."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}"
+    def __init__(self, policy: AccessPolicy) -> None:
+        self._policy = policy
 
     def intercept_service(self, continuation, handler_call_details):
-        return token_checked(continuation(handler_call_details), handler_call_details, self._expected, _deny)
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or self._policy.is_open or is_open_method(method):
+            return handler
+        decision = self._policy.decide(method, handler_call_details.invocation_metadata)
+        behavior = handler_behavior(handler)
+        if isinstance(decision, AccessDenied):
+            def deny(request_or_iterator, context):
+                audit_refused(method, context.peer(), decision)
+                context.abort(status_of(decision), str(decision))
+            return same_kind_handler(handler, deny)
+        if decision is None or method in AUDITED_METHODS:
+            policy = self._policy
 
-
-def _deny(request_or_iterator, context) -> None:
-    context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+            def checked(request_or_iterator, context):
+                identity = decision
+                if identity is None:  # the client certificate decides
+                    try:
+                        identity = policy.identify(context.invocation_metadata(), context.auth_context)
+                        policy.check(method, identity)
+                    except AccessDenied as denied:
+                        audit_refused(method, context.peer(), denied)
+                        context.abort(status_of(denied), str(denied))
+                if method in AUDITED_METHODS:
+                    audit_allowed(method, context.peer(), identity)
+                return behavior(request_or_iterator, context)
+            return same_kind_handler(handler, checked)
+        return handler
 
 
 _KINDS = {  # (request_streaming, response_streaming) -> (handler factory, behaviour attribute)
@@ -233,10 +264,14 @@ def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert)
 
 
-def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
-    """Serve tls.cert; with tls.ca, require client certificates signed by it (mutual TLS)."""
+def server_credentials(tls: TlsFiles, *, who: str = "a server") -> grpc.ServerCredentials:
+    """Serve tls.cert; with tls.ca, require client certificates signed by it (mutual TLS). Files read from paths
+    are followed: renewed files serve the next connections (common/tls_reload.py; `who` names the server in its
+    log lines)."""
     if tls.cert is None or tls.key is None:
         raise ValueError("a TLS server needs tls_cert and tls_key")
+    if tls.paths:
+        return reloading_server_credentials(tls, who)
     return grpc.ssl_server_credentials([(tls.key, tls.cert)], root_certificates=tls.ca,
                                        require_client_auth=tls.ca is not None)
 
@@ -249,8 +284,8 @@ def make_channel(
     tls: TlsFiles | None = None,
 ) -> grpc.Channel:
     """A channel to an apexrl server: TLS when `tls` is given (see channel_credentials; the server's
-    certificate checked against tls.server_name when set, else the address), else plaintext; the bearer token on
-    every call when set."""
+    certificate checked against tls.server_name when set, else the address; files renewed on disk used by the
+    calls started after the renewal), else plaintext; the bearer token on every call when set."""
     options = message_size_options(max_message_bytes) + [
         # Keep idle connections alive through NATs and notice dead peers within ~30 s.
         ("grpc.keepalive_time_ms", 30_000),
@@ -264,7 +299,12 @@ def make_channel(
     if tls is not None:
         if tls.server_name is not None:
             options.append(("grpc.ssl_target_name_override", tls.server_name))
-        channel = grpc.secure_channel(address, channel_credentials(tls), options=options)
+
+        def secure(files: TlsFiles) -> grpc.Channel:
+            return grpc.secure_channel(address, channel_credentials(files), options=options)
+
+        # Files read from paths are followed: calls started after a renewal use the new files (tls_reload).
+        channel = ReloadingChannel(tls, secure, f"the channel to {address}") if tls.paths else secure(tls)
     else:
         channel = grpc.insecure_channel(address, options=options)
     if token:
@@ -277,10 +317,13 @@ def create_server(
     max_workers: int = 16,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     token: str | None = None,
+    access: AccessPolicy | None = None,
 ) -> grpc.Server:
-    """A thread-pool gRPC server with apexrl's message limits (and token check when a token is given)."""
-    interceptors = [TokenAuthInterceptor(token)] if token else []
-    interceptors.append(RequestDecodeInterceptor())  # after the token check: see RequestDecodeInterceptor
+    """A thread-pool gRPC server with apexrl's message limits and the access policy `access` (a single-token one
+    for `token`; none: open)."""
+    access = access if access is not None else AccessPolicy.single_token(token) if token else AccessPolicy()
+    interceptors = [] if access.is_open else [AccessInterceptor(access)]
+    interceptors.append(RequestDecodeInterceptor())  # after the access check: see RequestDecodeInterceptor
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         interceptors=interceptors,
@@ -290,11 +333,15 @@ def create_server(
 
 
 def bind(server: grpc.Server | grpc.aio.Server, address: str, *, tls: TlsFiles | None = None) -> int:
-    """Bind `host:port` (port 0 picks a free one), with TLS when `tls` is given (see server_credentials); return
-    the bound port or raise OSError."""
+    """Bind `host:port` (port 0 picks a free one), with TLS when `tls` is given (see server_credentials: renewed
+    files serve the next connections); return the bound port or raise OSError (naming a file that does not parse
+    or a key that is not the certificate's)."""
     if tls is not None:
         try:
-            port = server.add_secure_port(address, server_credentials(tls))
+            certificates.check(tls)  # a renewal is checked the same way before it is served
+            port = server.add_secure_port(address, server_credentials(tls, who=f"the server on {address}"))
+        except ValueError as err:
+            raise OSError(f"cannot serve TLS on {address}: {err}") from None
         except RuntimeError:  # gRPC could not build a TLS handshaker from the files
             raise OSError(f"cannot serve TLS on {address}: gRPC refused the certificate and key (is tls_key the "
                           f"private key of tls_cert?)") from None

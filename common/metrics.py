@@ -1,5 +1,5 @@
-"""Prometheus helpers: one registry per server object (so tests can run several in one process) and an HTTP
-exposition endpoint at http://HOST:PORT/metrics.
+"""Prometheus helpers: one registry per server object (so tests can run several in one process), an HTTP
+exposition endpoint at http://HOST:PORT/metrics, and the series every process adds to its role's (TLS expiry).
 """
 
 from __future__ import annotations
@@ -10,6 +10,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from apexrl.common.addresses import join_host_port
+from apexrl.common.tls_reload import expiries
 
 # Latency buckets in seconds, from 50 µs (an in-memory table op) to 10 s (a rate-limited call).
 LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -20,8 +24,39 @@ def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1
     return the URL, or "off". OSError when the port cannot be bound."""
     if port < 0:
         return "off"
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return f"http://{host}:{int(server.server_address[1])}/metrics"
+    add_process_metrics(registry)
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as err:  # taken since the start-up check (common/port_check.py): still name the port
+        raise OSError(err.errno, f"cannot serve metrics on port {port} of {host} (--metrics-port): "
+                                 f"{err.strerror or err}") from None
+    return f"http://{join_host_port(host, int(server.server_address[1]))}/metrics"
+
+
+def add_process_metrics(registry: CollectorRegistry) -> None:
+    """Register what every process exports beside its role's own series (serve_metrics does): the expiry of the
+    TLS certificates it serves or presents."""
+    registry.register(TlsExpiryCollector())
+
+
+class TlsExpiryCollector:
+    """apexrl_tls_certificate_expiry_timestamp_seconds: when each TLS file this process's servers and channels use
+    now expires (common/tls_reload.py follows renewals); no series without TLS."""
+
+    name = "apexrl_tls_certificate_expiry_timestamp_seconds"
+    label_names = ("file", "path")  # read by scripts/metrics_doc.py: a process without TLS has no sample to show them
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            self.name, "When a TLS certificate file this process serves or presents expires (notAfter, Unix time): "
+            "file=cert the earliest of its certificate chain, file=ca the earliest of the CA bundle it verifies peers "
+            "with; path the file; follows renewals on disk", labels=list(self.label_names))
+        for (file, path), when in sorted(expiries().items()):
+            family.add_metric([file, path], when)
+        yield family
 
 
 class RpcMetrics:

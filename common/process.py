@@ -129,11 +129,16 @@ def with_token(config: C, environ: Mapping[str, str] = os.environ) -> C:
 
 
 def _warn_if_readable_by_others(path: str) -> None:
+    """Warn when users other than this process's may read the token file: anyone (o+r), or a group this process
+    is not in (g+r). A Kubernetes Secret volume's 0440 files owned by the pod's fsGroup stay quiet: that group is
+    the process's own, and 0440 is the only mode a non-root process can read them with."""
     try:
-        mode = os.stat(path).st_mode & 0o777
+        st = os.stat(path)
     except OSError:
         return
-    if mode & 0o044:
+    mode = st.st_mode & 0o777
+    foreign_group = bool(mode & 0o040) and st.st_gid != os.getegid() and st.st_gid not in os.getgroups()
+    if mode & 0o004 or foreign_group:
         logging.getLogger("apexrl").warning("token file %s is readable by other users (mode %04o): chmod 600 it",
                                             path, mode)
 

@@ -107,6 +107,11 @@ class Setting:
                 raise SettingsError(f"{where}: {self.name} must be a list, got {value!r}")
             item = typing.get_args(kind)[0]
             return tuple(_checked(item, v, f"{where}: {self.name}") for v in value)
+        if isinstance(kind, type) and callable(getattr(kind, "from_value", None)):
+            try:  # a type that reads a fleet file's own value (e.g. a table of environment arguments)
+                return kind.from_value(value)
+            except (ValueError, TypeError) as err:
+                raise SettingsError(f"{where}: {self.name}: {err}") from None
         if kind not in (int, float, str, bool) and isinstance(value, str):
             return self.parse(value)  # a type with its own text form (e.g. a signature)
         return _checked(kind, value, f"{where}: {self.name}")

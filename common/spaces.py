@@ -1,5 +1,5 @@
-"""An environment's spaces as the built-in networks see them (`EnvSpaces`) and how an observation's axes are read
-(`image_layout`). Plain data with no gymnasium import, so the launcher, the algorithms' registry and the actors'
+"""An environment's spaces as the built-in networks see them (`EnvSpaces`), how an observation's axes are read
+(`image_layout`) and how a Discrete observation becomes a vector (`one_hot`). Plain data with no gymnasium import, so the launcher, the algorithms' registry and the actors'
 policies can use them; `apexrl.common.environments.check_spaces` makes them from a Gymnasium environment.
 """
 
@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 # Observation layouts the built-in networks read: a flat vector, or an image with its channel axis first ([C, H, W],
 # e.g. stacked Atari frames), last ([H, W, C], e.g. MinAtar) or absent ([H, W]).
@@ -20,13 +23,17 @@ DISCRETE, BOX = "discrete", "box"
 class EnvSpaces:
     """What the built-in networks need to know of an environment's spaces: the observations' shape and dtype, and
     the actions: `num_actions` choices (Discrete) or one float per dimension between `action_low` and
-    `action_high` (a one-dimensional Box, bounds finite)."""
+    `action_high` (a one-dimensional Box, bounds finite); `obs_one_hot` when the observations are one-hot encoded
+    Discrete ones."""
 
     obs_shape: tuple[int, ...]
     obs_dtype: str  # numpy dtype name: float32, uint8, bool, ...
     num_actions: int = 0  # Discrete(n): n; a Box: 0
     action_low: tuple[float, ...] = ()  # a Box: its lower bound per dimension; Discrete: ()
     action_high: tuple[float, ...] = ()
+    # Discrete(n) observations that the environments one-hot encode into obs_shape (n,) float32: the raw
+    # environment gives an int (`apexrl.common.env_adapters.OneHotObservation`); a policy user may pass either.
+    obs_one_hot: bool = False
 
     def __post_init__(self) -> None:
         if (self.num_actions > 0) == bool(self.action_low):
@@ -101,3 +108,11 @@ def image_layout(shape: tuple[int, ...]) -> str:
     if len(shape) == 3:
         return CHW if shape[0] < min(shape[1], shape[2]) else HWC
     raise ValueError(f"observations of shape {shape} are neither vectors nor images")
+
+
+def one_hot(index: Any, n: int, start: int = 0) -> np.ndarray:
+    """float32 one-hot vectors of Discrete observations: an int gives [n], an array of ints [batch, n]."""
+    index = np.asarray(index, np.int64) - start
+    if index.size and (index.min() < 0 or index.max() >= n):
+        raise ValueError(f"Discrete observations must be in [{start}, {start + n}), got {index.tolist()}")
+    return np.eye(n, dtype=np.float32)[index]

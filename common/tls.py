@@ -12,12 +12,15 @@ What each file does:
 
     tls = TlsFiles.read(cert="node.pem", key="node-key.pem", ca="ca.pem")   # ValueError naming a bad file
     ReplayClient("127.0.0.1:7000", tls=tls)
+
+TlsFiles.read keeps the paths beside the bytes: servers and clients built from them pick up renewed files without
+a restart (common/tls_reload.py).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 _CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
@@ -36,6 +39,11 @@ class TlsFiles:
     key: bytes | None = None
     ca: bytes | None = None
     server_name: str | None = None  # clients: the name servers' certificates are checked against
+    # Where the bytes were read from (None: given as bytes): what common/tls_reload.py watches for renewals. Not
+    # compared: equal TlsFiles hold the same credentials, wherever they were read from.
+    cert_path: str | None = field(default=None, compare=False)
+    key_path: str | None = field(default=None, compare=False)
+    ca_path: str | None = field(default=None, compare=False)
 
     @classmethod
     def read(cls, cert: str | None = None, key: str | None = None, ca: str | None = None, *,
@@ -59,7 +67,18 @@ class TlsFiles:
                              f"certificates signed by tls_ca (mutual TLS) only while it serves TLS itself")
         return cls(cert=_read_pem("tls_cert", cert, (_CERTIFICATE,), "PEM certificate"),
                    key=_read_pem("tls_key", key, _PRIVATE_KEY_HEADERS, "PEM private key"),
-                   ca=_read_pem("tls_ca", ca, (_CERTIFICATE,), "PEM CA certificate"), server_name=server_name)
+                   ca=_read_pem("tls_ca", ca, (_CERTIFICATE,), "PEM CA certificate"), server_name=server_name,
+                   cert_path=cert, key_path=key, ca_path=ca)
+
+    def reread(self) -> TlsFiles:
+        """The same files read again (a renewal may have replaced them); ValueError as `read`."""
+        return TlsFiles.read(self.cert_path, self.key_path, self.ca_path, server_name=self.server_name)
+
+    @property
+    def paths(self) -> dict[str, str]:
+        """Setting name -> path of each file read from disk (empty: given as bytes, nothing to reload)."""
+        named = {"tls_cert": self.cert_path, "tls_key": self.key_path, "tls_ca": self.ca_path}
+        return {name: path for name, path in named.items() if path is not None}
 
     @property
     def enabled(self) -> bool:

@@ -25,6 +25,7 @@ torch_index=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
 case $target in replay|train) ;; *) usage ;; esac
 
 [ -x "$prefix/bin/python" ] || "${PYTHON:-python3}" -m venv "$prefix"
+prefix=$(cd "$prefix" && pwd)
 py=$prefix/bin/python
 pip_args=${PIP_ARGS:-}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
@@ -42,7 +43,10 @@ else
 fi
 
 # Check what was installed: the replay image must not carry torch or gymnasium (checked by the module finder,
-# without importing anything heavy), the train image must import both; both must run the CLI.
+# without importing anything heavy), the train image must import both; both must run the CLI. From the prefix, not
+# the source tree: `python -c` puts the working directory first on sys.path, where SOURCE's own apexrl/ folder (the
+# public API's __init__.py alone) would hide the installed package's subpackages.
+cd "$prefix"
 if [ "$target" = replay ]; then
     "$py" -c 'import importlib.util as u, sys; extra = [m for m in ("torch", "gymnasium") if u.find_spec(m)]; sys.exit(f"replay install carries {extra}" if extra else 0)'
 else

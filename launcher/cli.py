@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from apexrl.common.port_check import check_ports_free, listening_ports
 from apexrl.common.process import EXIT_BAD_CONFIG, EXIT_FAILURE, setup_logging, stop_on_signals, with_token
 from apexrl.common.settings import SettingsError, add_arguments, from_namespace
 
@@ -28,7 +29,9 @@ SUBCOMMANDS: dict[str, str] = {
     "actor": "apexrl.actor.main",
     "learner": "apexrl.learner.main",
     "evaluate": "apexrl.learner.evaluate",
+    "export": "apexrl.learner.export",
     "launch": "apexrl.launcher.main",
+    "signature": "apexrl.actor.signature",
 }
 
 
@@ -39,18 +42,37 @@ def build_parser() -> argparse.ArgumentParser:
                     "parameter service talking gRPC. Each subcommand runs one role; see 'apexrl ROLE --help'. "
                     "Exit status: 0 clean stop, 1 failure, 2 bad configuration.",
     )
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="log verbosity (default: %(default)s)")
+    parser.add_argument("--version", action="version", version=f"apexrl {package_version()}")
+    add_log_level(parser, default="INFO")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         help_text = module.HELP
         role = sub.add_parser(name, help=help_text, description=_doc(module))
+        add_log_level(role, default=argparse.SUPPRESS)  # after the subcommand too; given there, it wins
         if hasattr(module, "CONFIG"):
             add_arguments(role, module.CONFIG)
         else:
             module.add_arguments(role)
     return parser
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--log-level", default=default, choices=LOG_LEVELS,
+                        help="log verbosity (default: INFO); before or after the subcommand")
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's, for an editable install of the clone)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("apexrl")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
 
 
 def _doc(module) -> str:
@@ -103,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     try:
         config = with_token(from_namespace(module.CONFIG, args))  # --token, --token-file or APEXRL_TOKEN
+        if hasattr(config, "host"):  # a busy port or a foreign --host: one line naming it, before any server starts
+            check_ports_free(config.host, listening_ports(config))
     except SettingsError as err:
         print(f"apexrl {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG

@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from apexrl.actor.config import ActorConfig
+from apexrl.actor.nstep import replay_signature
 from apexrl.algorithms.registry import AUTO, for_action_kind, get, with_defaults
+from apexrl.common.env_settings import EnvChoice
 from apexrl.common.process import TOKEN_VARIABLE
 from apexrl.common.settings import SettingsError, parse_argv, to_argv
+from apexrl.common.signature import Signature
 from apexrl.launcher.fleet_config import (
     ATARI_EVALUATION_EPISODES,
     DEFAULT_EVALUATION_EPISODES,
@@ -48,24 +51,51 @@ def evaluation_episodes(config: FleetConfig) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def action_kind(env_id: str) -> str | None:
-    """DISCRETE or BOX: the action space of `env_id` (made once); None on a machine without gymnasium (a shards-only
+def action_kind(env: EnvChoice) -> str | None:
+    """DISCRETE or BOX: the action space of `env` (made once); None on a machine without gymnasium (a shards-only
     machine may lack it); ConfigError when the environment cannot be made or played."""
     try:
         from apexrl.common.environments import env_spaces
     except ImportError:
         return None
     try:
-        return env_spaces(env_id).action_kind
+        return env_spaces(env).action_kind
     except ValueError as err:
         raise ConfigError(f"--env: {err}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def built_in_signature(env: EnvChoice, compression: str | None) -> Signature | None:
+    """The table signature the built-in actor writes for `env` (actor/nstep.py `replay_signature`); None on a
+    machine without gymnasium (a shards-only machine: its shards then take the first insert's columns)."""
+    try:
+        from apexrl.common.environments import env_spaces
+    except ImportError:
+        return None
+    try:
+        return replay_signature(env_spaces(env), compression)
+    except ValueError as err:
+        raise ConfigError(f"--env: {err}") from None
+
+
+def pinned_signature(config: FleetConfig, shard_settings: Mapping[str, Any]) -> Signature | None:
+    """The signature a shard of this fleet is started with: its own `signature` setting, else what the fleet's
+    actors write when they all write the same (one compression setting), so that no first insert fixes the
+    columns (with roles on, an actor may not; docs/security.md); None without built-in actors."""
+    if shard_settings.get("signature") is not None:
+        return shard_settings["signature"]
+    compressions = {group.settings.get("compress", ActorConfig.compress) for group in config.actors
+                    if group.count > 0}
+    if len(compressions) != 1:
+        return None
+    return built_in_signature(EnvChoice.of(config), compressions.pop())
 
 
 def with_algorithm(config: FleetConfig) -> FleetConfig:
     """`config` with its algorithm named (auto: by the environment's action space) and the algorithm's fleet
     defaults (replay_capacity, samples_per_insert) filled in where none were given; ConfigError for an algorithm
     that cannot play the environment (--algorithm dqn on a Box). Idempotent."""
-    kind = action_kind(config.env)
+    kind = action_kind(EnvChoice.of(config))
     try:
         if config.algorithm == AUTO:
             if kind is None:
@@ -93,8 +123,11 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
     client_tls = {**tls, "tls_server_name": config.tls_server_name}
     try:
         if role.kind == "replay":
+            shard_settings = config.shards[role.index].settings
             return ReplayConfig(
-                **config.shards[role.index].settings, **tls, host=config.bind, port=role.port or 0,
+                **{**shard_settings, "signature": pinned_signature(config, shard_settings)}, **tls,
+                **({} if config.role_tokens is None else {"role_tokens": config.role_tokens}),
+                host=config.bind, port=role.port or 0,
                 metrics_port=metrics,
                 capacity=config.shard_capacity, min_size_to_sample=config.shard_min_size,
                 samples_per_insert=config.samples_per_insert,
@@ -106,10 +139,12 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
         if role.kind == "learner":
             return LearnerConfig(
                 **config.learner.settings, **client_tls, replay=links.replay, env=config.env,
+                env_module=config.env_module, env_kwargs=config.env_kwargs,
                 algorithm=config.algorithm, run_dir=str(run_dir),
                 seed=seed,
                 host=config.bind, port=role.port or 0, metrics_port=metrics,
                 min_replay_size=config.shard_min_size * len(config.shards),
+                **({} if config.role_tokens is None else {"role_tokens": config.role_tokens}),
             )
         if role.kind in ("actor", "evaluator"):
             evaluate = role.kind == "evaluator"
@@ -121,7 +156,8 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
                                 if g.first_index <= role.index < g.first_index + g.count)
             return ActorConfig(
                 **settings, **client_tls, params=links.params, replay=links.replay, actor_index=role.index,
-                num_actors=config.num_actors, env=config.env, algorithm=config.algorithm, evaluate=evaluate,
+                num_actors=config.num_actors, env=config.env, env_module=config.env_module,
+                env_kwargs=config.env_kwargs, algorithm=config.algorithm, evaluate=evaluate,
                 episodes_csv=str(run_dir / "episodes" / ("evaluator.csv" if evaluate else f"actor-{role.index}.csv")),
                 seed=None if seed is None else seed + (999 if evaluate else 1000 + role.index),
                 host=config.bind, metrics_port=metrics,
@@ -143,8 +179,13 @@ def command(config: FleetConfig, role: Role, links: Wiring, run_dir: Path,
 def environment(config: FleetConfig, role: Role, links: Wiring, run_dir: Path,
                 base: Mapping[str, str]) -> dict[str, str]:
     """The environment of `role`'s process: `base` with APEXRL_TOKEN set to the token of the role's table, else
-    the fleet's (resolved by then: `common.process.with_token`), and without it when there is none."""
-    token = role_config(config, role, links, run_dir).token or config.token
+    the fleet's (resolved by then: `common.process.with_token`), and without it when there is none. In role mode
+    (role_tokens) each client role gets its own role's token and the shards none (they read the directory)."""
+    if config.role_tokens is not None:
+        token = None if role.kind == "replay" else config.role_token(
+            role.kind, role.index if role.kind == "actor" else None)
+    else:
+        token = role_config(config, role, links, run_dir).token or config.token
     env = {k: v for k, v in base.items() if k != TOKEN_VARIABLE}
     return {**env, TOKEN_VARIABLE: token} if token else env
 

@@ -27,9 +27,11 @@ from typing import IO
 
 from apexrl.common.files import open_private
 from apexrl.common.grpc_util import wait_for_health
+from apexrl.common.port_check import check_ports_free
+from apexrl.common.settings import SettingsError
 from apexrl.common.tls import TlsFiles
 from apexrl.launcher.commands import command, environment, extra_args_for
-from apexrl.launcher.fleet_config import FleetConfig
+from apexrl.launcher.fleet_config import ConfigError, FleetConfig
 from apexrl.launcher.topology import Role, Wiring, address, roles_on, wiring, with_ports
 
 log = logging.getLogger("apexrl.launch")
@@ -51,6 +53,21 @@ def free_port(host: str = "") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def check_fixed_ports(config: FleetConfig, host: str) -> None:
+    """ConfigError naming the role, the fleet-file key and the port when a port the fleet fixes for a role of
+    `host` is taken already (ports left to the launcher are picked free at start)."""
+    for role in roles_on(config, host):
+        spec = config.shards[role.index] if role.kind == "replay" else config.learner if role.kind == "learner" \
+            else None
+        health = spec.settings.get("health_port") if spec is not None else None
+        ports = {f"{role.name} {key}": port for key, port in
+                 (("port", role.port), ("metrics_port", role.metrics_port), ("health_port", health)) if port}
+        try:
+            check_ports_free(config.bind, ports)
+        except SettingsError as err:
+            raise ConfigError(str(err)) from None
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

@@ -9,10 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from apexrl.algorithms.registry import AUTO
 from apexrl.algorithms.registry import names as algorithm_names
+from apexrl.common.access import read_role_tokens
+from apexrl.common.addresses import check_host
+from apexrl.common.env_settings import EnvKwargs, env_kwargs_setting, env_module_setting
 from apexrl.common.process import TOKEN_PRECEDENCE, TOKEN_VARIABLE
 from apexrl.common.settings import SettingsError, setting
 from apexrl.common.tls import TlsFiles
@@ -63,7 +67,10 @@ class FleetSettings:
     """
 
     env: str = setting(DEFAULT_ENV, "Gymnasium environment id played by actors and evaluator and learnt by the "
-                                    "learner")
+                                    "learner; package.module:Id imports the module that registers Id first; an id "
+                                    "only gym 0.26 registers runs through an adapter (the gym26 extra)")
+    env_module: tuple[str, ...] = env_module_setting()
+    env_kwargs: EnvKwargs = env_kwargs_setting()
     algorithm: str = setting(AUTO, "learning algorithm: dqn (Ape-X DQN, Discrete actions) or dpg (Ape-X DPG, Box "
                                    "actions); auto picks by the environment's action space",
                              choices=algorithm_names())
@@ -106,6 +113,11 @@ class FleetSettings:
     token_file: str | None = setting(None, "file holding the fleet's bearer token (its content, surrounding "
                                            "whitespace stripped; keep it mode 0600), used when token is not given, "
                                            f"before {TOKEN_VARIABLE}", metavar="PATH")
+    role_tokens: str | None = setting(
+        None, "directory of role tokens (docs/security.md): one file per identity, named ROLE or ROLE.NAME; the "
+              "shards and the learner's parameter service let each role call only its own methods, and each role "
+              "gets its own token in its environment: the learner DIR/learner, actor I DIR/actor.I if present "
+              "(else DIR/actor), the evaluator DIR/evaluator. Exclusive with token", metavar="DIR")
     replay_capacity: int | None = setting(None, "rows over all shards together (each holds its share) (none: the "
                                                 "algorithm's default: dqn 25,000, dpg 100,000)")
     samples_per_insert: float | None = setting(
@@ -122,6 +134,10 @@ class FleetSettings:
     def __post_init__(self) -> None:
         if not self.env.strip():
             raise ConfigError("env must not be empty")
+        try:
+            check_host(self.bind, "bind")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if self.seed is not None and self.seed < 0:
             raise ConfigError(f"seed ({self.seed}) must be at least 0")
         for name in ("max_seconds", "startup_timeout", "progress_seconds"):
@@ -147,6 +163,14 @@ class FleetSettings:
             self.tls_files()
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        if self.role_tokens is not None:
+            if self.token:
+                raise ConfigError("role_tokens and a fleet token together: the fleet token would allow every "
+                                  "method to whoever holds it (unset token, token_file and APEXRL_TOKEN)")
+            try:
+                read_role_tokens(self.role_tokens)
+            except SettingsError as err:
+                raise ConfigError(str(err)) from None
 
     def tls_files(self) -> TlsFiles | None:
         """This machine's TLS files (read now), or None when TLS is off. Whether a server role may use them
@@ -203,6 +227,23 @@ class FleetConfig(FleetSettings):
             raise ConfigError("the fleet needs at least one [[shard]]")
         if not self.actors:
             raise ConfigError("the fleet needs at least one [[actors]] group")
+        if self.role_tokens is not None:
+            for name in ("learner", *(["evaluator"] if self.evaluator is not None else [])):
+                self.role_token(name)
+            for group in self.actors:
+                for index in range(group.first_index, group.first_index + group.count):
+                    self.role_token("actor", index)
+
+    def role_token(self, role: str, index: int | None = None) -> str:
+        """The token a client role of this fleet presents in role mode (role_tokens): ROLE.INDEX's file when
+        there is one, else ROLE's; ConfigError naming the file when there is none."""
+        directory = Path(self.role_tokens)
+        names = ([f"{role}.{index}"] if index is not None else []) + [role]
+        for name in names:
+            if (directory / name).is_file():
+                return (directory / name).read_text().strip()
+        raise ConfigError(f"role_tokens: {directory} has no token for {role}"
+                          f"{'' if index is None else f' {index}'} (a file named {' or '.join(names)})")
 
     @property
     def num_actors(self) -> int:

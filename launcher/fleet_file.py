@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from apexrl.actor.config import ActorConfig
+from apexrl.common.addresses import check_host
 from apexrl.common.settings import SettingsError, coerce_table
 from apexrl.launcher.fleet_config import (
     ActorGroup,
@@ -131,7 +132,7 @@ def _parse(data: Mapping[str, Any]) -> FleetConfig:
         raise ConfigError(f"[fleet]: {err}") from None
 
     hosts_table = _table(data.get("hosts", {}), "[hosts]")
-    hosts = {str(name): _string(address, f"[hosts] {name}") for name, address in hosts_table.items()}
+    hosts = {str(name): _host_address(address, f"[hosts] {name}") for name, address in hosts_table.items()}
 
     shards = []
     for i, entry in enumerate(_array(data.get("shard"), "[[shard]]", required=True)):
@@ -206,6 +207,15 @@ def _host(entry: Mapping[str, Any], where: str) -> str:
 def _string(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _host_address(value: Any, where: str) -> str:
+    """A `[hosts]` entry: a host name or an IP address (no port: each role's table gives it)."""
+    try:
+        check_host(value, where)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     return value
 
 

@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from apexrl.common.env_settings import EnvChoice
 from apexrl.common.files import atomic_write
 from apexrl.common.process import EXIT_BAD_CONFIG, stop_on_signals, with_token
 from apexrl.common.settings import SettingsError, settings_of
@@ -82,21 +83,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from apexrl.launcher.commands import check_commands, with_algorithm
+    from apexrl.launcher.fleet import check_fixed_ports
 
     try:
         config, host = resolve_config(args)
         config = with_token(with_algorithm(config))  # --token, --token-file or APEXRL_TOKEN, read once here
-        run_dir = Path(config.run_dir or default_run_dir(config.env))
+        run_dir = Path(config.run_dir or default_run_dir(EnvChoice.of(config)))
         if (run_dir / "config.json").exists():
             raise ConfigError(f"{run_dir} already holds a run (config.json); choose another --run-dir")
         extra = {kind: [a for text in getattr(args, f"{kind}_arg") for a in shlex.split(text)]
                  for kind in ROLE_ARG_KINDS}
         check_commands(config, host, run_dir, extra)
+        check_fixed_ports(config, host)
         if any(r.kind != "replay" for r in roles_on(config, host)):
             from apexrl.common.environments import env_spaces  # gymnasium: a shards-only machine may lack it
 
             try:
-                env_spaces(config.env)
+                env_spaces(EnvChoice.of(config))
             except ValueError as err:
                 raise ConfigError(f"--env: {err}") from None
     except SettingsError as err:
@@ -141,8 +144,10 @@ def _as_flag(message: str) -> str:
     return f"--{name.replace('_', '-')} {rest}" if rest and name.isidentifier() else message
 
 
-def default_run_dir(env: str) -> str:
-    return f"runs/{env.replace('/', '_')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+def default_run_dir(env: EnvChoice | str) -> str:
+    """runs/NAME-TIMESTAMP, NAME the registered id made safe for a file name (no '/', ':' or spaces)."""
+    name = (env if isinstance(env, EnvChoice) else EnvChoice(env)).run_name()
+    return f"runs/{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 class Launch:
@@ -163,7 +168,7 @@ class Launch:
         if self.target is None:
             from apexrl.common.environments import reward_threshold
 
-            self.target = reward_threshold(config.env)
+            self.target = reward_threshold(EnvChoice.of(config))
         self.checks_target = checks_target(config, host) and self.target is not None
         self.stop = threading.Event()
         self.force = threading.Event()

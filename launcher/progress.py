@@ -79,6 +79,7 @@ class ProgressRow:
     weight_version: int | None
     unix_time: float
     restarts: int = 0  # role restarts by this machine's launcher so far
+    env_steps_per_second: float | None = None  # over the last tick, as updates_per_second (None at the first)
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -104,7 +105,8 @@ class Progress:
         self.explore_returns: deque[float] = deque(maxlen=WINDOW)
         self.eval_episodes = 0
         self.explore_episodes_read = 0
-        self._last_updates: tuple[float, float] | None = None  # (unix time, updates)
+        self._env_steps_rate = _Rate()
+        self._updates_rate = _Rate()
 
     def read_episodes(self) -> None:
         for path in sorted(self.episodes_dir.glob("*.csv")):
@@ -135,9 +137,7 @@ class Progress:
             value = self.scraper.value(self.learner_url, "apexrl_learner_updates_total")
             if value is not None:
                 updates = int(value)
-                if self._last_updates is not None and now > self._last_updates[0]:
-                    rate = (value - self._last_updates[1]) / (now - self._last_updates[0])
-                self._last_updates = (now, value)
+                rate = self._updates_rate.update(now, value)
             weight = self.scraper.value(self.learner_url, "apexrl_learner_weight_version")
             version = None if weight is None else int(weight)
         return ProgressRow(
@@ -151,6 +151,7 @@ class Progress:
             mean_explore_return_100=_mean(self.explore_returns),
             weight_version=version,
             unix_time=now,
+            env_steps_per_second=self._env_steps_rate.update(now, env_steps) if self.actor_urls else None,
         )
 
     def close(self) -> None:
@@ -158,13 +159,13 @@ class Progress:
 
 
 def format_row(row: ProgressRow, eval_episodes: int) -> str:
-    """One human line: elapsed, env steps, episodes, returns, learner updates and weights."""
+    """One human line: elapsed, env steps, episodes, returns, learner updates and weights. Both rates (env steps/s,
+    updates/s) are over the last progress interval, so they show what the fleet does now."""
 
     def num(value: float | None, spec: str = ",.0f") -> str:
         return "-" if value is None else format(value, spec)
 
-    steps_per_s = row.env_steps / row.wall_seconds if row.wall_seconds > 0 else 0.0
-    return (f"[{row.wall_seconds:6.0f}s] env steps {row.env_steps:,} ({steps_per_s:,.0f}/s) | "
+    return (f"[{row.wall_seconds:6.0f}s] env steps {row.env_steps:,} ({num(row.env_steps_per_second)}/s) | "
             f"episodes {row.episodes:,} | eval return {num(row.mean_return_100, '.1f')} "
             f"(last {min(eval_episodes, WINDOW)} of {eval_episodes}) | "
             f"explore return {num(row.mean_explore_return_100, '.1f')} | "
@@ -194,6 +195,20 @@ class ProgressCsv:
         self._file.close()
         if self._curves is not None:
             self._curves.close()
+
+
+class _Rate:
+    """A counter's rate between the last two ticks (None until there are two)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float] | None = None  # (unix time, value)
+
+    def update(self, now: float, value: float) -> float | None:
+        rate = None
+        if self._last is not None and now > self._last[0]:
+            rate = (value - self._last[1]) / (now - self._last[0])
+        self._last = (now, value)
+        return rate
 
 
 def _mean(values: Sequence[float] | deque[float]) -> float | None:

@@ -4,7 +4,8 @@ A checkpoint is a torch file of tensors and plain values only, written atomicall
 read back with `torch.load(weights_only=True)`, so loading one never runs pickled code. It holds the algorithm's
 name, the environment's spaces, the network architecture (checked on resume), the algorithm's training state
 (networks, targets, optimisers), and the acting weights, the same mapping the parameter service publishes, so a
-policy plays from a checkpoint with the actors' code alone. Checkpoints of the DQN-only format
+policy plays from a checkpoint with the actors' code alone; and how the environment was made (plugin modules,
+constructor arguments), so that evaluation builds the one training played. Checkpoints of the DQN-only format
 (`apexrl-dqn-v1`) still load.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from apexrl.common.env_settings import NO_KWARGS, EnvChoice, EnvKwargs
 from apexrl.common.files import PRIVATE, atomic_write
 from apexrl.common.spaces import EnvSpaces
 
@@ -38,6 +40,14 @@ class Checkpoint:
     acting_weights: Mapping[str, np.ndarray]
     updates: int
     weight_version: int
+    # How the environment was made besides its id (absent from older checkpoints: none).
+    env_module: tuple[str, ...] = ()
+    env_kwargs: EnvKwargs = NO_KWARGS
+
+    @property
+    def env(self) -> EnvChoice:
+        """The environment the policy was trained on, as `make_env` builds it."""
+        return EnvChoice(self.env_id, self.env_module, self.env_kwargs)
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
@@ -48,10 +58,12 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
     payload = {
         "format": FORMAT,
         "env_id": checkpoint.env_id,
+        "env_module": list(checkpoint.env_module),
+        "env_kwargs": str(checkpoint.env_kwargs),
         "algorithm": checkpoint.algorithm,
         "spaces": {"obs_shape": list(spaces.obs_shape), "obs_dtype": spaces.obs_dtype,
                    "num_actions": spaces.num_actions, "action_low": list(spaces.action_low),
-                   "action_high": list(spaces.action_high)},
+                   "action_high": list(spaces.action_high), "obs_one_hot": spaces.obs_one_hot},
         "architecture": checkpoint.architecture,
         "state": checkpoint.state,
         "acting_weights": {name: torch.from_numpy(np.ascontiguousarray(array))
@@ -102,12 +114,14 @@ def _from_v2(payload: dict[str, Any]) -> Checkpoint:
         algorithm=str(payload["algorithm"]),
         spaces=EnvSpaces(tuple(int(d) for d in spaces["obs_shape"]), str(spaces["obs_dtype"]),
                          int(spaces["num_actions"]), tuple(float(v) for v in spaces["action_low"]),
-                         tuple(float(v) for v in spaces["action_high"])),
+                         tuple(float(v) for v in spaces["action_high"]), bool(spaces.get("obs_one_hot", False))),
         architecture=dict(payload["architecture"]),
         state=dict(payload["state"]),
         acting_weights=_numpy(payload["acting_weights"]),
         updates=int(payload["updates"]),
         weight_version=int(payload["weight_version"]),
+        env_module=tuple(str(m) for m in payload.get("env_module", ())),
+        env_kwargs=EnvKwargs.parse(payload.get("env_kwargs", "{}")),
     )
 
 

@@ -9,7 +9,9 @@ from pathlib import Path
 from apexrl.algorithms.registry import AUTO
 from apexrl.algorithms.registry import names as algorithm_names
 from apexrl.algorithms.torso_specs import NETWORKS
-from apexrl.common.discovery import check_targets
+from apexrl.common.access import certificate_roles_setting, check_access_settings, role_tokens_setting
+from apexrl.common.addresses import check_address, check_listen, check_targets
+from apexrl.common.env_settings import EnvKwargs, env_kwargs_setting, env_module_setting
 from apexrl.common.process import (
     health_port_setting,
     host_setting,
@@ -46,6 +48,8 @@ class LearnerConfig:
     replay_resolve_seconds: float = replay_resolve_setting()
     env: str = setting("CartPole-v1", "Gymnasium environment id; sets the network's input and output sizes",
                        wiring="[fleet] env")
+    env_module: tuple[str, ...] = env_module_setting(wiring="[fleet] env_module")
+    env_kwargs: EnvKwargs = env_kwargs_setting(wiring="[fleet] env_kwargs")
     run_dir: str | None = setting(None, "directory for checkpoints (RUN_DIR/checkpoints/checkpoint.pt); resumes "
                                         "from it when present (none: no checkpoints)", wiring="[fleet] run_dir",
                                   metavar="DIR")
@@ -60,6 +64,8 @@ class LearnerConfig:
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
     token: str | None = token_setting()
     token_file: str | None = token_file_setting()
+    role_tokens: str | None = role_tokens_setting()
+    certificate_roles: bool = certificate_roles_setting()
     tls_cert: str | None = tls_cert_setting()
     tls_key: str | None = tls_key_setting()
     tls_ca: str | None = tls_ca_setting()
@@ -126,7 +132,10 @@ class LearnerConfig:
     torch_threads: int = setting(1, "CPU threads for torch (the fleet shares the machine's cores)")
 
     def __post_init__(self) -> None:
-        check_targets(self.replay)
+        check_targets(self.replay, "replay")
+        if self.params is not None:
+            check_address(self.params, "params")
+        check_listen(self.host, self.port, self.metrics_port)
         if not self.replay_resolve_seconds > 0:
             raise ValueError(f"replay_resolve_seconds ({self.replay_resolve_seconds}) must be > 0")
         for name in ("batch_size", "publish_every", "checkpoint_every", "prefetch_depth",
@@ -163,11 +172,24 @@ class LearnerConfig:
             raise ValueError(f"sample_timeout ({self.sample_timeout}) must be > 0")
         if self.max_updates is not None and self.max_updates < 1:
             raise ValueError(f"max_updates ({self.max_updates}) must be a positive integer")
-        tls_of(self, serves=self.params is None)  # it serves only the parameter service it hosts
+        tls = tls_of(self, serves=self.params is None)  # it serves only the parameter service it hosts
+        # Its token is its own credential as a client; role tokens are what the service it hosts verifies.
+        check_access_settings(None, self.role_tokens, self.certificate_roles, tls is not None and tls.mutual)
+        if self.params is not None and (self.role_tokens is not None or self.certificate_roles):
+            raise ValueError("role_tokens and certificate_roles set who may call the parameter service this learner "
+                             "hosts; with --params it hosts none (set them on that service)")
         if self.params is not None and self.health_port is not None:
             raise ValueError(f"health_port ({self.health_port}) belongs to the hosted parameter service; with "
                              f"params ({self.params}) this learner serves none")
         check_health_port(self.health_port, self.port)
+
+    def listening_ports(self) -> dict[str, int]:
+        """Flag -> port this process listens on (0 and -1: none to check): the hosted parameter service's only
+        when it hosts one (no --params)."""
+        ports = {"--metrics-port": self.metrics_port}
+        if self.params is None:
+            ports |= {"--port": self.port, "--health-port": self.health_port or 0}
+        return {flag: port for flag, port in ports.items() if port > 0}
 
     @property
     def checkpoint_dir(self) -> Path | None:

@@ -19,7 +19,7 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from apexrl.algorithms.registry import Algorithm, for_spaces, with_defaults
-from apexrl.common.errors import ApexError, is_transient
+from apexrl.common.errors import ApexError, ResourceExhaustedError, is_transient
 from apexrl.common.metrics import LATENCY_BUCKETS, ArrayHistogram
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import ROW_VERSION_COLUMN
@@ -30,6 +30,7 @@ from apexrl.learner.prefetch import Prefetcher
 from apexrl.learner.sampler_process import SamplerProcess, replay_sampler
 from apexrl.learner.sharded_client import PrioritizedBatch, Shard, ShardedReplayClient
 from apexrl.learner.tensorboard_curves import TrainingCurves
+from apexrl.parameter_server.store import VersionRefusedError
 
 log = logging.getLogger("apexrl.learner")
 
@@ -71,7 +72,11 @@ class LearnerMetrics:
         self.weight_version = Gauge("apexrl_learner_weight_version", "Newest published weights version",
                                     registry=registry)
         self.publish_failures = Counter("apexrl_learner_publish_failures", "Weight publishes that failed because "
-                                        "the parameter service could not be reached", registry=registry)
+                                        "the parameter service could not be reached or was busy", registry=registry)
+        self.version_resyncs = Counter("apexrl_learner_weight_version_resyncs", "Publishes whose version the "
+                                       "parameter service refused (another publisher went ahead, or it restarted "
+                                       "far below this learner's checkpoint): the learner read the service's "
+                                       "version and published above it", registry=registry)
         self.fleet_size = Gauge("apexrl_learner_replay_size_rows", "Rows held by all shards (last view)",
                                 registry=registry)
         self.stale = Gauge("apexrl_learner_stale_priority_updates", "Priority updates the shards ignored as stale "
@@ -112,12 +117,14 @@ class Learner:
     publishes weights through `publish(weights, version) -> version`; it knows neither where the data comes from
     nor where the weights go, nor which algorithm it trains: `config.algorithm` (auto: by the action space of
     `spaces`) picks it, and the algorithm's defaults fill the settings left at None. Versions continue across
-    restarts from the checkpoint, so actors never see a version go backwards. With `curves`, loss, mean Q and
-    updates/s also go to TensorBoard (closed by close())."""
+    restarts from the checkpoint, so actors never see a version go backwards while the service can take them;
+    when it refuses one (VersionRefusedError), `service_version() -> version` says where to continue from. With
+    `curves`, loss, mean Q and updates/s also go to TensorBoard (closed by close())."""
 
     def __init__(self, config: LearnerConfig, spaces: EnvSpaces, sampler: ShardedReplayClient | SamplerProcess,
                  publish: Callable[[dict[str, np.ndarray], int], int],
-                 registry: CollectorRegistry | None = None, curves: TrainingCurves | None = None) -> None:
+                 registry: CollectorRegistry | None = None, curves: TrainingCurves | None = None, *,
+                 service_version: Callable[[], int] | None = None) -> None:
         try:
             self.algorithm: Algorithm = for_spaces(config.algorithm, spaces, config.env)
         except ValueError as err:
@@ -134,6 +141,7 @@ class Learner:
         self.metrics = LearnerMetrics(registry if registry is not None else CollectorRegistry())
         self.sampler = sampler
         self._publish = publish
+        self._service_version = service_version
         self.curves = curves
         self._pinned: dict[str, torch.Tensor] = {}  # CUDA: a pinned host buffer per batch column
         self.updates = 0
@@ -177,12 +185,22 @@ class Learner:
 
     def publish_weights(self) -> int:
         """Publish the algorithm's acting weights as the next version; the version published (the previous one when a
-        standalone parameter service cannot be reached: training goes on and the next publish tries again, so a
-        restarted service gets weights as soon as it is back)."""
+        standalone parameter service cannot be reached or is busy: training goes on and the next publish tries
+        again, so a restarted service gets weights as soon as it is back).
+
+        A version the service refuses (not above its current one, or too far above it: another publisher went
+        ahead, or the service restarted far below this learner's checkpoint) is not a reason to stop training: the
+        learner reads the service's version and publishes above it."""
+        weights = self.learning.acting_weights()
         try:
-            self.weight_version = self._publish(self.learning.acting_weights(), self.weight_version + 1)
+            try:
+                self.weight_version = self._publish(weights, self.weight_version + 1)
+            except VersionRefusedError as refused:
+                if self._service_version is None:
+                    raise  # counted below as a failed publish, like any other transient failure
+                self.weight_version = self._resync(weights, refused)
         except ApexError as err:
-            if not is_transient(err):
+            if not (is_transient(err) or isinstance(err, ResourceExhaustedError)):
                 raise
             self.metrics.publish_failures.inc()
             if time.monotonic() - self._last_publish_warning > 10:
@@ -192,6 +210,14 @@ class Learner:
             return self.weight_version
         self.metrics.weight_version.set(self.weight_version)
         return self.weight_version
+
+    def _resync(self, weights: dict[str, np.ndarray], refused: VersionRefusedError) -> int:
+        """Publish `weights` right above the service's current version; the version published."""
+        current = self._service_version()
+        log.warning("the parameter service refused weights version %d (%s); it holds version %d: publishing %d and "
+                    "counting on from there", self.weight_version + 1, refused, current, current + 1)
+        self.metrics.version_resyncs.inc()
+        return self._publish(weights, current + 1)
 
     # ------------------------------------------------------------------------------------------------- loop
     def run(self, stop: threading.Event, progress_every: float = 10.0) -> None:
@@ -267,7 +293,8 @@ class Learner:
     # ------------------------------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         return save_checkpoint(self.config.checkpoint_dir / CHECKPOINT_NAME, Checkpoint(
-            env_id=self.config.env, algorithm=self.algorithm.name, spaces=self.spaces,
+            env_id=self.config.env, env_module=self.config.env_module, env_kwargs=self.config.env_kwargs,
+            algorithm=self.algorithm.name, spaces=self.spaces,
             architecture=self.learning.architecture, state=self.learning.state_dict(),
             acting_weights=self.learning.acting_weights(), updates=self.updates, weight_version=self.weight_version,
         ))

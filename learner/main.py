@@ -6,6 +6,8 @@ import logging
 import threading
 from pathlib import Path
 
+from apexrl.common.access import AccessPolicy, describe_access
+from apexrl.common.addresses import join_host_port
 from apexrl.common.settings import SettingsError
 from apexrl.learner.config import LearnerConfig
 
@@ -21,6 +23,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
 
     from apexrl.algorithms.registry import for_spaces
     from apexrl.algorithms.torso_specs import resolve_network
+    from apexrl.common.env_settings import EnvChoice
     from apexrl.common.environments import env_spaces
     from apexrl.common.files import atomic_write
     from apexrl.common.metrics import serve_metrics
@@ -30,7 +33,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
 
     torch.set_num_threads(config.torch_threads)
     try:
-        spaces = env_spaces(config.env)
+        spaces = env_spaces(EnvChoice.of(config))
     except ValueError as err:
         raise SettingsError(f"--env: {err}") from None
     try:
@@ -48,16 +51,17 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         from apexrl.parameter_server.client import ParameterClient
 
         client = ParameterClient(config.params, token=config.token, tls=tls)
-        publish, store = client.publish, None
+        publish, service_version, store = client.publish, client.version, None
         where = config.params
     else:
         from apexrl.parameter_server.store import WeightStore
 
         store = WeightStore()
-        publish = store.publish
+        publish, service_version = store.publish, lambda: store.version
     # The learner (and its checkpoint) first: the hosted service reports SERVING only for a learner that can run.
     curves = TrainingCurves(Path(config.run_dir) / "tensorboard" / "learner") if config.run_dir else None
-    learner = Learner(config, spaces, make_sampler(config), publish, registry, curves)
+    learner = Learner(config, spaces, make_sampler(config), publish, registry, curves,
+                      service_version=service_version)
     if client is not None:
         # A standalone service outlives this process and may hold versions newer than the checkpoint (published
         # after it was written): continue above them, since versions may only grow.
@@ -66,9 +70,10 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         from apexrl.parameter_server.service import create_parameter_server
 
         server, port, _, health = create_parameter_server(
-            f"{config.host}:{config.port}", store=store, registry=registry, token=config.token, tls=tls,
-            health_address=None if config.health_port is None else f"{config.host}:{config.health_port}")
-        where = f"{config.host}:{port} (hosted, {describe(tls)}" + (
+            join_host_port(config.host, config.port), store=store, registry=registry, tls=tls,
+            access=AccessPolicy.from_settings(config.token, config.role_tokens, config.certificate_roles),
+            health_address=None if config.health_port is None else join_host_port(config.host, config.health_port))
+        where = f"{config.host}:{port} (hosted, {describe_access(config)}, {describe(tls)}" + (
             ")" if config.health_port is None else f", plaintext health on port {config.health_port})")
         if config.port_file:
             atomic_write(config.port_file, f"{port}\n")

@@ -4,8 +4,9 @@ standalone with `apexrl params`. Its client is `apexrl.parameter_server.client.P
 """
 
 from apexrl.parameter_server.client import ParameterClient
+from apexrl.parameter_server.limits import PublishLimits
 from apexrl.parameter_server.service import ParameterServicer, create_parameter_server
-from apexrl.parameter_server.store import Snapshot, TensorEntry, WeightStore
+from apexrl.parameter_server.store import Snapshot, TensorEntry, VersionRefusedError, WeightStore
 from apexrl.parameter_server.wire import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_MESSAGE_BYTES, SERVICE_NAME
 
 __all__ = [
@@ -14,8 +15,10 @@ __all__ = [
     "SERVICE_NAME",
     "ParameterClient",
     "ParameterServicer",
+    "PublishLimits",
     "Snapshot",
     "TensorEntry",
+    "VersionRefusedError",
     "WeightStore",
     "create_parameter_server",
 ]

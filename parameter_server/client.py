@@ -3,7 +3,8 @@
 Actors poll `fetch(have_version)` every K steps: it moves no weights when nothing is newer, and raises
 UnavailableError when the service cannot be reached, so an actor can keep acting with the weights it has.
 The learner (or any trainer) calls `publish(weights)`. Weights of any size travel in chunks of at most 1 MiB, so
-gRPC's default 4 MiB message limit is enough on both sides.
+gRPC's default 4 MiB message limit is enough on both sides; the client takes weights of at most
+`max_weights_bytes`, and refuses a larger Fetch from its header, before allocating anything.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from collections.abc import Iterator, Mapping
 import grpc
 import numpy as np
 
-from apexrl.common.errors import ApexError, InvalidArgumentError, from_rpc_error
+from apexrl.common.errors import ApexError, InvalidArgumentError, ResourceExhaustedError, from_rpc_error
 from apexrl.common.grpc_util import make_channel
 from apexrl.common.tls import TlsFiles
-from apexrl.parameter_server.store import MAX_VERSION, pack, unpack
+from apexrl.parameter_server.limits import DEFAULT_MAX_WEIGHTS_BYTES, check_max_weights_bytes
+from apexrl.parameter_server.store import MAX_VERSION, VersionRefusedError, pack, unpack
 from apexrl.parameter_server.wire import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -32,7 +34,7 @@ class ParameterClient:
     """Client of one parameter service. Thread-safe (one gRPC channel); every call has a deadline of `timeout`
     seconds and raises an apexrl error (UnavailableError, InvalidArgumentError, DeadlineExceededError, ...) on
     failure, never grpc.RpcError. `tls`: the service serves TLS (its CA; with mutual TLS also this client's
-    certificate and key)."""
+    certificate and key). `max_weights_bytes`: the largest weights `fetch` accepts."""
 
     def __init__(
         self,
@@ -42,11 +44,13 @@ class ParameterClient:
         token: str | None = None,
         tls: TlsFiles | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout ({timeout}) must be a positive number of seconds")
         self.address = address
         self.timeout = timeout
+        self.max_weights_bytes = check_max_weights_bytes(max_weights_bytes)
         self._channel = make_channel(address, max_message_bytes=max_message_bytes, token=token, tls=tls)
         self._stub = parameters_pb2_grpc.ParameterServiceStub(self._channel)
 
@@ -55,7 +59,8 @@ class ParameterClient:
         `have_version` means the service restarted and counts again from its learner's checkpoint: take it.
 
         The arrays are writable and share one freshly received buffer (a tensor whose byte offset is not a
-        multiple of its itemsize is copied to be aligned); they are ordered as published.
+        multiple of its itemsize is copied to be aligned); they are ordered as published. ResourceExhaustedError
+        when the weights are larger than `max_weights_bytes` (nothing is allocated for them).
         """
         if have_version < 0:
             raise InvalidArgumentError(f"have_version must be >= 0, got {have_version}")
@@ -69,11 +74,15 @@ class ParameterClient:
                 return None
             if not first.HasField("header"):
                 raise ApexError(f"{what}: the server's first message has no header")
+            if first.header.total_bytes > self.max_weights_bytes:
+                raise ResourceExhaustedError(f"{what}: the server's header declares {first.header.total_bytes} "
+                                             f"bytes of weights, more than this client accepts (max_weights_bytes "
+                                             f"{self.max_weights_bytes})")
             try:
                 version, layout, total = layout_from_proto(first.header)
             except InvalidArgumentError as err:
                 raise ApexError(f"{what}: the server sent an inconsistent layout: {err}") from None
-            payload = bytearray(total)  # filled in place: no regrowth copies for large models
+            payload = bytearray(total)  # checked above; filled in place: no regrowth copies for large models
             received = 0
             for chunk in itertools.chain([first.chunk], (r.chunk for r in responses)):
                 if received + len(chunk) > total:
@@ -94,19 +103,25 @@ class ParameterClient:
     def publish(self, weights: Mapping[str, np.ndarray], version: int | None = None) -> int:
         """Publish `weights` (name -> array of a supported dtype) as a new version; return its number.
 
-        `version` None lets the server assign the previous version + 1; an explicit version must be greater than
-        every version published before (InvalidArgumentError otherwise).
+        `version` None lets the server assign the previous version + 1. An explicit version must be greater than
+        the service's current one and at most store.MAX_VERSION_STEP above it: VersionRefusedError otherwise
+        (also for one above store.MAX_VERSION, refused here); read `version()` and publish above it.
         """
         if version is not None and (isinstance(version, bool) or not isinstance(version, (int, np.integer))
-                                    or not 1 <= version <= MAX_VERSION):
-            raise InvalidArgumentError(f"version must be None or an integer in [1, {MAX_VERSION}], got {version!r}")
+                                    or version < 1):
+            raise InvalidArgumentError(f"version must be None or an integer >= 1, got {version!r}")
+        what = f"Publish(version={version}) to {self.address}"
+        if version is not None and version > MAX_VERSION:
+            raise VersionRefusedError(f"{what}: version {version} is above the largest version {MAX_VERSION}")
         layout, payload = pack(weights)
         header = header_to_proto(int(version or 0), layout, payload.nbytes)
-        what = f"Publish(version={version}) to {self.address}"
         try:
             reply = self._stub.Publish(_publish_requests(header, payload), timeout=self.timeout)
         except grpc.RpcError as err:
-            raise from_rpc_error(err, what) from None
+            error = from_rpc_error(err, what)
+            if error.code == grpc.StatusCode.FAILED_PRECONDITION:  # the service's only one: the version's window
+                raise VersionRefusedError(str(error)) from None
+            raise error from None
         return int(reply.version)
 
     def version(self) -> int:

@@ -3,25 +3,38 @@ gRPC status codes. No versioning logic lives here; see store.py.
 
 Every message stays under gRPC's default 4 MiB limit whatever the model size: weights travel as the header (the
 layout of every tensor) followed by chunks of at most `chunk_bytes` of the concatenated tensor bytes.
+
+The service runs on the same asyncio runtime as the replay shards (common/aio_grpc.py): an open stream costs a
+coroutine, not a thread, so Publish streams held open never stop Fetch and GetVersion. What publishers may make
+it hold is bounded by `PublishLimits` (limits.py).
 """
 
 from __future__ import annotations
 
-import itertools
+import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import NoReturn
 
 import grpc
-from grpc_health.v1.health import HealthServicer
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from apexrl.common import grpc_util
-from apexrl.common.errors import ApexError, CancelledError, InvalidArgumentError
+from apexrl.common.access import AccessPolicy
+from apexrl.common.aio_grpc import AioServerThread
+from apexrl.common.connections import ConnectionPolicy
+from apexrl.common.errors import (
+    ApexError,
+    CancelledError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+)
 from apexrl.common.metrics import RpcMetrics
 from apexrl.common.tls import TlsFiles
-from apexrl.parameter_server.store import Snapshot, WeightStore
+from apexrl.parameter_server.limits import PublishLimits
+from apexrl.parameter_server.store import Snapshot, VersionRefusedError, WeightStore
 from apexrl.parameter_server.wire import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -33,8 +46,15 @@ from apexrl.parameter_server.wire import (
 from apexrl.proto import parameters_pb2, parameters_pb2_grpc
 
 log = logging.getLogger(__name__)
+# Why a Publish was refused, as the metric's label: the service was busy, the stream idle, the weights too large,
+# or their version outside the window above the current one.
+_REFUSALS = {ResourceExhaustedError: "limit", DeadlineExceededError: "idle", VersionRefusedError: "version"}
+
 
 class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
+    """Async servicer on one event loop (common/aio_grpc.py). Every call runs on the loop: store reads take no
+    lock, and a publish takes the store's lock only to swap in the new version."""
+
     def __init__(
         self,
         store: WeightStore,
@@ -42,12 +62,15 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
         registry: CollectorRegistry,
         *,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        limits: PublishLimits | None = None,
     ) -> None:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes ({chunk_bytes}) must be a positive number of bytes")
         self.store = store
         self.chunk_bytes = chunk_bytes
+        self.limits = limits if limits is not None else PublishLimits()
         self._metrics = rpc_metrics
+        self._publishing = 0  # Publish calls in progress (only the loop's thread touches it)
         self._served_bytes = Counter(
             "apexrl_params_served_bytes", "Weight bytes sent by Fetch", registry=registry
         )
@@ -61,34 +84,62 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
         )
         for result in ("newer", "not_newer"):
             self._fetches.labels(result)
+        Gauge("apexrl_params_publishes_in_progress", "Publish calls being received (at most the setting "
+              "max_concurrent_publishes)", registry=registry).set_function(lambda: self._publishing)
+        self._refused = Counter(
+            "apexrl_params_publish_refusals", "Publish calls refused by the service's bounds, by reason (limit: "
+            "max_concurrent_publishes or max_weights_bytes; idle: publish_idle_timeout; version: outside the window "
+            "above the current version)", ["reason"], registry=registry,
+        )
+        for reason in _REFUSALS.values():
+            self._refused.labels(reason)
 
-    def _abort(self, context: grpc.ServicerContext, method: str, err: ApexError) -> None:
+    async def _abort(self, context: grpc.aio.ServicerContext, method: str, err: ApexError) -> NoReturn:
+        """End the call with `err`'s status and message (context.abort raises)."""
         self._metrics.errors.labels(method, err.code.name).inc()
         log.debug("%s rejected: %s", method, err)
-        context.abort(err.code, str(err))
+        await context.abort(err.code, str(err))
+        raise AssertionError("context.abort returned")  # grpc.aio's abort always raises
 
-    def Publish(self, request_iterator, context) -> parameters_pb2.PublishResponse:  # noqa: N802 (gRPC name)
-        with self._metrics.time("Publish"):
-            try:
-                version = self._receive(request_iterator, context)
-            except ApexError as err:
-                self._abort(context, "Publish", err)  # raises
-                raise
-            log.debug("published version %d", version)
-            return parameters_pb2.PublishResponse(version=version)
+    async def Publish(self, request_iterator, context) -> parameters_pb2.PublishResponse:  # noqa: N802 (gRPC name)
+        if self._publishing >= self.limits.max_concurrent_publishes:
+            self._refused.labels("limit").inc()
+            await self._abort(context, "Publish", ResourceExhaustedError(
+                f"{self._publishing} Publish calls are in progress, the most this service serves at once "
+                f"(max_concurrent_publishes {self.limits.max_concurrent_publishes}); retry later"))
+        self._publishing += 1
+        try:
+            with self._metrics.time("Publish"):
+                try:
+                    version = await self._receive(aiter(request_iterator), context)
+                except ApexError as err:
+                    reason = _REFUSALS.get(type(err))
+                    if reason is not None:
+                        self._refused.labels(reason).inc()
+                    await self._abort(context, "Publish", err)
+        finally:
+            self._publishing -= 1
+        log.debug("published version %d", version)
+        return parameters_pb2.PublishResponse(version=version)
 
-    def _receive(self, request_iterator, context: grpc.ServicerContext) -> int:
-        """Reassemble one Publish stream and store it; nothing is stored unless every check passes."""
-        requests = iter(request_iterator)
-        first = next(requests, None)
+    async def _receive(self, requests: AsyncIterator[parameters_pb2.PublishRequest],
+                       context: grpc.aio.ServicerContext) -> int:
+        """Reassemble one Publish stream and store it; nothing is stored unless every check passes. The declared
+        size and the version are checked when the header arrives, before any byte is buffered."""
+        first = await self._next(requests, 0)
         if first is None or not first.HasField("header"):
             raise InvalidArgumentError("the first Publish message must carry the header")
+        limit = self.limits.max_weights_bytes
+        if first.header.total_bytes > limit:
+            raise ResourceExhaustedError(f"Publish declares total_bytes {first.header.total_bytes}, more than this "
+                                         f"service accepts (max_weights_bytes {limit}); nothing was buffered")
         version, layout, total = layout_from_proto(first.header)
         requested = version or None  # 0: the store assigns previous + 1
         if requested is not None:
             self.store.check_version(requested)  # fail before receiving megabytes that would be refused
-        payload = bytearray()
-        for index, request in enumerate(itertools.chain([first], requests)):
+        payload = bytearray()  # grows with the bytes that arrive, not with what the header declares
+        index, request = 0, first
+        while request is not None:
             if index > 0 and request.HasField("header"):
                 raise InvalidArgumentError(f"Publish message {index} carries a header; only the first may")
             self._received_bytes.inc(len(request.chunk))
@@ -98,18 +149,32 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
                     f"more than the header's total_bytes {total}"
                 )
             payload += request.chunk
+            index += 1
+            request = await self._next(requests, index)
         if len(payload) != total:
             raise InvalidArgumentError(
                 f"Publish stream ended after {len(payload)} of the header's total_bytes {total}; "
                 f"missing {total - len(payload)} bytes"
             )
-        # gRPC's Python server ends the request iterator the same way for a half-close and for a cancellation whose
-        # notice has not been processed yet; asking the context again narrows that window to the notice's delivery.
-        if not context.is_active():
+        # A cancellation cancels this coroutine; one whose notice arrives with the end of the stream may still be
+        # seen here as the end (parameters.proto: such a version is stored whole or not at all).
+        if context.cancelled():
             raise CancelledError("the Publish call was cancelled before it ended; nothing stored")
         return self.store.publish_packed(layout, payload, requested)
 
-    def Fetch(self, request, context) -> Iterator[parameters_pb2.FetchResponse]:  # noqa: N802 (gRPC name)
+    async def _next(self, requests: AsyncIterator[parameters_pb2.PublishRequest],
+                    index: int) -> parameters_pb2.PublishRequest | None:
+        """The stream's next message, None at its end; DeadlineExceededError when none comes within the idle
+        timeout (a publisher that stopped sending gives its slot and its buffered bytes back)."""
+        timeout = self.limits.publish_idle_timeout
+        try:
+            return await asyncio.wait_for(anext(requests, None), timeout)
+        except asyncio.TimeoutError:  # an alias of TimeoutError from Python 3.11
+            raise DeadlineExceededError(
+                f"Publish message {index} did not arrive within {timeout:g} s of the previous one "
+                f"(publish_idle_timeout): the stream was aborted, nothing stored") from None
+
+    async def Fetch(self, request, context) -> AsyncIterator[parameters_pb2.FetchResponse]:  # noqa: N802 (gRPC name)
         with self._metrics.time("Fetch"):
             snapshot = self.store.latest()
             # A caller holding a version above the newest one saw a service that has since restarted (and counts
@@ -120,9 +185,12 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
                 yield parameters_pb2.FetchResponse(not_newer=True)
                 return
             self._fetches.labels("newer").inc()
-            yield from self._stream(snapshot)
+            for response, size in self._stream(snapshot):
+                yield response
+                self._served_bytes.inc(size)
 
-    def _stream(self, snapshot: Snapshot) -> Iterator[parameters_pb2.FetchResponse]:
+    def _stream(self, snapshot: Snapshot) -> Iterator[tuple[parameters_pb2.FetchResponse, int]]:
+        """The messages of one Fetch answer, each with the number of weight bytes it carries."""
         header = header_to_proto(snapshot.version, snapshot.layout, snapshot.total_bytes)
         # The first message carries the header and as many bytes as fit in chunk_bytes beside it.
         first_chunk = max(0, self.chunk_bytes - header.ByteSize())
@@ -131,10 +199,9 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
             response = parameters_pb2.FetchResponse(chunk=bytes(piece))
             if index == 0:
                 response.header.CopyFrom(header)
-            yield response
-            self._served_bytes.inc(piece.nbytes)
+            yield response, piece.nbytes
 
-    def GetVersion(self, request, context) -> parameters_pb2.GetVersionResponse:  # noqa: N802 (gRPC name)
+    async def GetVersion(self, request, context) -> parameters_pb2.GetVersionResponse:  # noqa: N802 (gRPC name)
         with self._metrics.time("GetVersion"):
             return parameters_pb2.GetVersionResponse(version=self.store.version)
 
@@ -168,33 +235,38 @@ def create_parameter_server(
     registry: CollectorRegistry | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    limits: PublishLimits | None = None,
     token: str | None = None,
+    access: AccessPolicy | None = None,
+    connections: ConnectionPolicy | None = None,
     tls: TlsFiles | None = None,
     health_address: str | None = None,
-    max_workers: int = 16,
-) -> tuple[grpc.Server, int, WeightStore, HealthServicer]:
+) -> tuple[AioServerThread, int, WeightStore, AioServerThread]:
     """Build, bind and start a parameter server serving `store` (a new empty one when None); return
-    (server, port, store, health_servicer).
+    (server, port, store, health), where server and health are one AioServerThread (kept apart for the callers
+    of the thread-pool server this replaced).
 
     A learner hosts the service by passing its own store and publishing into it directly (`store.publish`);
     actors then Fetch over gRPC. Metrics (`apexrl_params_*`) go into `registry` when given. `chunk_bytes` bounds
     each Fetch message; it must not exceed `max_message_bytes`, nor the receive limit of the clients (4 MiB by
-    default). With `tls` it serves TLS (mutual with a CA); with `health_address` it also serves the health
-    service alone, in plaintext, there (the server is then a grpc_util.WithHealthPort: `server.health_port`).
-    Raises ValueError for bad sizes and OSError when an address cannot be bound.
+    default). `limits` bound what Publish calls may make the service hold (PublishLimits' defaults when None).
+    `access` decides who may call what (common/access.py: a single-token policy for `token`; neither: open),
+    `connections` keepalive and connection lifetimes (common/connections.py).
+    With `tls` it serves TLS (mutual with a CA); with `health_address` it also serves the health service alone,
+    in plaintext, there (`server.health_port`). `server.stop(grace)` returns an event set once it has stopped;
+    `health.enter_graceful_shutdown()` reports NOT_SERVING. Raises ValueError for bad sizes and OSError when an
+    address cannot be bound.
     """
     if not 1 <= chunk_bytes <= max_message_bytes:
         raise ValueError(f"chunk_bytes ({chunk_bytes}) must be in [1, max_message_bytes ({max_message_bytes})]")
     store = store if store is not None else WeightStore()
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(StoreCollector(store))
-    servicer = ParameterServicer(store, RpcMetrics(registry, "params"), registry, chunk_bytes=chunk_bytes)
-    server = grpc_util.create_server(max_workers=max_workers, max_message_bytes=max_message_bytes, token=token)
-    parameters_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, server)
-    health = grpc_util.add_health_and_reflection(server, [SERVICE_NAME])
-    port = grpc_util.bind(server, address, tls=tls)
-    grpc_util.warn_if_token_in_clear(address, port, token, tls)
-    if health_address is not None:
-        server = grpc_util.WithHealthPort(server, health, health_address)
-    server.start()
-    return server, port, store, health
+    servicer = ParameterServicer(store, RpcMetrics(registry, "params"), registry, chunk_bytes=chunk_bytes,
+                                 limits=limits)
+    server = AioServerThread(lambda s: parameters_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, s),
+                             [SERVICE_NAME], max_message_bytes=max_message_bytes, token=token, access=access,
+                             options=(connections or ConnectionPolicy()).server_options(), tls=tls,
+                             health_address=health_address)
+    port = server.start(address)
+    return server, port, store, server

@@ -4,6 +4,11 @@ A version is a flat list of named tensors packed into one concatenation of raw b
 a layout saying where each tensor lives. The concatenation is built once per version and never changes, so every
 reader is served from the same bytes (slices, no per-request packing). Versions are integers >= 1 that strictly
 increase; 0 means "nothing" (no version published yet, or a reader that holds none).
+
+Each new version lies in a window above the current one: greater than it and at most MAX_VERSION_STEP above it.
+Without the upper bound one publish of 2**64 - 1 would leave no version for anyone after it, and every reader
+would take those weights for the newest; with it, reaching the top (MAX_VERSION, below 2**63 so the number fits
+every language's signed 64-bit integer) takes 2**43 publishes.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from apexrl.common.codec import MAX_DIM
-from apexrl.common.errors import InvalidArgumentError
+from apexrl.common.errors import FailedPreconditionError, InvalidArgumentError
 from apexrl.common.signature import canonical_dtype
 
 
@@ -37,7 +42,19 @@ class TensorEntry:
 
 
 Layout = tuple[TensorEntry, ...]
-MAX_VERSION = (1 << 64) - 1  # versions travel as uint64
+MAX_VERSION = (1 << 63) - 1  # versions travel as uint64, but stay within a signed 64-bit integer
+MAX_VERSION_STEP = 1 << 20  # a new version is at most this far above the current one
+
+
+class VersionRefusedError(FailedPreconditionError):
+    """A version outside the window above the current one (not greater, too far above, or beyond MAX_VERSION):
+    the weights may be fine, the number is not. A publisher recovers by reading the current version and
+    publishing above it."""
+
+
+def version_window(current: int) -> tuple[int, int]:
+    """The versions [low, high] that may follow `current` (empty, low > high, once current is MAX_VERSION)."""
+    return current + 1, min(current + MAX_VERSION_STEP, MAX_VERSION)
 
 
 def check_layout(layout: Sequence[TensorEntry], total_bytes: int) -> None:
@@ -159,7 +176,8 @@ class WeightStore:
         """Store `weights` as a new version (None: the previous version + 1); return its number.
 
         The arrays are copied, so the caller may keep training them. InvalidArgumentError for no tensors, an
-        unsupported dtype, or an explicit version that is not greater than the current one.
+        unsupported dtype or a version that is not a positive integer; VersionRefusedError for a version outside
+        the window above the current one (`version_window`).
         """
         version = _check_version_arg(version)
         layout, payload = pack(weights)
@@ -181,11 +199,11 @@ class WeightStore:
         return self._commit(tuple(layout), view, version)
 
     def check_version(self, version: int) -> None:
-        """InvalidArgumentError when `version` could not be published now (fail fast before receiving bytes)."""
+        """InvalidArgumentError or VersionRefusedError when `version` could not be published now (fail fast
+        before receiving bytes)."""
         version = _check_version_arg(version)
-        current = self.version
-        if version is not None and version <= current:
-            raise InvalidArgumentError(f"version {version} is not greater than the current version {current}")
+        if version is not None:
+            _check_in_window(version, self.version)
 
     def wait_newer(self, have_version: int, timeout: float | None) -> Snapshot | None:
         """Block until a version newer than `have_version` exists (at most `timeout` seconds; None waits forever);
@@ -199,11 +217,10 @@ class WeightStore:
         with self._cond:
             current = self.version
             if version is None:
-                if current >= MAX_VERSION:  # 2**64 would not fit the uint64 version fields
-                    raise InvalidArgumentError(f"no version is left after the current one ({current})")
+                if current >= MAX_VERSION:
+                    raise VersionRefusedError(f"no version is left after the current one ({current}, the largest)")
                 version = current + 1
-            elif version <= current:
-                raise InvalidArgumentError(f"version {version} is not greater than the current version {current}")
+            _check_in_window(version, current)
             self._latest = Snapshot(version, layout, payload)
             self._published_total += 1
             self._cond.notify_all()
@@ -211,10 +228,22 @@ class WeightStore:
 
 
 def _check_version_arg(version: int | None) -> int | None:
+    """The version as an int (None: the store assigns one); InvalidArgumentError for what is no version at all."""
     if version is None:
         return None
     if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
         raise InvalidArgumentError(f"version must be an integer or None, got {version!r}")
-    if not 1 <= version <= MAX_VERSION:
-        raise InvalidArgumentError(f"version must be in [1, {MAX_VERSION}] (0 means 'none'), got {version}")
+    if version < 1:
+        raise InvalidArgumentError(f"version must be >= 1 (0 means 'none'), got {version}")
     return int(version)
+
+
+def _check_in_window(version: int, current: int) -> None:
+    low, high = version_window(current)
+    if version < low:
+        raise VersionRefusedError(f"version {version} is not greater than the current version {current}")
+    if version > high:
+        why = f"above the largest version {MAX_VERSION}" if version > MAX_VERSION else \
+            f"more than {MAX_VERSION_STEP} above the current version {current}"
+        raise VersionRefusedError(f"version {version} is {why}: the current version is {current}, so the next "
+                                  f"must be in [{low}, {high}]")

@@ -65,7 +65,8 @@ def chunk_rows_for(signature: Signature, bytes_per_row: float | None = None) -> 
 
 
 class CorruptCheckpointError(Exception):
-    """A checkpoint file that cannot be trusted: truncated, a failed checksum, an unknown format."""
+    """A checkpoint file that cannot be trusted: truncated, a failed checksum, an unknown format, a footer that does
+    not parse, or (raised by the checkpointer, restore_checks.py) content no table could have saved."""
 
 
 @dataclass(frozen=True)
@@ -216,8 +217,9 @@ class CheckpointReader:
             state = _state_from_json(meta)
             chunk_rows = int(meta["chunk_rows"])
             chunks = [Chunk(*map(int, c)) for c in meta["chunks"]]
-        except (ValueError, KeyError, TypeError, InvalidArgumentError) as err:
-            raise self._fail(f"unreadable footer ({err})") from None
+        except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError,
+                InvalidArgumentError) as err:  # JSON of any shape: a number too large for int(), a list for a dict
+            raise self._fail(f"unreadable footer ({err!r})") from None
         self._check_layout(state, chunk_rows, chunks, footer_start)
         return state, chunk_rows, chunks
 

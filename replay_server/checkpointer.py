@@ -2,7 +2,9 @@
 seconds, on request, at shutdown) without stopping the shard, and keeping the newest K.
 
 Files are `checkpoint-NNNNNNNNNN.apexrl`, numbered upwards (checkpoint.py has the format). A file that fails its
-checks at start is renamed `*.corrupt` (kept for inspection, never read again) and the previous one is tried.
+checks at start, its checksums or its content (restore_checks.py: NaN or negative priorities, keys that do not fit,
+anything a table could never have saved), is renamed `*.corrupt` (kept for inspection, never read again), counted,
+and the previous one is tried: a bad file costs the rows since the previous checkpoint, never a crash loop.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from apexrl.common.errors import UnavailableError
+from apexrl.common.errors import InvalidArgumentError, UnavailableError
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import Signature
 from apexrl.replay_server.checkpoint import (
@@ -26,6 +28,7 @@ from apexrl.replay_server.checkpoint import (
     write_snapshot,
 )
 from apexrl.replay_server.durability_metrics import DurabilityStats
+from apexrl.replay_server.restore_checks import check_state, checked_blocks
 from apexrl.replay_server.snapshot import TableState
 from apexrl.replay_server.table import ReplayTable
 from apexrl.replay_server.wire import CheckpointResult
@@ -89,31 +92,43 @@ class Checkpointer:
 
     # ------------------------------------------------------------------------------------------------ restore
     def restore(self) -> TableState | None:
-        """Load the newest checkpoint that passes its checks into the (empty, refusing) table; return its state,
-        or None when there is none. Raises SettingsError when it was made with another signature or alpha than
-        this shard's settings (the shard must refuse to start)."""
+        """Load the newest checkpoint that passes its checks (checksums and content) into the (empty, refusing)
+        table; return its state, or None when there is none. Raises SettingsError when it was made with another
+        signature or alpha than this shard's settings (the shard must refuse to start)."""
         for stray in self.directory.glob(".checkpoint-*.tmp"):
             log.warning("removing %s, left by a checkpoint that never finished", stray)
             stray.unlink(missing_ok=True)
         start = time.monotonic()
-        for path in reversed(self.files()):
+        files = self.files()
+        for path in reversed(files):
             try:
                 with CheckpointReader(path) as reader:
-                    self._check_fits(reader.state, path)
-                    rows = self.table.restore(reader.state, reader.blocks())
+                    state = reader.state
+                    try:
+                        check_state(state)
+                        self._check_fits(state, path)
+                        rows = self.table.restore(state, checked_blocks(state, reader.blocks()))
+                    except InvalidArgumentError as err:  # well formed, but no table could have saved it
+                        raise CorruptCheckpointError(f"checkpoint {path} holds invalid content: {err}") from None
             except (CorruptCheckpointError, OSError) as err:
-                log.error("CORRUPT CHECKPOINT skipped: %s; renamed to %s.corrupt, trying the previous one", err,
-                          path.name)
-                path.rename(path.with_name(path.name + ".corrupt"))
-                self.stats.corrupt_checkpoints += 1
+                self._set_aside(path, err)
                 continue
             seconds = time.monotonic() - start
-            state = reader.state
             log.info("restored %d rows (keys %d..%d) from %s in %.2fs", rows, state.next_key - rows,
                      state.next_key - 1, path, seconds)
             self.stats.restore_seconds, self.stats.restored_rows = seconds, rows
             return state
+        if files:
+            log.error("NO GOOD CHECKPOINT in %s: all %d were set aside as corrupt; the shard starts without their "
+                      "rows", self.directory, len(files))
         return None
+
+    def _set_aside(self, path: Path, err: Exception) -> None:
+        """A checkpoint that cannot be trusted: named in the log, renamed `*.corrupt` and counted."""
+        log.error("CORRUPT CHECKPOINT skipped: %s; renamed to %s.corrupt, trying the previous one", err, path.name)
+        path.rename(path.with_name(path.name + ".corrupt"))
+        with self.stats.lock:
+            self.stats.corrupt_checkpoints += 1
 
     def _check_fits(self, state: TableState, path: Path) -> None:
         config = self.table.config

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from apexrl.common.access import certificate_roles_setting, check_access_settings, role_tokens_setting
+from apexrl.common.addresses import check_listen
+from apexrl.common.connections import ConnectionPolicy
 from apexrl.common.process import (
     health_port_setting,
     host_setting,
@@ -18,6 +21,7 @@ from apexrl.common.process import (
 )
 from apexrl.common.settings import setting
 from apexrl.common.tls import check_health_port, tls_of
+from apexrl.replay_server.quotas import QuotaSettings
 from apexrl.replay_server.table import TableConfig
 
 DEFAULT_PORT = 7000
@@ -25,7 +29,7 @@ DEFAULT_METRICS_PORT = 9000
 
 
 @dataclass(frozen=True)
-class ReplayConfig(TableConfig):
+class ReplayConfig(ConnectionPolicy, QuotaSettings, TableConfig):
     """One replay shard process: its table, and where and how it serves."""
 
     host: str = host_setting()
@@ -35,6 +39,8 @@ class ReplayConfig(TableConfig):
                                                        "refused with RESOURCE_EXHAUSTED")
     token: str | None = token_setting()
     token_file: str | None = token_file_setting()
+    role_tokens: str | None = role_tokens_setting()
+    certificate_roles: bool = certificate_roles_setting()
     tls_cert: str | None = tls_cert_setting()
     tls_key: str | None = tls_key_setting()
     tls_ca: str | None = tls_ca_setting()
@@ -59,9 +65,10 @@ class ReplayConfig(TableConfig):
               "row (priority updates since the checkpoint are lost); needs --checkpoint-dir", metavar="DIR")
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if not -1 <= self.metrics_port <= 65535 or not 0 <= self.port <= 65535:
-            raise ValueError(f"port ({self.port}) and metrics_port ({self.metrics_port}) must be valid ports")
+        TableConfig.__post_init__(self)
+        QuotaSettings.__post_init__(self)
+        ConnectionPolicy.__post_init__(self)
+        check_listen(self.host, self.port, self.metrics_port)
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes ({self.max_message_bytes}) must be at least 1024")
         if not (math.isfinite(self.checkpoint_every) and self.checkpoint_every >= 0):
@@ -72,5 +79,6 @@ class ReplayConfig(TableConfig):
             raise ValueError(f"checkpoint_keep ({self.checkpoint_keep}) must be at least 1")
         if self.wal is not None and self.checkpoint_dir is None:
             raise ValueError("wal needs checkpoint_dir: the log is truncated after each checkpoint")
-        tls_of(self, serves=True)
+        tls = tls_of(self, serves=True)
+        check_access_settings(self.token, self.role_tokens, self.certificate_roles, tls is not None and tls.mutual)
         check_health_port(self.health_port, self.port)

@@ -28,6 +28,7 @@ class DurabilityStats:
     wal_replayed_rows: int = 0
     wal_failures: int = 0                       # failed appends and writes, and inserts refused after them
     wal_failed: int = 0                         # 1 once the log failed for good (until the shard restarts)
+    wal_replay_gaps: int = 0                    # gaps the start-up replay found (rows after them not replayed)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
@@ -44,8 +45,12 @@ class DurabilityCollector:
             ("checkpoints", "Checkpoints written (durable: fsynced and renamed)", s.checkpoints_written),
             ("checkpoint_failures", "Checkpoints that failed to be written (the shard goes on serving)",
              s.checkpoints_failed),
-            ("corrupt_checkpoints", "Checkpoints found corrupt or torn at start and skipped for an older one",
-             s.corrupt_checkpoints),
+            ("corrupt_checkpoints", "Checkpoints set aside at start (renamed *.corrupt) for an older one: torn, a "
+             "failed checksum, or content no shard could have saved (NaN or negative priorities, keys that do not "
+             "fit)", s.corrupt_checkpoints),
+            ("wal_replay_gaps", "Gaps the write-ahead log's replay found at start: a segment missing or stopped "
+             "early, or a record that cannot be replayed; the rows from there on were not replayed (lost) and the "
+             "later log was set aside (*.orphan)", s.wal_replay_gaps),
             ("wal_bytes", "Bytes appended to the write-ahead log", s.wal_bytes),
             ("wal_fsyncs", "fsync calls of the write-ahead log (each commits a group of insert batches)",
              s.wal_fsyncs),

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 
 from apexrl.common import grpc_util
+from apexrl.common.access import AccessPolicy, describe_access
+from apexrl.common.addresses import join_host_port
 from apexrl.common.files import atomic_write
 from apexrl.common.metrics import serve_metrics
 from apexrl.common.tls import describe, tls_of
@@ -72,16 +74,18 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
         table.refuse_calls("the shard is restoring its checkpoint")
     tls = tls_of(config, serves=True)
     server, port, health, registry = create_replay_server(
-        table, f"{config.host}:{config.port}", registry=metrics_registry(table, stats),
-        max_message_bytes=config.max_message_bytes, token=config.token, tls=tls,
-        health_address=None if config.health_port is None else f"{config.host}:{config.health_port}",
+        table, join_host_port(config.host, config.port), registry=metrics_registry(table, stats),
+        max_message_bytes=config.max_message_bytes, tls=tls,
+        access=AccessPolicy.from_settings(config.token, config.role_tokens, config.certificate_roles),
+        quotas=config, connections=config,
+        health_address=None if config.health_port is None else join_host_port(config.host, config.health_port),
         serving=checkpointer is None, checkpointer=checkpointer, wal=wal,
     )
     metrics = serve_metrics(registry, config.metrics_port, config.host)
-    log.info("replay shard serving on %s:%d (capacity %d%s, alpha %.2f, signature %s, %s%s); metrics %s",
+    log.info("replay shard serving on %s:%d (capacity %d%s, alpha %.2f, signature %s, %s, %s%s); metrics %s",
              config.host, port, config.capacity,
              "" if config.max_bytes is None else f" rows or {config.max_bytes} bytes", config.alpha,
-             config.signature or "from first insert",
+             config.signature or "from first insert", describe_access(config),
              describe(tls), "" if server.health_port is None else f", plaintext health on port {server.health_port}",
              metrics)
     if config.port_file:

@@ -6,6 +6,7 @@ No replay logic lives here; see table.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -16,22 +17,27 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from apexrl.common import grpc_util
+from apexrl.common.access import AccessPolicy
 from apexrl.common.aio_grpc import AioServerThread, Changes, Lane
 from apexrl.common.compression import take_rows
+from apexrl.common.connections import ConnectionPolicy
 from apexrl.common.errors import (
     ApexError,
     DeadlineExceededError,
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
+    ResourceExhaustedError,
     UnavailableError,
 )
 from apexrl.common.metrics import RpcMetrics
 from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
+from apexrl.replay_server.quotas import Quotas, QuotaSettings
 from apexrl.replay_server.table import ReplayTable
 from apexrl.replay_server.wire import InsertResult
+from apexrl.replay_server.writers import Writer
 
 if TYPE_CHECKING:
     from apexrl.replay_server.checkpointer import Checkpointer
@@ -43,6 +49,14 @@ T = TypeVar("T")
 _WAIT_SLICE_SECONDS = 0.25
 
 
+def batch_nbytes(decoded: tuple | None) -> int:
+    """Bytes of a decoded insert (columns, priorities): what a waiting insert holds in memory."""
+    if decoded is None:
+        return 0
+    columns, priorities = decoded
+    return sum(column.nbytes for column in columns.values()) + (0 if priorities is None else priorities.nbytes)
+
+
 class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     """Async servicer on one event loop (common/aio_grpc.py): every open stream costs a coroutine, not a thread.
 
@@ -52,8 +66,11 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     so Sample, Info and priority updates are answered between two slices of inserts however many writers are
     connected."""
 
-    def __init__(self, table: ReplayTable, rpc_metrics: RpcMetrics, registry: CollectorRegistry) -> None:
+    def __init__(self, table: ReplayTable, rpc_metrics: RpcMetrics, registry: CollectorRegistry,
+                 access: AccessPolicy | None = None, quotas: QuotaSettings | None = None) -> None:
         self.table = table
+        self.access = access if access is not None else AccessPolicy()
+        self.quotas = Quotas(quotas if quotas is not None else QuotaSettings(), registry)
         self.checkpointer: Checkpointer | None = None  # set when the shard has a checkpoint directory
         self.wal: WriteAheadLog | None = None  # set when the shard has a write-ahead log
         self._metrics = rpc_metrics
@@ -72,33 +89,58 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         await context.abort(err.code, str(err))
 
     async def _when_ready(self, attempt: Callable[[], T], context: grpc.aio.ServicerContext, what: str,
-                          lane: Lane | None = None) -> T:
+                          lane: Lane | None = None, held_bytes: Callable[[], int] = lambda: 0) -> T:
         """attempt() (in `lane`'s turn when given) until it does not raise DeadlineExceededError (not ready yet),
-        waiting for table changes in between, up to the call's deadline; then DeadlineExceededError naming what
-        held it back."""
+        waiting for table changes in between, up to the call's deadline or the shard's max_wait_seconds, whichever
+        comes first; then DeadlineExceededError naming what held it back. While it waits the call counts against
+        the waiting quotas (with the `held_bytes()` of decoded data it keeps): ResourceExhaustedError when full."""
+        try:
+            return attempt() if lane is None else await lane.run(attempt)
+        except DeadlineExceededError:
+            pass
+        with self.quotas.waiting_call(held_bytes()):
+            return await self._wait_until_ready(attempt, context, what, lane)
+
+    async def _wait_until_ready(self, attempt: Callable[[], T], context: grpc.aio.ServicerContext, what: str,
+                                lane: Lane | None) -> T:
         loop = asyncio.get_running_loop()
         remaining = context.time_remaining()
-        deadline = None if remaining is None else loop.time() + remaining
+        longest = self.quotas.settings.max_wait_seconds
+        deadline = loop.time() + (longest if remaining is None else min(remaining, longest))
         while True:
+            if self._closing:
+                raise UnavailableError("replay shard is shutting down")
+            if loop.time() >= deadline:
+                raise DeadlineExceededError(f"{what} waited until its deadline (at most max_wait_seconds "
+                                            f"{longest:g}): {self.table.not_ready_reason()}")
+            if context.done():
+                raise DeadlineExceededError(f"{what} abandoned: the caller went away")
+            with self._waiting.labels(what).track_inprogress():
+                await self._changes.wait(max(0.0, min(_WAIT_SLICE_SECONDS, deadline - loop.time())))
             try:
                 return attempt() if lane is None else await lane.run(attempt)
             except DeadlineExceededError:
-                if self._closing:
-                    raise UnavailableError("replay shard is shutting down") from None
-                if deadline is not None and loop.time() >= deadline:
-                    raise DeadlineExceededError(f"{what} waited until its deadline: "
-                                                f"{self.table.not_ready_reason()}") from None
-                if context.done():
-                    raise DeadlineExceededError(f"{what} abandoned: the caller went away") from None
-            wait = _WAIT_SLICE_SECONDS if deadline is None else min(_WAIT_SLICE_SECONDS, deadline - loop.time())
-            with self._waiting.labels(what).track_inprogress():
-                await self._changes.wait(max(0.0, wait))
+                continue
+
+    def _writer(self, context) -> Writer:
+        """Who writes on this Insert stream (the access interceptor has let it in)."""
+        return Writer(self.access.identify(context.invocation_metadata(), context.auth_context))
 
     async def Insert(self, request_iterator, context) -> AsyncIterator[replay_pb2.InsertAck]:  # noqa: N802
+        try:
+            with self.quotas.call(context.peer()):
+                async with contextlib.aclosing(self._insert_stream(request_iterator, context)) as acks:
+                    async for ack in acks:
+                        yield ack
+        except ResourceExhaustedError as err:  # the connection's quota: batches are answered one by one in acks
+            await self._abort(context, "Insert", err)
+
+    async def _insert_stream(self, request_iterator, context) -> AsyncIterator[replay_pb2.InsertAck]:
+        writer = self._writer(context)
         if self.wal is None:
             async for request in request_iterator:
                 with self._metrics.time("Insert"):
-                    acks = await self._insert_request(request, context)
+                    acks = await self._insert_request(request, writer, context)
                 for ack in acks:
                     yield ack
             return
@@ -110,7 +152,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             try:
                 async for request in request_iterator:
                     with self._metrics.time("Insert"):
-                        acks = await self._insert_request(request, context)
+                        acks = await self._insert_request(request, writer, context)
                     for ack in acks:
                         # A duplicate may have been stored by a stream whose ack is still waiting: wait for all.
                         key = ack.first_key + ack.rows if ack.rows else self.table.next_key if ack.duplicate else 0
@@ -151,12 +193,13 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                                error_message=f"the write-ahead log failed ({error}): not acknowledged",
                                batches=ack.batches)
 
-    async def _insert_request(self, request: replay_pb2.InsertRequest, context) -> list[replay_pb2.InsertAck]:
+    async def _insert_request(self, request: replay_pb2.InsertRequest, writer: Writer,
+                              context) -> list[replay_pb2.InsertAck]:
         """The acks of one InsertRequest: one for a one-batch request, one per run of same-outcome batches for a
         merged one (replay.proto, InsertRequest.batch_rows)."""
         if not request.batch_rows:
-            return [await self._insert_one(request, context)]
-        return await self._insert_merged(request, context)
+            return [await self._insert_one(request, writer, context)]
+        return await self._insert_merged(request, writer, context)
 
     def _rejected(self, request: replay_pb2.InsertRequest, sequence: int, err: ApexError,
                   batches: int = 1) -> replay_pb2.InsertAck:
@@ -165,7 +208,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         return wire.encode_ack(sequence, self.table.incarnation, error_code=err.code.value[0],
                                error_message=str(err), batches=batches)
 
-    async def _insert_one(self, request: replay_pb2.InsertRequest, context) -> replay_pb2.InsertAck:
+    async def _insert_one(self, request: replay_pb2.InsertRequest, writer: Writer,
+                          context) -> replay_pb2.InsertAck:
         decoded: tuple | None = None
 
         def attempt():
@@ -173,18 +217,21 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             if decoded is None:  # decoding is work too: it takes its turn in the lane
                 decoded = wire.decode_insert(request)
             columns, priorities = decoded
-            return self.table.insert(columns, priorities, writer_id=request.writer_id, sequence=request.sequence,
-                                     timeout=0)
+            writer.check_may_fix_signature(self.table)
+            return self.table.insert(columns, priorities, writer_id=writer.qualified(request.writer_id),
+                                     sequence=request.sequence, timeout=0)
 
         try:
-            result = await self._when_ready(attempt, context, "insert", self.insert_lane)
+            result = await self._when_ready(attempt, context, "insert", self.insert_lane,
+                                            held_bytes=lambda: batch_nbytes(decoded))
         except ApexError as err:
             return self._rejected(request, request.sequence, err)
         if not result.duplicate:
             self._changes.notify()
         return wire.encode_ack(request.sequence, self.table.incarnation, result)
 
-    async def _insert_merged(self, request: replay_pb2.InsertRequest, context) -> list[replay_pb2.InsertAck]:
+    async def _insert_merged(self, request: replay_pb2.InsertRequest, writer: Writer,
+                             context) -> list[replay_pb2.InsertAck]:
         """Store the batches of a merged request as if each had come alone, in order, in as few table calls as
         exactly-once allows.
 
@@ -202,16 +249,19 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             batches = len(request.batch_rows)
             return [self._rejected(request, min(request.sequence + batches - 1, (1 << 64) - 1), err, batches)]
         batches, acks, merge, i = len(offsets) - 1, [], True, 0
+        writer_id = writer.qualified(request.writer_id)
+        held = batch_nbytes((columns, priorities))
 
         def store(first: int, end: int) -> InsertResult:
             """One table call for batches first .. end - 1, numbered with the last one's sequence."""
             lo, hi = offsets[first], offsets[end]
+            writer.check_may_fix_signature(self.table)
             return self.table.insert({name: take_rows(column, slice(lo, hi)) for name, column in columns.items()},
-                                     None if priorities is None else priorities[lo:hi], writer_id=request.writer_id,
+                                     None if priorities is None else priorities[lo:hi], writer_id=writer_id,
                                      sequence=request.sequence + end - 1, timeout=0)
 
         while i < batches:
-            alone, rest = await self._store_alone_then_rest(store, i, batches if merge else i + 1, context)
+            alone, rest = await self._store_alone_then_rest(store, i, batches if merge else i + 1, held, context)
             if isinstance(alone, ApexError):
                 acks.append(self._rejected(request, request.sequence + i, alone))
                 i += 1
@@ -227,7 +277,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             self._changes.notify()
         return acks
 
-    async def _store_alone_then_rest(self, store: Callable[[int, int], InsertResult], i: int, end: int, context,
+    async def _store_alone_then_rest(self, store: Callable[[int, int], InsertResult], i: int, end: int,
+                                     held: int, context,
                                      ) -> tuple[InsertResult | ApexError, InsertResult | ApexError | None]:
         """Batch i alone, then, if that stored it, batches i + 1 .. end - 1 in one call (none when end <= i + 1),
         in one turn of the insert lane unless the rate limiter holds the second call back. Failures come back as
@@ -243,7 +294,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 rest = store(i + 1, end)
 
         try:
-            await self._when_ready(attempt, context, "insert", self.insert_lane)
+            await self._when_ready(attempt, context, "insert", self.insert_lane, held_bytes=lambda: held)
         except ApexError as err:
             return (err, None) if alone is None else (alone, err)
         return alone, rest
@@ -262,15 +313,17 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     async def Sample(self, request, context) -> replay_pb2.SampleResponse:  # noqa: N802
         with self._metrics.time("Sample"):
             try:
-                if request.no_wait:
-                    result = self.table.sample(request.batch_size, wait=False)
-                else:
-                    result = await self._when_ready(
-                        lambda: self.table.sample(request.batch_size, timeout=0), context, "sample")
+                with self.quotas.call(context.peer()):
+                    result = await self._sample(request, context)
             except ApexError as err:
                 await self._abort(context, "Sample", err)
             self._changes.notify()
             return wire.encode_sample(result)
+
+    async def _sample(self, request, context):
+        if request.no_wait:
+            return self.table.sample(request.batch_size, wait=False)
+        return await self._when_ready(lambda: self.table.sample(request.batch_size, timeout=0), context, "sample")
 
     def _update(self, request: replay_pb2.UpdatePrioritiesRequest) -> replay_pb2.UpdatePrioritiesResponse:
         keys, priorities, incarnation = wire.decode_update(request)
@@ -290,13 +343,14 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 await self._abort(context, "UpdatePriorities", err)
 
     async def StreamUpdatePriorities(self, request_iterator, context):  # noqa: N802
-        async for request in request_iterator:
-            with self._metrics.time("StreamUpdatePriorities"):
-                try:
-                    response = self._update(request)
-                except ApexError as err:
-                    await self._abort(context, "StreamUpdatePriorities", err)
-            yield response
+        try:
+            with self.quotas.call(context.peer()):
+                async for request in request_iterator:
+                    with self._metrics.time("StreamUpdatePriorities"):
+                        response = self._update(request)
+                    yield response
+        except ApexError as err:
+            await self._abort(context, "StreamUpdatePriorities", err)
 
     async def Info(self, request, context) -> replay_pb2.InfoResponse:  # noqa: N802
         return wire.encode_info(self.table.info())
@@ -364,6 +418,9 @@ def create_replay_server(
     registry: CollectorRegistry | None = None,
     max_message_bytes: int = grpc_util.DEFAULT_MAX_MESSAGE_BYTES,
     token: str | None = None,
+    access: AccessPolicy | None = None,
+    quotas: QuotaSettings | None = None,
+    connections: ConnectionPolicy | None = None,
     tls: TlsFiles | None = None,
     health_address: str | None = None,
     serving: bool = True,
@@ -374,7 +431,10 @@ def create_replay_server(
 
     The server runs on its own event-loop thread; `server.stop(grace)` closes the table first (waiting calls
     answer UNAVAILABLE) and returns an event set once it has stopped; `health.enter_graceful_shutdown()` reports
-    NOT_SERVING. (server and health are one object.) With `tls` it serves TLS (mutual with a CA); with
+    NOT_SERVING. (server and health are one object.) `access` decides who may call what (common/access.py; a
+    single-token policy for `token`; neither: open), `quotas` what callers may hold open (replay_server/quotas.py),
+    `connections` keepalive and connection lifetimes (common/connections.py).
+    With `tls` it serves TLS (mutual with a CA); with
     `health_address` it also serves the health service alone, in plaintext, there (`server.health_port`). With
     `serving` false health reports NOT_SERVING until `server.set_serving()` (the shard is restoring); with a
     `checkpointer` the Checkpoint RPC writes checkpoints; with a `wal` every insert is acknowledged only once
@@ -382,14 +442,16 @@ def create_replay_server(
     Raises OSError when an address cannot be bound."""
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(TableCollector(table))
-    servicer = ReplayServicer(table, RpcMetrics(registry, "replay"), registry)
+    access = access if access is not None else AccessPolicy.single_token(token) if token else AccessPolicy()
+    servicer = ReplayServicer(table, RpcMetrics(registry, "replay"), registry, access, quotas)
     servicer.checkpointer, servicer.wal = checkpointer, wal
 
     async def close() -> None:
         servicer.close()
 
     server = AioServerThread(lambda s: replay_pb2_grpc.add_ReplayServiceServicer_to_server(servicer, s),
-                             [wire.SERVICE_NAME], max_message_bytes=max_message_bytes, token=token, tls=tls,
+                             [wire.SERVICE_NAME], max_message_bytes=max_message_bytes, access=access,
+                             options=(connections or ConnectionPolicy()).server_options(), tls=tls,
                              health_address=health_address, serving=serving, on_stop=close)
     port = server.start(address)
     if wal is not None:

@@ -488,8 +488,9 @@ class ReplayTable:
         the columns may hold each row's writer id under ROW_WRITER). Rows keep their keys and priorities; with a
         capacity (or max_bytes) below the saved size the oldest rows are dropped (counted as evicted). The
         table keeps its own, new incarnation; the saved one (and its own aliases) become aliases, so priority
-        updates for restored keys still apply. A failed restore (a block that does not read) leaves the table
-        empty, ready for another restore. Returns the rows restored."""
+        updates for restored keys still apply. A failed restore (a block that does not read, or leaves the tree
+        refuses) leaves the table as it was before, empty and without a signature unless the config declares one,
+        ready for another restore. Returns the rows restored."""
         if self.config.signature is not None and state.signature != self.config.signature:
             raise InvalidArgumentError(f"saved signature {state.signature} differs from the table's "
                                        f"{self.config.signature}")
@@ -501,23 +502,22 @@ class ReplayTable:
                 raise FailedPreconditionError("restore needs an empty table that refuses calls (refuse_calls)")
             if self._signature != state.signature:
                 self._allocate(state.signature)
-            elif self._row_bytes is not None:  # forget the frames of an earlier restore that failed
-                for f in self._signature.compressed:
-                    self._storage[f.name][:] = None
-                self._row_writers[:] = None
-                self._row_bytes[:] = 0
-                self._frame_bytes = 0
         leaves = np.zeros(cap, dtype=np.float64)
-        for first_key, columns, block_leaves in blocks:
-            skip = max(0, lowest - first_key)
-            rows = len(block_leaves) - skip
-            if rows <= 0:
-                continue
-            slots = self._write_rows((first_key + skip) % cap, columns, rows, offset=skip,
-                                     writers=columns.get(ROW_WRITER))
-            leaves[slots] = block_leaves[skip:]
+        try:
+            for first_key, columns, block_leaves in blocks:
+                skip = max(0, lowest - first_key)
+                rows = len(block_leaves) - skip
+                if rows <= 0:
+                    continue
+                slots = self._write_rows((first_key + skip) % cap, columns, rows, offset=skip,
+                                         writers=columns.get(ROW_WRITER))
+                leaves[slots] = block_leaves[skip:]
+            with self._cond:
+                self._tree.load_leaves(leaves)
+        except BaseException:
+            self._forget_restored_rows()
+            raise
         with self._cond:
-            self._tree.load_leaves(leaves)
             self._next_key, self._size, self._max_priority = state.next_key, keep, state.max_priority
             self.lineage = state.lineage or self.lineage
             self._writers = OrderedDict(state.writers)
@@ -531,6 +531,19 @@ class ReplayTable:
             self._aliases = dict(list(aliases.items())[-MAX_ALIASES:])
             self._enforce_max_bytes()
             return self._size
+
+    def _forget_restored_rows(self) -> None:
+        """Undo the rows a failed restore wrote: the frames it stored are released and the table has the signature
+        it had before (none unless its config declares one)."""
+        with self._cond:
+            if self.config.signature is None:
+                self._storage, self._row_bytes, self._row_writers, self._signature = {}, None, None, None
+            elif self._row_bytes is not None:
+                for f in self._signature.compressed:
+                    self._storage[f.name][:] = None
+                self._row_writers[:] = None
+                self._row_bytes[:] = 0
+            self._frame_bytes = 0
 
     def replay_insert(self, first_key: int, columns: Mapping[str, np.ndarray], priorities: np.ndarray,
                       writer_id: str, sequence: int, incarnation: int) -> bool:

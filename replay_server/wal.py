@@ -21,6 +21,13 @@ corrupt record of a segment (a SIGKILL leaves at most the batches whose fsync ha
 and goes on with the next segment if it starts right there. Segments of another lineage (a resharded shard, a
 wiped checkpoint directory) are never replayed: they are renamed `*.orphan` and named in the log.
 
+A gap is loud: when a segment starts after the rows replayed so far (a segment lost, or one that stopped early at a
+corrupt record), or a record whose checksum holds cannot be replayed (it does not parse, or the table refuses it:
+NaN priorities, a key that does not follow), the rows from there on are lost. Replay logs an ERROR naming the
+keys, counts the gap (`stats.wal_replay_gaps`, alert ApexrlReplayWriteAheadLogGap) and keeps every later byte
+aside, never replayed: the segment is cut at the bad record (its rest saved as `NAME.from-byte-N.orphan`) and the
+later segments are renamed `*.orphan`, so the keys the restarted shard hands out again never meet old rows.
+
 Not logged: priority updates (those since the last checkpoint are lost with the process) and Sample counters.
 """
 
@@ -40,7 +47,7 @@ import numpy as np
 
 from apexrl.common.compression import CompressedColumn
 from apexrl.common.errors import ApexError, UnavailableError
-from apexrl.common.files import PRIVATE
+from apexrl.common.files import PRIVATE, open_private
 from apexrl.common.signature import Signature
 from apexrl.replay_server.checkpoint import fsync_directory
 from apexrl.replay_server.durability_metrics import DurabilityStats
@@ -102,27 +109,33 @@ class WriteAheadLog:
                             "replayed, renamed %s.orphan", path, seg_lineage, lineage, path.name)
                 path.rename(path.with_name(path.name + ".orphan"))
                 continue
-            if gap or first > table.next_key:
-                if not gap:
-                    log.error("write-ahead log segment %s starts at key %d, after key %d: rows %d..%d are lost; "
-                              "it and later segments are renamed *.orphan", path, first, table.next_key,
-                              table.next_key, first - 1)
+            if not gap and first > table.next_key:
+                self._gap(f"segment {path} starts at key {first}, after key {table.next_key}: rows "
+                          f"{table.next_key}..{first - 1} are lost; it and later segments are renamed *.orphan")
                 gap = True
+            if gap:
                 path.rename(path.with_name(path.name + ".orphan"))
                 continue
-            for record in _records(path, signature):
-                first_key, columns, priorities, incarnation, sequence, writer = record
-                try:
-                    if table.replay_insert(first_key, columns, priorities, writer, sequence, incarnation):
-                        replayed += len(priorities)
-                except ApexError as err:
-                    log.error("write-ahead log %s: %s; its later records are not replayed", path, err)
-                    break
+            rows, bad = _replay_segment(table, path, signature)
+            replayed += rows
+            if bad is not None:
+                offset, why = bad
+                aside = path.with_name(f"{path.name}.from-byte-{offset}.orphan")
+                _cut(path, offset, aside)
+                self._gap(f"{path}: the record at byte {offset} cannot be replayed ({why}): the rows from key "
+                          f"{table.next_key} on are lost; the segment is cut there (the rest kept as {aside.name}) "
+                          f"and later segments are renamed *.orphan")
+                gap = True
         table.lineage = lineage
         self.stats.wal_replayed_rows = replayed
         if replayed:
             log.info("replayed %d rows from the write-ahead log (keys up to %d)", replayed, table.next_key - 1)
         return replayed
+
+    def _gap(self, message: str) -> None:
+        log.error("WRITE-AHEAD LOG GAP: %s", message)
+        with self.stats.lock:
+            self.stats.wal_replay_gaps += 1
 
     # ------------------------------------------------------------------------------------------------ append
     def open(self, table: ReplayTable) -> None:
@@ -314,9 +327,41 @@ def _read_header(path: Path) -> tuple[int, Signature] | None:
         return None
 
 
-def _records(path: Path, signature: Signature) -> Iterator[tuple]:
-    """(first key, columns, priorities, incarnation, sequence, writer id) of every whole record of a segment;
-    stops at the first torn or corrupt one, naming it in the log."""
+def _replay_segment(table: ReplayTable, path: Path, signature: Signature) -> tuple[int, tuple[int, str] | None]:
+    """Replay one segment's records into the table: the rows stored, and (byte offset, why) of a record whose
+    checksum holds but which cannot be replayed (None when the segment was replayed to its end or to a torn tail)."""
+    replayed = 0
+    for offset, payload in _payloads(path):
+        try:
+            first_key, columns, priorities, incarnation, sequence, writer = _parse(payload, signature)
+        except (ValueError, struct.error, UnicodeDecodeError) as err:
+            return replayed, (offset, f"it does not parse: {err}")
+        try:
+            if table.replay_insert(first_key, columns, priorities, writer, sequence, incarnation):
+                replayed += len(priorities)
+        except ApexError as err:
+            return replayed, (offset, f"its batch at key {first_key} is refused: {err}")
+    return replayed, None
+
+
+def _cut(path: Path, offset: int, aside: Path) -> None:
+    """Keep the bytes of `path` from `offset` on in `aside`, then cut `path` there (both durable)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        rest = f.read()
+        with open_private(aside, "wb") as out:
+            out.write(rest)
+            out.flush()
+            os.fsync(out.fileno())
+        f.truncate(offset)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_directory(path.parent)
+
+
+def _payloads(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, payload) of every whole record of a segment whose checksum holds; stops at the first torn or
+    corrupt one, naming it in the log."""
     with open(path, "rb") as f:
         data = f.read()
     offset = _SEGMENT.size + struct.unpack_from("<I", data, _SEGMENT.size - 4)[0]
@@ -330,25 +375,33 @@ def _records(path: Path, signature: Signature) -> Iterator[tuple]:
             log.warning("write-ahead log %s: torn or corrupt record at byte %d; replay of this segment stops "
                         "there", path, offset)
             return
+        yield offset, payload
         offset += _RECORD.size + length
-        first_key, rows, incarnation, sequence, writer_len = _PAYLOAD.unpack_from(payload)
-        at = _PAYLOAD.size
-        writer = payload[at:at + writer_len].decode()
-        at += writer_len
-        priorities = np.frombuffer(payload, "<f8", rows, at)
-        at += 8 * rows
-        columns = {}
-        for field in signature.fields:
-            if field.compression is not None:
-                lengths = np.frombuffer(payload, _LENGTH_DTYPE, rows, at).astype(np.int64)
-                at += rows * _LENGTH_DTYPE.itemsize
-                n = int(lengths.sum())
-                columns[field.name] = CompressedColumn(field.compression, field.dtype, field.shape,
-                                                       payload[at:at + n], lengths)
-                at += n
-                continue
-            n = rows * field.row_nbytes
-            columns[field.name] = np.frombuffer(payload, field.dtype, rows * math.prod(field.shape), at).reshape(
-                rows, *field.shape)
+
+
+def _parse(payload: bytes, signature: Signature) -> tuple:
+    """(first key, columns, priorities, incarnation, sequence, writer id) of one record's payload; ValueError (or
+    struct.error, UnicodeDecodeError) when its parts do not add up to exactly its bytes."""
+    first_key, rows, incarnation, sequence, writer_len = _PAYLOAD.unpack_from(payload)
+    at = _PAYLOAD.size
+    writer = payload[at:at + writer_len].decode()
+    at += writer_len
+    priorities = np.frombuffer(payload, "<f8", rows, at)
+    at += 8 * rows
+    columns = {}
+    for field in signature.fields:
+        if field.compression is not None:
+            lengths = np.frombuffer(payload, _LENGTH_DTYPE, rows, at).astype(np.int64)
+            at += rows * _LENGTH_DTYPE.itemsize
+            n = int(lengths.sum())
+            columns[field.name] = CompressedColumn(field.compression, field.dtype, field.shape,
+                                                   payload[at:at + n], lengths)
             at += n
-        yield first_key, columns, priorities, incarnation, sequence, writer
+            continue
+        n = rows * field.row_nbytes
+        columns[field.name] = np.frombuffer(payload, field.dtype, rows * math.prod(field.shape), at).reshape(
+            rows, *field.shape)
+        at += n
+    if at != len(payload):
+        raise ValueError(f"its parts end at byte {at} of its {len(payload)}")
+    return first_key, columns, priorities, incarnation, sequence, writer

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from apexrl.common.files import write_or_check
+from apexrl.common.metrics import add_process_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "metrics.md"
@@ -82,6 +83,7 @@ SECTIONS = [  # metric name prefix -> section title
     ("apexrl_learner_", "Learner"),
     ("apexrl_params_", "Parameter service (hosted by the learner, or standalone)"),
     ("apexrl_actor_", "Actors and the evaluator"),
+    ("apexrl_tls_", "TLS certificates (every process that serves or dials TLS)"),
 ]
 
 
@@ -125,6 +127,8 @@ def declared_labels(registry: CollectorRegistry) -> dict[str, set[str]]:
     for collector in list(registry._collector_to_names):  # noqa: SLF001 (no public listing of collectors)
         if isinstance(collector, MetricWrapperBase):
             found.setdefault(collector._name, set()).update(collector._labelnames)  # noqa: SLF001
+        elif hasattr(collector, "label_names"):  # a custom collector that may have no sample yet (TlsExpiryCollector)
+            found.setdefault(collector.name, set()).update(collector.label_names)
     return found
 
 
@@ -132,6 +136,7 @@ def collect_metrics() -> dict[str, MetricDoc]:
     docs: dict[str, MetricDoc] = {}
     for job, build in JOBS.items():
         registry = build()
+        add_process_metrics(registry)  # as serve_metrics does in every process
         labels = declared_labels(registry)
         for family in registry.collect():
             doc = docs.setdefault(family.name, MetricDoc(family.name, family.type, family.documentation))

@@ -18,6 +18,9 @@ from apexrl.common.grpc_util import wait_for_health
 from apexrl.replay_server.service import create_replay_server
 from apexrl.replay_server.table import ReplayTable, TableConfig
 
+# On CI (CI=true) a skip fails the run unless tests/allowed_skips.py lists it with its reason.
+pytest_plugins = ("tests.support.skip_policy",)
+
 
 def wait_until(condition, what: str, timeout: float = 10.0) -> None:
     """Poll `condition` until it holds; fail naming `what` after `timeout` seconds. Tests synchronise on conditions

@@ -10,6 +10,7 @@ check them equal on the same weights.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,16 @@ def make_policy(weights: Mapping[str, np.ndarray], spaces: EnvSpaces, torch_thre
 
     torch.set_num_threads(torch_threads)
     return TorchDPGPolicy(weights, layout=spaces.layout, input_scale=spaces.input_scale)
+
+
+def make_greedy_module(weights: Mapping[str, np.ndarray], spaces: EnvSpaces) -> Any:
+    """A torch module (`torch_policy.GreedyDPG`) from a batch of observations to the policy's actions, float32
+    [batch, action_dim] inside the bounds: the policy as `apexrl export` writes it (the critic left out). One-hot
+    encoded Discrete observations are taken as int64 indices."""
+    from apexrl.algorithms.dpg.torch_policy import greedy_module
+
+    one_hot = spaces.obs_dim if spaces.obs_one_hot else 0
+    return greedy_module(weights, spaces.layout, spaces.input_scale, one_hot).eval()
 
 
 class DPGPolicy:

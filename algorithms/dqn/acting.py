@@ -9,6 +9,7 @@ check both against the learner's modules on the same weights.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +30,15 @@ def make_policy(weights: Mapping[str, np.ndarray], spaces: EnvSpaces, torch_thre
 
     torch.set_num_threads(torch_threads)
     return TorchDuelingPolicy(weights, layout=spaces.layout, input_scale=spaces.input_scale)
+
+
+def make_greedy_module(weights: Mapping[str, np.ndarray], spaces: EnvSpaces) -> Any:
+    """A torch module (`torch_policy.GreedyQ`) from a batch of observations to the greedy actions, int64 [batch]:
+    the policy as `apexrl export` writes it. One-hot encoded Discrete observations are taken as int64 indices."""
+    from apexrl.algorithms.dqn.torch_policy import DuelingQModule, GreedyQ
+
+    one_hot = spaces.obs_dim if spaces.obs_one_hot else 0
+    return GreedyQ(DuelingQModule(weights, layout=spaces.layout, input_scale=spaces.input_scale), one_hot).eval()
 
 
 class QPolicy:

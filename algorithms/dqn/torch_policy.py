@@ -1,4 +1,5 @@
-"""The actor's Q-network evaluated with torch: convolutional networks, batched over the actor's environments.
+"""The actor's Q-network evaluated with torch: convolutional networks, batched over the actor's environments, and
+the greedy module `apexrl export` writes.
 
 Built from the published weights alone, as `NumpyDuelingPolicy` is: the convolutions from `conv.N.weight`/`bias`
 and `conv_strides` (a ReLU after each, no padding), the fully connected `torso.N` layers, and the dueling head
@@ -12,11 +13,44 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from torch import nn
 
 from apexrl.algorithms.dqn.acting import QPolicy
-from apexrl.algorithms.torch_forward import ConvTorso, layers, relu_stack, tensor
+from apexrl.algorithms.torch_forward import ConvTorso, DenseStack, OneHot, batch_tensor, linear
 from apexrl.common.spaces import CHW
+
+
+class DuelingQModule(nn.Module):
+    """Q(s, .) [batch, num_actions] of a (convolutional) dueling Q-network's named weights."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray], layout: str = CHW, input_scale: float = 1.0) -> None:
+        super().__init__()
+        try:
+            self.conv = ConvTorso(weights, "", layout, input_scale)
+            self.torso = DenseStack(weights, "torso")
+            self.value = linear(weights, "value")
+            self.advantage = linear(weights, "advantage")
+        except KeyError as err:
+            raise ValueError(f"weights are not a dueling Q-network state dict: missing {err}") from None
+        if not len(self.torso.layers):
+            raise ValueError("weights are not a dueling Q-network state dict: no torso layers")
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.torso(self.conv(obs))
+        value, advantage = self.value(x), self.advantage(x)
+        return value + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+class GreedyQ(nn.Module):
+    """Observations [batch, ...] (int64 indices [batch] with `one_hot` n) -> greedy actions, int64 [batch]."""
+
+    def __init__(self, q: DuelingQModule, one_hot: int = 0) -> None:
+        super().__init__()
+        self.encode = OneHot(one_hot)
+        self.q = q
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.q(self.encode(obs)).argmax(dim=1)
 
 
 class TorchDuelingPolicy(QPolicy):
@@ -27,25 +61,12 @@ class TorchDuelingPolicy(QPolicy):
     """
 
     def __init__(self, weights: Mapping[str, np.ndarray], layout: str = CHW, input_scale: float = 1.0) -> None:
-        try:
-            self._conv = ConvTorso(weights, "", layout, input_scale)
-            self._torso = layers(weights, "torso")
-            self._value = (tensor(weights, "value.weight"), tensor(weights, "value.bias"))
-            self._advantage = (tensor(weights, "advantage.weight"), tensor(weights, "advantage.bias"))
-        except KeyError as err:
-            raise ValueError(f"weights are not a dueling Q-network state dict: missing {err}") from None
-        if not self._torso:
-            raise ValueError("weights are not a dueling Q-network state dict: no torso layers")
+        self.net = DuelingQModule(weights, layout, input_scale)
         self.layout = layout
         self.input_scale = float(input_scale)
-        self.num_actions = int(self._advantage[0].shape[0])
-
-    @torch.no_grad()
-    def _q(self, obs: np.ndarray) -> torch.Tensor:
-        x = relu_stack(self._conv(np.asarray(obs)), self._torso)
-        value, advantage = F.linear(x, *self._value), F.linear(x, *self._advantage)
-        return value + advantage - advantage.mean(dim=1, keepdim=True)
+        self.num_actions = int(self.net.advantage.out_features)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q-values [batch, num_actions] for a batch of observations as the environment gives them."""
-        return self._q(obs).numpy()
+        with torch.no_grad():
+            return self.net(batch_tensor(obs)).numpy()

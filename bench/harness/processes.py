@@ -16,13 +16,14 @@ class Child:
     """A server process we started: waits for its port file; stopped by its pid with SIGTERM (then
     SIGKILL)."""
 
-    def __init__(self, name: str, argv: list[str], workdir: str) -> None:
+    def __init__(self, name: str, argv: list[str], workdir: str, env: dict[str, str] | None = None,
+                 cwd: str | None = None) -> None:
         self.name = name
         self.port_file = os.path.join(workdir, f"{name}.port")
         self.log_path = os.path.join(workdir, f"{name}.log")
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (open while the child runs)
         self.proc = subprocess.Popen(
-            [*argv, "--port-file", self.port_file], stdout=self._log, stderr=subprocess.STDOUT
+            [*argv, "--port-file", self.port_file], stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=cwd
         )
         self.port: int | None = None
 

@@ -1,5 +1,6 @@
-"""A real Prometheus server (Debian's `prometheus` package) scraping a real local fleet on loopback: `apexrl launch`
-writes its file-SD targets file, Prometheus (1 s scrapes, the project's rules loaded) scrapes every process, the
+"""A real Prometheus server (Debian's `prometheus` package) scraping a real local fleet on loopback, the fleet over
+mutual TLS (so that every process exports its certificates' expiry, which the certificate alerts read): `apexrl
+launch` writes its file-SD targets file, Prometheus (1 s scrapes, the project's rules loaded) scrapes every process, the
 key series move, every rule evaluates without error, and EVERY PromQL expression of the dashboards and the rules
 returns data; every series scraped is in docs/metrics.md. The run directory also holds the TensorBoard curves of
 the learner and of the launcher."""
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.certs import make_certs
 from tests.unit.monitoring.expressions import RULES, all_expressions, rules
 
 PROMETHEUS = shutil.which("prometheus")
@@ -144,13 +146,15 @@ def test_prometheus_scrapes_every_process_and_every_dashboard_and_rule_expressio
         tmp_path, env_id, dashboard, learner_curves):
     deadline = Deadline(BUDGET_SECONDS)
     run_dir = tmp_path / "run"
+    certs = make_certs(tmp_path / "certs")
     out, err = tmp_path / "launch.out", tmp_path / "launch.err"
     with open(out, "w") as stdout, open(err, "w") as stderr:
         launch = subprocess.Popen(
             [sys.executable, "-m", "apexrl.launcher", "launch", "--env", env_id, "--num-shards", "2",
              "--num-actors", "2", "--seed", "0", "--min-replay-size", "200", "--target-return", "1000",
              "--max-seconds", "150",
-             "--progress-seconds", "2", "--run-dir", str(run_dir)],
+             "--progress-seconds", "2", "--run-dir", str(run_dir),
+             "--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-ca", certs.ca],
             stdout=stdout, stderr=stderr, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     prometheus = None
 

@@ -157,3 +157,11 @@ def test_the_dqn_digest_runs_and_is_reproducible():
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-3000:]
     lines = runs[0].stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["learner", "actor"] and runs[1].stdout == runs[0].stdout
+
+
+@pytest.mark.timeout(150)
+def test_access_bench_quick_mode_measures_both_modes(tmp_path):
+    data = run_quick("access_bench.py", tmp_path)
+    for mode in ("single token", "roles"):
+        assert set(data["medians"][mode]) == {"insert rows/s", "sample(256)/s", "update(256)/s"}
+        assert all(value > 0 for value in data["medians"][mode].values()), data["medians"]

@@ -1,12 +1,15 @@
-"""The README's custom-actor example runs against a real shard and a real parameter service."""
+"""The examples run: the README's custom actor against a real shard and a real parameter service, and the
+custom-environment example (examples/custom_env/) as its README says."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from apexrl.actor import ReplayClient
 from apexrl.parameter_server.service import create_parameter_server
@@ -30,3 +33,29 @@ def test_custom_actor_example_fills_a_shard_and_pulls_weights(shard):
         batch = client.sample(32)
     assert set(batch.columns) == {"obs", "action", "reward", "discount", "next_obs"}
     assert set(np.unique(batch.columns["action"])) <= {0, 1}
+
+
+CUSTOM_ENV = Path(__file__).resolve().parents[2] / "examples" / "custom_env"
+
+
+@pytest.mark.slow
+def test_custom_env_example_trains_plays_and_exports(tmp_path):
+    """examples/custom_env/README.md as written, from its folder: the plugin module found in the working directory,
+    its constructor argument passed to every role, its registered reward_threshold reached ("solved"), then the
+    policy played through apexrl.load_policy and exported."""
+    apexrl = [sys.executable, "-m", "apexrl.launcher"]
+    run = tmp_path / "run"
+    done = subprocess.run([*apexrl, "launch", "--env-module", "corridor", "--env", "Corridor-v0", "--env-kwargs",
+                           '{"length": 6}', "--num-shards", "1", "--num-actors", "2", "--max-seconds", "150",
+                           "--run-dir", str(run)], cwd=CUSTOM_ENV, capture_output=True, text=True, timeout=240)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0 and result["solved"] and result["target_return"] == 1.0, done.stdout + done.stderr
+    played = subprocess.run([sys.executable, str(CUSTOM_ENV / "play.py"), str(run), "--episodes", "3"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert 'mean return 1.00 over 3 episodes of Corridor-v0 {"length": 6}' in played.stdout
+    evaluated = subprocess.run([*apexrl, "evaluate", str(run), "--episodes", "3"], cwd=CUSTOM_ENV,
+                               capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(evaluated.stdout.strip().splitlines()[-1])["mean_return"] == 1.0
+    exported = subprocess.run([*apexrl, "export", str(run), "--format", "torchscript"], capture_output=True,
+                              text=True, timeout=120, check=True)
+    assert json.loads(exported.stdout.strip().splitlines()[-1])["checked"] is True

@@ -2,10 +2,13 @@
 certificate for the names the tests dial (localhost, 127.0.0.1) that serves as both server and client
 certificate, a second node certificate naming only SERVER_NAME (a DNS name, no address: what a fleet's one
 certificate looks like when clients check `tls_server_name`), and a second, foreign CA with a client certificate
-of its own."""
+of its own. `issue` and `SecretVolume` make the certificates of the rotation tests and lay them out as a Kubernetes
+Secret volume that a renewal swaps."""
 
 from __future__ import annotations
 
+import datetime
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,3 +51,48 @@ def make_certs(directory: Path) -> Certs:
     for key in ("key", "foreign_key", "named_key"):
         paths[key].chmod(0o600)
     return Certs(**{name: str(path) for name, path in paths.items()})
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A certificate chain and its key as PEM bytes, with the CA that signed it."""
+
+    ca: trustme.CA
+    cert: bytes
+    key: bytes
+
+    @property
+    def ca_pem(self) -> bytes:
+        return self.ca.cert_pem.bytes()
+
+
+def issue(ca: trustme.CA | None = None, *names: str, not_after: datetime.datetime | None = None) -> Identity:
+    """A certificate for `names` (default: localhost and 127.0.0.1) signed by `ca` (default: a new CA)."""
+    ca = ca if ca is not None else trustme.CA()
+    leaf = ca.issue_cert(*(names or ("localhost", "127.0.0.1")), not_after=not_after)
+    return Identity(ca, b"".join(blob.bytes() for blob in leaf.cert_chain_pems), leaf.private_key_pem.bytes())
+
+
+class SecretVolume:
+    """TLS files laid out as Kubernetes mounts a Secret (which cert-manager renews): `tls.crt`, `tls.key` and
+    `ca.crt` are links into `..data`, a link to a timestamped directory; `write` swaps `..data` to a new directory
+    in one rename, so a reader sees the old files or the new ones, never a mix."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.cert, self.key, self.ca = (str(directory / name) for name in ("tls.crt", "tls.key", "ca.crt"))
+        self._writes = 0
+
+    def write(self, *, cert: bytes, key: bytes, ca: bytes) -> None:
+        self._writes += 1
+        version = self.directory / f"..2025_01_01_00_00_{self._writes:02d}.000000001"
+        version.mkdir()
+        for name, data in (("tls.crt", cert), ("tls.key", key), ("ca.crt", ca)):
+            (version / name).write_bytes(data)
+        staged = self.directory / "..data_tmp"
+        staged.symlink_to(version.name)
+        os.replace(staged, self.directory / "..data")
+        for name in ("tls.crt", "tls.key", "ca.crt"):
+            if not (self.directory / name).is_symlink():
+                (self.directory / name).symlink_to(f"..data/{name}")

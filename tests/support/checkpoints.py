@@ -1,10 +1,12 @@
-"""Learner checkpoints made by hand for the tests that play or resume them: a DQN checkpoint of a given network."""
+"""Learner checkpoints made by hand for the tests that play, export or resume them: a DQN checkpoint of a given
+network, and a checkpoint of either algorithm's freshly initialised networks."""
 
 from __future__ import annotations
 
 from torch import nn
 
 from apexrl.algorithms.torsos import state_dict_to_numpy
+from apexrl.common.env_settings import NO_KWARGS, EnvKwargs
 from apexrl.common.spaces import EnvSpaces
 from apexrl.learner.checkpoint import Checkpoint
 
@@ -22,3 +24,22 @@ def dqn_checkpoint(net: nn.Module, hidden_sizes: tuple[int, ...], *, env_id: str
                       "num_actions": spaces.num_actions},
         state={"online": state, "target": state, "optimizer": None},
         acting_weights=state_dict_to_numpy(net), updates=updates, weight_version=weight_version)
+
+
+def fresh_checkpoint(env: str, spaces: EnvSpaces, *, seed: int = 0, hidden_sizes: tuple[int, ...] = (16,),
+                     env_module: tuple[str, ...] = (), env_kwargs: EnvKwargs = NO_KWARGS) -> Checkpoint:
+    """A checkpoint of freshly initialised networks of the algorithm that plays `spaces` (DQN for Discrete actions,
+    DPG for a Box), written as the learner writes it: its state, architecture and acting weights."""
+    import torch
+
+    from apexrl.algorithms.registry import AUTO, for_spaces, with_defaults
+    from apexrl.learner.config import LearnerConfig
+
+    algorithm = for_spaces(AUTO, spaces, env)
+    config = with_defaults(LearnerConfig(replay=("127.0.0.1:7000",), env=env, hidden_sizes=hidden_sizes),
+                           algorithm, "learner")
+    torch.manual_seed(seed)
+    learning = algorithm.learning().make_learning(config, spaces, torch.device("cpu"))
+    return Checkpoint(env_id=env, algorithm=algorithm.name, spaces=spaces, architecture=learning.architecture,
+                      state=learning.state_dict(), acting_weights=learning.acting_weights(), updates=5,
+                      weight_version=2, env_module=env_module, env_kwargs=env_kwargs)

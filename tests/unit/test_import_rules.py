@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # Repository folder -> package (pyproject.toml's package-dir).
 PACKAGES = {
+    "apexrl": "apexrl",
     "common": "apexrl.common",
     "replay_server": "apexrl.replay_server",
     "parameter_server": "apexrl.parameter_server",
@@ -34,6 +35,7 @@ WIRE_EDGE = {
     "apexrl.common.errors",
     "apexrl.common.aio_grpc",
     "apexrl.common.grpc_util",
+    "apexrl.common.tls_reload",
     "apexrl.replay_server.client",
     "apexrl.replay_server.priority_stream",
     "apexrl.replay_server.service",
@@ -44,7 +46,8 @@ WIRE_EDGE = {
 }
 GRPC = ("grpc", "grpc_health", "grpc_reflection", "apexrl.proto")
 MODEL_LIBRARIES = ("torch", "apexrl.learner.learner", "apexrl.learner.checkpoint", "apexrl.learner.evaluate",
-                   "apexrl.algorithms.torsos", "apexrl.algorithms.torch_forward")
+                   "apexrl.learner.policy", "apexrl.learner.export", "apexrl.algorithms.torsos",
+                   "apexrl.algorithms.torch_forward")
 # The learner's half of every algorithm (torch networks, losses, updates): never in an actor's process.
 LEARNING_SIDE = ("apexrl.algorithms.torsos", "apexrl.algorithms.dqn.learning", "apexrl.algorithms.dqn.networks",
                  "apexrl.algorithms.dqn.losses", "apexrl.algorithms.dpg.learning", "apexrl.algorithms.dpg.networks",
@@ -184,7 +187,7 @@ def test_only_the_wire_edge_touches_grpc_and_generated_code():
 
 def test_the_replay_shard_and_the_sdk_never_import_torch_or_gymnasium():
     torch_free = ("apexrl.common", "apexrl.replay_server", "apexrl.parameter_server")
-    allowed = {"apexrl.common.environments"}  # gymnasium, used by the actor and learner only
+    allowed = {"apexrl.common.environments", "apexrl.common.env_adapters"}  # gymnasium: actor and learner only
 
     def rule(module: str, target: str) -> str | None:
         if under(module, torch_free) and module not in allowed and under(target, ("torch", "gymnasium")):
@@ -211,7 +214,7 @@ def test_a_rule_violation_is_caught(tmp_path):
 
 
 @pytest.mark.parametrize("module", [
-    "apexrl.replay_server.main", "apexrl.replay_server.service", "apexrl.parameter_server.main",
+    "apexrl", "apexrl.replay_server.main", "apexrl.replay_server.service", "apexrl.parameter_server.main",
     "apexrl.actor", "apexrl.learner", "apexrl.launcher.cli", "apexrl.algorithms.registry",
     "apexrl.algorithms.dqn.acting", "apexrl.algorithms.dpg.acting",
 ])

@@ -21,9 +21,12 @@ start-up setting `max_message_bytes`). Weights of any size travel in chunks: Fet
 most 1 MiB by default (setting `chunk_bytes`); a publisher chooses its own chunk size but every PublishRequest
 must stay under the limit (RESOURCE_EXHAUSTED otherwise, which ends the call; nothing is stored).
 
-Errors: every problem in a Publish stream is INVALID_ARGUMENT (a version that is not newer included) and
-stores nothing; the previous version stays current. Fetch and GetVersion have no errors of their own (only
-UNAUTHENTICATED and transport errors such as UNAVAILABLE or DEADLINE_EXCEEDED).
+Errors: a Publish that fails stores nothing; the previous version stays current. A problem in the stream itself
+is INVALID_ARGUMENT; a version outside the window above the current one is FAILED_PRECONDITION (read GetVersion
+and publish above it); the service's bounds answer RESOURCE_EXHAUSTED (a header declaring more than
+`max_weights_bytes`, 1 GiB by default; more than `max_concurrent_publishes` Publish calls at once, 4 by default)
+and DEADLINE_EXCEEDED (no message for `publish_idle_timeout` seconds, 30 by default). Fetch and GetVersion have
+no errors of their own (only UNAUTHENTICATED and transport errors such as UNAVAILABLE or DEADLINE_EXCEEDED).
 """
 
 from apexrl.proto import tensor_pb2 as _tensor_pb2
@@ -94,9 +97,10 @@ class WeightsHeader(_message.Message):
     TENSORS_FIELD_NUMBER: _builtins.int
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     version: _builtins.int
-    """Strictly greater than every version published before; versions start at 1 and are at most 2**64 - 1. In a
-    PublishRequest, 0 asks the server to assign the previous version + 1 (the reply says which version was
-    stored; concurrent publishers get distinct versions). In a FetchResponse, the version being sent.
+    """Strictly greater than every version published before, and at most 2**20 above the current one; versions
+    start at 1 and are at most 2**63 - 1 (so they fit signed 64-bit integers too). In a PublishRequest, 0 asks
+    the server to assign the previous version + 1 (the reply says which version was stored; concurrent
+    publishers get distinct versions). In a FetchResponse, the version being sent.
     """
     total_bytes: _builtins.int
     """Total bytes of the concatenation: must equal the sum of every tensor's nbytes, so the tensors tile

@@ -61,13 +61,17 @@ class ParameterServiceServicer:
         and every check passed; a stream that fails, or is cancelled before all its bytes arrived, stores nothing. A
         cancellation that arrives together with the end of a complete stream may be taken for that end (gRPC servers
         cannot always tell them apart): such a version is stored whole or not at all, never in part; the same holds
-        for a complete stream followed by a message over the size limit. A version-0 Publish (server-assigned) once
-        the current version is 2**64 - 1 is INVALID_ARGUMENT: no version is left.
+        for a complete stream followed by a message over the size limit.
         INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
         inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
-        than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
-        explicit version not greater than the current one (checked when the header arrives, before the bytes, and
-        again when the version is stored, in case another publisher got there first).
+        than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends.
+        FAILED_PRECONDITION for an explicit version not greater than the current one, more than 2**20 above it, or
+        above 2**63 - 1 (checked when the header arrives, before the bytes, and again when the version is stored, in
+        case another publisher got there first); the message names both versions. Also for a version-0 Publish
+        (server-assigned) once the current version is 2**63 - 1: no version is left.
+        RESOURCE_EXHAUSTED for a header whose total_bytes exceeds the service's max_weights_bytes (when the header
+        arrives, before any byte is buffered), or a Publish beyond max_concurrent_publishes in progress (at once).
+        DEADLINE_EXCEEDED when no message arrives for publish_idle_timeout seconds (the stream is aborted).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

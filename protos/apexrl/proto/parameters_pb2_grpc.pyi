@@ -21,9 +21,12 @@ start-up setting `max_message_bytes`). Weights of any size travel in chunks: Fet
 most 1 MiB by default (setting `chunk_bytes`); a publisher chooses its own chunk size but every PublishRequest
 must stay under the limit (RESOURCE_EXHAUSTED otherwise, which ends the call; nothing is stored).
 
-Errors: every problem in a Publish stream is INVALID_ARGUMENT (a version that is not newer included) and
-stores nothing; the previous version stays current. Fetch and GetVersion have no errors of their own (only
-UNAUTHENTICATED and transport errors such as UNAVAILABLE or DEADLINE_EXCEEDED).
+Errors: a Publish that fails stores nothing; the previous version stays current. A problem in the stream itself
+is INVALID_ARGUMENT; a version outside the window above the current one is FAILED_PRECONDITION (read GetVersion
+and publish above it); the service's bounds answer RESOURCE_EXHAUSTED (a header declaring more than
+`max_weights_bytes`, 1 GiB by default; more than `max_concurrent_publishes` Publish calls at once, 4 by default)
+and DEADLINE_EXCEEDED (no message for `publish_idle_timeout` seconds, 30 by default). Fetch and GetVersion have
+no errors of their own (only UNAUTHENTICATED and transport errors such as UNAVAILABLE or DEADLINE_EXCEEDED).
 """
 
 from apexrl.proto import parameters_pb2 as _parameters_pb2
@@ -61,13 +64,17 @@ class ParameterServiceStub:
     and every check passed; a stream that fails, or is cancelled before all its bytes arrived, stores nothing. A
     cancellation that arrives together with the end of a complete stream may be taken for that end (gRPC servers
     cannot always tell them apart): such a version is stored whole or not at all, never in part; the same holds
-    for a complete stream followed by a message over the size limit. A version-0 Publish (server-assigned) once
-    the current version is 2**64 - 1 is INVALID_ARGUMENT: no version is left.
+    for a complete stream followed by a message over the size limit.
     INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
     inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
-    than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
-    explicit version not greater than the current one (checked when the header arrives, before the bytes, and
-    again when the version is stored, in case another publisher got there first).
+    than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends.
+    FAILED_PRECONDITION for an explicit version not greater than the current one, more than 2**20 above it, or
+    above 2**63 - 1 (checked when the header arrives, before the bytes, and again when the version is stored, in
+    case another publisher got there first); the message names both versions. Also for a version-0 Publish
+    (server-assigned) once the current version is 2**63 - 1: no version is left.
+    RESOURCE_EXHAUSTED for a header whose total_bytes exceeds the service's max_weights_bytes (when the header
+    arrives, before any byte is buffered), or a Publish beyond max_concurrent_publishes in progress (at once).
+    DEADLINE_EXCEEDED when no message arrives for publish_idle_timeout seconds (the stream is aborted).
     """
     Fetch: _grpc.UnaryStreamMultiCallable[_parameters_pb2.FetchRequest, _parameters_pb2.FetchResponse]
     """Returns the newest weights when their version is not `have_version` (newer; or older, which means the service
@@ -90,13 +97,17 @@ class ParameterServiceAsyncStub(ParameterServiceStub):
     and every check passed; a stream that fails, or is cancelled before all its bytes arrived, stores nothing. A
     cancellation that arrives together with the end of a complete stream may be taken for that end (gRPC servers
     cannot always tell them apart): such a version is stored whole or not at all, never in part; the same holds
-    for a complete stream followed by a message over the size limit. A version-0 Publish (server-assigned) once
-    the current version is 2**64 - 1 is INVALID_ARGUMENT: no version is left.
+    for a complete stream followed by a message over the size limit.
     INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
     inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
-    than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
-    explicit version not greater than the current one (checked when the header arrives, before the bytes, and
-    again when the version is stored, in case another publisher got there first).
+    than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends.
+    FAILED_PRECONDITION for an explicit version not greater than the current one, more than 2**20 above it, or
+    above 2**63 - 1 (checked when the header arrives, before the bytes, and again when the version is stored, in
+    case another publisher got there first); the message names both versions. Also for a version-0 Publish
+    (server-assigned) once the current version is 2**63 - 1: no version is left.
+    RESOURCE_EXHAUSTED for a header whose total_bytes exceeds the service's max_weights_bytes (when the header
+    arrives, before any byte is buffered), or a Publish beyond max_concurrent_publishes in progress (at once).
+    DEADLINE_EXCEEDED when no message arrives for publish_idle_timeout seconds (the stream is aborted).
     """
     Fetch: _aio.UnaryStreamMultiCallable[_parameters_pb2.FetchRequest, _parameters_pb2.FetchResponse]  # type: ignore[assignment]
     """Returns the newest weights when their version is not `have_version` (newer; or older, which means the service
@@ -122,13 +133,17 @@ class ParameterServiceServicer(metaclass=_abc_1.ABCMeta):
         and every check passed; a stream that fails, or is cancelled before all its bytes arrived, stores nothing. A
         cancellation that arrives together with the end of a complete stream may be taken for that end (gRPC servers
         cannot always tell them apart): such a version is stored whole or not at all, never in part; the same holds
-        for a complete stream followed by a message over the size limit. A version-0 Publish (server-assigned) once
-        the current version is 2**64 - 1 is INVALID_ARGUMENT: no version is left.
+        for a complete stream followed by a message over the size limit.
         INVALID_ARGUMENT for: an empty stream or a first message without header; a header in a later message; an
         inconsistent layout (see TensorLayout and WeightsHeader); an unknown or unspecified dtype; a BOOL byte other
-        than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends; an
-        explicit version not greater than the current one (checked when the header arrives, before the bytes, and
-        again when the version is stored, in case another publisher got there first).
+        than 0 or 1; more bytes than total_bytes (refused as soon as they arrive) or fewer when the stream ends.
+        FAILED_PRECONDITION for an explicit version not greater than the current one, more than 2**20 above it, or
+        above 2**63 - 1 (checked when the header arrives, before the bytes, and again when the version is stored, in
+        case another publisher got there first); the message names both versions. Also for a version-0 Publish
+        (server-assigned) once the current version is 2**63 - 1: no version is left.
+        RESOURCE_EXHAUSTED for a header whose total_bytes exceeds the service's max_weights_bytes (when the header
+        arrives, before any byte is buffered), or a Publish beyond max_concurrent_publishes in progress (at once).
+        DEADLINE_EXCEEDED when no message arrives for publish_idle_timeout seconds (the stream is aborted).
         """
 
     @_abc_1.abstractmethod

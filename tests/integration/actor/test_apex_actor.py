@@ -5,6 +5,8 @@ writes one CSV line per episode."""
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 import gymnasium as gym
 import numpy as np
@@ -16,11 +18,11 @@ from apexrl.actor.apex_actor import MIN_PRIORITY
 from apexrl.algorithms.dqn.acting import NumpyDuelingPolicy
 from apexrl.algorithms.dqn.networks import DuelingQNetwork
 from apexrl.algorithms.torsos import state_dict_to_numpy
-from apexrl.common import grpc_util
+from apexrl.common.aio_grpc import AioServerThread
 from apexrl.common.discovery import ShardAddresses
 from apexrl.common.episodes import EVALUATE, EXPLORE, read_episodes
 from apexrl.common.metrics import RpcMetrics
-from apexrl.parameter_server.service import ParameterServicer
+from apexrl.parameter_server.service import SERVICE_NAME, ParameterServicer
 from apexrl.parameter_server.store import WeightStore
 from apexrl.proto import parameters_pb2_grpc
 from apexrl.replay_server.service import create_replay_server
@@ -82,6 +84,41 @@ def test_without_weights_it_gives_up_after_waiting(make_shard, params, run_actor
         run.join()
 
 
+def closed_port() -> int:
+    """A port nothing listens on (bound, read, released): dialling it is refused at once, as a learner's
+    parameter service is while the learner starts."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_weights_missing_while_the_learner_starts_are_info_and_warn_only_if_it_lasts(make_shard, run_actor,
+                                                                                      caplog, monkeypatch):
+    """`apexrl launch` starts actors while the learner starts, so every run's actors find the parameter service
+    unreachable at first: that is no fault, and is logged at INFO; a WARNING comes only once the start-up window is
+    over and the weights are still missing."""
+    import apexrl.actor.apex_actor as apex_actor
+
+    caplog.set_level(logging.INFO, logger="apexrl.actor")
+    address = f"127.0.0.1:{closed_port()}"
+    run = run_actor(params=address, replay=(make_shard().address,), weights_wait_seconds=1.0)
+    with pytest.raises(TimeoutError):
+        run.join()
+    records = [r for r in caplog.records if r.name == "apexrl.actor"]
+    assert [r.levelname for r in records if "weights" in r.getMessage()] == ["INFO"], caplog.text
+    assert f"waiting for the first weights from the parameter service at {address}" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(apex_actor, "STARTUP_WINDOW_SECONDS", 0.2)
+    monkeypatch.setattr(apex_actor, "FETCH_WARNING_PERIOD_SECONDS", 0.3)
+    run = run_actor(params=address, replay=(make_shard().address,), weights_wait_seconds=1.5)
+    with pytest.raises(TimeoutError):
+        run.join()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "apexrl.actor" and r.levelname == "WARNING"]
+    assert warnings and all(w.startswith(f"no weights from {address} after ") for w in warnings), caplog.text
+
+
 def test_batches_for_a_shard_that_is_down_fail_over_to_the_next_one(make_shard, params, run_actor):
     shards = shards_of(make_shard, 3)
     shards[1].server.stop(0)  # down from the start: its client accepts 8 batches (max in flight), then is full
@@ -134,20 +171,20 @@ class CancellingServicer(ParameterServicer):
 
     cancel = False
 
-    def Fetch(self, request, context):  # noqa: N802 (gRPC name)
+    async def Fetch(self, request, context):  # noqa: N802 (gRPC name)
         if self.cancel:
-            context.abort(grpc.StatusCode.CANCELLED, "the parameter service is stopping")
-        yield from super().Fetch(request, context)
+            await context.abort(grpc.StatusCode.CANCELLED, "the parameter service is stopping")
+        async for response in super().Fetch(request, context):
+            yield response
 
 
 def test_a_pull_cut_off_by_the_parameter_service_stopping_does_not_end_the_actor(make_shard, run_actor):
     shard = make_shard(TableConfig(capacity=100_000, alpha=1.0))
     registry, store = CollectorRegistry(), WeightStore()
     servicer = CancellingServicer(store, RpcMetrics(registry, "params"), registry)
-    server = grpc_util.create_server(max_workers=4)
-    parameters_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, server)
-    port = grpc_util.bind(server, "127.0.0.1:0")
-    server.start()
+    server = AioServerThread(lambda s: parameters_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, s),
+                             [SERVICE_NAME], max_message_bytes=4 * 1024 * 1024)
+    port = server.start("127.0.0.1:0")
     try:
         store.publish(weights(0))
         run = run_actor(params=f"127.0.0.1:{port}", replay=(shard.address,), pull_every=20,
@@ -163,7 +200,8 @@ def test_a_pull_cut_off_by_the_parameter_service_stopping_does_not_end_the_actor
 
 
 def test_the_evaluator_plays_rounds_of_greedy_episodes_each_round_with_the_newest_weights(make_shard, params,
-                                                                                          run_actor):
+                                                                                          run_actor, caplog):
+    caplog.set_level(logging.INFO, logger="apexrl.actor")
     shard = make_shard()
     service = params()
     service.store.publish(weights(0))
@@ -177,6 +215,13 @@ def test_the_evaluator_plays_rounds_of_greedy_episodes_each_round_with_the_newes
     assert len(episodes) == 10 and all(e.role == EVALUATE for e in episodes)
     assert [e.weight_version for e in episodes] == [1] * 5 + [2] * 5  # one version per round, the newest
     assert shard.table.info().inserted_total == 0
+    # Its log says how the greedy policy does: one line per round (docs/deploy-kubernetes.md, "Watch").
+    rounds = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evaluation round")]
+    for k, line in enumerate(rounds):
+        mean = sum(e.episode_return for e in episodes[5 * k:5 * k + 5]) / 5
+        assert line.startswith(f"evaluation round {k + 1} (weights v{k + 1}): 5 greedy episodes, mean return "
+                               f"{mean:.1f} (min "), line
+    assert len(rounds) == 2, caplog.text
 
 
 class CounterEnv(gym.Env):

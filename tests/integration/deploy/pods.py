@@ -37,7 +37,8 @@ What each piece does, and how close it is to a cluster:
   group fsGroup (what fsGroup does to a fresh volume); ConfigMap volumes hold the ConfigMap's keys, read-only;
   Secret volumes hold the Secret's keys (`data` decoded, `stringData`; `items`), read-only, owned by root with
   `defaultMode` (or the item's mode) and, with an fsGroup, that group and the group read bit, as the kubelet
-  sets them. A Secret is not part of the manifests: the test adds it to the objects (a pod mounting one that is
+  sets them; a projected volume of Secrets holds each source's items (an `optional` Secret that is not there adds
+  nothing). A Secret is not part of the manifests: the test adds it to the objects (a pod mounting one that is
   not there would never start: Unsupported). A mount point under a directory holding mounts of its own (`/etc`,
   where `ip netns exec` binds the pod's hosts file) keeps them: they are bound again over the overlay.
 - **Cluster DNS** is each namespace's /etc/hosts (`ip netns exec` binds /etc/netns/NETNS/hosts over /etc/hosts) plus
@@ -53,6 +54,14 @@ What each piece does, and how close it is to a cluster:
 - **ClusterIP Services (kube-proxy)**: each gets its own namespace, whose address is the Service's virtual IP, running
   a TCP proxy (`proxy_main`) that forwards each Service port to `targetPort` (a number, or a containerPort by name)
   of a Ready endpoint, round-robin, and resets the connection when there is none (kube-proxy's REJECT).
+- **NetworkPolicies**, as a network plugin enforces them (`plan_firewall`): each pod's namespace gets iptables
+  rules (IPv4; IPv6 closed where IPv4 is isolated) from the rendered policies, evaluated by the same function as
+  the offline checks (`manifests.connection_allowed`): an isolated direction drops everything but loopback,
+  replies, traffic from the node (the kubelet) and each allowed (peer address, port). A ClusterIP Service's proxy
+  hides the client's address from the endpoint, so the proxy applies the endpoints' ingress policies itself (it
+  resets a connection no endpoint admits: a plugin would drop it). `visitors` are pods that are not the fleet's
+  (Prometheus, an intruder): a namespace each, with the labels and namespace the policies match, running what
+  the test runs there (`Cluster.run_in`).
 - **Probes**, as the kubelet runs them, from the test process: startupProbe every periodSeconds until it passes
   (failureThreshold failures: the pod fails, where the kubelet would restart the container), then readinessProbe
   (Ready after successThreshold successes, NotReady after failureThreshold failures) and livenessProbe (a failed
@@ -65,7 +74,7 @@ What each piece does, and how close it is to a cluster:
 Anything in a manifest this cannot emulate (another probe kind, init or sidecar containers, lifecycle hooks,
 env from Secrets, other fieldRefs, hostNetwork, ...) raises `Unsupported` naming it, never silently passes. Not
 emulated (listed so nobody mistakes them for tested): resource requests and limits (peak RSS is reported for
-comparison), the seccomp profile, the NetworkPolicy, PID namespaces (the container's process is not PID 1), PVC
+comparison), the seccomp profile, a DNS server (the DNS egress rule has nothing to reach), PID namespaces (the container's process is not PID 1), PVC
 persistence across restarts, the scheduler (topology spread, PDB), restarts (a failed pod fails the test), the API
 server (no KUBERNETES_SERVICE_* variables, no service-account token), image pulls (the image is this checkout),
 Secret updates reaching a mounted volume.
@@ -94,7 +103,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -422,15 +431,16 @@ def _check_supported(fleet: m.Fleet, workload: dict) -> None:
     claims = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
     for volume in spec.get("volumes", []):
         kinds = [k for k in volume if k != "name"]
-        if kinds not in (["emptyDir"], ["persistentVolumeClaim"], ["configMap"], ["secret"]):
+        if kinds not in (["emptyDir"], ["persistentVolumeClaim"], ["configMap"], ["secret"], ["projected"]):
             problems.append(f"volume {volume['name']} of kind {kinds}")
         if "configMap" in volume and fleet.get("ConfigMap", volume["configMap"]["name"]) is None:
             problems.append(f"volume {volume['name']}: ConfigMap {volume['configMap']['name']} is not rendered")
-        secret = volume.get("secret")
-        if secret is not None and not secret.get("optional") and fleet.get("Secret", secret.get("secretName", "")) \
-                is None:
-            problems.append(f"volume {volume['name']}: Secret {secret.get('secretName')} is not among the objects "
-                            f"(the pod would never start; the test adds the Secrets the manifests expect)")
+        sources = [list(s) for s in (volume.get("projected") or {}).get("sources", [])]
+        if any(s != ["secret"] for s in sources):
+            problems.append(f"volume {volume['name']}: projected sources {sources} (only Secrets are emulated)")
+        for name in m.volume_files(fleet, volume)[1] if kinds in (["secret"], ["projected"]) else []:
+            problems.append(f"volume {volume['name']}: Secret {name} is not among the objects (the pod would "
+                            f"never start; the test adds the Secrets the manifests expect)")
     for c in spec.get("containers", []):
         if c.get("lifecycle"):
             problems.append(f"container {c['name']}: lifecycle hooks")
@@ -589,6 +599,97 @@ def dry_run(objects: list[dict]) -> tuple[list[Pod], list[Service]]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# NetworkPolicies: a CNI that enforces them, in miniature (iptables in each pod's own network namespace)
+
+@dataclass
+class Firewall:
+    rules: dict[str, str]                                    # namespace label -> iptables-restore input
+    proxy_sources: dict[str, dict[str, list[str] | None]]    # Service -> endpoint "ip:port" -> admitted sources
+    isolated: dict[str, tuple[bool, bool]]                   # namespace label -> (ingress, egress) isolated
+
+
+def pod_endpoint(fleet: m.Fleet, pod: Pod) -> m.Endpoint:
+    """A pod as the NetworkPolicies see it: its labels (the controller's too), namespace, ports and address."""
+    ports = {p.get("name", str(p["containerPort"])): (int(p["containerPort"]), p.get("protocol", "TCP"))
+             for p in pod.container.get("ports", [])}
+    return m.Endpoint(m.component(pod.workload), fleet.namespace, dict(pod.labels),
+                      m.namespace_labels(fleet, fleet.namespace), ports, ip=pod.ip)
+
+
+def plan_firewall(fleet: m.Fleet, pods: list[Pod], services: list[Service], visitors: list[m.Endpoint],
+                  node: str) -> Firewall:
+    """The rules that make each pod's namespace admit and send exactly what the rendered NetworkPolicies allow
+    (m.connection_allowed, the evaluator the offline checks use): for an isolated direction, a DROP policy, then
+    loopback, replies (conntrack), traffic from the node (the kubelet's probes: NetworkPolicies cannot block a
+    pod's own node) and one ACCEPT per allowed (peer address, port). A ClusterIP Service's virtual address is a proxy here, not a
+    DNAT: egress to it is allowed when egress to one of its endpoints' targetPort is, ingress from it on those
+    ports, and the proxy admits a client only to endpoints whose policies admit that client (proxy_sources)."""
+    endpoints = {pod.label: pod_endpoint(fleet, pod) for pod in pods}
+    peers = [*endpoints.values(), *visitors]
+    vips = [s for s in services if not s.headless]
+    rules, isolated, proxy_sources = {}, {}, {}
+    for svc in vips:
+        table: dict[str, list[str] | None] = {}
+        for pod in pods:
+            if not m.labels_match(svc.selector, pod.labels):
+                continue
+            me = endpoints[pod.label]
+            for port in svc.ports:
+                number = pod.port(port.get("targetPort", port["port"]))
+                admits = None if not m.isolating(fleet, me, "Ingress") else [node] + sorted(
+                    e.ip for e in peers if e is not me and m.connection_allowed(fleet, e, me, number))
+                table[f"{pod.ip}:{number}"] = admits
+        proxy_sources[svc.name] = table
+    for label, me in [*endpoints.items(), *((v.name, v) for v in visitors)]:
+        inbound = bool(m.isolating(fleet, me, "Ingress"))
+        outbound = bool(m.isolating(fleet, me, "Egress"))
+        isolated[label] = (inbound, outbound)
+        lines = ["*filter", f":INPUT {'DROP' if inbound else 'ACCEPT'} [0:0]", ":FORWARD ACCEPT [0:0]",
+                 f":OUTPUT {'DROP' if outbound else 'ACCEPT'} [0:0]"]
+        if inbound:
+            lines += ["-A INPUT -i lo -j ACCEPT", "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+                      f"-A INPUT -s {node}/32 -j ACCEPT"]
+            for src in peers:
+                for number, protocol in sorted(set(me.ports.values())):
+                    if src is not me and m.connection_allowed(fleet, src, me, number, protocol):
+                        lines.append(f"-A INPUT -s {src.ip}/32 -p {protocol.lower()} --dport {number} -j ACCEPT")
+            for svc in vips:
+                for endpoint in proxy_sources[svc.name]:
+                    ip, _, number = endpoint.rpartition(":")
+                    if ip == me.ip:
+                        lines.append(f"-A INPUT -s {svc.vip}/32 -p tcp --dport {number} -j ACCEPT")
+        if outbound:
+            lines += ["-A OUTPUT -o lo -j ACCEPT", "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"]
+            for dst in peers:
+                for number, protocol in sorted(set(dst.ports.values())):
+                    if dst is not me and m.connection_allowed(fleet, me, dst, number, protocol):
+                        lines.append(f"-A OUTPUT -d {dst.ip}/32 -p {protocol.lower()} --dport {number} -j ACCEPT")
+            for svc in vips:
+                members = [pod for pod in pods if m.labels_match(svc.selector, pod.labels)]
+                for port in svc.ports:
+                    target = port.get("targetPort", port["port"])
+                    if any(m.connection_allowed(fleet, me, endpoints[pod.label], pod.port(target)) for pod in members):
+                        lines.append(f"-A OUTPUT -d {svc.vip}/32 -p tcp --dport {port['port']} -j ACCEPT")
+        rules[label] = "\n".join([*lines, "COMMIT", ""])
+    return Firewall(rules, proxy_sources, isolated)
+
+
+def apply_firewall(netns: str, rules: str) -> None:
+    """Load `rules` into the namespace (IPv4), and close IPv6 wherever IPv4 is isolated (nothing here dials it)."""
+    for tool, text in (("iptables-restore", rules), ("ip6tables-restore", _ipv6_rules(rules))):
+        done = subprocess.run(["ip", "netns", "exec", netns, tool], input=text, capture_output=True, text=True,
+                              timeout=30)
+        if done.returncode != 0:
+            raise Unsupported(f"{tool} in {netns} failed ({done.stderr.strip()}); NetworkPolicies need iptables")
+
+
+def _ipv6_rules(rules: str) -> str:
+    keep = [line for line in rules.splitlines() if line.startswith(("*", ":", "COMMIT")) or " -i lo " in line
+            or " -o lo " in line or "conntrack" in line]
+    return "\n".join(keep) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The cluster
 
 class Cluster:
@@ -596,11 +697,17 @@ class Cluster:
     the `netns_network` fixture's factory (it tears the namespaces down, killing what is left in them)."""
 
     def __init__(self, objects: list[dict], make_network: Callable[..., NamespaceNetwork], workdir: Path,
-                 *, log: Callable[[str], None] = print) -> None:
+                 *, log: Callable[[str], None] = print, visitors: Sequence[m.Endpoint] = ()) -> None:
         self.fleet = m.Fleet(objects)
         self.namespace = self.fleet.namespace
         self.pods = plan_pods(self.fleet)
         self.services = plan_services(self.fleet)
+        # Pods that are not the fleet's (Prometheus, an intruder): a network namespace each, with their labels and
+        # namespace as the NetworkPolicies see them, running nothing until the test runs something there.
+        self.visitors = {v.name: v for v in visitors}
+        clash = set(self.visitors) & {p.label for p in self.pods}
+        if clash:
+            raise ValueError(f"visitors {sorted(clash)} have the names of pods")
         self.images = {pod.name: image_of(pod.container["image"]) for pod in self.pods}  # unknown: Unsupported
         self.workdir = workdir
         self.log = log
@@ -611,6 +718,7 @@ class Cluster:
         self._threads: list[threading.Thread] = []
         self._logs: list[Any] = []
         self._proxies: dict[str, subprocess.Popen] = {}
+        self.firewall = Firewall({}, {}, {})
         self.t0 = time.monotonic()
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
@@ -627,14 +735,20 @@ class Cluster:
         vips = [s for s in self.services if not s.headless]
         for svc in vips:
             svc.label = f"svc-{svc.name}"[:NETNS_NAME_MAX]
-        names = [p.label for p in self.pods] + [s.label for s in vips]
+        names = [p.label for p in self.pods] + [s.label for s in vips] + list(self.visitors)
         self.network = self._make_network(names, reach_from_host=True)
         for svc in vips:
             svc.vip = self.network.address(svc.label)
         for pod in self.pods:
             pod.ip = self.network.address(pod.label)
+        for name, visitor in self.visitors.items():
+            visitor.ip = self.network.address(name)
         self.t0 = time.monotonic()
         prepare(self.fleet, self.pods, self.services)  # every command line before any process starts
+        self.firewall = plan_firewall(self.fleet, self.pods, self.services, list(self.visitors.values()),
+                                      self.network.host_address or "")
+        for label, rules in self.firewall.rules.items():
+            apply_firewall(self.network[label].netns, rules)
         for svc in vips:
             self._start_proxy(svc)
         self._publish()
@@ -672,6 +786,14 @@ class Cluster:
 
     def service_port(self, service: str, port_name: str) -> int:
         return next(int(p["port"]) for p in self.service(service).ports if p.get("name") == port_name)
+
+    def run_in(self, name: str, argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """Run `argv` (as root, not sandboxed) in the network namespace of pod or visitor `name`: what a process
+        there can reach, under that pod's NetworkPolicies."""
+        assert self.network is not None
+        label = self.pod(name).label if name not in self.visitors else name
+        return self.network.run(label, argv, timeout=timeout, cwd=REPO,
+                                env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"})
 
     def all_ready(self) -> bool:
         return all(p.ready for p in self.pods)
@@ -731,12 +853,14 @@ class Cluster:
             lines.append(f"  --- {p.name} log:\n" + "\n".join(f"    {line[:200]}" for line in tail))
         return "pods:\n" + "\n".join(lines)
 
-    def hosts_of(self, pod: Pod) -> dict[str, list[str]]:
-        """Pod `pod`'s /etc/hosts: what the kubelet writes, then the cluster DNS's answers."""
+    def hosts_of(self, pod: Pod | None) -> dict[str, list[str]]:
+        """Pod `pod`'s /etc/hosts: what the kubelet writes, then the cluster DNS's answers (a visitor: the
+        answers only)."""
         entries: dict[str, list[str]] = {}
-        if pod.subdomain:
+        if pod is not None and pod.subdomain:
             entries[f"{pod.hostname}.{pod.subdomain}.{self.namespace}.svc.{CLUSTER_DOMAIN}"] = [pod.ip]
-        entries[pod.hostname] = [pod.ip]
+        if pod is not None:
+            entries[pod.hostname] = [pod.ip]
         for svc in self.services:
             if not svc.headless:
                 for name in service_forms(svc.name, self.namespace):
@@ -765,15 +889,16 @@ class Cluster:
             resolv = (f"# written by tests/integration/deploy/pods.py (kubelet-style; nothing answers DNS here)\n"
                       f"search {self.namespace}.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}\n"
                       f"nameserver 127.0.0.1\noptions ndots:5\n")
-            for pod in self.pods:
-                self.network.set_hosts(self.hosts_of(pod), only=[pod.label], namespace_names=False)
-                path = NETNS_ETC / self.network[pod.label].netns / "resolv.conf"
+            for label, entries in [*((p.label, self.hosts_of(p)) for p in self.pods),
+                                   *((name, self.hosts_of(None)) for name in self.visitors)]:
+                self.network.set_hosts(entries, only=[label], namespace_names=False)
+                path = NETNS_ETC / self.network[label].netns / "resolv.conf"
                 if not path.exists():
                     path.write_text(resolv)
             for svc in self.services:
                 if svc.headless:
                     continue
-                table = {}
+                table: dict[str, Any] = {"sources": self.firewall.proxy_sources.get(svc.name, {})}
                 for port in svc.ports:
                     target = port.get("targetPort", port["port"])
                     table[str(port["port"])] = [f"{p.ip}:{p.port(target)}" for p in self._endpoints(svc)]
@@ -871,8 +996,8 @@ class Cluster:
                         (path / item["path"]).write_text(data[item["key"]])
                         os.chmod(path / item["path"], 0o644)
                     os.chmod(path, 0o755)
-                elif "secret" in volume:
-                    self._secret_volume(path, volume["secret"], fs_group)
+                elif "secret" in volume or "projected" in volume:
+                    self._secret_volume(path, volume, fs_group)
                 elif name in claims or "persistentVolumeClaim" in volume:
                     # A fresh volume is root's; fsGroup gives the pod's group write access (setgid).
                     os.chown(path, 0, int(fs_group) if fs_group is not None else 0)
@@ -884,23 +1009,23 @@ class Cluster:
                 made[name] = path
             source = made[name] / mount["subPath"] if mount.get("subPath") else made[name]
             source.mkdir(parents=True, exist_ok=True)
-            read_only = bool(mount.get("readOnly") or {"configMap", "secret"} & set(volumes.get(name, {})))
+            read_only = bool(mount.get("readOnly")
+                             or {"configMap", "secret", "projected"} & set(volumes.get(name, {})))
             mounts.append({"path": mount["mountPath"], "source": str(source), "read_only": read_only})
         return mounts
 
-    def _secret_volume(self, path: Path, source: dict, fs_group: Any) -> None:
-        """A Secret volume's files as the kubelet writes them: root's, with defaultMode (or the item's mode); with
-        an fsGroup, that group, plus the group read bit (the kubelet's ownership of a read-only volume)."""
-        files = m.secret_volume_files(self.fleet, source) or {}
-        modes = {item["path"]: item["mode"] for item in source.get("items") or [] if "mode" in item}
+    def _secret_volume(self, path: Path, volume: dict, fs_group: Any) -> None:
+        """A Secret volume's files (or a projected volume's, from its Secrets) as the kubelet writes them: root's,
+        with defaultMode (or the item's mode); with an fsGroup, that group, plus the group read bit (the kubelet's
+        ownership of a read-only volume). An optional Secret that is not there adds no file."""
+        files = m.volume_files(self.fleet, volume)[0] or {}
         group = int(fs_group) if fs_group is not None else 0
         for relative, data in files.items():
             target = path / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-            mode = modes.get(relative, source.get("defaultMode", 0o644))
             os.chown(target, 0, group)
-            os.chmod(target, mode | (0o440 if fs_group is not None else 0))
+            os.chmod(target, m.file_mode(volume, relative) | (0o440 if fs_group is not None else 0))
         for directory in [path, *(d for d in path.rglob("*") if d.is_dir())]:
             os.chown(directory, 0, group)
             os.chmod(directory, 0o755 if fs_group is None else 0o2755)
@@ -1287,6 +1412,14 @@ def proxy_main(endpoints_path: str, ports: list[int]) -> None:
         ready = endpoints(port)
         if not ready:
             writer.transport.abort()  # no Ready endpoint: kube-proxy rejects the connection
+            return
+        # The NetworkPolicies of the endpoint pods (the CNI sees the client's address; a userspace proxy hides it,
+        # so the proxy applies them: only endpoints that admit this client).
+        client = writer.get_extra_info("peername")[0]
+        sources = state["table"].get("sources", {})
+        ready = [e for e in ready if sources.get(e) is None or client in sources[e]]
+        if not ready:
+            writer.transport.abort()
             return
         host, _, target = ready[next(turn) % len(ready)].rpartition(":")
         try:

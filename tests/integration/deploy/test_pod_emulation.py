@@ -10,16 +10,25 @@ SIGTERM.
 The second test breaks a copy of the manifests in a way the offline checks (tests/unit/deploy) do not see, and
 requires the emulation to report that the fleet cannot reach its shards.
 
-The third runs the TLS component (overlays/small-cpu-tls with one actor): the Secret it mounts is made here with
-trustme, for the one name every client checks (apexrl-replay.apexrl.svc), and added to the objects as cert-manager
-would create it. The fleet must train over mutual TLS between pod addresses that certificate does not name, with
-the probes on the plaintext health ports while the gRPC ports refuse plaintext.
+The third runs the TLS component (overlays/small-cpu-tls with one actor): the Secrets it mounts (a certificate per
+role, the servers' for the one name every client checks, apexrl-replay.apexrl.svc) are made here as the guide makes
+them (tests/unit/deploy/fleet_secrets.py) and added to the objects. The fleet must train over mutual TLS between
+pod addresses that certificate does not name, with the probes on the plaintext health ports while the gRPC ports
+refuse plaintext, each pod holding its own role's key only.
+
+The fourth runs the production overlay's security (components tls + roles) on the small fleet, with the
+NetworkPolicies enforced (every test here enforces them) and three visitors: Prometheus, an intruder pod of the
+fleet's namespace, an actor-labelled pod of another namespace. The fleet must train with its role tokens; what each
+role may not do must be refused, for real: the actor's own credentials from its own pod (Sample, UpdatePriorities,
+Checkpoint, Publish: PERMISSION_DENIED), a shard's key with the learner token the shard holds (its certificate
+cannot dial), a certificate without a token (UNAUTHENTICATED), and every connection the policies do not allow.
 """
 
 from __future__ import annotations
 
 import copy
-import os
+import json
+import re
 import shutil
 import sys
 import textwrap
@@ -30,19 +39,21 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from apexrl.common.errors import UnavailableError
+from apexrl.common.errors import UnauthenticatedError, UnavailableError
 from apexrl.common.grpc_util import make_channel
 from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.replay_server.client import ReplayClient
 from tests.integration.deploy import pods
-from tests.support.certs import SERVER_NAME, make_certs
+from tests.unit.deploy import fleet_secrets
 from tests.unit.deploy import manifests as m
 
 pytest_plugins = ("tests.support.fixtures",)
 pytestmark = pytest.mark.skipif(m.kubectl_missing() is not None, reason=m.kubectl_missing() or "")
 
 OVERLAY = "overlays/small-cpu"
+# The one name every client checks the servers' certificates against (--tls-server-name, components/tls).
+SERVER_NAME = "apexrl-replay.apexrl.svc"
 # Everything below must happen within BUDGET seconds of the pods' start, so a slow machine fails with the fleet's
 # state (PodFailure) rather than with pytest-timeout's traceback; SIGTERM and the teardown need the rest.
 BUDGET = 170.0
@@ -83,7 +94,8 @@ def check_sandbox(pod: pods.Pod) -> None:
     assert facts["cap_eff"] == 0 and facts["no_new_privs"] == (sc.get("allowPrivilegeEscalation") is False), facts
     assert facts["hostname"] == pod.name, (pod.name, facts)
     if sc.get("readOnlyRootFilesystem"):
-        projected = {v["name"] for v in m.pod_spec(pod.workload).get("volumes", []) if {"configMap", "secret"} & set(v)}
+        projected = {v["name"] for v in m.pod_spec(pod.workload).get("volumes", [])
+                     if {"configMap", "secret", "projected"} & set(v)}
         volumes = sorted(v["mountPath"] for v in pod.container.get("volumeMounts", [])
                          if not v.get("readOnly") and v["name"] not in projected)
         assert facts["writable"] == volumes, f"{pod.name} can write to {facts['writable']}, its volumes: {volumes}"
@@ -258,18 +270,20 @@ def test_a_shard_port_the_service_does_not_use_is_reported(netns_network, tmp_pa
 TLS_BUDGET = 50.0
 
 
-def tls_overlay(tmp_path: Path) -> Path:
-    """overlays/small-cpu-tls with one actor (every workload the component patches, one pod each but the two
-    shards, whose different addresses the one certificate must cover), in a copy of k8s/."""
+def small_overlay(tmp_path: Path, base: str, components: tuple[str, ...] = ()) -> Path:
+    """`base` (an overlay under k8s/overlays) with one actor and the given components, in a copy of k8s/: every
+    workload the components patch, one pod each but the two shards (whose different addresses the servers'
+    certificate must cover)."""
     copy = tmp_path / "k8s"
     shutil.copytree(m.K8S, copy)
-    overlay = copy / "overlays" / "tls-test"
+    overlay = copy / "overlays" / "emulated"
     overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(textwrap.dedent("""\
+    listed = "".join(f"  - ../../components/{c}\n" for c in components)
+    (overlay / "kustomization.yaml").write_text(textwrap.dedent(f"""\
         apiVersion: kustomize.config.k8s.io/v1beta1
         kind: Kustomization
         resources:
-          - ../small-cpu-tls
+          - ../{base}
         replicas:
           - name: apexrl-actor
             count: 1
@@ -278,7 +292,7 @@ def tls_overlay(tmp_path: Path) -> Path:
             behavior: merge
             literals:
               - APEXRL_NUM_ACTORS=1
-        """))
+        """) + (f"components:\n{listed}" if components else ""))
     return overlay
 
 
@@ -291,14 +305,18 @@ def grpc_port_refuses_plaintext(address: str) -> bool:
     return False
 
 
+def client_tls(files: dict[str, str], server_name: str | None = SERVER_NAME) -> TlsFiles:
+    return TlsFiles.read(files["cert"], files["key"], files["ca"], server_name=server_name)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_the_tls_component_trains_over_mutual_tls_with_probes_on_the_health_ports(netns_network, tmp_path):
-    certs = make_certs(tmp_path / "certs")
-    secret = m.tls_secret("apexrl-tls", "apexrl", *(Path(path).read_bytes() for path in
-                                                    (certs.named_cert, certs.named_key, certs.ca)))
-    objects = [*m.render(tls_overlay(tmp_path)), secret]
-    tls = TlsFiles.read(certs.named_cert, certs.named_key, certs.ca, server_name=SERVER_NAME)
+    credentials = fleet_secrets.make_fleet_credentials("apexrl")
+    files = credentials.write(tmp_path / "credentials")
+    secrets = [s for s in credentials.secrets() if s["type"] == "kubernetes.io/tls"]
+    objects = [*m.render(small_overlay(tmp_path, "small-cpu-tls")), *secrets]
+    operator = client_tls(files["operator"])  # a client certificate of the fleet's CA (common name `operator`)
     started = time.monotonic()
     with pods.Cluster(objects, netns_network, tmp_path / "run") as cluster:
         print(f"\nsmall-cpu-tls with one actor: {len(cluster.pods)} pods: " + ", ".join(p.name for p in cluster.pods))
@@ -320,8 +338,8 @@ def test_the_tls_component_trains_over_mutual_tls_with_probes_on_the_health_port
             assert {probe.spec["grpc"]["port"] for probe in pod.probes().values()} == {health}, pod.name
             assert pod.probe_counts["readinessProbe"][0] > 0, pod.name
             assert grpc_port_refuses_plaintext(f"{pod.ip}:{pod.port('grpc')}"), pod.name
-        clients = {p.name: ReplayClient(f"{p.ip}:{shard_port}", timeout=3, tls=tls) for p in shards}
-        params = ParameterClient(f"{learner_service.vip}:{params_port}", timeout=3, tls=tls)
+        clients = {p.name: ReplayClient(f"{p.ip}:{shard_port}", timeout=3, tls=operator) for p in shards}
+        params = ParameterClient(f"{learner_service.vip}:{params_port}", timeout=3, tls=operator)
         try:
             deadline.wait(lambda: written_and_sampled(clients),
                           "every shard is written to and sampled over mutual TLS", timeout=TLS_BUDGET)
@@ -336,25 +354,231 @@ def test_the_tls_component_trains_over_mutual_tls_with_probes_on_the_health_port
             counts = shard_counts(clients)
             print(f"[{cluster.elapsed():6.1f}s] shards (inserted, sampled): {counts}; weights version {version}")
             # Without the name, a client checks the pod address, which the certificate does not name.
-            unnamed = TlsFiles.read(certs.named_cert, certs.named_key, certs.ca)
-            with ReplayClient(f"{shards[0].ip}:{shard_port}", timeout=3, tls=unnamed) as client, \
-                    pytest.raises(UnavailableError, match="Hostname Verification Check failed"):
+            with ReplayClient(f"{shards[0].ip}:{shard_port}", timeout=3, tls=client_tls(files["operator"], None)) \
+                    as client, pytest.raises(UnavailableError, match="Hostname Verification Check failed"):
                 client.info()
         finally:
             for client in clients.values():
                 client.close()
             params.close()
         assert all("mutual TLS" in p.log_tail(20_000) for p in shards), [p.log_tail() for p in shards]
-        assert "hosted, mutual TLS" in learner.log_tail(20_000)
+        assert re.search(r"\(hosted, [^)]*mutual TLS", learner.log_tail(20_000)), learner.log_tail()
         for pod in cluster.pods:
             check_sandbox(pod)
-            key = pod.directory / "volumes" / "tls" / "tls.key"  # what the pod reads at /etc/apexrl/tls/tls.key
-            st = key.stat()
+            tls = pod.directory / "volumes" / "tls"  # what the pod reads at /etc/apexrl/tls
+            st = (tls / "tls.key").stat()
             assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 10001, 0o440), (pod.name, st)
-            assert os.path.exists(pod.directory / "volumes" / "tls" / "ca.crt")
+            # Its own role's certificate and key: the shards' key is on the shards only.
+            holder = m.component(pod.workload)
+            assert (tls / "tls.key").read_bytes() == credentials.certs[holder].key, pod.name
+            assert (tls / "ca.crt").read_bytes() == credentials.ca, pod.name
         stopped = cluster.terminate()
         print(f"whole run: {time.monotonic() - started:.0f} s; exits " + ", ".join(
             f"{name} {code} in {seconds:.1f}s" for name, (code, seconds) in stopped.items()))
+        assert {name: code for name, (code, _) in stopped.items()} == {p.name: 0 for p in cluster.pods}, \
+            "\n".join(f"{p.name}: {p.exit_code}\n{p.log_tail(1500)}" for p in cluster.pods if p.exit_code != 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Least privilege (components/tls + components/roles, as in overlays/production, on the small fleet), with the
+# NetworkPolicies enforced: the fleet trains with its role credentials, and what must be refused is refused.
+
+SECURE_BUDGET = 60.0
+# A process in a pod's network namespace tries TCP connections (all at once): "open" (the connection stands: the
+# server answers or waits for us), "blocked" (no answer: a DROP on the way in, EPERM from one on the way out),
+# "reset" (accepted then closed at once: the Service proxy refusing a client the endpoints' policies do not admit).
+REACH = r"""
+import concurrent.futures, errno, json, socket, sys
+
+def attempt(target):
+    host, port = target.rsplit(":", 1)
+    try:
+        conn = socket.create_connection((host, int(port)), timeout=2)
+    except socket.timeout:
+        return "blocked"
+    except OSError as err:
+        return "blocked" if err.errno == errno.EPERM else f"error {err}"
+    with conn:
+        conn.settimeout(1)
+        try:
+            return "open" if conn.recv(1) != b"" else "reset"
+        except socket.timeout:
+            return "open"
+        except ConnectionResetError:
+            return "reset"
+
+with concurrent.futures.ThreadPoolExecutor(len(sys.argv) - 1) as pool:
+    print(json.dumps(dict(zip(sys.argv[1:], pool.map(attempt, sys.argv[1:])))))
+"""
+# Inside the actor's pod network namespace, with the actor's own mounted credentials (token and certificate):
+# calls only the learner may make.
+STOLEN_ACTOR = r"""
+import json, sys
+from apexrl.common.errors import ApexError
+from apexrl.common.tls import TlsFiles
+from apexrl.parameter_server.client import ParameterClient
+from apexrl.replay_server.client import ReplayClient
+import numpy as np
+
+volumes, shard, params, name = sys.argv[1:5]
+token = open(f"{volumes}/token/token").read().strip()
+tls = TlsFiles.read(f"{volumes}/tls/tls.crt", f"{volumes}/tls/tls.key", f"{volumes}/tls/ca.crt", server_name=name)
+answers = {}
+def call(what, fn):
+    try:
+        fn()
+        answers[what] = "allowed"
+    except ApexError as err:
+        answers[what] = f"{type(err).__name__}: {err}"
+with ReplayClient(shard, token=token, tls=tls, timeout=5) as replay:
+    call("Info", replay.info)
+    call("Sample", lambda: replay.sample(8))
+    call("UpdatePriorities", lambda: replay.update_priorities(np.array([1], dtype=np.uint64), np.array([1e25]),
+                                                              incarnation=0))
+    call("Checkpoint", replay.checkpoint)
+with ParameterClient(params, token=token, tls=tls, timeout=5) as weights:
+    call("GetVersion", weights.version)
+    call("Publish", lambda: weights.publish({"planted": np.zeros(2, dtype=np.float32)}))
+print(json.dumps(answers))
+"""
+
+
+def reach(cluster: pods.Cluster, where: str, targets: list[str]) -> dict[str, str]:
+    done = cluster.run_in(where, [sys.executable, "-c", REACH, *targets], timeout=30)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def visitors(namespace: str) -> list[m.Endpoint]:
+    """Prometheus where the policies expect it; a pod of the fleet's namespace without the fleet's labels; a pod
+    labelled like an actor in another namespace."""
+    actor_labels = {"app.kubernetes.io/name": "apexrl", "app.kubernetes.io/component": "actor",
+                    "app.kubernetes.io/part-of": "apexrl"}
+    return [m.Endpoint("prometheus", "monitoring", {"app.kubernetes.io/name": "prometheus"},
+                       {"kubernetes.io/metadata.name": "monitoring"}),
+            m.Endpoint("intruder", namespace, {"app.kubernetes.io/name": "debug"},
+                       {"kubernetes.io/metadata.name": namespace}),
+            m.Endpoint("actor-elsewhere", "elsewhere", actor_labels, {"kubernetes.io/metadata.name": "elsewhere"})]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_least_privilege_trains_and_refuses_what_each_role_may_not_do(netns_network, tmp_path):
+    credentials = fleet_secrets.make_fleet_credentials("apexrl")
+    files = credentials.write(tmp_path / "credentials")
+    objects = [*m.render(small_overlay(tmp_path, "small-cpu", ("tls", "roles"))), *credentials.secrets()]
+    operator = client_tls(files["operator"])
+    started = time.monotonic()
+    with pods.Cluster(objects, netns_network, tmp_path / "run", visitors=visitors("apexrl")) as cluster:
+        print(f"\nsmall-cpu + tls + roles with one actor: {len(cluster.pods)} pods: "
+              + ", ".join(p.name for p in cluster.pods) + f"; visitors {sorted(cluster.visitors)}")
+        cluster.start()
+        deadline = Deadline(cluster, SECURE_BUDGET)
+        deadline.wait(cluster.all_ready, "every pod passes its probes", timeout=SECURE_BUDGET)
+        print(f"[{cluster.elapsed():6.1f}s] every pod is Ready")
+        shards = cluster.pods_of("apexrl-replay")
+        learner = cluster.pods_of("apexrl-learner")[0]
+        actor = cluster.pods_of("apexrl-actor")[0]
+        evaluator = cluster.pods_of("apexrl-evaluator")[0]
+        shard_port = cluster.service_port("apexrl-replay", "grpc")
+        vip = cluster.service("apexrl-learner").vip
+        params_port = cluster.service_port("apexrl-learner", "grpc")
+        # The operator (a person's tool, from the node): Info and GetVersion are its to call.
+        clients = {p.name: ReplayClient(f"{p.ip}:{shard_port}", timeout=3, tls=operator,
+                                        token=credentials.tokens["operator"]) for p in shards}
+        params = ParameterClient(f"{vip}:{params_port}", timeout=3, tls=operator, token=credentials.tokens["operator"])
+        try:
+            deadline.wait(lambda: written_and_sampled(clients),
+                          "the actor writes to every shard and the learner samples them, with their role tokens",
+                          timeout=SECURE_BUDGET)
+            version = deadline.wait(params.version, "the learner publishes weights", timeout=SECURE_BUDGET)
+            deadline.wait(lambda: all(pods.scrape(p.ip, metrics_port(p)).get("apexrl_actor_weight_version", 0)
+                                      for p in (actor, evaluator)),
+                          "the actor and the evaluator pull weights with their role tokens", timeout=SECURE_BUDGET)
+            print(f"[{cluster.elapsed():6.1f}s] shards (inserted, sampled): {shard_counts(clients)}; weights "
+                  f"version {version}")
+
+            # A stolen actor: its own token and certificate, from its own pod, may insert and read, nothing else.
+            stolen = cluster.run_in(actor.name, [sys.executable, "-c", STOLEN_ACTOR, str(actor.directory / "volumes"),
+                                                 f"{shards[0].ip}:{shard_port}", f"{vip}:{params_port}", SERVER_NAME])
+            assert stolen.returncode == 0, stolen.stderr
+            answers = json.loads(stolen.stdout)
+            print("calls with the actor's credentials, from its pod:\n" + "\n".join(
+                f"    {call}: {answer[:150]}" for call, answer in answers.items()))
+            assert answers["Info"] == answers["GetVersion"] == "allowed", answers
+            for call in ("Sample", "UpdatePriorities", "Checkpoint", "Publish"):
+                assert answers[call].startswith("PermissionDeniedError") and \
+                    f"actor may not call {'ParameterService' if call == 'Publish' else 'ReplayService'}/{call}" \
+                    in answers[call], (call, answers[call])
+            assert "planted" not in params.fetch()[1], "the refused Publish changed nothing"
+
+            # A stolen shard holds the learner's and the actor's tokens (it verifies them) but no client
+            # certificate: its server certificate cannot dial (serverAuth only), so the tokens are of no use.
+            shard_files = shards[0].directory / "volumes"
+            as_shard = TlsFiles.read(str(shard_files / "tls" / "tls.crt"), str(shard_files / "tls" / "tls.key"),
+                                     str(shard_files / "tls" / "ca.crt"), server_name=SERVER_NAME)
+            learner_token = (shard_files / "role-tokens" / "learner").read_text()
+            with ReplayClient(f"{shards[1].ip}:{shard_port}", timeout=3, tls=as_shard, token=learner_token) as c, \
+                    pytest.raises(UnavailableError):
+                c.sample(8, wait=False)
+            # A client certificate of the fleet without a token, or with a token of nobody: not authenticated.
+            for token in (None, "not-a-role-token"):
+                with ReplayClient(f"{shards[0].ip}:{shard_port}", timeout=3, tls=client_tls(files["actor"]),
+                                  token=token) as c, pytest.raises(UnauthenticatedError):
+                    c.info()
+
+            # The network: every role reaches what it dials and nothing else; Prometheus the metrics ports only;
+            # a pod without the fleet's labels, or an actor-labelled pod of another namespace, nothing.
+            shard, other = (f"{shards[0].ip}:{shard_port}", f"{shards[1].ip}:{shard_port}")
+            learner_pod, learner_vip = f"{learner.ip}:{learner.port('grpc')}", f"{vip}:{params_port}"
+            metrics = {p.name: f"{p.ip}:{metrics_port(p)}" for p in (shards[0], learner, actor, evaluator)}
+            health = f"{shards[0].ip}:{shards[0].port('health')}"
+            everything = [shard, learner_pod, learner_vip, health, *metrics.values()]
+            seen = {
+                "actor": reach(cluster, actor.name, [shard, other, learner_pod, learner_vip, health,
+                                                     metrics[learner.name], metrics[evaluator.name]]),
+                "evaluator": reach(cluster, evaluator.name, [shard, learner_pod, learner_vip, metrics[actor.name]]),
+                "learner": reach(cluster, learner.name, [shard, other, metrics[actor.name]]),
+                "shard": reach(cluster, shards[0].name, [other, learner_pod, learner_vip, metrics[actor.name]]),
+                "prometheus": reach(cluster, "prometheus", everything),
+                "intruder": reach(cluster, "intruder", everything),
+                "actor-elsewhere": reach(cluster, "actor-elsewhere", everything),
+            }
+            for who, answers in seen.items():
+                print(f"    from {who:<16} " + ", ".join(f"{t} {a}" for t, a in answers.items()))
+            opened = {who: {t for t, a in answers.items() if a == "open"} for who, answers in seen.items()}
+            assert opened == {
+                "actor": {shard, other, learner_pod, learner_vip},
+                "evaluator": {learner_pod, learner_vip},
+                "learner": {shard, other},
+                "shard": set(),
+                "prometheus": set(metrics.values()),
+                "intruder": set(),
+                "actor-elsewhere": set(),
+            }, opened
+            assert all(a in ("open", "blocked", "reset") for answers in seen.values() for a in answers.values()), seen
+            # Through the Service address the proxy turns strangers away (a CNI would drop them on the way).
+            assert seen["intruder"][learner_vip] == seen["actor-elsewhere"][learner_vip] == "reset"
+            cluster.check()
+        finally:
+            for client in clients.values():
+                client.close()
+            params.close()
+        for server in (*shards, learner):  # their start lines name the access mode
+            assert "roles from role tokens in /etc/apexrl/role-tokens" in server.log_tail(20_000), server.log_tail()
+        for pod in cluster.pods:
+            check_sandbox(pod)
+            volumes = pod.directory / "volumes"
+            role = m.component(pod.workload)
+            secret_files = [volumes / "tls" / "tls.key", *(volumes / "role-tokens").glob("*"),
+                            *([volumes / "token" / "token"] if role != "replay" else [])]
+            for path in secret_files:
+                st = path.stat()
+                assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 10001, 0o440), (pod.name, path, st)
+            if role != "replay":
+                assert (volumes / "token" / "token").read_text() == credentials.tokens[role], pod.name
+        stopped = cluster.terminate()
+        print(f"whole run: {time.monotonic() - started:.0f} s")
         assert {name: code for name, (code, _) in stopped.items()} == {p.name: 0 for p in cluster.pods}, \
             "\n".join(f"{p.name}: {p.exit_code}\n{p.log_tail(1500)}" for p in cluster.pods if p.exit_code != 0)
 
@@ -408,6 +632,8 @@ def _mutate(path: str, value):
             m.pod_spec(workload)["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
         elif path == "secret-volume":
             m.pod_spec(workload)["volumes"].append({"name": "tls", "secret": {"secretName": value}})
+        elif path == "projected":
+            m.pod_spec(workload)["volumes"].append({"name": "p", "projected": {"sources": [value]}})
     return apply
 
 
@@ -420,7 +646,10 @@ def _mutate(path: str, value):
     (_mutate("image", "registry.example.com/apexrl/other:1"), "no Dockerfile target known for 'other'"),
     (_mutate("volume", None), "volume host of kind ['hostPath']"),
     (_mutate("secret-volume", "absent"), "Secret absent is not among the objects"),
-], ids=["fieldRef", "secretKeyRef", "exec-probe", "sidecar", "undefined-var", "image", "hostPath", "no-secret"])
+    (_mutate("projected", {"secret": {"name": "absent"}}), "Secret absent is not among the objects"),
+    (_mutate("projected", {"serviceAccountToken": {"path": "t"}}), "projected sources [['serviceAccountToken']]"),
+], ids=["fieldRef", "secretKeyRef", "exec-probe", "sidecar", "undefined-var", "image", "hostPath", "no-secret",
+        "no-projected-secret", "projected-token"])
 def test_what_the_emulation_cannot_run_fails_loudly(rendered, mutation, expected):
     objects = copy.deepcopy(rendered)
     mutation(objects)
@@ -435,3 +664,41 @@ def test_args_expand_as_kubernetes_expands_them():
     assert pods.expand("$$(A)", env) == ("$(A)", [])           # $$ escapes
     assert pods.expand("$(B)-$(EMPTY)", env) == ("$(B)-", ["B"])  # undefined: left as written
     assert pods.expand("$A $( $", env) == ("$A $( $", [])
+
+
+def test_the_network_policies_become_each_pods_firewall(rendered):
+    """Without running anything: the iptables rules and proxy admissions the emulation derives from small-cpu's
+    NetworkPolicies (documentation addresses)."""
+    pod_list, services = pods.dry_run(copy.deepcopy(rendered))
+    intruder = m.Endpoint("intruder", "apexrl", {"app.kubernetes.io/name": "debug"},
+                          {"kubernetes.io/metadata.name": "apexrl"}, ip="192.0.2.200")
+    firewall = pods.plan_firewall(m.Fleet(rendered), pod_list, services, [intruder], "192.0.2.254")
+    by_role: dict[str, list[pods.Pod]] = {}
+    for pod in pod_list:
+        by_role.setdefault(m.component(pod.workload), []).append(pod)
+    vip = next(s.vip for s in services if s.name == "apexrl-learner")
+    learner, shards, actor = by_role["learner"][0], by_role["replay"], by_role["actor"][0]
+
+    def accepted(label: str, chain: str) -> set[str]:
+        rules = [line.split() for line in firewall.rules[label].splitlines() if line.startswith(f"-A {chain} -")]
+        flag = "-s" if chain == "INPUT" else "-d"
+        return {f"{r[r.index(flag) + 1].removesuffix('/32')}:{r[r.index('--dport') + 1]}" for r in rules
+                if flag in r and "--dport" in r}
+
+    assert firewall.isolated[actor.label] == (True, True) and firewall.isolated["intruder"] == (False, False)
+    assert accepted(actor.label, "OUTPUT") == {f"{s.ip}:7000" for s in shards} | {f"{learner.ip}:7200", f"{vip}:7200"}
+    assert accepted(actor.label, "INPUT") == set()  # the node (the kubelet, Prometheus here) only
+    assert "-A INPUT -s 192.0.2.254/32 -j ACCEPT" in firewall.rules[actor.label]
+    clients = {p.ip for role in ("actor", "learner") for p in by_role[role]}
+    assert accepted(shards[0].label, "INPUT") == {f"{ip}:7000" for ip in clients}
+    assert accepted(shards[0].label, "OUTPUT") == set()
+    players = {p.ip for role in ("actor", "evaluator") for p in by_role[role]}
+    # From the Service's proxy, on both of its ports: the proxy decides whom it admits (below).
+    assert accepted(learner.label, "INPUT") == {f"{ip}:7200" for ip in players} | {f"{vip}:7200", f"{vip}:9200"}
+    assert accepted(learner.label, "OUTPUT") == {f"{s.ip}:7000" for s in shards}
+    # Through the Service address: the proxy admits the actors, the evaluator and the node to the parameter
+    # service, only the node to the learner's metrics, never the intruder.
+    sources = firewall.proxy_sources["apexrl-learner"]
+    assert set(sources[f"{learner.ip}:7200"]) == players | {"192.0.2.254"}
+    assert sources[f"{learner.ip}:9200"] == ["192.0.2.254"]
+

@@ -31,14 +31,18 @@ from tests.integration.fuzzing.mutations import (
 from tests.integration.fuzzing.raw import CALL_TIMEOUT, Outcome
 
 SERVICE = wire.SERVICE_NAME
-MAX_VERSION = 2**64 - 1
+UINT64_MAX = 2**64 - 1
+MAX_VERSION = 2**63 - 1  # parameters.proto: versions are at most 2**63 - 1 ...
+MAX_VERSION_STEP = 2**20  # ... and at most 2**20 above the current one
 MAX_DIM = 2**31
 OK, INVALID, EXHAUSTED = grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
-# parameters.proto: every problem in a Publish stream is INVALID_ARGUMENT, a message over the size limit
+REFUSED = grpc.StatusCode.FAILED_PRECONDITION
+# parameters.proto: every problem in a Publish stream is INVALID_ARGUMENT, a version outside the window above the
+# current one FAILED_PRECONDITION, a message over the size limit (or a header over max_weights_bytes)
 # RESOURCE_EXHAUSTED; Fetch and GetVersion have no errors of their own. INVALID_ARGUMENT also answers a message that
 # does not parse. UNAUTHENTICATED, UNAVAILABLE, DEADLINE_EXCEEDED (nothing waits here), INTERNAL, UNKNOWN: failures.
 ALLOWED = {
-    "Publish": {OK, INVALID, EXHAUSTED},
+    "Publish": {OK, INVALID, EXHAUSTED, REFUSED},
     "Fetch": {OK, INVALID, EXHAUSTED},
     "GetVersion": {OK, INVALID, EXHAUSTED},
 }
@@ -98,17 +102,19 @@ def draw_weights(draw: Draw) -> dict[str, np.ndarray]:
     return weights
 
 
-def draw_version(draw: Draw, current: int, log: list[str], top: bool) -> int:
+def draw_version(draw: Draw, current: int, log: list[str], far: bool) -> int:
+    """A header's version: mostly near the current one; with `far`, often beyond the window above it too."""
     choices = ["auto", "auto", "auto", "next", "skip", "current", "older", "one"]
-    choice = draw(st.sampled_from(choices + (["max", "max", "below_max"] if top else [])))
+    choice = draw(st.sampled_from(choices + (["uint64_max", "max", "edge", "beyond", "beyond"] if far else [])))
     if choice not in ("auto", "next", "skip"):
         log.append(f"version:{choice}")
     version = {"auto": 0, "next": current + 1, "skip": current + draw(st.integers(2, 1000)), "current": current,
-               "older": max(current - 1, 0), "one": 1, "max": MAX_VERSION, "below_max": MAX_VERSION - 1}[choice]
-    return min(version, MAX_VERSION)  # a uint64 field
+               "older": max(current - 1, 0), "one": 1, "uint64_max": UINT64_MAX, "max": MAX_VERSION,
+               "edge": current + MAX_VERSION_STEP, "beyond": current + MAX_VERSION_STEP + 1}[choice]
+    return min(version, UINT64_MAX)  # a uint64 field
 
 
-def draw_publish_stream(draw: Draw, current: int, limit: int, log: list[str], top: bool = False
+def draw_publish_stream(draw: Draw, current: int, limit: int, log: list[str], far: bool = False
                         ) -> tuple[list[bytes], str]:
     """One Publish stream: the header (first message) and the packed bytes in 1-4 pieces, then 0-2 mutations of
     header, layout or chunks, then possibly damaged bytes; rarely a message over the size limit, either before
@@ -116,7 +122,7 @@ def draw_publish_stream(draw: Draw, current: int, limit: int, log: list[str], to
     "last")."""
     layout, payload = pack(draw_weights(draw))
     payload = bytearray(payload)
-    header = wire.header_to_proto(draw_version(draw, current, log, top), layout, len(payload))
+    header = wire.header_to_proto(draw_version(draw, current, log, far), layout, len(payload))
     cuts = sorted(draw(st.lists(st.integers(0, len(payload)), max_size=3)))
     pieces = [bytes(payload[a:b]) for a, b in zip([0, *cuts], [*cuts, len(payload)], strict=True)]
     if draw(st.booleans()):
@@ -156,17 +162,17 @@ def _mutate_publish(draw: Draw, messages: list, log: list[str]) -> list:
         elif what == "rank":
             tensor.shape.extend([1] * draw(st.sampled_from([31, 32, 63, 64, 65])))
         elif what == "offset":
-            tensor.offset = draw(st.sampled_from([min(tensor.offset + 1, MAX_VERSION), max(tensor.offset - 1, 0), 0,
-                                                  header.total_bytes, MAX_VERSION]))  # uint64: at most MAX_VERSION
+            tensor.offset = draw(st.sampled_from([min(tensor.offset + 1, UINT64_MAX), max(tensor.offset - 1, 0), 0,
+                                                  header.total_bytes, UINT64_MAX]))  # uint64: at most UINT64_MAX
         else:
-            tensor.nbytes = draw(st.sampled_from([min(tensor.nbytes + 1, MAX_VERSION), max(tensor.nbytes - 1, 0), 0,
-                                                  MAX_VERSION]))
+            tensor.nbytes = draw(st.sampled_from([min(tensor.nbytes + 1, UINT64_MAX), max(tensor.nbytes - 1, 0), 0,
+                                                  UINT64_MAX]))
         return messages
     log.append(f"publish:{op}")
     chunks = [m.chunk for m in messages]
     if op == "total_bytes":
-        header.total_bytes = draw(st.sampled_from([min(header.total_bytes + 1, MAX_VERSION),
-                                                   max(header.total_bytes - 1, 0), 0, MAX_VERSION]))
+        header.total_bytes = draw(st.sampled_from([min(header.total_bytes + 1, UINT64_MAX),
+                                                   max(header.total_bytes - 1, 0), 0, UINT64_MAX]))
     elif op == "version":
         header.version = draw(st.sampled_from([0, 1, 2**32, 2**63]))
     elif op == "drop_tensor" and tensors:
@@ -208,8 +214,8 @@ def _mutate_publish(draw: Draw, messages: list, log: list[str]) -> list:
 
 
 def draw_fetch_request(draw: Draw, current: int, log: list[str]) -> bytes:
-    have = draw(st.sampled_from([0, current, current, max(current - 1, 0), min(current + 1, MAX_VERSION)]) |
-                st.integers(0, MAX_VERSION))
+    have = draw(st.sampled_from([0, current, current, max(current - 1, 0), min(current + 1, UINT64_MAX)]) |
+                st.integers(0, UINT64_MAX))
     return mangle(draw, parameters_pb2.FetchRequest(have_version=have).SerializeToString(), log, "fetch")
 
 
@@ -226,6 +232,12 @@ def _parse(message_type, raw: bytes):
 def expect_publish(before: StoreState, raw: list[bytes], outcome: Outcome, context: str) -> StoreState:
     """The state after a Publish call: unchanged unless it ended OK; then exactly what was sent, checked first
     against the contract, and the stored version is the one the answer names."""
+    if outcome.code == REFUSED:
+        first = _parse(parameters_pb2.PublishRequest, raw[0]) if raw else None
+        assert first is not None and first.HasField("header"), f"FAILED_PRECONDITION without a header: {context}"
+        version = first.header.version
+        low, high = before.version + 1, min(before.version + MAX_VERSION_STEP, MAX_VERSION)
+        assert not low <= (version or low) <= high, f"version {version} refused after {before.version}: {context}"
     if outcome.code != OK:
         return before
     state = published(before, raw, context)
@@ -259,7 +271,8 @@ def published(before: StoreState, raw: list[bytes], context: str) -> StoreState:
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), f"published overlaps: {context}"
     assert sum(t.nbytes for t in header.tensors) == header.total_bytes, context
     version = header.version or before.version + 1
-    assert before.version < version <= MAX_VERSION, f"published version {version} after {before.version}: {context}"
+    assert before.version < version <= min(before.version + MAX_VERSION_STEP, MAX_VERSION), \
+        f"published version {version} after {before.version}: {context}"
     total = None if before.published_total is None else before.published_total + 1
     return StoreState(version, _layout(header), payload, total)
 

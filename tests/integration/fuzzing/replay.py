@@ -39,6 +39,7 @@ CAPACITY = 256
 MAX_SAMPLE_BATCH = 4096
 MAX_PRIORITY = 1e25
 OK, INVALID, EXHAUSTED = grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
+PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
 # What each RPC may end with here (replay.proto, minus what this setup rules out: no call may wait, no token, no
 # shutdown; so DEADLINE_EXCEEDED, FAILED_PRECONDITION, UNAVAILABLE and UNAUTHENTICATED count as failures, as do
@@ -49,6 +50,9 @@ ALLOWED = {
     "UpdatePriorities": {OK, INVALID, EXHAUSTED},
     "StreamUpdatePriorities": {OK, INVALID, EXHAUSTED},
     "Info": {OK, INVALID, EXHAUSTED},
+    # A shard with a checkpoint directory writes one (OK); without one it answers FAILED_PRECONDITION.
+    "Checkpoint": {OK, INVALID, EXHAUSTED},
+    "Checkpoint without a directory": {PRECONDITION, INVALID, EXHAUSTED},
 }
 ALLOWED_ACK_CODES = {0, 3}  # OK, INVALID_ARGUMENT (4 and 14 need a rate limiter or a shutdown)
 
@@ -243,6 +247,14 @@ def draw_update_request(draw: Draw, view: ShardState, log: list[str]) -> bytes:
 
 def draw_info_request(draw: Draw, log: list[str]) -> bytes:
     return mangle(draw, b"", log, "info", probability=70)
+
+
+def draw_checkpoint_request(draw: Draw, limit: int, log: list[str]) -> tuple[bytes, bool]:
+    """CheckpointRequest is empty: mangled bytes (some parse, with unknown fields), or one over the size limit."""
+    if chance(draw, 4):
+        log.append("checkpoint:oversize")
+        return oversize_string_field(15, limit), True  # an unknown field: valid, too large
+    return mangle(draw, b"", log, "checkpoint", probability=70), False
 
 
 # --- state ---------------------------------------------------------------------------------------------------------
@@ -518,6 +530,27 @@ def expect_info(before: ShardState, outcome: Outcome, context: str) -> ShardStat
         for name in (*_COUNTED, "incarnation", "capacity", "max_priority", "total_priority", "min_priority"):
             assert got[name] == before.info[name], f"Info.{name} {got[name]} != {before.info[name]}: {context}"
         assert codec.decode_signature(response.signature) == SIGNATURE, context
+    return copy.deepcopy(before)
+
+
+def expect_checkpoint(before: ShardState, raw: bytes, oversize: bool, outcome: Outcome, directory: bool,
+                      context: str) -> ShardState:
+    """A Checkpoint changes nothing the shard holds; an OK answer describes the table as it was (its rows, keys and
+    incarnation) in a file it names; FAILED_PRECONDITION only on a shard without a checkpoint directory."""
+    request = None if oversize else _parse(replay_pb2.CheckpointRequest, raw)
+    if oversize:
+        assert outcome.code == EXHAUSTED, context
+    elif request is None:
+        assert outcome.code == INVALID, f"a message that does not parse: {context}"
+    elif not directory:
+        assert outcome.code == PRECONDITION and "checkpoint directory" in outcome.details, context
+    else:
+        assert outcome.code == OK, context
+        response = replay_pb2.CheckpointResponse.FromString(outcome.responses[0])
+        info = before.info
+        assert (response.rows, response.inserted_total, response.incarnation) == (
+            info["size"], info["inserted_total"], info["incarnation"]), f"{response}: {context}"
+        assert response.bytes > 0 and response.path.endswith(".apexrl"), f"{response}: {context}"
     return copy.deepcopy(before)
 
 

@@ -68,11 +68,15 @@ def test_rows_sum_the_actors_counters_and_read_the_learner(tmp_path, endpoints):
         first = progress.tick(START + 5)
         assert (first.env_steps, first.episodes, first.updates, first.weight_version) == (1500, 14, 100, 7)
         assert first.updates_per_second is None and first.wall_seconds == 5
+        assert first.env_steps_per_second is None
         learner.updates.inc(50)
         a1.steps.inc(250)
         second = progress.tick(START + 15)
         assert (second.env_steps, second.updates) == (1750, 150)
         assert second.updates_per_second == pytest.approx(5.0)  # 50 updates in 10 s
+        # Both rates are over the last interval: 250 steps in 10 s, not 1,750 in the 15 s since launch.
+        assert second.env_steps_per_second == pytest.approx(25.0)
+        assert "env steps 1,750 (25/s)" in format_row(second, 0) and "updates 150 (5.0/s)" in format_row(second, 0)
         # An endpoint that stops answering keeps its last values: the fleet's counters never jump back.
         a0.close()
         a1.steps.inc(1)
@@ -110,4 +114,4 @@ def test_progress_csv_has_one_row_per_tick(tmp_path):
     out.close()
     lines = (tmp_path / "progress.csv").read_text().splitlines()
     assert lines[0] == ",".join(ProgressRow.columns())
-    assert lines[1:] == [f"5.0,100,2,,,,,,{START + 5},0", f"10.0,300,4,12,2.4,20.5,9.0,3,{START + 10},2"]
+    assert lines[1:] == [f"5.0,100,2,,,,,,{START + 5},0,", f"10.0,300,4,12,2.4,20.5,9.0,3,{START + 10},2,"]

@@ -26,6 +26,7 @@ import pytest
 
 from apexrl.launcher.fleet_file import load_config
 from apexrl.launcher.topology import roles
+from tests.conftest import wait_until
 from tests.support.netns import NamespaceNetwork
 
 pytest_plugins = ("tests.support.fixtures",)
@@ -204,7 +205,10 @@ def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path):
             assert result["reason"] == "signal" and result["restarts"] == 0, (name, result, machine.stderr_tail())
             # Only m2 checks the target return: unsolved, a stop is status 1 there ("not solved"), 0 elsewhere.
             assert code == (1 if name == "m2" and not result["solved"] else 0), (name, code, machine.stderr_tail())
-            assert network.pids(name) == [], f"{name}: processes left after its launcher exited"
+            # A role's own children (the learner's sampler process, multiprocessing's resource tracker) may still be
+            # ending for a moment after the launcher reaped the roles: wait for the namespace to empty, but not long.
+            wait_until(lambda ns=name: network.pids(ns) == [], f"no process left in {name} after its launcher exited",
+                       timeout=30)
             assert "killing" not in machine.stderr_tail(), machine.stderr_tail()  # each role ended within grace
             for log in machine.run_dir().glob("logs/*.log"):
                 assert "Traceback" not in log.read_text(errors="replace"), f"{name} {log.name}:\n{log.read_text()}"

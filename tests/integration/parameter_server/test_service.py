@@ -24,6 +24,7 @@ from apexrl.common.errors import (
 from apexrl.common.metrics import serve_metrics
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import SERVICE_NAME, create_parameter_server
+from apexrl.parameter_server.store import VersionRefusedError
 from apexrl.proto import parameters_pb2, parameters_pb2_grpc, tensor_pb2
 from tests.conftest import wait_until
 
@@ -173,7 +174,7 @@ def test_versions_strictly_increase(server, client):
     assert client.publish(small_weights(3)) == 11
     kept = small_weights(3)
     for stale in (11, 5):
-        with pytest.raises(InvalidArgumentError, match=rf"version {stale} is not greater than the current version 11"):
+        with pytest.raises(VersionRefusedError, match=rf"version {stale} is not greater than the current version 11"):
             client.publish(small_weights(9), version=stale)
     for bad in (0, -1, True):
         with pytest.raises(InvalidArgumentError):
@@ -259,10 +260,6 @@ BAD_STREAMS = {
          parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16), chunk=b"\0" * 8)],
         r"Publish message 1 carries a header; only the first may",
     ),
-    "stale explicit version": (
-        [parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16, version=1), chunk=b"\0" * 16)],
-        r"version 1 is not greater than the current version 1",
-    ),
 }
 
 
@@ -275,6 +272,18 @@ def test_bad_publish_stream_is_invalid_argument_and_keeps_the_previous_version(s
         stub.Publish(iter(requests), timeout=5)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert re.search(message, info.value.details()), info.value.details()
+    assert client.version() == 1
+    assert_same_weights(client.fetch(0)[1], kept)
+
+
+def test_a_stale_explicit_version_is_failed_precondition_and_keeps_the_previous_version(server, client, stub):
+    kept = small_weights()
+    client.publish(kept)
+    request = parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16, version=1), chunk=b"\0" * 16)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Publish(iter([request]), timeout=5)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.details() == "version 1 is not greater than the current version 1"
     assert client.version() == 1
     assert_same_weights(client.fetch(0)[1], kept)
 

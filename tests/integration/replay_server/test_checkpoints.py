@@ -1,21 +1,25 @@
 """Checkpoints of real shard processes (`apexrl replay --checkpoint-dir`): taken while rows are inserted and
-sampled, written at SIGTERM and restored at start (NOT_SERVING until then), a corrupt newest one skipped, a
-checkpoint of another signature refused."""
+sampled, written at SIGTERM and restored at start (NOT_SERVING until then), a corrupt newest one skipped (a torn
+file, a flipped bit, or valid checksums over invalid content), a checkpoint of another signature refused; with the
+write-ahead log, no acknowledged row lost, and a log that cannot be replayed whole is a loud, counted gap."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 
 import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from apexrl.actor import ReplayClient
 from apexrl.common.errors import FailedPreconditionError, UnavailableError
@@ -577,3 +581,130 @@ def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_servin
         server.stop(0).wait(10)
         monkeypatch.undo()
         wal.close()
+
+
+# --- content that checksums cannot vouch for --------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scraped(port: int) -> dict[str, float]:
+    """The shard's /metrics, sample name -> value."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+INVALID_CONTENT = {  # checkpoint content with every checksum right, as a bug or a hostile peer could leave it
+    "a NaN priority": {"leaves": lambda leaves: np.where(np.arange(len(leaves)) == 150, np.nan, leaves)},
+    "a negative priority": {"leaves": lambda leaves: -leaves},
+    "a NaN max_priority": {"max_priority": float("nan")},
+    "a NaN alpha": {"alpha": float("nan")},
+}
+
+
+@pytest.mark.parametrize("content", list(INVALID_CONTENT))
+def test_a_newest_checkpoint_with_valid_checksums_and_invalid_content_is_set_aside_like_a_corrupt_one(
+        tmp_path, content):
+    """The newest checkpoint of a real shard is rewritten with invalid content and every CRC recomputed. The next
+    shard does not exit (it used to, with status 1 or 2, at every restart: a crash loop); it renames the file
+    *.corrupt, says so in an ERROR, counts it in apexrl_replay_corrupt_checkpoints_total, restores the previous
+    checkpoint and serves."""
+    from tests.support.tampered import rewrite_checkpoint
+
+    directory = tmp_path / "ck"
+    args = ("--capacity", "1000", "--checkpoint-dir", str(directory), "--checkpoint-every", "0")
+    shard = start_shard_process(tmp_path, "first", *args)
+    with ReplayClient(shard.address) as client:
+        client.insert(cartpole_batch(100), priorities=np.full(100, 2.0))
+        client.flush()
+        good = client.checkpoint()
+        client.insert(cartpole_batch(100, 100), priorities=np.full(100, 3.0))
+        client.flush()
+    assert shard.stop(signal.SIGTERM, timeout=30) == 0  # its final checkpoint holds all 200 rows
+    newest = directory / "checkpoint-0000000002.apexrl"
+    rewrite_checkpoint(newest, **INVALID_CONTENT[content])
+
+    metrics_port = free_port()
+    shard = start_shard_process(tmp_path, "second", *args, "--metrics-port", str(metrics_port))
+    try:
+        with ReplayClient(shard.address) as client:
+            info = client.info()
+            assert (info.inserted_total, info.size, info.max_priority) == (good.inserted_total, 100, 2.0)
+            assert set(client.sample(256).columns["action"].tolist()) <= set(range(100))
+            client.insert(cartpole_batch(10, 1000))  # and it takes new rows, at the priority it restored
+            client.flush()
+        assert scraped(metrics_port)["apexrl_replay_corrupt_checkpoints_total"] == 1
+    finally:
+        assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    log = (tmp_path / "second.log").read_text()
+    assert f"CORRUPT CHECKPOINT skipped: checkpoint {newest} holds invalid content: " in log, log
+    assert "restored 100 rows (keys 0..99) from" in log
+    assert not newest.exists() and newest.with_name(newest.name + ".corrupt").exists()
+
+
+def test_with_the_write_ahead_log_an_invalid_newest_checkpoint_loses_no_acknowledged_row(tmp_path):
+    """With --wal, falling back to the previous checkpoint costs nothing: the log still holds every row after it
+    (it is truncated only up to the oldest checkpoint kept), so after a SIGKILL every acknowledged row is back."""
+    from tests.support.tampered import rewrite_checkpoint
+
+    args = ["--capacity", "10000", "--checkpoint-dir", str(tmp_path / "ck"), "--wal", str(tmp_path / "wal"),
+            "--checkpoint-every", "0", "--checkpoint-keep", "2"]
+    shard = start_shard_process(tmp_path, "first", *args)
+    port = shard.address.rsplit(":", 1)[1]
+    with ReplayClient(shard.address) as client:
+        for start in (0, 100, 200):
+            client.insert(cartpole_batch(100, start))
+            client.flush()
+            if start < 200:
+                client.checkpoint()  # at keys 100 and 200
+    shard.process.kill()
+    shard.process.wait(10)
+    newest = sorted((tmp_path / "ck").glob("checkpoint-*.apexrl"))[-1]
+    rewrite_checkpoint(newest, leaves=lambda leaves: np.where(leaves > 0, np.inf, leaves))
+    shard = start_shard_process(tmp_path, "second", *args, "--port", port)
+    try:
+        with ReplayClient(shard.address) as client:
+            info = client.info()
+            assert (info.inserted_total, info.size) == (300, 300)
+            result = client.checkpoint()
+    finally:
+        assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    ids, _ = rows_of(result.path)
+    assert ids == {key: key for key in range(300)}  # every row under its own key
+    log = (tmp_path / "second.log").read_text()
+    assert "holds invalid content: row 0 has priority ** alpha inf" in log
+    assert "restored 100 rows (keys 0..99)" in log and "replayed 200 rows from the write-ahead log" in log
+
+
+def test_a_write_ahead_log_record_that_cannot_be_replayed_is_a_loud_counted_gap(tmp_path):
+    """A record of a real shard's log rewritten with a NaN priority and its CRC recomputed: the restarted shard
+    replays the rows before it, logs WRITE-AHEAD LOG GAP naming the keys lost, counts the gap in
+    apexrl_replay_wal_replay_gaps_total and serves (before: one ERROR line, and no metric to alert on)."""
+    from tests.support.tampered import rewrite_wal_record, with_priority
+
+    args = ["--capacity", "10000", "--checkpoint-dir", str(tmp_path / "ck"), "--wal", str(tmp_path / "wal")]
+    shard = start_shard_process(tmp_path, "first", *args)
+    with ReplayClient(shard.address) as client:
+        for start in range(0, 300, 100):
+            client.insert(cartpole_batch(100, start))
+            client.flush()  # one record per batch
+    shard.process.kill()
+    shard.process.wait(10)
+    (segment,) = (tmp_path / "wal").glob("wal-*.log")
+    rewrite_wal_record(segment, 1, lambda payload: with_priority(payload, float("nan"), row=7))
+    metrics_port = free_port()
+    shard = start_shard_process(tmp_path, "second", *args, "--metrics-port", str(metrics_port))
+    try:
+        with ReplayClient(shard.address) as client:
+            assert client.info().inserted_total == 100
+        metrics = scraped(metrics_port)
+        assert (metrics["apexrl_replay_wal_replay_gaps_total"], metrics["apexrl_replay_wal_replayed_rows"]) == (1, 100)
+    finally:
+        assert shard.stop(signal.SIGTERM, timeout=30) == 0
+    log = (tmp_path / "second.log").read_text()
+    assert f"WRITE-AHEAD LOG GAP: {segment}: the record at byte " in log
+    assert "the rows from key 100 on are lost" in log and "priorities must be finite" in log

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 
 import grpc
@@ -78,15 +79,36 @@ def test_batches_refused_by_a_shutting_down_shard_are_resent_to_its_replacement(
     np.testing.assert_array_equal(np.sort(replacement.sample(200).columns["action"].reshape(-1))[[0, -1]], [10, 29])
 
 
-def slowed(table, seconds: float = 0.002) -> None:
-    """Make every table insert take `seconds` longer, so that a fast writer's batches queue up behind it."""
-    original = table.insert
+class HeldBack:
+    """Holds every table insert of a shard, once `hold(client)` was called, until its writer is ahead: the client's
+    window of unacknowledged batches is full (`insert` would block) or `release()` says it sent its last batch. The
+    writer then outruns its shard on any machine, however loaded (a sleep per insert only slows the shard, and a
+    writer slowed down more by a busy machine catches up with it), so the batches that queue up behind an unanswered
+    request are exactly what these tests count. The shard's event loop waits meanwhile: nothing else is served."""
 
-    def slow_insert(*args, **kwargs):
-        time.sleep(seconds)
-        return original(*args, **kwargs)
+    def __init__(self, table, timeout: float = 30.0) -> None:
+        self._client: ReplayClient | None = None
+        self._released = threading.Event()
+        insert = table.insert
 
-    table.insert = slow_insert
+        def held_insert(*args, **kwargs):
+            deadline = time.monotonic() + timeout
+            while not self._ahead():
+                assert time.monotonic() < deadline, "the writer never filled its window"
+                time.sleep(0.001)
+            return insert(*args, **kwargs)
+
+        table.insert = held_insert
+
+    def _ahead(self) -> bool:
+        client = self._client
+        return client is None or self._released.is_set() or client.pending >= client.max_in_flight
+
+    def hold(self, client: ReplayClient) -> None:
+        self._client = client
+
+    def release(self) -> None:
+        self._released.set()
 
 
 def insert_requests(shard) -> float:
@@ -97,12 +119,14 @@ def insert_requests(shard) -> float:
 def test_batches_queued_behind_an_unanswered_request_are_merged_with_fewer_acks(shard):
     """A writer faster than its shard: the batches that queue while a request is unanswered travel as one merged
     request, answered by one ack, and every row is stored once, in order."""
-    slowed(shard.table)
+    held = HeldBack(shard.table)
     with ReplayClient(shard.address, timeout=30) as client:
         for i in range(200):
             client.insert(cartpole_batch(4, 4 * i), priorities=np.full(4, 1.0 + i))
             if i == 0:
                 client.flush()  # the stream's first ack shows that the shard merges (until then: one by one)
+                held.hold(client)
+        held.release()
         client.flush()
         counts = (client.acks_received, client.requests_sent, insert_requests(shard))
     assert counts[0] == counts[1] == counts[2] <= 200 / 8, counts
@@ -120,13 +144,17 @@ def test_merged_resends_after_the_stream_breaks_lose_and_duplicate_nothing(make_
     from apexrl.replay_server.service import create_replay_server
 
     shard = make_shard(TableConfig(capacity=10_000))
-    slowed(shard.table)
+    held = HeldBack(shard.table)
     port = int(shard.address.rsplit(":", 1)[1])
     client = ReplayClient(shard.address, max_in_flight=256, timeout=30)  # room for every batch while it is down
     try:
         for i in range(100):
             client.insert(cartpole_batch(10, 10 * i))
-        assert client.pending > 1  # merged requests are on their way
+            if i == 0:
+                client.flush()  # the stream's first ack shows that the shard merges
+                held.hold(client)  # the shard answers nothing more until the server stops
+        assert client.pending == 99  # one request in flight, the rest queued behind it to go merged
+        held.release()
         shard.server.stop(0).wait(10)  # breaks the stream, maybe with batches in flight or half a request stored
         first_requests = insert_requests(shard)
         for i in range(100, 150):  # these queue up while the shard is down
@@ -145,7 +173,7 @@ def test_merged_resends_after_the_stream_breaks_lose_and_duplicate_nothing(make_
 
 
 def test_a_rejected_batch_among_merged_ones_raises_its_own_error_and_the_others_are_stored(shard):
-    slowed(shard.table)
+    held = HeldBack(shard.table)
     errors = []
     with ReplayClient(shard.address, timeout=30) as client:
         for i in range(40):
@@ -157,6 +185,8 @@ def test_a_rejected_batch_among_merged_ones_raises_its_own_error_and_the_others_
                 client.insert(batch, priorities)
             if i == 0:
                 client.flush()  # the stream's first ack shows that the shard merges
+                held.hold(client)
+        held.release()
         try:
             client.flush()
         except InvalidArgumentError as err:
@@ -173,7 +203,7 @@ def test_bool_bytes_other_than_0_or_1_travel_alone_so_only_their_batch_is_refuse
     """The shard refuses a BOOL tensor holding other bytes when it decodes the request, which for a merged request
     would refuse all its batches: such a batch is never merged."""
     shard = make_shard(TableConfig(capacity=1000))
-    slowed(shard.table)
+    held = HeldBack(shard.table)
     errors = []
     with ReplayClient(shard.address, timeout=30) as client:
         for i in range(30):
@@ -184,6 +214,8 @@ def test_bool_bytes_other_than_0_or_1_travel_alone_so_only_their_batch_is_refuse
                 errors.append(err)
             if i == 0:
                 client.flush()  # the stream's first ack shows that the shard merges
+                held.hold(client)
+        held.release()
         try:
             client.flush()
         except InvalidArgumentError as err:

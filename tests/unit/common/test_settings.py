@@ -107,6 +107,13 @@ def test_argv_round_trips_every_setting(cls, tmp_path):
         changed["chunk_bytes"] = 1024
     if cls is LearnerConfig:
         changed["health_port"] = None  # it belongs to the hosted parameter service, and `params` is changed
+    if "role_tokens" in changed:  # a directory of token files, and no fleet token beside it
+        tokens = tmp_path / "tokens"
+        tokens.mkdir()
+        (tokens / "learner").write_text("t-learner")
+        changed.update(role_tokens=str(tokens), token=None)
+    if cls is LearnerConfig:  # with --params it hosts no parameter service to guard
+        changed.update(role_tokens=None, certificate_roles=False)
     certs = make_certs(tmp_path)  # the TLS settings must name readable PEM files
     changed.update({k: v for k, v in {"tls_cert": certs.cert, "tls_key": certs.key, "tls_ca": certs.ca}.items()
                     if k in changed})
@@ -122,11 +129,13 @@ def _other_value(s):
                "samples_per_insert_tolerance": 99.0, "epsilon": 0.25, "gamma": 0.9, "actor_index": 1,
                "num_actors": 3, "beta_start": 0.5, "beta_end": 0.9, "metrics_port": 9999, "port": 7777,
                "max_message_bytes": 1 << 20, "env": "Acrobot-v1", "host": "0.0.0.0", "device": "cpu",
-               "signature": None, "evaluation_cpu_share": 0.5, "target_tau": 0.5}
+               "signature": None, "evaluation_cpu_share": 0.5, "target_tau": 0.5, "params": "127.0.0.1:7101"}
     if s.name in special:
         return special[s.name]
     if s.choices is not None:
         return next(c for c in s.choices if c != s.default)
+    if isinstance(kind, type) and hasattr(kind, "from_value"):  # a value with its own fleet-file form (EnvKwargs)
+        return kind.from_value({"x": [1, "two"]})
     if kind is bool:
         return not s.default
     if kind is int:
@@ -137,13 +146,19 @@ def _other_value(s):
 
 
 def test_no_two_roles_default_to_the_same_port():
+    """Every role started by hand with its defaults on one machine (README, "Running the roles yourself") gets its
+    own ports: the actors' metrics ports follow their index, the evaluator's is apart."""
     ports: dict[int, str] = {}
     for role, cls in ROLE_CONFIGS.items():
         for s in settings_of(cls):
-            if s.name in ("port", "metrics_port"):
+            if s.name in ("port", "metrics_port") and s.default is not None:
                 assert s.default not in ports, f"{role} {s.flag} {s.default} is also {ports[s.default]}'s"
                 ports[s.default] = f"{role} {s.flag}"
-    assert len(ports) == 7  # replay 2, params 2, learner 2, actor 1
+    assert len(ports) == 6  # replay 2, params 2, learner 2
+    actors = {ActorConfig(params="h:1", replay=("h:2",), actor_index=i, num_actors=8).serving_metrics_port: i
+              for i in range(8)}
+    evaluator = ActorConfig(params="h:1", evaluate=True).serving_metrics_port
+    assert len(actors) == 8 and evaluator not in actors and not set(ports) & {*actors, evaluator}
 
 
 def test_listening_roles_share_flag_names_and_help():
@@ -152,6 +167,9 @@ def test_listening_roles_share_flag_names_and_help():
         fields = {s.name: s for s in settings_of(cls)}
         for name in SERVER_FIELDS:
             if role == "actor" and name in ("port", "port_file"):
+                continue
+            if role == "actor" and name == "metrics_port":  # its default follows the actor index
+                assert fields[name].default is None
                 continue
             assert name in fields, f"{role} has no --{name.replace('_', '-')}"
             if name != "port":

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import hmac
 import os
-from types import SimpleNamespace
 
-import grpc
 import pytest
 
-from apexrl.common import grpc_util
+from apexrl.common import access, grpc_util
 from apexrl.common.process import TOKEN_VARIABLE, resolve_token, with_token
 from apexrl.common.settings import SettingsError
 from apexrl.replay_server.config import ReplayConfig
@@ -73,6 +71,22 @@ def test_a_token_file_others_can_read_is_used_with_a_warning(token_file, caplog)
     assert "readable by other users" not in caplog.text
 
 
+def test_a_group_readable_token_file_warns_only_for_a_group_this_process_is_not_in(token_file, caplog):
+    own = token_file("s3cret", mode=0o440)  # a Kubernetes Secret volume: 0440, group = the pod's fsGroup
+    os.chown(own, -1, os.getegid())
+    resolve_token(None, own, {})
+    assert "readable by other users" not in caplog.text
+    foreign = token_file("s3cret", mode=0o440)
+    groups = {os.getegid(), *os.getgroups()}
+    other = next(gid for gid in range(1, 60000) if gid not in groups)
+    try:
+        os.chown(foreign, -1, other)
+    except PermissionError:
+        pytest.skip("only root may give a file to a group it is not in")
+    resolve_token(None, foreign, {})
+    assert "readable by other users (mode 0440)" in caplog.text
+
+
 def test_a_role_config_gets_its_token_resolved_and_keeps_the_path(token_file):
     path = token_file("from-file")
     config = with_token(ReplayConfig(token_file=path), {TOKEN_VARIABLE: "from-env"})
@@ -89,21 +103,14 @@ def test_the_servers_compare_tokens_in_constant_time(monkeypatch):
         compared.append((a, b))
         return compare_digest(a, b)
 
-    monkeypatch.setattr(grpc_util.hmac, "compare_digest", spy)  # the one check both server stacks call
-    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: None)
+    monkeypatch.setattr(access.hmac, "compare_digest", spy)  # the one check both server stacks call
+    policy = access.AccessPolicy.single_token("s3cret")
+    method = "/apexrl.v1.ReplayService/Info"
 
-    def details(metadata):
-        return SimpleNamespace(method="/apexrl.ReplayService/Info", invocation_metadata=metadata)
-
-    def deny(request, context):
-        return None
-
-    assert grpc_util.token_checked(handler, details((("authorization", "Bearer s3cret"),)), "Bearer s3cret",
-                                   deny) is handler
-    assert grpc_util.token_checked(handler, details((("authorization", "Bearer wrong"),)), "Bearer s3cret",
-                                   deny) is not handler
-    assert grpc_util.token_checked(handler, details(()), "Bearer s3cret", deny) is not handler
-    assert len(compared) == 3 and all(isinstance(a, bytes) and isinstance(b, bytes) for a, b in compared)
+    assert policy.decide(method, (("authorization", "Bearer s3cret"),)) == access.FLEET
+    assert isinstance(policy.decide(method, (("authorization", "Bearer wrong"),)), access.AccessDenied)
+    assert isinstance(policy.decide(method, ()), access.AccessDenied)
+    assert len(compared) == 2 and all(isinstance(a, bytes) and isinstance(b, bytes) for a, b in compared)
 
 
 @pytest.mark.parametrize(("host", "loopback"), [

@@ -5,16 +5,19 @@ Each `check_*` function returns a list of problems (empty when the fleet is righ
 that the committed manifests have none and that a broken copy of them is caught (test_manifests.py does both).
 
 Secrets are not part of the manifests (cert-manager or `kubectl create secret` makes them): a test adds the
-Secret objects a target mounts (`tls_secret`) to the rendered objects, and the checks project each Secret volume
-into a local directory, as the kubelet would, so that the flags naming files in it parse with real files.
+Secret objects a target mounts (tests/unit/deploy/fleet_secrets.py makes them as the guide does) to the rendered
+objects, and the checks project each Secret volume (a `secret` volume, or a `projected` one of Secrets) into a
+local directory, as the kubelet would, so that the flags naming files in it parse with real files.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import importlib
 import io
+import ipaddress
 import re
 import shutil
 import subprocess
@@ -94,6 +97,8 @@ class Fleet:
     # one's mountPath in its container.
     _projected: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
     _mounted_at: dict[str, str] = field(default_factory=dict, repr=False)
+    # What the checks derive from the objects more than once (parsed command lines, dialled connections).
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for obj in self.objects:
@@ -101,9 +106,10 @@ class Fleet:
 
     def secret_volume_directory(self, c: Container, mount: dict) -> Path | None:
         """A local directory holding the files the kubelet would put in the Secret volume `mount` of container
-        `c` (its keys, or its `items`), or None when the Secret is not among the objects."""
+        `c` (its keys, or its `items`; a projected volume's sources together), or None when a Secret it needs is
+        not among the objects."""
         volume = next(v for v in pod_spec(c.workload).get("volumes", []) if v["name"] == mount["name"])
-        files = secret_volume_files(self, volume["secret"])
+        files, _ = volume_files(self, volume)
         if files is None:
             return None
         if self._projected is None:
@@ -162,15 +168,51 @@ def pod_spec(workload: dict) -> dict:
 
 
 def secret_volume_files(fleet: Fleet, source: dict) -> dict[str, bytes] | None:
-    """The files (path in the volume -> bytes) of a `secret` volume source, from the Secret among the objects
-    (`data` base64-decoded, `stringData`); None when it is not there."""
-    secret = fleet.get("Secret", source.get("secretName", ""))
+    """The files (path in the volume -> bytes) of a `secret` volume source (or a projected volume's `secret`
+    source, which names its Secret by `name`), from the Secret among the objects (`data` base64-decoded,
+    `stringData`); None when it is not there."""
+    secret = fleet.get("Secret", source.get("secretName", source.get("name", "")))
     if secret is None:
         return None
     data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
     data.update({k: v.encode() for k, v in (secret.get("stringData") or {}).items()})
     items = source.get("items") or [{"key": k, "path": k} for k in data]
     return {item["path"]: data[item["key"]] for item in items if item["key"] in data}
+
+
+def secret_sources(volume: dict) -> list[tuple[str, dict]]:
+    """(Secret name, its source) of every Secret a `secret` or `projected` volume holds."""
+    if "secret" in volume:
+        return [(volume["secret"].get("secretName", ""), volume["secret"])]
+    return [(s["secret"].get("name", ""), s["secret"]) for s in (volume.get("projected") or {}).get("sources", [])
+            if "secret" in s]
+
+
+def volume_files(fleet: Fleet, volume: dict) -> tuple[dict[str, bytes] | None, list[str]]:
+    """The files of a `secret` or `projected` (Secrets only) volume as the kubelet writes them, and the Secrets
+    it needs that are not among the objects (then None: the pod would not start). An `optional` Secret that is
+    not there adds nothing."""
+    files: dict[str, bytes] = {}
+    missing = []
+    for name, source in secret_sources(volume):
+        found = secret_volume_files(fleet, source)
+        if found is None:
+            if not source.get("optional"):
+                missing.append(name)
+            continue
+        files.update(found)
+    return (None if missing else files), missing
+
+
+def file_mode(volume: dict, relative: str) -> int:
+    """The mode the kubelet gives file `relative` of a `secret` or `projected` volume (an item's mode, else the
+    volume's defaultMode, else 0644)."""
+    source = volume.get("secret") or volume.get("projected") or {}
+    for _, src in secret_sources(volume):
+        for item in src.get("items") or []:
+            if item["path"] == relative and "mode" in item:
+                return item["mode"]
+    return source.get("defaultMode", 0o644)
 
 
 def tls_secret(name: str, namespace: str, cert: bytes, key: bytes, ca: bytes) -> dict:
@@ -182,8 +224,8 @@ def tls_secret(name: str, namespace: str, cert: bytes, key: bytes, ca: bytes) ->
 
 
 def secret_mounts(c: Container) -> list[dict]:
-    """The container's mounts of `secret` volumes."""
-    secrets = {v["name"] for v in pod_spec(c.workload).get("volumes", []) if "secret" in v}
+    """The container's mounts of `secret` volumes and of `projected` volumes of Secrets."""
+    secrets = {v["name"] for v in pod_spec(c.workload).get("volumes", []) if secret_sources(v)}
     return [mt for mt in c.spec.get("volumeMounts", []) if mt["name"] in secrets]
 
 
@@ -308,23 +350,32 @@ def project_secrets(fleet: Fleet, c: Container, argv: list[str]) -> tuple[list[s
         directory = fleet.secret_volume_directory(c, mount)
         if directory is None:
             volume = next(v for v in pod_spec(c.workload)["volumes"] if v["name"] == mount["name"])
-            problems.append(f"{c.name}: volume {mount['name']} mounts Secret {volume['secret'].get('secretName')!r}, "
-                            f"which is not among the objects (it is made outside the manifests; the checks need "
-                            f"one to read the files the flags name)")
+            for name in volume_files(fleet, volume)[1]:
+                problems.append(f"{c.name}: volume {mount['name']} mounts Secret {name!r}, which is not among the "
+                                f"objects (it is made outside the manifests; the checks need one to read the files "
+                                f"the flags name)")
             continue
-        prefixes[mount["mountPath"].rstrip("/") + "/"] = str(directory) + "/"
+        prefixes[mount["mountPath"].rstrip("/")] = str(directory)
     projected = []
     for arg in argv:
         flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
         for prefix, local in prefixes.items():
-            if value.startswith(prefix):
+            if value == prefix or value.startswith(prefix + "/"):
                 value = local + value[len(prefix):]
         projected.append(f"{flag}{eq}{value}")
     return projected, problems
 
 
 def parsed_containers(fleet: Fleet) -> tuple[list[tuple[Container, int, Parsed]], list[str]]:
-    """Every container's command line, expanded and parsed, for each pod ordinal that matters."""
+    """Every container's command line, expanded and parsed, for each pod ordinal that matters (once per Fleet:
+    the checks do not change the objects)."""
+    if "parsed" not in fleet._derived:
+        fleet._derived["parsed"] = _parse_containers(fleet)
+    parsed, problems = fleet._derived["parsed"]
+    return list(parsed), list(problems)
+
+
+def _parse_containers(fleet: Fleet) -> tuple[list[tuple[Container, int, Parsed]], list[str]]:
     result, problems = [], []
     for c in fleet.containers():
         if c.spec.get("command"):
@@ -607,81 +658,258 @@ def check_security(fleet: Fleet, uid: int, stop_grace: float) -> list[str]:
 
 
 def check_pdb(fleet: Fleet) -> list[str]:
+    """The shards' PodDisruptionBudget lets voluntary disruptions (node drains) take one shard at a time
+    (maxUnavailable 1, whatever the shard count: the guide's promise), and selects the shards only."""
     problems = []
     shards = [w for w in fleet.workloads() if component(w) == "replay"]
     covered = set()
     for pdb in fleet.all("PodDisruptionBudget"):
+        name = f"PodDisruptionBudget {pdb['metadata']['name']}"
         selected = fleet.selected(pdb["spec"].get("selector", {}).get("matchLabels", {}))
         if not selected:
-            problems.append(f"PodDisruptionBudget {pdb['metadata']['name']} selects no workload")
+            problems.append(f"{name} selects no workload")
         covered.update(id(w) for w in selected)
         if "maxUnavailable" not in pdb["spec"] and "minAvailable" not in pdb["spec"]:
-            problems.append(f"PodDisruptionBudget {pdb['metadata']['name']} sets no budget")
+            problems.append(f"{name} sets no budget")
+        if any(component(w) == "replay" for w in selected):
+            if [component(w) for w in selected] != ["replay"]:
+                problems.append(f"{name} selects {[w['metadata']['name'] for w in selected]}, not the shards only")
+            if pdb["spec"].get("maxUnavailable") != 1 or "minAvailable" in pdb["spec"]:
+                problems.append(f"{name}: maxUnavailable {pdb['spec'].get('maxUnavailable')}, minAvailable "
+                                f"{pdb['spec'].get('minAvailable')}: drains must take one shard at a time "
+                                f"(maxUnavailable 1)")
     problems += [f"StatefulSet {w['metadata']['name']}: no PodDisruptionBudget selects the shards"
                  for w in shards if id(w) not in covered]
     return problems
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# NetworkPolicies: who may connect to whom (Kubernetes' semantics), and the fleet's design
+
+
+@dataclass
+class Endpoint:
+    """A pod as NetworkPolicies see it (or, with `ip` and no namespace, an address outside the cluster)."""
+
+    name: str                                  # a role (the component label) or a stranger's name
+    namespace: str | None
+    labels: dict[str, str] = field(default_factory=dict)
+    namespace_labels: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, tuple[int, str]] = field(default_factory=dict)  # port name -> (number, protocol)
+    ip: str | None = None
+
+
+def namespace_labels(fleet: Fleet, namespace: str) -> dict[str, str]:
+    """A namespace's labels: the automatic kubernetes.io/metadata.name, and the rendered Namespace's own."""
+    ns = fleet.get("Namespace", namespace)
+    return {**((ns or {}).get("metadata", {}).get("labels") or {}), "kubernetes.io/metadata.name": namespace}
+
+
+def workload_endpoint(fleet: Fleet, workload: dict) -> Endpoint:
+    """One pod of `workload` as NetworkPolicies see it (its template's labels, its named ports)."""
+    ports = {p["name"]: (p["containerPort"], p.get("protocol", "TCP")) for c in pod_spec(workload)["containers"]
+             for p in c.get("ports", []) if "name" in p}
+    return Endpoint(component(workload), fleet.namespace, dict(pod_labels(workload)),
+                    namespace_labels(fleet, fleet.namespace), ports)
+
+
+def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector (matchLabels and matchExpressions; {} selects everything) against `labels`."""
+    selector = selector or {}
+    if not labels_match(selector.get("matchLabels") or {}, labels):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if not {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
+                "Exists": key in labels, "DoesNotExist": key not in labels}[op]:
+            return False
+    return True
+
+
+def _peer_matches(peer: dict, policy_namespace: str, ep: Endpoint) -> bool:
+    if "ipBlock" in peer:
+        if ep.ip is None:
+            return False  # pod traffic is matched by pod and namespace selectors (CNIs differ on pod IPs here)
+        address = ipaddress.ip_address(ep.ip)
+        return address in ipaddress.ip_network(peer["ipBlock"]["cidr"]) and not any(
+            address in ipaddress.ip_network(cidr) for cidr in peer["ipBlock"].get("except") or [])
+    if ep.namespace is None:
+        return False
+    if "namespaceSelector" in peer:
+        if not selector_matches(peer["namespaceSelector"], ep.namespace_labels):
+            return False
+    elif ep.namespace != policy_namespace:
+        return False
+    return "podSelector" not in peer or selector_matches(peer["podSelector"], ep.labels)
+
+
+def _port_matches(rule_ports: list[dict] | None, number: int, protocol: str, destination: Endpoint) -> bool:
+    """A rule's `ports` against a connection to `destination`'s port `number`; a named port is the destination
+    pod's (for ingress rules: the selected pod's)."""
+    if not rule_ports:
+        return True
+    for p in rule_ports:
+        if p.get("protocol", "TCP") != protocol:
+            continue
+        if "port" not in p:
+            return True
+        value = p["port"]
+        if isinstance(value, str) and not value.isdigit():
+            if destination.ports.get(value) == (number, protocol):
+                return True
+        elif int(value) <= number <= int(p.get("endPort", value)):
+            return True
+    return False
+
+
+def policy_types(policy: dict) -> list[str]:
+    """policyTypes, with the API server's default when unset (Ingress, and Egress when there are egress rules)."""
+    spec = policy["spec"]
+    return spec.get("policyTypes") or ["Ingress", *(["Egress"] if spec.get("egress") else [])]
+
+
+def isolating(fleet: Fleet, ep: Endpoint, direction: str) -> list[dict]:
+    """The NetworkPolicies that select `ep` for `direction` (Ingress or Egress): it is isolated that way when any
+    does, and then admits only what one of their rules allows."""
+    return [pol for pol in fleet.all("NetworkPolicy")
+            if ep.namespace == pol["metadata"].get("namespace", fleet.namespace)
+            and direction in policy_types(pol) and selector_matches(pol["spec"].get("podSelector"), ep.labels)]
+
+
+def connection_allowed(fleet: Fleet, source: Endpoint, destination: Endpoint, number: int,
+                       protocol: str = "TCP") -> bool:
+    """Whether the rendered NetworkPolicies let `source` open a connection to `destination`'s port `number`:
+    the source's egress policies (if any select it) and the destination's ingress policies (likewise) must both
+    allow it. Traffic from a pod's own node (the kubelet's probes) is always allowed and is not asked about here."""
+    def allows(policies: list[dict], rules_key: str, peers_key: str, peer: Endpoint) -> bool:
+        return any(_port_matches(rule.get("ports"), number, protocol, destination)
+                   and (not rule.get(peers_key) or any(_peer_matches(x, pol["metadata"].get(
+                       "namespace", fleet.namespace), peer) for x in rule[peers_key]))
+                   for pol in policies for rule in pol["spec"].get(rules_key) or [])
+
+    egress = isolating(fleet, source, "Egress") if source.namespace is not None else []
+    if egress and not allows(egress, "egress", "to", destination):
+        return False
+    ingress = isolating(fleet, destination, "Ingress") if destination.namespace is not None else []
+    return not ingress or allows(ingress, "ingress", "from", source)
+
+
+# The fleet's network design (k8s/base/networkpolicy.yaml's table): every connection it allows, as (from, to, the
+# destination's port name). Everything else is denied: nobody reaches the actors or the evaluator but Prometheus,
+# nobody reaches a health port (the kubelet does, from the node), pods outside the fleet reach nothing.
+FLEET_ROLES = ("replay", "learner", "actor", "evaluator")
+NETWORK_DESIGN = frozenset({
+    ("actor", "replay", "grpc"), ("actor", "learner", "grpc"),
+    ("evaluator", "learner", "grpc"),
+    ("learner", "replay", "grpc"),
+    *(("prometheus", role, "metrics") for role in FLEET_ROLES),
+    *((role, "kube-dns", port) for role in (*FLEET_ROLES, "fleet-labelled") for port in ("dns", "dns-tcp")),
+})
+
+
+def strangers(fleet: Fleet) -> list[Endpoint]:
+    """The pods and addresses the design is checked against besides the fleet's own: Prometheus, the cluster DNS,
+    a pod without the fleet label, a pod with only the fleet label, an actor-labelled pod in another namespace and
+    an address on the internet."""
+    key, value = FLEET_LABEL
+    ns, ns_labels = fleet.namespace, namespace_labels(fleet, fleet.namespace)
+    actor = next((pod_labels(w) for w in fleet.workloads() if component(w) == "actor"), {})
+    return [
+        Endpoint("prometheus", "monitoring", {"app.kubernetes.io/name": "prometheus"},
+                 {"kubernetes.io/metadata.name": "monitoring"}),
+        Endpoint("kube-dns", "kube-system", {"k8s-app": "kube-dns"}, {"kubernetes.io/metadata.name": "kube-system"},
+                 {"dns": (53, "UDP"), "dns-tcp": (53, "TCP")}),
+        Endpoint("no-fleet-label", ns, {"app.kubernetes.io/name": "debug"}, ns_labels),
+        Endpoint("fleet-labelled", ns, {key: value}, ns_labels),
+        Endpoint("actor-elsewhere", "elsewhere", dict(actor), {"kubernetes.io/metadata.name": "elsewhere"}),
+        Endpoint("internet", None, ports={"https": (443, "TCP")}, ip="203.0.113.10"),
+    ]
+
+
+def network_matrix(fleet: Fleet) -> set[tuple[str, str, str]]:
+    """Every (from, to, port name) the rendered NetworkPolicies allow, between one pod of each role and the
+    strangers: connections to the fleet's pods from anyone, and from pods with the fleet label in the fleet's
+    namespace (the policies' business) to anywhere."""
+    key, value = FLEET_LABEL
+    fleet_eps = [workload_endpoint(fleet, w) for w in fleet.workloads()]
+    others = strangers(fleet)
+    allowed = set()
+    for src in fleet_eps + [e for e in others if e.namespace is not None]:
+        for dst in fleet_eps + [e for e in others if e.name in ("kube-dns", "internet")]:
+            if dst not in fleet_eps and (src.labels.get(key) != value or src.namespace != fleet.namespace):
+                continue  # a stranger's reach outside the fleet is not the fleet's policies' business
+            for port_name, (number, protocol) in dst.ports.items():
+                if src is not dst and connection_allowed(fleet, src, dst, number, protocol):
+                    allowed.add((src.name, dst.name, port_name))
+    return allowed
+
+
 def check_network_policy(fleet: Fleet) -> list[str]:
-    """A NetworkPolicy selects every fleet pod; fleet members reach every named port of every fleet container but
-    the health ports; Prometheus (a namespace and pod selector) reaches the metrics ports, and nothing else is
-    admitted. A health port serves the kubelet's probes, which come from the pod's node: a NetworkPolicy always
-    allows that traffic, and no rule may open the port to anyone else."""
+    """Every fleet pod carries the fleet label and is isolated both ways by a policy with no rules (default deny);
+    the policies then allow exactly NETWORK_DESIGN between the fleet's roles, Prometheus, the cluster DNS and the
+    strangers (a health port, which only the kubelet needs, is opened to nobody), and every connection the pods'
+    args dial is part of the design. Ports in rules name containerPorts of the fleet (or the DNS port)."""
     problems = []
     key, value = FLEET_LABEL
-    fleet_pods = fleet.workloads()
-    for w in fleet_pods:
+    for w in fleet.workloads():
         if pod_labels(w).get(key) != value:
             problems.append(f"{w['kind']} {w['metadata']['name']}: pods lack the fleet label {key}={value}")
     policies = fleet.all("NetworkPolicy")
     if not policies:
         return [*problems, "no NetworkPolicy"]
-    port_names = {name for c in fleet.containers() for name in c.ports()}
-    admitted_for_fleet: set[str] = set()
-    prometheus_ports: set[str] = set()
+    fleet_eps = [workload_endpoint(fleet, w) for w in fleet.workloads()]
+    deny_all = [p for p in policies if {"Ingress", "Egress"} <= set(policy_types(p))
+                and not p["spec"].get("ingress") and not p["spec"].get("egress")
+                and all(selector_matches(p["spec"].get("podSelector"), e.labels) for e in fleet_eps)]
+    if not deny_all:
+        problems.append("no default-deny NetworkPolicy: none selects every fleet pod for Ingress and Egress "
+                        "without rules")
+    port_names = {name for e in fleet_eps for name in e.ports} | {"dns", "dns-tcp"}
     for pol in policies:
-        pname = pol["metadata"]["name"]
-        selected = fleet.selected(pol["spec"]["podSelector"].get("matchLabels", {}))
-        if {id(w) for w in selected} != {id(w) for w in fleet_pods}:
-            problems.append(f"NetworkPolicy {pname} selects {[w['metadata']['name'] for w in selected]}, not "
-                            f"every fleet workload")
-        if "Ingress" not in pol["spec"].get("policyTypes", []):
-            problems.append(f"NetworkPolicy {pname}: policyTypes lacks Ingress")
-        for rule in pol["spec"].get("ingress", []):
-            ports = [p.get("port") for p in rule.get("ports", [])]
-            if not ports:
-                problems.append(f"NetworkPolicy {pname}: a rule admits every port")
-            for port in ports:
-                if port not in port_names:
-                    problems.append(f"NetworkPolicy {pname}: port {port!r} names no containerPort of the fleet")
-                if port == HEALTH_PORT:
-                    problems.append(f"NetworkPolicy {pname}: a rule opens the {HEALTH_PORT} port, which only the "
-                                    f"kubelet needs (and always reaches)")
-            peers = rule.get("from", [])
-            if not peers:
-                problems.append(f"NetworkPolicy {pname}: a rule admits every source")
-            for peer in peers:
-                pods = peer.get("podSelector", {}).get("matchLabels", {})
-                if "ipBlock" in peer:
-                    problems.append(f"NetworkPolicy {pname}: ipBlock peers are not fleet members")
-                elif "namespaceSelector" in peer:
-                    if not peer["namespaceSelector"].get("matchLabels") or not pods:
-                        problems.append(f"NetworkPolicy {pname}: a namespace peer must select Prometheus by "
-                                        f"namespace and pod labels, is {peer}")
-                    elif set(ports) - {"metrics"}:
-                        problems.append(f"NetworkPolicy {pname}: Prometheus is admitted to {ports}, not only "
-                                        f"metrics")
-                    else:
-                        prometheus_ports.update(ports)
-                elif pods == {key: value}:
-                    admitted_for_fleet.update(ports)
-                else:
-                    problems.append(f"NetworkPolicy {pname}: peer {peer} is neither the fleet nor Prometheus")
-    if port_names - admitted_for_fleet - {HEALTH_PORT}:
-        problems.append(f"fleet members cannot reach ports {sorted(port_names - admitted_for_fleet - {HEALTH_PORT})}")
-    if "metrics" not in prometheus_ports:
-        problems.append("Prometheus is not admitted to the metrics ports")
+        for rule in [*(pol["spec"].get("ingress") or []), *(pol["spec"].get("egress") or [])]:
+            for port in rule.get("ports") or []:
+                named = port.get("port")
+                if isinstance(named, str) and not named.isdigit() and named not in port_names:
+                    problems.append(f"NetworkPolicy {pol['metadata']['name']}: port {named!r} names no "
+                                    f"containerPort of the fleet")
+    allowed = network_matrix(fleet)
+    ports = {(e.name, name): f"{n}/{proto}" for e in fleet_eps + strangers(fleet) for name, (n, proto) in
+             e.ports.items()}
+    for src, dst, port in sorted(allowed - NETWORK_DESIGN):
+        why = "which only the kubelet needs (and always reaches)" if port == HEALTH_PORT else \
+            "which the design (k8s/base/networkpolicy.yaml) does not allow"
+        problems.append(f"NetworkPolicies let {src} reach {dst}:{port} ({ports[(dst, port)]}), {why}")
+    roles = {e.name for e in fleet_eps}
+    for src, dst, port in sorted(NETWORK_DESIGN - allowed):
+        if {src, dst} & set(FLEET_ROLES) <= roles and (dst, port) in ports:
+            problems.append(f"NetworkPolicies keep {src} from {dst}:{port} ({ports[(dst, port)]}), which the "
+                            f"design needs")
+    for src, dst, port in sorted(dialled(fleet) - NETWORK_DESIGN):
+        problems.append(f"{src} dials {dst}:{port}, which the network design does not allow")
     return problems
+
+
+def dialled(fleet: Fleet) -> set[tuple[str, str, str]]:
+    """Every (role, role, port name) a container's args dial (--replay, --params), resolved through the Services."""
+    if "dialled" not in fleet._derived:
+        fleet._derived["dialled"] = _dialled(fleet)
+    return set(fleet._derived["dialled"])
+
+
+def _dialled(fleet: Fleet) -> set[tuple[str, str, str]]:
+    parsed, _ = parsed_containers(fleet)
+    found = set()
+    for c, _, p in parsed:
+        targets = [*(getattr(p.config, "replay", ()) or ()), *([p.config.params] if getattr(p.config, "params", None)
+                                                                 else [])]
+        for address in targets:
+            selected, number, _, _ = resolve_address(fleet, address, c.name)
+            for w in selected:
+                name = next((n for n, port in Container(w, pod_spec(w)["containers"][0]).ports().items()
+                             if port == number), None)
+                if name is not None:
+                    found.add((component(c.workload), component(w), name))
+    return found
 
 
 def check_learner(fleet: Fleet) -> list[str]:
@@ -702,17 +930,10 @@ def check_tls(fleet: Fleet) -> list[str]:
     every client verifies TLS servers with a CA and, when they require client certificates, presents one;
     clients that dial shards by the addresses a headless Service returns check the certificate against
     --tls-server-name; TLS servers keep a plaintext health port for the probes (check_probes puts the probes
-    there). Every TLS file lies in a read-only Secret volume, whose key the pod's user can read and others
-    cannot (mode 0440 with the pod's fsGroup: the kubelet gives the files that group)."""
+    there). Where the files lie and who may read them is check_credentials'."""
     parsed, _ = parsed_containers(fleet)  # refusals are check_args' to report
     problems: list[str] = []
-    servers, clients = [], []
-    for c, ordinal, p in parsed:
-        cfg = p.config
-        if p.subcommand in ("replay", "params") or (p.subcommand == "learner" and cfg.params is None):
-            servers.append((c, ordinal, cfg))
-        if p.subcommand in ("learner", "actor"):
-            clients.append((c, ordinal, cfg))
+    servers, clients = server_and_client_configs(parsed)
     serving = {c.name: cfg.tls_cert is not None for c, _, cfg in servers}
     if len(set(serving.values())) > 1:
         problems.append(f"some servers serve TLS, others plaintext: {serving}")
@@ -734,41 +955,234 @@ def check_tls(fleet: Fleet) -> list[str]:
         if tls_on and dns and cfg.tls_server_name is None:
             problems.append(f"{where}: dials the shards by the addresses {dns[0]} resolves to, which no certificate "
                             f"names: set --tls-server-name to the name the certificate holds")
-    for c, ordinal, p in parsed:
-        volumes = {v["name"]: v for v in pod_spec(c.workload).get("volumes", [])}
-        mounts = {m["mountPath"].rstrip("/") + "/": m for m in secret_mounts(c)}
-        for name in TLS_FILES:
-            local = getattr(p.config, name, None)
-            if local is None:
-                continue
-            path = fleet.original_path(local)
-            mount = next((m for prefix, m in mounts.items() if path.startswith(prefix)), None)
-            if mount is None:
-                problems.append(f"{c.name} (pod {ordinal}): --{name.replace('_', '-')} {path} is not in a Secret "
-                                f"volume")
-                continue
-            if not mount.get("readOnly"):
-                problems.append(f"{c.name}: Secret volume {mount['name']} at {mount['mountPath']} is not mounted "
-                                f"readOnly")
-            if name == "tls_key" and ordinal == ordinals(c.workload)[0]:
-                problems += _key_mode_problems(c, volumes[mount["name"]]["secret"], path[len(mount["mountPath"]
-                                                                                          .rstrip("/")) + 1:])
     return problems
 
 
-def _key_mode_problems(c: Container, source: dict, relative: str) -> list[str]:
-    """The private key's file mode in its Secret volume: readable by the pod's user, not by every user."""
-    item = next((i for i in source.get("items") or [] if i["path"] == relative), {})
-    mode = item.get("mode", source.get("defaultMode", 0o644))
-    spec = pod_spec(c.workload)
-    fs_group = spec.get("securityContext", {}).get("fsGroup")
+def server_and_client_configs(parsed: list[tuple[Container, int, Parsed]]) -> tuple[list, list]:
+    """(container, ordinal, config) of every server (shards, parameter services, a learner hosting one) and of
+    every client (learners, actors, the evaluator)."""
+    servers, clients = [], []
+    for c, ordinal, p in parsed:
+        cfg = p.config
+        if p.subcommand in ("replay", "params") or (p.subcommand == "learner" and cfg.params is None):
+            servers.append((c, ordinal, cfg))
+        if p.subcommand in ("learner", "actor"):
+            clients.append((c, ordinal, cfg))
+    return servers, clients
+
+
+# Flags that name credential files (or, --role-tokens, a directory of them), and what each holds.
+CREDENTIAL_FLAGS = {"tls_cert": "certificate", "tls_key": "private key", "tls_ca": "CA bundle",
+                    "token_file": "bearer token", "role_tokens": "role tokens"}
+SECRET_FLAGS = ("tls_key", "token_file", "role_tokens")  # what must stay readable by the pod's user alone
+
+
+def check_credentials(fleet: Fleet) -> list[str]:
+    """Credentials only where they are used: every credential flag names a file (or directory) in a read-only
+    Secret volume of its pod, every Secret volume a container mounts is named by one of its flags, and no two
+    roles share a private key's or a token's Secret (so the shards' server key is in no client's pod, and a
+    stolen actor's files are an actor's credentials only). Private keys and tokens are readable by the pod's user
+    and not by every user (mode 0440 with the pod's fsGroup: the kubelet gives the files that group); no token is
+    on a command line."""
+    parsed, _ = parsed_containers(fleet)
+    problems: list[str] = []
+    holders: dict[tuple[str, str], set[str]] = {}  # (flag, Secret) -> roles using it
+    for c, ordinal, p in parsed:
+        first = ordinal == ordinals(c.workload)[0]
+        volumes = {v["name"]: v for v in pod_spec(c.workload).get("volumes", [])}
+        mounts = {mt["mountPath"].rstrip("/"): mt for mt in secret_mounts(c)}
+        used: set[str] = set()
+        if getattr(p.config, "token", None):
+            problems.append(f"{c.name}: a token on the command line (--token): use --token-file from a Secret")
+        for flag, what in CREDENTIAL_FLAGS.items():
+            local = getattr(p.config, flag, None)
+            if local is None:
+                continue
+            path = fleet.original_path(local).rstrip("/")
+            mount = next((mt for point, mt in mounts.items() if path == point or path.startswith(point + "/")), None)
+            option = f"--{flag.replace('_', '-')}"
+            if mount is None:
+                problems.append(f"{c.name} (pod {ordinal}): {option} {path} is not in a Secret volume")
+                continue
+            used.add(mount["name"])
+            if not mount.get("readOnly"):
+                problems.append(f"{c.name}: Secret volume {mount['name']} at {mount['mountPath']} is not mounted "
+                                f"readOnly")
+            volume = volumes[mount["name"]]
+            relative = path[len(mount["mountPath"].rstrip("/")) + 1:]
+            if flag in SECRET_FLAGS and first:
+                files = [relative] if relative else sorted(volume_files(fleet, volume)[0] or {})
+                for name in files:
+                    problems += _secret_file_problems(c, volume, name, what)
+            if flag in ("tls_key", "token_file"):
+                for secret, _ in secret_sources(volume):
+                    holders.setdefault((option, secret), set()).add(component(c.workload))
+        if first:
+            for mt in secret_mounts(c):
+                if mt["name"] not in used:
+                    secrets = [name for name, _ in secret_sources(volumes[mt["name"]])]
+                    problems.append(f"{c.name}: mounts Secret {', '.join(secrets)} at {mt['mountPath']}, which none "
+                                    f"of its flags reads: a credential in a pod that does not use it")
+    for (option, secret), roles in sorted(holders.items()):
+        if len(roles) > 1:
+            problems.append(f"Secret {secret} is the {option} of several roles ({', '.join(sorted(roles))}): each "
+                            f"role needs its own, so that one pod's files are its role's credentials only")
+    return problems
+
+
+def _secret_file_problems(c: Container, volume: dict, relative: str, what: str) -> list[str]:
+    """A secret file's mode in its volume: readable by the pod's user, not by every user."""
+    mode = file_mode(volume, relative)
+    fs_group = pod_spec(c.workload).get("securityContext", {}).get("fsGroup")
     if mode & 0o004:
-        return [f"{c.name}: the private key {relative} has mode {mode:#o}: every user in the container may read "
-                f"it (defaultMode 0440 with the pod's fsGroup keeps it to the fleet's user)"]
+        return [f"{c.name}: the {what} {relative} has mode {mode:#o}: every user in the container may read it "
+                f"(defaultMode 0440 with the pod's fsGroup keeps it to the fleet's user)"]
     if fs_group is None:
-        return [f"{c.name}: the private key {relative} (mode {mode:#o}, owned by root) is unreadable for the pod's "
+        return [f"{c.name}: the {what} {relative} (mode {mode:#o}, owned by root) is unreadable for the pod's "
                 f"user: the pod needs an fsGroup, whose group the kubelet gives the volume's files"]
     return []
+
+
+# Role names of apexrl's access list (common/access.py) a client pod acts in: its component label.
+CLIENT_ROLES = ("actor", "evaluator", "learner")
+OPERATOR = "operator"  # a person's or a tool's role; servers may verify it, no pod acts in it
+
+
+def check_roles(fleet: Fleet) -> list[str]:
+    """Role credentials are the whole fleet's or nobody's. With them on (servers given --role-tokens): every
+    server verifies exactly the roles that dial it (from the args; the operator's may be there too), every client
+    sends a token (--token-file), and that token is the one each server it dials holds for its role (compared
+    byte for byte in the projected Secrets); the shards pin the table signature (--signature), since an actor's
+    first insert cannot fix it; and no server also takes roles from certificates (--certificate-roles would let a
+    caller without a token act in its certificate's role: either credential would do). Wherever the shards pin a
+    signature, it is the one the actors write for their environment."""
+    parsed, _ = parsed_containers(fleet)
+    problems: list[str] = []
+    servers, clients = server_and_client_configs(parsed)
+    on = {c.name: getattr(cfg, "role_tokens", None) is not None for c, _, cfg in servers}
+    if len(set(on.values())) > 1:
+        problems.append(f"some servers verify role tokens, others do not: {on}")
+    callers: dict[str, set[str]] = {}
+    for src, dst, _ in dialled(fleet):
+        callers.setdefault(dst, set()).add(src)
+    if any(on.values()):
+        for c, _, cfg in servers:
+            if getattr(cfg, "role_tokens", None) is None:
+                continue
+            role = component(c.workload)
+            directory = Path(cfg.role_tokens)
+            verified = {f.name for f in directory.iterdir() if f.is_file() and not f.name.startswith(".")}
+            verified_roles = {name.split(".", 1)[0] for name in verified}
+            for missing in sorted(callers.get(role, set()) - verified_roles):
+                problems.append(f"{c.name}: {missing} dials it, but --role-tokens holds no {missing} token: every "
+                                f"{missing} call is refused (UNAUTHENTICATED)")
+            for extra in sorted(verified_roles - callers.get(role, set()) - {OPERATOR}):
+                problems.append(f"{c.name}: --role-tokens holds the {extra} token, but no {extra} dials it: a "
+                                f"server keeps only the tokens it verifies")
+            if getattr(cfg, "certificate_roles", False):
+                problems.append(f"{c.name}: --certificate-roles beside --role-tokens: a caller without a token "
+                                f"would act in its certificate's role, so either credential would do")
+            if role == "replay" and cfg.signature is None:
+                problems.append(f"{c.name}: verifies roles but pins no --signature: only the learner or the "
+                                f"operator may fix a table's signature, so every actor's first insert is refused")
+        for c, ordinal, cfg in clients:
+            role = component(c.workload)
+            if role not in CLIENT_ROLES:
+                problems.append(f"{c.name}: component {role!r} is no client role ({', '.join(CLIENT_ROLES)})")
+                continue
+            if cfg.token_file is None:
+                problems.append(f"{c.name} (pod {ordinal}): the servers verify role tokens, but it sends none "
+                                f"(--token-file)")
+                continue
+            sent = Path(cfg.token_file).read_bytes().strip()
+            for sc, _, scfg in servers:
+                if component(sc.workload) not in _dialled_by(fleet, role) or scfg.role_tokens is None:
+                    continue
+                held = Path(scfg.role_tokens) / role
+                if held.is_file() and held.read_bytes().strip() != sent:
+                    problems.append(f"{c.name}: the token it sends ({fleet.original_path(cfg.token_file)}) is not "
+                                    f"the {role} token {sc.name} verifies: its calls are refused")
+    problems += _signature_problems(parsed, servers)
+    return problems
+
+
+def _dialled_by(fleet: Fleet, role: str) -> set[str]:
+    return {dst for src, dst, _ in dialled(fleet) if src == role}
+
+
+def _signature_problems(parsed: list[tuple[Container, int, Parsed]], servers: list) -> list[str]:
+    """A shard's pinned signature against what every exploring actor writes (their env and compression)."""
+    written = {(p.config.env, p.config.compress) for _, _, p in parsed
+               if p.subcommand == "actor" and not p.config.evaluate}
+    problems = []
+    for c, _, cfg in servers:
+        pinned = getattr(cfg, "signature", None)
+        if pinned is None:
+            continue
+        for env, compress in sorted(written):
+            wanted = actor_signature(env, compress)
+            if str(pinned) != wanted:
+                problems.append(f"{c.name}: --signature {pinned} is not what the actors write for {env} "
+                                f"({wanted}): every insert would be refused (INVALID_ARGUMENT)")
+    return problems
+
+
+@functools.cache
+def actor_signature(env: str, compress: str = "zstd") -> str:
+    """The replay signature the built-in actor writes for `env`: its own column-building code (actor/nstep.py) run
+    on one observation of the environment's spaces."""
+    import numpy as np
+
+    from apexrl.actor.nstep import Transition, compress_image_columns, stack_transitions
+    from apexrl.common.environments import env_spaces
+    from apexrl.common.signature import ROW_VERSION_COLUMN, Signature
+
+    spaces = env_spaces(env)
+    obs = np.zeros(spaces.obs_shape, dtype=spaces.obs_dtype)
+    action = 0 if spaces.num_actions else np.zeros(len(spaces.action_low), dtype=np.float32)
+    columns = stack_transitions([Transition(obs, action, 0.0, 1.0, obs)] * 2)
+    columns[ROW_VERSION_COLUMN] = np.zeros(2, dtype=np.int64)
+    return str(Signature.from_batch(compress_image_columns(columns, compress)))
+
+
+def check_documented(fleet: Fleet) -> list[str]:
+    """What k8s/README.md and docs/deploy-kubernetes.md promise and no other check covers: a Service clients
+    resolve through dns:/// answers with Ready pods only (publishNotReadyAddresses off: a starting or stopping shard
+    is never sampled from); the shards' volumes outlive scaling down and deleting the StatefulSet (Retain, Retain);
+    StatefulSet pods start and stop in parallel; actor k of N acts as --actor-index k; the evaluator inserts
+    nothing (--evaluate, no shards); the ConfigMap's name carries a content hash (changing a value rolls the pods)."""
+    problems = []
+    parsed, _ = parsed_containers(fleet)
+    for c, ordinal, p in parsed:
+        cfg = p.config
+        for address in getattr(cfg, "replay", ()) or ():
+            if not address.startswith("dns:"):
+                continue
+            _, _, service, _ = resolve_address(fleet, address, c.name)
+            if service is not None and service["spec"].get("publishNotReadyAddresses"):
+                problems.append(f"Service {service['metadata']['name']}: publishNotReadyAddresses is true, so "
+                                f"{address} also answers with shards that are not Ready ({c.name} would dial them)")
+        if p.subcommand == "actor" and c.workload["kind"] == "StatefulSet" and cfg.actor_index != ordinal:
+            problems.append(f"{c.name}: pod {ordinal} acts as --actor-index {cfg.actor_index}, not its ordinal")
+        if component(c.workload) == "evaluator" and (p.subcommand != "actor" or not cfg.evaluate or cfg.replay):
+            problems.append(f"{c.name}: the evaluator must run `apexrl actor --evaluate` and dial no shard")
+    for sts in fleet.all("StatefulSet"):
+        name = f"StatefulSet {sts['metadata']['name']}"
+        if sts["spec"].get("podManagementPolicy") != "Parallel":
+            problems.append(f"{name}: podManagementPolicy is not Parallel (its pods start and stop together)")
+        if sts["spec"].get("volumeClaimTemplates"):
+            retention = sts["spec"].get("persistentVolumeClaimRetentionPolicy") or {}
+            for when in ("whenScaled", "whenDeleted"):
+                if retention.get(when, "Retain") != "Retain":  # Retain is the default
+                    problems.append(f"{name}: persistentVolumeClaimRetentionPolicy.{when} is {retention[when]}, not "
+                                    f"Retain: its pods' volumes (the shards' checkpoints) would be deleted")
+    for c in fleet.containers():
+        for source in c.spec.get("envFrom", []):
+            ref = source.get("configMapRef", {}).get("name", "")
+            if ref and not re.search(r"-[a-z0-9]{10}$", ref):
+                problems.append(f"{c.name}: reads ConfigMap {ref}, whose name carries no content hash: changing "
+                                f"a setting would not roll the pods")
+    return problems
 
 
 def check_custom_resources(fleet: Fleet) -> list[str]:

@@ -2,8 +2,8 @@
 (`kubernetes-validate --strict`), and line up across objects and with the code: every Service, probe, address,
 `$(VAR)`, flag, volume, security setting and budget is checked on the rendered objects of every target
 (tests/unit/deploy/manifests.py). The last tests break a copy of the manifests and require the checks to notice.
-The TLS target mounts a Secret made outside the manifests: the tests add one, with certificates made by trustme,
-as `kubectl create secret tls` would.
+The TLS and role targets mount Secrets made outside the manifests: the tests add them, made as the guide makes them
+(tests/unit/deploy/fleet_secrets.py: a CA, a certificate per role, a token per role).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import yaml
 from apexrl.common import grpc_util
 from apexrl.common.settings import settings_of
 from apexrl.launcher.fleet_config import FleetSettings
-from tests.support.certs import SERVER_NAME, make_certs
+from tests.unit.deploy import fleet_secrets
 from tests.unit.deploy import manifests as m
 from tests.unit.deploy.dockerfile import image_uid
 
@@ -33,8 +33,7 @@ OLDEST_KUBERNETES = "1.28.0"
 # Sizes each overlay promises in its kustomization.yaml.
 OVERLAY_SIZES = {"small-cpu": {"replay": 2, "actor": 4}, "production": {"replay": 8, "actor": 64},
                  "small-cpu-tls": {"replay": 2, "actor": 4}, "continuous-cpu": {"replay": 2, "actor": 4}}
-# The Secret components/tls mounts, and the name its clients check the servers' certificates against.
-TLS_SECRET = "apexrl-tls"
+# The name the TLS component's clients check the servers' certificates against.
 TLS_SERVER_NAME = "apexrl-replay.apexrl.svc"
 
 
@@ -58,24 +57,32 @@ def all_problems(objects: list[dict]) -> list[str]:
         *m.check_network_policy(fleet),
         *m.check_learner(fleet),
         *m.check_tls(fleet),
+        *m.check_credentials(fleet),
+        *m.check_roles(fleet),
+        *m.check_documented(fleet),
         *m.check_custom_resources(fleet),
     ]
 
 
 @pytest.fixture(scope="module")
-def tls_secret(tmp_path_factory) -> dict:
-    """The Secret apexrl-tls as cert-manager would write it (namespace apexrl): a certificate for SERVER_NAME."""
-    assert SERVER_NAME == TLS_SERVER_NAME
-    certs = make_certs(tmp_path_factory.mktemp("certs"))
-    return m.tls_secret(TLS_SECRET, "apexrl", *(Path(path).read_bytes() for path in
-                                                 (certs.named_cert, certs.named_key, certs.ca)))
+def credentials() -> fleet_secrets.FleetCredentials:
+    """The fleet's Secrets as the guide makes them (namespace apexrl): certificates per role, tokens per role."""
+    made = fleet_secrets.make_fleet_credentials("apexrl")
+    assert made.server_name == TLS_SERVER_NAME
+    return made
 
 
-def with_secrets(objects: list[dict], secret: dict) -> list[dict]:
-    """The rendered objects plus the Secret, when some pod mounts it (as it must exist before they start)."""
-    mounted = any(v.get("secret", {}).get("secretName") == secret["metadata"]["name"]
-                  for w in m.Fleet(objects).workloads() for v in m.pod_spec(w).get("volumes", []))
-    return [*objects, secret] if mounted else objects
+@pytest.fixture(scope="module")
+def secrets(credentials) -> list[dict]:
+    return credentials.secrets()
+
+
+def with_secrets(objects: list[dict], secrets: list[dict]) -> list[dict]:
+    """The rendered objects plus the Secrets some pod mounts (they must exist before the pods start)."""
+    fleet = m.Fleet(objects)
+    mounted = {name for w in fleet.workloads() for v in m.pod_spec(w).get("volumes", [])
+               for name, _ in m.secret_sources(v)}
+    return [*objects, *(s for s in secrets if s["metadata"]["name"] in mounted)]
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +125,8 @@ def test_rendered_objects_pass_the_kubernetes_schema_strictly(rendered, target, 
 
 
 @pytest.mark.parametrize("target", list(m.TARGETS))
-def test_objects_line_up_across_the_fleet(rendered, target, tls_secret):
-    problems = all_problems(with_secrets(rendered[target], tls_secret))
+def test_objects_line_up_across_the_fleet(rendered, target, secrets):
+    problems = all_problems(with_secrets(rendered[target], secrets))
     assert not problems, f"{target}:\n" + "\n".join(problems)
 
 
@@ -141,14 +148,13 @@ def test_overlays_size_the_fleet_and_name_registry_images(rendered, overlay):
     print(f"{overlay}: {sizes}; requests {requests['cpu']:g} CPUs, {requests['memory'] / 2**30:.1f} GiB")
 
 
-def test_production_runs_the_learner_on_a_gpu_and_is_scraped_by_the_operator(rendered):
-    fleet = m.Fleet(rendered["production"])
+def test_production_runs_the_learner_on_a_gpu_and_is_scraped_by_the_operator(rendered, secrets):
+    fleet = m.Fleet(with_secrets(rendered["production"], secrets))
     learner = next(c for c in fleet.containers() if m.component(c.workload) == "learner")
     assert str(learner.spec["resources"]["limits"].get("nvidia.com/gpu")) == "1"
     assert learner.spec["image"].endswith("-cuda")
-    argv, _ = m.container_argv(fleet, learner, 0)
-    parsed, error = m.parse_apexrl(argv)
-    assert error is None and parsed.config.device == "cuda"
+    parsed, problems = m.parsed_containers(fleet)
+    assert problems == [] and next(p for c, _, p in parsed if c.name == learner.name).config.device == "cuda"
     volumes = {v["name"]: v for v in m.pod_spec(learner.workload)["volumes"]}
     assert volumes["run"]["persistentVolumeClaim"]["claimName"] == "apexrl-learner-run"
     monitored = {m.component(fleet.selected(pm["spec"]["selector"]["matchLabels"])[0])
@@ -209,8 +215,9 @@ BREAKAGES = [
      "terminationGracePeriodSeconds 3"),
     ("base/learner.yaml", "- --run-dir=/var/lib/apexrl/learner", "- --run-dir=/var/lib/apexrl/elsewhere",
      "is not on a writable volume"),
-    ("base/networkpolicy.yaml", "  podSelector:\n    matchLabels:\n      app.kubernetes.io/part-of: apexrl",
-     "  podSelector:\n    matchLabels:\n      app.kubernetes.io/part-of: other", "not every fleet workload"),
+    ("base/networkpolicy.yaml", "apexrl-default-deny\nspec:\n  podSelector:\n    matchLabels:\n"
+     "      app.kubernetes.io/part-of: apexrl", "apexrl-default-deny\nspec:\n  podSelector:\n    matchLabels:\n"
+     "      app.kubernetes.io/part-of: other", "no default-deny NetworkPolicy"),
     ("base/replay.yaml", "    app.kubernetes.io/component: replay\n  ports:",
      "    app.kubernetes.io/component: shard\n  ports:", "Service apexrl-replay selects no workload"),
     ("base/replay.yaml", "maxUnavailable: 1\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: apexrl\n"
@@ -265,12 +272,138 @@ def test_an_unknown_field_fails_the_strict_schema(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# components/tls (overlays/small-cpu-tls: small-cpu + the component)
+# Invariants the guides rely on (check_documented, check_pdb): each edit below breaks one promise of k8s/README.md
+# or docs/deploy-kubernetes.md, and must be reported.
 
-def test_the_tls_component_runs_mutual_tls_with_probes_on_plaintext_health_ports(rendered, tls_secret):
-    plain, tls = m.Fleet(rendered["small-cpu"]), m.Fleet(with_secrets(rendered["small-cpu-tls"], tls_secret))
-    # Only the four workloads change: no new object (the Secret is made outside), the same Services, NetworkPolicy
-    # (the kubelet reaches the health ports from the node) and ConfigMap.
+DOCUMENTED_BREAKAGES = [
+    # (file under k8s/, text, replacement, a fragment of the expected problem); rendered as base
+    ("base/replay.yaml", "publishNotReadyAddresses: false", "publishNotReadyAddresses: true",
+     "publishNotReadyAddresses is true"),
+    ("base/replay.yaml", "spec:\n  maxUnavailable: 1", "spec:\n  maxUnavailable: 3",
+     "drains must take one shard at a time"),
+    ("base/replay.yaml", "spec:\n  maxUnavailable: 1", "spec:\n  minAvailable: 1",
+     "drains must take one shard at a time"),
+    ("base/replay.yaml", "whenScaled: Retain", "whenScaled: Delete",
+     "persistentVolumeClaimRetentionPolicy.whenScaled is Delete"),
+    ("base/replay.yaml", "whenDeleted: Retain", "whenDeleted: Delete",
+     "persistentVolumeClaimRetentionPolicy.whenDeleted is Delete"),
+    ("base/actor.yaml", "podManagementPolicy: Parallel", "podManagementPolicy: OrderedReady",
+     "podManagementPolicy is not Parallel"),
+    ("base/actor.yaml", "- --actor-index=$(ACTOR_INDEX)", "- --actor-index=0", "acts as --actor-index 0"),
+    ("base/kustomization.yaml", "configMapGenerator:\n", "generatorOptions:\n  disableNameSuffixHash: true\n"
+     "configMapGenerator:\n", "carries no content hash"),
+]
+
+
+@pytest.mark.parametrize(("file", "old", "new", "expected"), DOCUMENTED_BREAKAGES,
+                         ids=["publish-not-ready", "pdb-3", "pdb-min-available", "pvc-deleted-on-scale",
+                              "pvc-deleted-with-statefulset", "ordered-actors", "actor-index", "no-hash"])
+def test_a_broken_documented_invariant_is_reported(tmp_path, file, old, new, expected):
+    problems = all_problems(m.render(_break(tmp_path, file, old, new) / m.TARGETS["base"]))
+    assert any(expected in p for p in problems), f"breaking {file} went unnoticed:\n" + "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NetworkPolicies (base/networkpolicy.yaml): exactly the design's connections, checked on every target above.
+
+def test_the_network_policies_allow_exactly_the_design(rendered):
+    fleet = m.Fleet(rendered["production"])
+    allowed = m.network_matrix(fleet)
+    print("allowed connections: " + ", ".join(f"{s}->{d}:{p}" for s, d, p in sorted(allowed)))
+    assert allowed == set(m.NETWORK_DESIGN)
+    assert m.dialled(m.Fleet(rendered["small-cpu"])) <= allowed
+    # Nobody reaches the actors or the evaluator but Prometheus; shards and strangers dial nothing in the fleet.
+    assert {s for s, d, _ in allowed if d in ("actor", "evaluator")} == {"prometheus"}
+    strangers = ("replay", "no-fleet-label", "actor-elsewhere", "fleet-labelled")
+    assert {d for s, d, _ in allowed if s in strangers} <= {"kube-dns"}
+
+
+def test_network_policy_semantics_follow_kubernetes():
+    """The evaluator the checks and the pod emulation share: selectors AND within one peer; a named port is the
+    destination pod's; an isolated pod admits only what a rule allows, an unselected one everything; ipBlock
+    matches addresses, less its exceptions."""
+    def policy(name, selector, types, **rules):
+        spec = {"podSelector": {"matchLabels": selector}, "policyTypes": types, **rules}
+        return {"kind": "NetworkPolicy", "metadata": {"name": name, "namespace": "ns"}, "spec": spec}
+
+    fleet = m.Fleet([
+        policy("db", {"app": "db"}, ["Ingress"], ingress=[{"from": [
+            {"namespaceSelector": {"matchLabels": {"team": "a"}}, "podSelector": {"matchLabels": {"app": "web"}}}],
+            "ports": [{"port": "sql"}]}]),
+        policy("locked", {"locked": "yes"}, ["Egress"], egress=[{"to": [
+            {"ipBlock": {"cidr": "203.0.113.0/24", "except": ["203.0.113.9/32"]}}]}]),
+    ])
+    team_a, team_b = {"team": "a"}, {"team": "b"}
+    db = m.Endpoint("db", "ns", {"app": "db"}, team_a, {"sql": (5432, "TCP")})
+    web_a = m.Endpoint("web", "other", {"app": "web"}, team_a)
+    web_b = m.Endpoint("web", "third", {"app": "web"}, team_b)
+    cache = m.Endpoint("cache", "ns", {"app": "cache"}, team_a)
+    locked = m.Endpoint("web", "ns", {"app": "web", "locked": "yes"}, team_a)
+    assert m.connection_allowed(fleet, web_a, db, 5432)               # namespace and pod selector both match
+    assert not m.connection_allowed(fleet, web_b, db, 5432)           # the pod matches, its namespace does not
+    assert not m.connection_allowed(fleet, cache, db, 5432)           # the namespace matches, the pod does not
+    assert not m.connection_allowed(fleet, web_a, db, 5433)           # the named port is 5432 only
+    assert m.connection_allowed(fleet, db, cache, 80)                 # nothing selects cache, nor db for egress
+    assert not m.connection_allowed(fleet, locked, db, 5432)          # egress-isolated: only the ipBlock
+    assert m.connection_allowed(fleet, locked, m.Endpoint("x", None, ip="203.0.113.10"), 443)
+    assert not m.connection_allowed(fleet, locked, m.Endpoint("y", None, ip="203.0.113.9"), 443)
+
+
+POLICY_BREAKAGES = [
+    # (file under k8s/, text, replacement, a fragment of the expected problem); rendered as base
+    ("base/networkpolicy.yaml", "  name: apexrl-default-deny\nspec:\n  podSelector:\n    matchLabels:\n"
+     "      app.kubernetes.io/part-of: apexrl\n  policyTypes:\n    - Ingress\n    - Egress\n",
+     "  name: apexrl-default-deny\nspec:\n  podSelector:\n    matchLabels:\n      app.kubernetes.io/part-of: apexrl\n"
+     "  policyTypes:\n    - Ingress\n", "no default-deny NetworkPolicy"),
+    ("base/networkpolicy.yaml", "  name: apexrl-actor\nspec:\n  podSelector:\n    matchLabels:\n"
+     "      app.kubernetes.io/name: apexrl\n      app.kubernetes.io/component: actor\n  policyTypes:\n    - Egress\n"
+     "  egress:\n    - to:\n", "  name: apexrl-actor\nspec:\n  podSelector:\n    matchLabels:\n"
+     "      app.kubernetes.io/name: apexrl\n      app.kubernetes.io/component: actor\n  policyTypes:\n    - Egress\n"
+     "  egress:\n    - {}\n    - to:\n", "NetworkPolicies let actor reach internet:https"),
+    ("base/networkpolicy.yaml", "  egress:\n    - to:\n        - podSelector:\n            matchLabels:\n"
+     "              app.kubernetes.io/name: apexrl\n              app.kubernetes.io/component: replay\n"
+     "      ports:\n        - protocol: TCP\n          port: grpc\n---\n# Actors",
+     "  egress:\n    - to:\n        - podSelector:\n            matchLabels:\n"
+     "              app.kubernetes.io/name: apexrl\n              app.kubernetes.io/component: shard\n"
+     "      ports:\n        - protocol: TCP\n          port: grpc\n---\n# Actors",
+     "NetworkPolicies keep learner from replay:grpc"),
+    ("base/networkpolicy.yaml", "  ingress:\n    - from:\n        - podSelector:\n            matchLabels:\n"
+     "              app.kubernetes.io/name: apexrl\n              app.kubernetes.io/component: actor\n"
+     "        - podSelector:\n            matchLabels:\n              app.kubernetes.io/name: apexrl\n"
+     "              app.kubernetes.io/component: learner\n",
+     "  ingress:\n    - from:\n        - namespaceSelector: {}\n          podSelector:\n            matchLabels:\n"
+     "              app.kubernetes.io/name: apexrl\n              app.kubernetes.io/component: actor\n"
+     "        - podSelector:\n            matchLabels:\n              app.kubernetes.io/name: apexrl\n"
+     "              app.kubernetes.io/component: learner\n", "let actor-elsewhere reach replay:grpc"),
+    ("base/networkpolicy.yaml", "          port: 53\n        - protocol: TCP\n          port: 53",
+     "          port: 53\n        - protocol: TCP\n          port: 5353", "keep actor from kube-dns:dns-tcp"),
+    ("base/networkpolicy.yaml", "              app.kubernetes.io/name: prometheus\n      ports:\n        - protocol: TCP\n"
+     "          port: metrics\n", "              app.kubernetes.io/name: prometheus\n",
+     "let prometheus reach replay:grpc"),
+    ("base/networkpolicy.yaml", "          port: metrics\n", "          port: metrix\n",
+     "port 'metrix' names no containerPort"),
+]
+
+
+@pytest.mark.parametrize(("file", "old", "new", "expected"), POLICY_BREAKAGES,
+                         ids=["no-default-deny", "actor-egress-anywhere", "learner-cut-off", "actors-of-any-namespace",
+                              "dns-tcp-port", "prometheus-any-port", "port-typo"])
+def test_a_broken_network_policy_is_reported(tmp_path, file, old, new, expected):
+    problems = all_problems(m.render(_break(tmp_path, file, old, new) / m.TARGETS["base"]))
+    assert any(expected in p for p in problems), f"breaking {file} went unnoticed:\n" + "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# components/tls (overlays/small-cpu-tls: small-cpu + the component; production has it too)
+
+ROLE_TLS_SECRETS = {"replay": "apexrl-tls-replay", "learner": "apexrl-tls-learner", "actor": "apexrl-tls-actor",
+                    "evaluator": "apexrl-tls-evaluator"}
+
+
+def test_the_tls_component_runs_mutual_tls_with_a_certificate_per_role(rendered, secrets):
+    plain, tls = m.Fleet(rendered["small-cpu"]), m.Fleet(with_secrets(rendered["small-cpu-tls"], secrets))
+    # Only the four workloads change: no new object (the Secrets are made outside), the same Services,
+    # NetworkPolicies (the kubelet reaches the health ports from the node) and ConfigMap.
     assert m.kind_counts(rendered["small-cpu-tls"]) == m.kind_counts(rendered["small-cpu"])
     for kind in ("Service", "NetworkPolicy", "ConfigMap", "PodDisruptionBudget", "Namespace", "ServiceAccount"):
         assert plain.all(kind) == tls.all(kind), kind
@@ -279,7 +412,7 @@ def test_the_tls_component_runs_mutual_tls_with_probes_on_plaintext_health_ports
     for c, _, p in parsed:
         cfg, ports = p.config, c.ports()
         role = m.component(c.workload)
-        # Every role presents the certificate and verifies peers with the CA: mutual TLS.
+        # Every role presents its own certificate and verifies peers with the CA: mutual TLS.
         assert [tls.original_path(getattr(cfg, name)) for name in m.TLS_FILES] == \
             ["/etc/apexrl/tls/tls.crt", "/etc/apexrl/tls/tls.key", "/etc/apexrl/tls/ca.crt"], c.name
         if role in ("replay", "learner"):
@@ -291,29 +424,16 @@ def test_the_tls_component_runs_mutual_tls_with_probes_on_plaintext_health_ports
         # Metrics stay plain HTTP on the same port.
         before = next(x for x in plain.containers() if x.name == c.name)
         assert ports["metrics"] == before.ports()["metrics"]
-        mount = next(mt for mt in c.spec["volumeMounts"] if mt["mountPath"] == "/etc/apexrl/tls")
-        volume = next(v for v in m.pod_spec(c.workload)["volumes"] if v["name"] == mount["name"])
-        assert mount["readOnly"] and volume["secret"]["secretName"] == TLS_SECRET
-    assert tls_secret["type"] == "kubernetes.io/tls"
-
-
-def test_the_tls_component_composes_with_the_production_overlay(tmp_path, tls_secret):
-    copy = tmp_path / "k8s"
-    shutil.copytree(m.K8S, copy)
-    overlay = copy / "overlays" / "production-tls"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../production\n"
-        "components:\n  - ../../components/tls\n")
-    objects = m.render(overlay)
-    assert all_problems(with_secrets(objects, tls_secret)) == []
-    learner = next(c for c in m.Fleet(objects).containers() if m.component(c.workload) == "learner")
-    assert learner.spec["image"].endswith("-cuda") and "--health-port=7201" in learner.spec["args"]
+        # Its role's Secret, and no other: the shards' server key is in no other pod.
+        mounted = {name for mt in m.secret_mounts(c) for v in m.pod_spec(c.workload)["volumes"]
+                   if v["name"] == mt["name"] for name, _ in m.secret_sources(v)}
+        assert mounted == {ROLE_TLS_SECRETS[role]}, c.name
+        assert all(mt["readOnly"] for mt in m.secret_mounts(c)), c.name
 
 
 def test_a_secret_that_is_not_there_is_reported(rendered):
     problems = all_problems(rendered["small-cpu-tls"])
-    assert any("mounts Secret 'apexrl-tls', which is not among the objects" in p for p in problems), problems
+    assert any("mounts Secret 'apexrl-tls-replay', which is not among the objects" in p for p in problems), problems
     assert any("tls_cert (/etc/apexrl/tls/tls.crt) cannot be read" in p for p in problems), problems
 
 
@@ -339,16 +459,134 @@ TLS_BREAKAGES = [
      "unreadable for the pod's user"),
     ("components/tls/clients.yaml", "defaultMode: 0440\n---", "defaultMode: 0444\n---",
      "every user in the container may read it"),
-    ("base/networkpolicy.yaml", "        - protocol: TCP\n          port: metrics\n    - from:",
-     "        - protocol: TCP\n          port: metrics\n        - protocol: TCP\n          port: health\n"
-     "    - from:", "opens the health port"),
+    # The shards' server key in the actors' pods (as the one shared Secret had it).
+    ("components/tls/clients.yaml", "secretName: apexrl-tls-actor", "secretName: apexrl-tls-replay",
+     "Secret apexrl-tls-replay is the --tls-key of several roles (actor, replay)"),
+    # A Secret mounted where no flag uses it.
+    ("components/tls/clients.yaml", "      volumes:\n        - name: tls\n          secret:\n"
+     "            secretName: apexrl-tls-evaluator\n", "      volumes:\n        - name: spare\n          secret:\n"
+     "            secretName: apexrl-tls-replay\n        - name: tls\n          secret:\n"
+     "            secretName: apexrl-tls-evaluator\n", "NOTUSED"),
+    ("base/networkpolicy.yaml", "      ports:\n        - protocol: TCP\n          port: metrics\n---\n# Shards",
+     "      ports:\n        - protocol: TCP\n          port: metrics\n        - protocol: TCP\n          port: health\n"
+     "---\n# Shards", "reach replay:health (7001/TCP), which only the kubelet needs"),
 ]
 
 
 @pytest.mark.parametrize(("file", "old", "new", "expected"), TLS_BREAKAGES,
                          ids=["probe-port", "health-port", "no-server-name", "no-client-cert", "no-fsgroup",
-                              "world-readable-key", "policy-opens-health"])
-def test_a_broken_tls_component_is_reported(tmp_path, tls_secret, file, old, new, expected):
+                              "world-readable-key", "server-key-on-actors", "unused-secret", "policy-opens-health"])
+def test_a_broken_tls_component_is_reported(tmp_path, secrets, file, old, new, expected):
     copy = _break(tmp_path, file, old, new)
-    problems = all_problems(with_secrets(m.render(copy / m.TARGETS["small-cpu-tls"]), tls_secret))
+    if expected == "NOTUSED":  # the spare volume needs a mount to be one the container has
+        path = copy / file
+        path.write_text(path.read_text().replace(
+            "        - name: evaluator\n          volumeMounts:\n",
+            "        - name: evaluator\n          volumeMounts:\n            - name: spare\n"
+            "              mountPath: /etc/apexrl/spare\n              readOnly: true\n"))
+        expected = "mounts Secret apexrl-tls-replay at /etc/apexrl/spare, which none of its flags reads"
+    problems = all_problems(with_secrets(m.render(copy / m.TARGETS["small-cpu-tls"]), secrets))
+    assert any(expected in p for p in problems), f"breaking {file} went unnoticed:\n" + "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# components/roles (in overlays/production, with components/tls)
+
+def test_production_runs_tls_and_role_credentials_with_least_privilege(rendered, secrets, credentials):
+    fleet = m.Fleet(with_secrets(rendered["production"], secrets))
+    parsed, problems = m.parsed_containers(fleet)
+    assert problems == []
+    verified = {"replay": {"actor", "learner", "operator"}, "learner": {"actor", "evaluator", "operator"}}
+    for c, _, p in parsed:
+        cfg, role = p.config, m.component(c.workload)
+        if role in verified:  # the servers verify exactly the roles that dial them (and the operator's)
+            directory = Path(cfg.role_tokens)
+            assert fleet.original_path(str(directory)) == "/etc/apexrl/role-tokens", c.name
+            assert {f.name for f in directory.iterdir()} == verified[role], c.name
+            assert {f.name: f.read_text() for f in directory.iterdir()} == \
+                {r: credentials.tokens[r] for r in verified[role]}, c.name
+            assert not cfg.certificate_roles, c.name
+        if role != "replay":  # every client sends its own role's token, from its own Secret
+            assert fleet.original_path(cfg.token_file) == "/etc/apexrl/token/token", c.name
+            assert Path(cfg.token_file).read_text() == credentials.tokens[role], c.name
+            assert cfg.token is None, c.name
+        mounted = {name for mt in m.secret_mounts(c) for v in m.pod_spec(c.workload)["volumes"]
+                   if v["name"] == mt["name"] for name, _ in m.secret_sources(v)}
+        tokens = {f"apexrl-token-{r}" for r in verified.get(role, set())} | (
+            {f"apexrl-token-{role}"} if role != "replay" else set())
+        assert mounted == {ROLE_TLS_SECRETS[role], *tokens}, c.name
+    shard = next(p.config for c, _, p in parsed if p.subcommand == "replay")
+    assert str(shard.signature) == m.actor_signature("CartPole-v1") == \
+        "obs:float32[4],action:int64[],reward:float32[],discount:float32[],next_obs:float32[4],weight_version:int64[]"
+
+
+def test_the_roles_component_adds_no_object_and_composes_with_small_cpu(tmp_path, secrets):
+    copy = tmp_path / "k8s"
+    shutil.copytree(m.K8S, copy)
+    overlay = copy / "overlays" / "secure"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../small-cpu\n"
+        "components:\n  - ../../components/tls\n  - ../../components/roles\n")
+    objects = m.render(overlay)
+    assert m.kind_counts(objects) == m.kind_counts(m.render(m.K8S / m.TARGETS["small-cpu"]))
+    assert all_problems(with_secrets(objects, secrets)) == []
+    # Without the operator's Secret (optional) the servers start and verify the three other roles.
+    without_operator = [s for s in secrets if s["metadata"]["name"] != "apexrl-token-operator"]
+    assert all_problems(with_secrets(objects, without_operator)) == []
+
+
+ROLES_BREAKAGES = [
+    # (file under k8s/, text, replacement, a fragment of the expected problem); rendered as production
+    ("components/roles/clients.yaml", "secretName: apexrl-token-actor", "secretName: apexrl-token-learner",
+     "is not the actor token StatefulSet/apexrl-replay/replay verifies"),
+    ("components/roles/clients.yaml", "secretName: apexrl-token-actor", "secretName: apexrl-token-learner",
+     "Secret apexrl-token-learner is the --token-file of several roles (actor, learner)"),
+    ("components/roles/servers.yaml", "              - secret:\n                  name: apexrl-token-learner\n"
+     "                  items: [{key: token, path: learner}]\n", "",
+     "learner dials it, but --role-tokens holds no learner token"),
+    ("components/roles/servers.yaml", "                  items: [{key: token, path: learner}]\n",
+     "                  items: [{key: token, path: learner}]\n              - secret:\n"
+     "                  name: apexrl-token-evaluator\n                  items: [{key: token, path: evaluator}]\n",
+     "holds the evaluator token, but no evaluator dials it"),
+    ("components/roles/kustomization.yaml",
+     "      - {op: add, path: /spec/template/spec/containers/0/args/-, value: \"--signature=$(APEXRL_REPLAY_SIGNATURE)\"}\n",
+     "", "pins no --signature"),
+    ("components/roles/kustomization.yaml", "next_obs:float32[4],weight_version:int64[]", "next_obs:float32[4]",
+     "is not what the actors write for CartPole-v1"),
+    ("components/roles/servers.yaml", "          projected:\n            defaultMode: 0440\n            sources:\n"
+     "              - secret:\n                  name: apexrl-token-actor\n                  items: [{key: token, path: "
+     "actor}]\n              - secret:\n                  name: apexrl-token-learner",
+     "          projected:\n            defaultMode: 0444\n            sources:\n"
+     "              - secret:\n                  name: apexrl-token-actor\n                  items: [{key: token, path: "
+     "actor}]\n              - secret:\n                  name: apexrl-token-learner",
+     "the role tokens actor has mode 0o444"),
+    ("components/roles/kustomization.yaml", "      name: apexrl-evaluator\n    patch: |-\n"
+     "      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --token-file=/etc/apexrl/token/token}",
+     "      name: apexrl-evaluator\n    patch: |-\n      - {op: add, path: /spec/template/spec/containers/0/args/-, "
+     "value: --num-envs=1}", "the servers verify role tokens, but it sends none"),
+    ("components/roles/kustomization.yaml",
+     "      - {op: add, path: /spec/template/spec/containers/0/args/-, value: --role-tokens=/etc/apexrl/role-tokens}\n"
+     "  - target:\n      kind: StatefulSet\n      name: apexrl-actor",
+     "  - target:\n      kind: StatefulSet\n      name: apexrl-actor",
+     "some servers verify role tokens, others do not"),
+    ("components/roles/kustomization.yaml",
+     "value: --role-tokens=/etc/apexrl/role-tokens}\n      - {op: add, path: /spec/template/spec/containers/0/args/-, "
+     "value: \"--signature",
+     "value: --role-tokens=/etc/apexrl/role-tokens}\n      - {op: add, path: /spec/template/spec/containers/0/args/-, "
+     "value: --certificate-roles}\n      - {op: add, path: /spec/template/spec/containers/0/args/-, value: \"--signature",
+     "--certificate-roles beside --role-tokens"),
+    ("overlays/production/kustomization.yaml", "      - APEXRL_ACTOR_NUM_ENVS=4\n",
+     "      - APEXRL_ACTOR_NUM_ENVS=4\n      - APEXRL_ENV=Acrobot-v1\n", "is not what the actors write for Acrobot-v1"),
+]
+
+
+@pytest.mark.parametrize(("file", "old", "new", "expected"), ROLES_BREAKAGES,
+                         ids=["actor-sends-learner-token", "token-secret-shared", "shards-miss-learner",
+                              "shards-hold-evaluator", "no-signature", "wrong-signature", "world-readable-tokens",
+                              "evaluator-sends-none", "learner-verifies-none", "certificate-roles-too",
+                              "env-changed-signature-not"])
+def test_a_broken_roles_component_is_reported(tmp_path, secrets, file, old, new, expected):
+    copy = _break(tmp_path, file, old, new)
+    problems = all_problems(with_secrets(m.render(copy / m.TARGETS["production"]), secrets))
     assert any(expected in p for p in problems), f"breaking {file} went unnoticed:\n" + "\n".join(problems)

@@ -107,3 +107,26 @@ def test_check_commands_checks_only_this_machines_roles(tmp_path):
     check_commands(config, "m2", tmp_path, {"replay": ["--alpha", "11"]})  # no shard runs on m2
     with pytest.raises(ConfigError, match="shard-0: --alpha"):
         check_commands(config, "m1", tmp_path, {"replay": ["--alpha", "11"]})
+
+
+def test_shards_are_started_with_the_signature_the_fleets_actors_write():
+    config = parse_config(fleet())
+    by_name = {r.name: r for r in roles(config)}
+    argv = command(config, by_name["shard-0"], wiring(config, "m1"), Path("/run"))
+    assert argv[argv.index("--signature") + 1] == ("obs:float32[4],action:int64[],reward:float32[],"
+                                                   "discount:float32[],next_obs:float32[4],weight_version:int64[]")
+    pendulum = parse_config(fleet(fleet={"env": "Pendulum-v1"}))
+    shard = role_config(pendulum, {r.name: r for r in roles(pendulum)}["shard-0"], wiring(pendulum, "m1"),
+                        Path("/run"))
+    assert str(shard.signature.fields[1]) == "action:float32[1]"
+
+
+def test_a_shards_own_signature_wins_and_actors_that_disagree_pin_none():
+    own = "obs:float32[4],action:int64[]"
+    config = parse_config(fleet(shard=[{"host": "m1", "port": 7000, "signature": own}]))
+    shard = role_config(config, {r.name: r for r in roles(config)}["shard-0"], wiring(config, "m1"), Path("/run"))
+    assert str(shard.signature) == own
+    mixed = parse_config(fleet(actors=[{"host": "m2", "count": 1, "compress": "lz4"},
+                                       {"host": "m1", "count": 1, "compress": "zstd"}]))
+    shard = role_config(mixed, {r.name: r for r in roles(mixed)}["shard-0"], wiring(mixed, "m1"), Path("/run"))
+    assert shard.signature is None

@@ -37,10 +37,21 @@ def test_example_fleet_file_parses():
     ({"actors": [{"host": "m2", "count": 0}]}, r"count \(0\) must be at least 1"),
     ({"actors": [{"host": "m2", "count": 2, "args": "--x"}]}, r"#0: unknown key 'args'"),
     ({"evaluator": {"host": "m2"}}, "must be the learner's host"),
-    ({"hosts": {"m1": 5}}, r"\[hosts\] m1 must be a non-empty string"),
+    ({"hosts": {"m1": 5}}, r"\[hosts\] m1 \(5\) is not text"),
+    # Addresses are checked when the file is read, not when a role first dials them after startup_timeout.
+    ({"hosts": {"m1": "my host"}}, r"\[hosts\] m1 \('my host'\) holds a space"),
+    ({"hosts": {"m1": "10.0.0.1:7000"}}, r"\[hosts\] m1 \('10.0.0.1:7000'\) holds a port"),
+    ({"hosts": {"m1": "300.0.0.1"}}, r"\[hosts\] m1 \('300.0.0.1'\) is not an IPv4 address"),
+    ({"hosts": {"m1": ""}}, r"\[hosts\] m1 \(''\) is empty"),
+    ({"fleet": {"bind": "0.0.0.0 "}}, r"\[fleet\]: bind \('0.0.0.0 '\) holds a space"),
 ])
 def test_schema_errors_name_the_table_and_key(change, message):
     assert pytest.raises(ConfigError, parse_config, fleet(**change)).match(message)
+
+
+@pytest.mark.parametrize("address", ["10.0.0.1", "m1.example.com", "fd00::1", "[fd00::1]"])
+def test_hosts_entries_take_names_and_ip_addresses(address):
+    assert parse_config(fleet(hosts={"m1": address, "m2": "10.0.0.2"})).hosts["m1"] == address
 
 
 def test_missing_learner_and_shards():

@@ -88,6 +88,30 @@ def test_the_version_is_whatever_the_parameter_service_answers():
     assert lrn.weight_version == 110  # 10 * (10 + 1): the next version asked is the last answer + 1
 
 
+def test_a_busy_or_refusing_service_costs_a_publish_and_a_bad_request_stops_the_learner():
+    """A busy service (RESOURCE_EXHAUSTED: max_concurrent_publishes) or a refused version with no way to read the
+    service's own is counted as a failed publish and retried at the next one; a request that is wrong in itself is
+    the learner's bug and raises."""
+    from apexrl.common.errors import InvalidArgumentError, ResourceExhaustedError
+    from apexrl.parameter_server.store import VersionRefusedError
+
+    registry = CollectorRegistry()
+    lrn = Learner(config(publish_every=1), EnvSpaces.vector(4, 2), FakeSampler(), Publisher(), registry)
+    for refusal in (ResourceExhaustedError("4 Publish calls are in progress"), VersionRefusedError("not greater")):
+        def refuse(weights, version, refusal=refusal):
+            raise refusal
+        lrn._publish = refuse
+        lrn.train_step(make_batch(range(8)))
+        assert lrn.weight_version == 0
+    assert registry.get_sample_value("apexrl_learner_publish_failures_total") == 2
+
+    def malformed(weights, version):
+        raise InvalidArgumentError("weights have no tensors")
+    lrn._publish = malformed
+    with pytest.raises(InvalidArgumentError, match="no tensors"):
+        lrn.train_step(make_batch(range(8)))
+
+
 def test_beta_anneals_linearly_from_start_to_end():
     lrn, _, _ = learner(config(beta_start=0.4, beta_end=1.0, beta_anneal_updates=10))
     seen = [lrn.beta()]

@@ -28,6 +28,10 @@ REQUIRED_ALERTS = {
     "actors' weight version lagging": "ApexrlActorWeightVersionLag",
     "the rate limiter blocking": "ApexrlRateLimiterBlocking",
     "a failed write-ahead log": "ApexrlReplayWriteAheadLogFailed",
+    "a checkpoint set aside at start, corrupt or invalid (issue 16)": "ApexrlReplayCheckpointSetAside",
+    "a gap in the write-ahead log's replay (issue 16)": "ApexrlReplayWriteAheadLogGap",
+    "a TLS certificate near its expiry (issue 16)": "ApexrlCertificateExpiresIn7Days",
+    "a TLS certificate about to expire (issue 16)": "ApexrlCertificateExpiresIn1Day",
 }
 
 

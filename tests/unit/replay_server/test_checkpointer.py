@@ -1,6 +1,7 @@
 """A shard's checkpoint directory (replay_server/checkpointer.py) without a server: the newest good checkpoint is
-restored, a torn or corrupt one is named in the log and skipped, another signature or alpha refuses to start,
-the newest K are kept, and requests, periodic checkpoints and the final one."""
+restored, a torn or corrupt one (or one whose checksums hold over invalid content) is named in the log and skipped,
+another signature or alpha refuses to start, the newest K are kept, and requests, periodic checkpoints and the final
+one."""
 
 from __future__ import annotations
 
@@ -77,6 +78,60 @@ def test_a_corrupt_newest_checkpoint_is_named_in_the_log_and_skipped_for_the_pre
     # The next checkpoint does not reuse the corrupt file's number.
     t.refuse_calls(None)
     assert checkpointer.checkpoint().path.endswith("checkpoint-0000000004.apexrl")
+
+
+INVALID_CONTENT = {  # what a checkpoint with valid checksums may still hold: how to write it, what the log names
+    "a NaN priority": ({"leaves": lambda leaves: np.where(np.arange(len(leaves)) == 3, np.nan, leaves)},
+                       "row 3 has priority ** alpha nan"),
+    "a negative priority": ({"leaves": lambda leaves: -leaves}, "row 0 has priority ** alpha -"),
+    "an infinite priority": ({"leaves": lambda leaves: np.where(leaves > 0, np.inf, leaves)},
+                             "row 0 has priority ** alpha inf"),
+    "a NaN max_priority": ({"max_priority": float("nan")}, "max_priority must be finite"),
+    "a NaN alpha": ({"alpha": float("nan")}, "alpha (nan) must be in [0, 10]"),
+    "a key past 2**63": ({"next_key": 2**63 + 59}, f"next key {2**63 + 59}"),
+    "an alias past the next key": ({"aliases": {5: 61}}, "alias of incarnation 5 up to key 61"),
+    "a negative counter": ({"counters": {"evicted": -1}}, "negative counters"),
+}
+
+
+@pytest.mark.parametrize("content", list(INVALID_CONTENT))
+def test_a_newest_checkpoint_with_valid_checksums_but_invalid_content_is_set_aside_like_a_corrupt_one(
+        tmp_path, caplog, content):
+    """Checksums prove the file is the one written, not that it makes sense: such a file is named, renamed
+    *.corrupt and counted, and the previous checkpoint is restored (before: the shard failed to start on it)."""
+    from tests.support.tampered import rewrite_checkpoint
+
+    changes, named = INVALID_CONTENT[content]
+    ck = checkpoints_of(tmp_path, [10, 20, 30])
+    newest = ck.files()[-1]
+    rewrite_checkpoint(newest, **changes)
+    t = fresh()
+    checkpointer = Checkpointer(t, tmp_path)
+    with caplog.at_level(logging.ERROR, "apexrl.replay.checkpoint"):
+        state = checkpointer.restore()
+    assert state.next_key == 30 and t.info().size == 30
+    assert f"CORRUPT CHECKPOINT skipped: checkpoint {newest} holds invalid content: " in caplog.text
+    assert named in caplog.text, caplog.text
+    assert not newest.exists() and newest.with_name(newest.name + ".corrupt").exists()
+    assert checkpointer.stats.corrupt_checkpoints == 1
+    t.refuse_calls(None)
+    assert t.sample(64).keys.max() < 30  # the rows restored are the previous checkpoint's, and they serve
+
+
+def test_every_checkpoint_invalid_starts_empty_loudly_and_takes_any_first_batch(tmp_path, caplog):
+    from tests.support.tampered import rewrite_checkpoint
+
+    ck = checkpoints_of(tmp_path, [10, 20])
+    for path in ck.files():
+        rewrite_checkpoint(path, leaves=lambda leaves: leaves - 2)
+    t = fresh()
+    with caplog.at_level(logging.ERROR, "apexrl.replay.checkpoint"):
+        assert Checkpointer(t, tmp_path).restore() is None
+    assert f"NO GOOD CHECKPOINT in {tmp_path}: all 2 were set aside as corrupt" in caplog.text
+    t.refuse_calls(None)
+    assert t.info().size == 0 and t.signature is None  # the bad files fixed nothing
+    t.insert({"x": np.zeros((3, 2), np.uint8)})
+    assert str(t.signature) == "x:uint8[2]"
 
 
 def test_every_checkpoint_corrupt_starts_empty(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.support.netns import (
     NETNS_ETC,
     NamespaceNetwork,
@@ -151,7 +152,8 @@ def test_close_removes_everything_and_kills_what_still_runs_inside():
     network = NamespaceNetwork(["alpha", "beta"])
     with network:
         sleeper = network.popen("beta", ["sleep", "600"])
-        assert network.pids("beta") == [sleeper.pid]
+        # `ip netns exec` enters the namespace, then execs: the pid shows inside once it has, not at popen's return.
+        wait_until(lambda: network.pids("beta") == [sleeper.pid], "the sleeper runs inside beta", timeout=30)
         made = leftovers(run_id=network.run_id)
         assert len(made) == 2 + 2 + 2 + 1, made  # 2 namespaces, 2 veths, 2 /etc/netns dirs, the bridge
     assert sleeper.wait(10) == -9

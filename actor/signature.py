@@ -1,0 +1,40 @@
+"""`apexrl signature`: print the replay table signature the built-in actor writes for an environment, the value
+of `apexrl replay --signature` for shards that are not started by `apexrl launch` (which pins it itself): by
+hand, or by Kubernetes (k8s/, APEXRL_REPLAY_SIGNATURE). A pinned signature means no first insert fixes a table's
+columns; with roles on, an actor's first insert may not (docs/security.md)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from apexrl.common.env_settings import EnvChoice, EnvKwargs, env_kwargs_setting, env_module_setting
+from apexrl.common.settings import SettingsError, setting
+
+HELP = "print the replay --signature the built-in actor writes for an environment"
+
+
+@dataclass(frozen=True)
+class SignatureConfig:
+    """The environment as the actors make it, and their compression of image observations."""
+
+    env: str = setting("CartPole-v1", "Gymnasium environment id (or package.module:EnvId)")
+    env_module: tuple[str, ...] = env_module_setting()
+    env_kwargs: EnvKwargs = env_kwargs_setting()
+    compress: str = setting("zstd", "the actors' --compress (image observations: zstd, lz4 or none)",
+                            choices=("zstd", "lz4", "none"))
+
+
+CONFIG = SignatureConfig
+
+
+def run(config: SignatureConfig, stop: threading.Event) -> int:
+    from apexrl.actor.nstep import replay_signature
+    from apexrl.common.environments import env_spaces
+
+    try:
+        spaces = env_spaces(EnvChoice.of(config))
+    except ValueError as err:  # an unknown or unplayable environment: one line, exit 2
+        raise SettingsError(f"--env: {err}") from None
+    print(replay_signature(spaces, config.compress))
+    return 0

@@ -1,0 +1,59 @@
+"""What a parameter service accepts from publishers, and what a client accepts from a service: bounds checked once.
+
+A Publish is buffered whole before it is stored (a version becomes visible atomically), so the memory publishers
+can make a service hold is at most max_concurrent_publishes x max_weights_bytes, and a stream that stops sending
+gives its slot back after publish_idle_timeout seconds. A client refuses a Fetch whose header declares more than
+its own max_weights_bytes before it allocates anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# Far above any Ape-X network (Nature DQN: ~7 MB), far below what a service should buffer for a stranger.
+DEFAULT_MAX_WEIGHTS_BYTES = 1 << 30
+# The learner publishes one version at a time; the rest is headroom for tools.
+DEFAULT_MAX_CONCURRENT_PUBLISHES = 4
+DEFAULT_PUBLISH_IDLE_TIMEOUT = 30.0
+
+
+def check_max_weights_bytes(value: int) -> int:
+    """`value` when it is a positive number of bytes; ValueError naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_weights_bytes ({value!r}) must be a positive number of bytes")
+    return value
+
+
+@dataclass(frozen=True)
+class PublishLimits:
+    """The bounds a parameter service puts on Publish calls.
+
+    Attributes:
+        max_weights_bytes: largest total_bytes a Publish may declare (RESOURCE_EXHAUSTED above, before any byte
+            is buffered).
+        max_concurrent_publishes: Publish calls served at once (RESOURCE_EXHAUSTED for one more).
+        publish_idle_timeout: seconds a Publish stream may go without a message before it is aborted
+            (DEADLINE_EXCEEDED), freeing its slot and what it had buffered.
+    """
+
+    max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES
+    max_concurrent_publishes: int = DEFAULT_MAX_CONCURRENT_PUBLISHES
+    publish_idle_timeout: float = DEFAULT_PUBLISH_IDLE_TIMEOUT
+
+    def __post_init__(self) -> None:
+        check_max_weights_bytes(self.max_weights_bytes)
+        if isinstance(self.max_concurrent_publishes, bool) or not isinstance(self.max_concurrent_publishes, int) \
+                or self.max_concurrent_publishes < 1:
+            raise ValueError(f"max_concurrent_publishes ({self.max_concurrent_publishes!r}) must be a positive "
+                             f"integer")
+        if isinstance(self.publish_idle_timeout, bool) or not isinstance(self.publish_idle_timeout, (int, float)) \
+                or not (math.isfinite(self.publish_idle_timeout) and self.publish_idle_timeout > 0):
+            raise ValueError(f"publish_idle_timeout ({self.publish_idle_timeout!r}) must be a finite number of "
+                             f"seconds > 0")
+
+    @classmethod
+    def of(cls, config: Any) -> PublishLimits:
+        """The limits given by `config`'s fields of the same names (ValueError naming a bad value)."""
+        return cls(config.max_weights_bytes, config.max_concurrent_publishes, config.publish_idle_timeout)

@@ -1,0 +1,62 @@
+"""`replay_signature` names exactly the columns the built-in actor writes (what the launcher pins with
+--signature): checked against columns made the actor's way from real environments' observations and actions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from apexrl.actor.nstep import (
+    Transition,
+    compress_image_columns,
+    replay_signature,
+    stack_transitions,
+    stored_action,
+    stored_obs,
+)
+from apexrl.common.environments import env_spaces, make_env
+from apexrl.common.signature import ROW_VERSION_COLUMN, Signature
+
+
+def written_columns(env_id: str, compression: str) -> dict:
+    env = make_env(env_id)
+    try:
+        obs, _ = env.reset(seed=0)
+        action = env.action_space.sample()
+        next_obs, reward, *_ = env.step(action)
+    finally:
+        env.close()
+    transitions = [Transition(stored_obs(obs), stored_action(action), float(reward), 0.99, stored_obs(next_obs))] * 3
+    columns = stack_transitions(transitions)
+    columns[ROW_VERSION_COLUMN] = np.zeros(3, dtype=np.int64)
+    return compress_image_columns(columns, compression)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "MinAtar/Breakout-v1"])
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_the_pinned_signature_is_what_the_actor_writes(env_id, compression):
+    if env_id.startswith("MinAtar"):
+        pytest.importorskip("minatar")
+    columns = written_columns(env_id, compression)
+    pinned = replay_signature(env_spaces(env_id), compression)
+    assert pinned == Signature.from_batch(columns)
+    assert pinned.check_batch(columns) == 3
+
+
+def test_pixels_are_pinned_compressed_and_vectors_raw():
+    pytest.importorskip("minatar")
+    assert str(replay_signature(env_spaces("CartPole-v1"), "zstd")).startswith("obs:float32[4],action:int64[]")
+    assert str(replay_signature(env_spaces("MinAtar/Breakout-v1"), "lz4")).startswith("obs:bool[10,10,4]@lz4")
+
+
+def test_apexrl_signature_prints_what_a_shard_takes_as_signature():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "apexrl.launcher", "signature", "--env", "Pendulum-v1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert Signature.parse(done.stdout.strip()) == replay_signature(env_spaces("Pendulum-v1"), "zstd")
+    bad = subprocess.run([sys.executable, "-m", "apexrl.launcher", "signature", "--env", "NoSuchEnv-v0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
