@@ -1,18 +1,21 @@
 #!/usr/bin/env python
 """Access-control benchmark: what roles cost a replay shard (docs/security.md), measured in one run.
 
-Two shard processes, exactly as operators run them: one with a single fleet token (`--token-file`, the
-one-machine mode) and one with role tokens (`--role-tokens DIR`, five identities). Each round measures, on each
-shard in turn (A B, then B A in the next round, so drift in the machine's load falls on both):
+Three shard processes, exactly as operators run them: the `--baseline` commit's code (before roles and quotas)
+with a single fleet token, and this checkout's with a single fleet token (`--token-file`, the one-machine mode)
+and with role tokens (`--role-tokens DIR`, five identities); quotas and the connection policy at their defaults.
+Each round measures, on each shard in turn (the order reverses every round, so drift in the machine's load falls
+on all of them):
 
   - insert: SDK inserts of CartPole rows (batches of 64 with priorities, streamed with acks), rows per second;
   - sample: Sample(256) per second, blocking, on the filled shard;
   - update: UpdatePriorities(256) per second, blocking.
 
-Printed: the median of the rounds for each figure and mode, and roles / single token as a ratio (target >= 0.95).
+Printed: the median of the rounds for each figure and shard, and each of this checkout's against the baseline
+as a ratio (target >= 0.95 for roles and quotas on against the code without them).
 
-    .venv/bin/python bench/access_bench.py                     # 5 rounds of 3 s per figure (~2 minutes)
-    .venv/bin/python bench/access_bench.py --quick             # a smoke test (~20 s)
+    .venv/bin/python bench/access_bench.py --baseline 0318ce6     # 5 rounds of 3 s per figure (~3 minutes)
+    .venv/bin/python bench/access_bench.py --quick                # a smoke test, HEAD as the baseline (~30 s)
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
-from harness.processes import Children, shard_argv, wait_healthy
+from harness.baseline import ROOT, baseline_pythonpath, describe, imported_from
+from harness.processes import Child, Children, shard_argv, wait_healthy
 from harness.report import load_line, metadata, progress, render_table, write_json
 
 from apexrl.replay_server.client import ReplayClient
@@ -74,6 +79,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per figure per round")
     parser.add_argument("--capacity", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 1 s (a smoke test)")
+    parser.add_argument("--baseline", default="HEAD", help="git ref of the shard code to compare with (default "
+                                                            "HEAD: the last commit)")
     parser.add_argument("--json", help="write the figures as JSON to this path")
     args = parser.parse_args()
     if args.quick:
@@ -89,12 +96,22 @@ def main() -> int:
         with open(fleet_file, "w") as f:
             f.write(FLEET_TOKEN)
         common = shard_argv(args.capacity, seed=0) + ["--signature", SIGNATURE]
+        path = baseline_pythonpath(args.baseline, Path(workdir) / "baseline")
+        old_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
+        if not imported_from("apexrl.replay_server.service", old_env, workdir).is_relative_to(workdir):
+            raise RuntimeError("the baseline shard would not import the baseline's code")
+        old = Child("baseline", common + ["--token-file", fleet_file], workdir, env=old_env, cwd=workdir)
+        children.started.append(old)
+        baseline = f"baseline {describe(args.baseline)}"
         shards = {
+            baseline: (old, FLEET_TOKEN, FLEET_TOKEN),
             "single token": (children.start("single", common + ["--token-file", fleet_file]),
                              FLEET_TOKEN, FLEET_TOKEN),
             "roles": (children.start("roles", common + ["--role-tokens", tokens_dir]),
                       TOKENS["actor"], TOKENS["learner"]),
         }
+        if not imported_from("apexrl.replay_server.service", dict(os.environ), str(ROOT)).is_relative_to(ROOT):
+            raise RuntimeError("this checkout's shards would not import its code")
         wait_healthy([child for child, _, _ in shards.values()])
         results: dict[str, dict[str, list[float]]] = {mode: {f: [] for f in FIGURES} for mode in shards}
         for round_index in range(args.rounds):
@@ -107,9 +124,10 @@ def main() -> int:
                 progress(f"round {round_index + 1}/{args.rounds} {mode}: "
                          + ", ".join(f"{k} {v:,.0f}" for k, v in figures.items()))
     medians = {mode: {f: statistics.median(v) for f, v in figs.items()} for mode, figs in results.items()}
-    lines = [[figure, f"{medians['single token'][figure]:,.0f}", f"{medians['roles'][figure]:,.0f}",
-              f"{medians['roles'][figure] / medians['single token'][figure]:.2f}x"] for figure in FIGURES]
-    print("\n".join(render_table(["figure (median of rounds)", "single token", "roles", "roles / single"],
+    lines = [[figure, *(f"{medians[mode][figure]:,.0f}" for mode in medians),
+              f"{medians['single token'][figure] / medians[baseline][figure]:.2f}x",
+              f"{medians['roles'][figure] / medians[baseline][figure]:.2f}x"] for figure in FIGURES]
+    print("\n".join(render_table(["figure (median of rounds)", *medians, "single / baseline", "roles / baseline"],
                                  lines, left={0})))
     print(load_line(load_before, os.getloadavg()[0]))
     if args.json:

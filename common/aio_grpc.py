@@ -44,9 +44,12 @@ T = TypeVar("T")
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):
-    """The asyncio twin of grpc_util.AccessInterceptor (same rules, same audit lines). The wrappers keep the
-    behaviour's kind (coroutine, async generator or plain function), which grpc.aio looks at to decide how to run
-    it."""
+    """Enforces an AccessPolicy (common/access.py): a call without a known credential is UNAUTHENTICATED, a call
+    its role may not make PERMISSION_DENIED naming the identity and the method; neither reaches the servicer, and
+    both are written to the audit log with the peer. Allowed Publish and Checkpoint calls are audited too; health
+    checks are open. Decided from the call's metadata before it runs, except with certificate roles and no token
+    (then in the call, from its TLS auth context). The wrappers keep the behaviour's kind (coroutine or async
+    generator), which grpc.aio looks at to decide how to run it."""
 
     def __init__(self, policy: AccessPolicy) -> None:
         self._policy = policy

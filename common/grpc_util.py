@@ -1,7 +1,6 @@
-"""gRPC plumbing shared by every apexrl server and client: server/channel options, TLS credentials, health and
-reflection (and the plaintext health-only port beside a TLS server), access control (the policy: common/access.py),
-and a graceful
-SIGTERM/Ctrl-C shutdown.
+"""gRPC plumbing shared by every apexrl server and client: server/channel options, TLS credentials, the pieces of
+access control both need (the policy: common/access.py; the servers' interceptor: common/aio_grpc.py), health
+checks and a graceful SIGTERM/Ctrl-C shutdown.
 
 TLS (common/tls.py holds the files): a server with a certificate serves TLS, and with a CA also requires client
 certificates signed by it (mutual TLS); a client given TlsFiles dials TLS, verifying the server with the CA (the
@@ -15,8 +14,9 @@ server certificate the client's CA did not sign, plaintext to a TLS port, TLS to
 say "Tls handshake failed" when the client refused, "Socket closed" when the server did, and "Hostname
 Verification Check failed" when the server's certificate names neither the address dialled nor tls_server_name.
 A missing or wrong token over a good connection is UNAUTHENTICATED; a call the caller's role may not make is
-PERMISSION_DENIED. No refused call reaches a servicer. Tokens are compared in constant time, and a server that requires one over plaintext on an address other machines can reach
-says at start that the token will cross the network in clear (`warn_if_token_in_clear`).
+PERMISSION_DENIED. No refused call reaches a servicer. Tokens are compared in constant time, and a server that
+requires one over plaintext on an address other machines can reach says at start that the token will cross the
+network in clear (`warn_if_token_in_clear`).
 """
 
 from __future__ import annotations
@@ -24,22 +24,18 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any, Generic, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from apexrl.common import certificates
 from apexrl.common.access import (
-    AUDITED_METHODS,
     AccessDenied,
-    AccessPolicy,
     Identity,
     audit_log,
-    is_open_method,
     method_name,
 )
 from apexrl.common.errors import CancelledError, DeadlineExceededError, from_rpc_error
@@ -130,46 +126,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-class AccessInterceptor(grpc.ServerInterceptor):
-    """Enforces an AccessPolicy (common/access.py) on a thread-pool server: a call without a known credential is
-    UNAUTHENTICATED, a call its role may not make PERMISSION_DENIED naming the identity and the method; neither
-    reaches the servicer, and both are written to the audit log with the peer. Allowed Publish and Checkpoint
-    calls are audited too. Health checks are open."""
-
-    def __init__(self, policy: AccessPolicy) -> None:
-        self._policy = policy
-
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or self._policy.is_open or is_open_method(method):
-            return handler
-        decision = self._policy.decide(method, handler_call_details.invocation_metadata)
-        behavior = handler_behavior(handler)
-        if isinstance(decision, AccessDenied):
-            def deny(request_or_iterator, context):
-                audit_refused(method, context.peer(), decision)
-                context.abort(status_of(decision), str(decision))
-            return same_kind_handler(handler, deny)
-        if decision is None or method in AUDITED_METHODS:
-            policy = self._policy
-
-            def checked(request_or_iterator, context):
-                identity = decision
-                if identity is None:  # the client certificate decides
-                    try:
-                        identity = policy.identify(context.invocation_metadata(), context.auth_context)
-                        policy.check(method, identity)
-                    except AccessDenied as denied:
-                        audit_refused(method, context.peer(), denied)
-                        context.abort(status_of(denied), str(denied))
-                if method in AUDITED_METHODS:
-                    audit_allowed(method, context.peer(), identity)
-                return behavior(request_or_iterator, context)
-            return same_kind_handler(handler, checked)
-        return handler
 
 
 _KINDS = {  # (request_streaming, response_streaming) -> (handler factory, behaviour attribute)
@@ -312,21 +268,12 @@ def make_channel(
     return channel
 
 
-def create_server(
-    *,
-    max_workers: int = 16,
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    token: str | None = None,
-    access: AccessPolicy | None = None,
-) -> grpc.Server:
-    """A thread-pool gRPC server with apexrl's message limits and the access policy `access` (a single-token one
-    for `token`; none: open)."""
-    access = access if access is not None else AccessPolicy.single_token(token) if token else AccessPolicy()
-    interceptors = [] if access.is_open else [AccessInterceptor(access)]
-    interceptors.append(RequestDecodeInterceptor())  # after the access check: see RequestDecodeInterceptor
+def create_server(*, max_workers: int = 16, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.Server:
+    """A thread-pool gRPC server with apexrl's message limits and no access control: the benchmarks' raw gRPC
+    ceiling (bench/harness/ceiling_server.py). apexrl's own services run on grpc.aio (common/aio_grpc.py)."""
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-        interceptors=interceptors,
+        interceptors=[RequestDecodeInterceptor()],
         options=message_size_options(max_message_bytes) + [("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=None,
     )
@@ -350,49 +297,6 @@ def bind(server: grpc.Server | grpc.aio.Server, address: str, *, tls: TlsFiles |
     if port == 0:
         raise OSError(f"cannot bind {address} (address in use or not local?)")
     return port
-
-
-def add_health_and_reflection(server: grpc.Server, service_names: Iterable[str]) -> health.HealthServicer:
-    """Serve grpc.health.v1 (overall and per service SERVING) and server reflection for the given services."""
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    names = list(service_names)
-    for name in ["", *names]:
-        servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([*names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
-    return servicer
-
-
-class WithHealthPort:
-    """A thread-pool server and the plaintext server beside it that serves only its health service (for probes
-    that cannot do TLS), started and stopped together; otherwise it is the main grpc.Server."""
-
-    def __init__(self, server: grpc.Server, health_servicer: health.HealthServicer, health_address: str) -> None:
-        self._server = server
-        self._health_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
-                                          options=[("grpc.so_reuseport", 0)])
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._health_server)
-        self.health_port = bind(self._health_server, health_address)
-
-    def start(self) -> None:
-        self._server.start()
-        self._health_server.start()
-
-    def stop(self, grace: float | None) -> threading.Event:
-        """Stop both; the event is set once both have stopped (the grpc.Server.stop contract)."""
-        stopped = [self._server.stop(grace), self._health_server.stop(grace)]
-        done = threading.Event()
-
-        def wait_both() -> None:
-            for event in stopped:
-                event.wait()
-            done.set()
-
-        threading.Thread(target=wait_both, name="grpc-stop", daemon=True).start()
-        return done
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._server, name)
 
 
 def wait_for_health(address: str, *, timeout: float, service: str = "", token: str | None = None,

@@ -73,7 +73,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
             join_host_port(config.host, config.port), store=store, registry=registry, tls=tls,
             access=AccessPolicy.from_settings(config.token, config.role_tokens, config.certificate_roles),
             health_address=None if config.health_port is None else join_host_port(config.host, config.health_port))
-        where = f"{config.host}:{port} (hosted, {describe_access(config)}, {describe(tls)}" + (
+        where = f"{config.host}:{port} (hosted, {describe(tls)}, {describe_access(config)}" + (
             ")" if config.health_port is None else f", plaintext health on port {config.health_port})")
         if config.port_file:
             atomic_write(config.port_file, f"{port}\n")
