@@ -54,54 +54,102 @@ def evaluation_rest(took: float, round_seconds: float, cpu_share: float) -> floa
 
 def log_round(number: int, weight_version: int, returns: list[float], seconds: float) -> None:
     """The evaluator's one line per round: what the greedy policy of these weights scores now."""
-    log.info("evaluation round %d (weights v%d): %d greedy episodes, mean return %.1f (min %.1f, max %.1f) in %.1fs",
-             number, weight_version, len(returns), float(np.mean(returns)), min(returns), max(returns), seconds)
+    log.info(
+        "evaluation round %d (weights v%d): %d greedy episodes, mean return %.1f (min %.1f, max %.1f) in %.1fs",
+        number,
+        weight_version,
+        len(returns),
+        float(np.mean(returns)),
+        min(returns),
+        max(returns),
+        seconds,
+    )
 
 
 class ActorMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.env_steps = Counter("apexrl_actor_env_steps", "Environment steps taken", registry=registry)
         self.episodes = Counter("apexrl_actor_episodes", "Episodes finished", registry=registry)
-        self.transitions_sent = Counter("apexrl_actor_transitions_sent", "n-step transitions handed to the SDK "
-                                        "for insertion", registry=registry)
-        self.failovers = Counter("apexrl_actor_insert_failovers", "Batches sent to another shard because the "
-                                 "round-robin shard's backlog was full", registry=registry)
-        self.fetch_failures = Counter("apexrl_actor_weight_fetch_failures", "Weight pulls that failed (the actor "
-                                      "kept its weights)", registry=registry)
-        self.weight_version = Gauge("apexrl_actor_weight_version", "Version of the weights in use", registry=registry)
-        self.weight_lag = Gauge("apexrl_actor_weight_version_lag_versions", "Versions the weights in use were behind "
-                                "the newest published when the actor last pulled (its policy's staleness)",
-                                registry=registry)
-        self.epsilon = Gauge("apexrl_actor_epsilon", "DQN: this actor's exploration rate (probability of a "
-                             "uniformly random action)", registry=registry)
-        self.noise_scale = Gauge("apexrl_actor_noise_scale", "DPG: standard deviation of this actor's Gaussian "
-                                 "action noise, in half action ranges", registry=registry)
-        self.last_return = Gauge("apexrl_actor_last_episode_return", "Return of the last finished episode",
-                                 registry=registry)
-        self.mean_return = Gauge("apexrl_actor_mean_episode_return_100", "Mean return of the last 100 episodes",
-                                 registry=registry)
+        self.transitions_sent = Counter(
+            "apexrl_actor_transitions_sent",
+            "n-step transitions handed to the SDK for insertion",
+            registry=registry,
+        )
+        self.failovers = Counter(
+            "apexrl_actor_insert_failovers",
+            "Batches sent to another shard because the round-robin shard's backlog was full",
+            registry=registry,
+        )
+        self.fetch_failures = Counter(
+            "apexrl_actor_weight_fetch_failures",
+            "Weight pulls that failed (the actor kept its weights)",
+            registry=registry,
+        )
+        self.weight_version = Gauge(
+            "apexrl_actor_weight_version", "Version of the weights in use", registry=registry
+        )
+        self.weight_lag = Gauge(
+            "apexrl_actor_weight_version_lag_versions",
+            "Versions the weights in use were behind "
+            "the newest published when the actor last pulled (its policy's staleness)",
+            registry=registry,
+        )
+        self.epsilon = Gauge(
+            "apexrl_actor_epsilon",
+            "DQN: this actor's exploration rate (probability of a uniformly random action)",
+            registry=registry,
+        )
+        self.noise_scale = Gauge(
+            "apexrl_actor_noise_scale",
+            "DPG: standard deviation of this actor's Gaussian action noise, in half action ranges",
+            registry=registry,
+        )
+        self.last_return = Gauge(
+            "apexrl_actor_last_episode_return", "Return of the last finished episode", registry=registry
+        )
+        self.mean_return = Gauge(
+            "apexrl_actor_mean_episode_return_100", "Mean return of the last 100 episodes", registry=registry
+        )
         # Where an actor's time goes (rate() of each is the fraction of wall time spent there).
-        self.act_seconds = Counter("apexrl_actor_act_seconds", "Time spent choosing actions and stepping the "
-                                   "environments", registry=registry)
-        self.send_seconds = Counter("apexrl_actor_send_seconds", "Time spent handing batches to the shards "
-                                    "(priorities, encoding, waiting for room in a backlog)", registry=registry)
-        self.pull_seconds = Counter("apexrl_actor_pull_seconds", "Time spent checking for and pulling newer weights",
-                                    registry=registry)
-        self.insert_backlog = Gauge("apexrl_actor_insert_backlog_batches", "Insert batches sent or queued to a "
-                                    "shard and not yet acknowledged", ["shard"], registry=registry)
+        self.act_seconds = Counter(
+            "apexrl_actor_act_seconds",
+            "Time spent choosing actions and stepping the environments",
+            registry=registry,
+        )
+        self.send_seconds = Counter(
+            "apexrl_actor_send_seconds",
+            "Time spent handing batches to the shards (priorities, encoding, waiting for room in a backlog)",
+            registry=registry,
+        )
+        self.pull_seconds = Counter(
+            "apexrl_actor_pull_seconds",
+            "Time spent checking for and pulling newer weights",
+            registry=registry,
+        )
+        self.insert_backlog = Gauge(
+            "apexrl_actor_insert_backlog_batches",
+            "Insert batches sent or queued to a shard and not yet acknowledged",
+            ["shard"],
+            registry=registry,
+        )
 
 
 class ApeXActor:
-    def __init__(self, config: ActorConfig, registry: CollectorRegistry | None = None,
-                 episode_log: EpisodeLog | None = None) -> None:
+    def __init__(
+        self,
+        config: ActorConfig,
+        registry: CollectorRegistry | None = None,
+        episode_log: EpisodeLog | None = None,
+    ) -> None:
         self.metrics = ActorMetrics(registry if registry is not None else CollectorRegistry())
         self.episode_log = episode_log
         seed = config.seed if config.seed is not None else int(time.time_ns() % 2**31)
         self._rng = np.random.default_rng([seed, config.actor_index])
         # Exploring: same-step autoreset (every step yields one transition per environment, see make_vector_env).
         try:
-            self.envs = make_vector_env(EnvChoice.of(config), config.num_envs,
-                                        same_step_autoreset=not config.evaluate)
+            self.envs = make_vector_env(
+                EnvChoice.of(config), config.num_envs, same_step_autoreset=not config.evaluate
+            )
         except ValueError as err:
             raise SettingsError(f"--env: {err}") from None
         try:
@@ -113,7 +161,9 @@ class ApeXActor:
             raise SettingsError(str(err)) from None
         self.acting = self.algorithm.acting()
         self.explorer = self.acting.make_explorer(config, self.spaces, self._rng)
-        (self.metrics.epsilon if self.explorer.name == "epsilon" else self.metrics.noise_scale).set(self.explorer.scale)
+        (self.metrics.epsilon if self.explorer.name == "epsilon" else self.metrics.noise_scale).set(
+            self.explorer.scale
+        )
         # Atari: train on rewards clipped to [-1, 1] (DQN, Ape-X); episode returns are reported unclipped.
         self.clip_rewards = clips_rewards(config.env)
         # Environment i of this actor resets with seed + i; below 2**32, which MinAtar's RandomState requires.
@@ -122,8 +172,9 @@ class ApeXActor:
         self.tls = tls_of(config)
         self.params = ParameterClient(config.params, timeout=5.0, token=config.token, tls=self.tls)
         self.shards: list[ReplayClient] = []
-        self._addresses = ShardAddresses(() if config.evaluate else config.replay,
-                                         resolve_every=config.replay_resolve_seconds)
+        self._addresses = ShardAddresses(
+            () if config.evaluate else config.replay, resolve_every=config.replay_resolve_seconds
+        )
         self._sync_shards(force=True)
         self._next_shard = config.actor_index % max(1, len(self.shards))
         self.policy: ActingPolicy | None = None
@@ -163,11 +214,18 @@ class ApeXActor:
         self._last_fetch_warning = now
         waited = now - self._waiting_since
         if self.policy is None and waited < STARTUP_WINDOW_SECONDS:
-            log.info("waiting for the first weights from the parameter service at %s (the learner may still be "
-                     "starting)", self.config.params)
+            log.info(
+                "waiting for the first weights from the parameter service at %s (the learner may still be "
+                "starting)",
+                self.config.params,
+            )
         elif self.policy is None:
-            log.warning("no weights from %s after %.0fs of waiting (the learner is not serving): %s",
-                        self.config.params, waited, err)
+            log.warning(
+                "no weights from %s after %.0fs of waiting (the learner is not serving): %s",
+                self.config.params,
+                waited,
+                err,
+            )
         else:
             log.warning("weights unavailable, acting with version %d: %s", self.weight_version, err)
 
@@ -178,12 +236,18 @@ class ApeXActor:
             if stop.is_set():
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no weights from {self.config.params} after "
-                                   f"{self.config.weights_wait_seconds:.0f}s")
+                raise TimeoutError(
+                    f"no weights from {self.config.params} after {self.config.weights_wait_seconds:.0f}s"
+                )
             if not self._pull_weights():
                 stop.wait(0.2)
-        log.info("actor %d got weights version %d; %s %.4f", self.config.actor_index, self.weight_version,
-                 self.explorer.name, self.explorer.scale)
+        log.info(
+            "actor %d got weights version %d; %s %.4f",
+            self.config.actor_index,
+            self.weight_version,
+            self.explorer.name,
+            self.explorer.scale,
+        )
 
     # ------------------------------------------------------------------------------------------------- replay
     def _sync_shards(self, force: bool = False) -> None:
@@ -201,8 +265,9 @@ class ApeXActor:
         known = {c.address for c in self.shards}
         for address in present:
             if address not in known:
-                client = ReplayClient(address, timeout=30.0, token=self.config.token, tls=self.tls,
-                                      max_in_flight=8)
+                client = ReplayClient(
+                    address, timeout=30.0, token=self.config.token, tls=self.tls, max_in_flight=8
+                )
                 self.shards.append(client)
                 self.metrics.insert_backlog.labels(address).set_function(lambda c=client: c.pending)
                 if not force:  # at start-up the start line names the shards
@@ -216,7 +281,9 @@ class ApeXActor:
         columns = stack_transitions(transitions)
         columns[ROW_VERSION_COLUMN] = np.asarray(versions, dtype=np.int64)
         priorities = self.policy.initial_priorities(columns) + MIN_PRIORITY
-        columns = compress_image_columns(columns, self.config.compress)  # after the priorities: they need pixels
+        columns = compress_image_columns(
+            columns, self.config.compress
+        )  # after the priorities: they need pixels
         self._sync_shards()
         start = self._next_shard
         while not stop.is_set():
@@ -279,8 +346,9 @@ class ApeXActor:
                 lengths[i] += 1
                 done = terminated[i] or truncated[i]
                 last_obs = info["final_obs"][i] if done else next_obs[i]
-                completed = self.accumulators[i].push(obs[i], actions[i], train_rewards[i], last_obs,
-                                                      terminated[i], truncated[i])
+                completed = self.accumulators[i].push(
+                    obs[i], actions[i], train_rewards[i], last_obs, terminated[i], truncated[i]
+                )
                 outbox += completed
                 outbox_versions += [self.weight_version] * len(completed)
                 if done:
@@ -294,16 +362,17 @@ class ApeXActor:
             self.metrics.act_seconds.inc(sending_since - acting_since)
             if len(outbox) >= cfg.batch_size:
                 while len(outbox) >= cfg.batch_size:
-                    self._send(outbox[:cfg.batch_size], outbox_versions[:cfg.batch_size], stop)
-                    del outbox[:cfg.batch_size], outbox_versions[:cfg.batch_size]
+                    self._send(outbox[: cfg.batch_size], outbox_versions[: cfg.batch_size], stop)
+                    del outbox[: cfg.batch_size], outbox_versions[: cfg.batch_size]
                 self.metrics.send_seconds.inc(time.perf_counter() - sending_since)
             if steps_since_pull >= cfg.pull_every:
                 steps_since_pull = 0
                 pulling_since = time.perf_counter()
                 self._pull_weights()
                 self.metrics.pull_seconds.inc(time.perf_counter() - pulling_since)
-            if (cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps) or \
-                    (cfg.max_episodes is not None and self.episodes >= cfg.max_episodes):
+            if (cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps) or (
+                cfg.max_episodes is not None and self.episodes >= cfg.max_episodes
+            ):
                 break
 
     def _evaluate(self, stop: threading.Event) -> None:
@@ -319,7 +388,9 @@ class ApeXActor:
         while not stop.is_set():
             started = time.monotonic()
             self._pull_weights()
-            obs, _ = self.envs.reset(seed=self._env_seed + rounds * num_envs)  # fresh start states every round
+            obs, _ = self.envs.reset(
+                seed=self._env_seed + rounds * num_envs
+            )  # fresh start states every round
             returns = np.zeros(num_envs)
             lengths = np.zeros(num_envs, dtype=np.int64)
             playing = np.ones(num_envs, dtype=bool)
@@ -340,8 +411,9 @@ class ApeXActor:
                     playing[i] = False  # its environment restarts (autoreset); the round ignores what follows
                     self._finish_episode(returns[i], lengths[i], env_steps=self.env_steps)
                     finished.append(float(returns[i]))
-                limit = (cfg.max_episodes is not None and self.episodes >= cfg.max_episodes) or \
-                    (cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps)
+                limit = (cfg.max_episodes is not None and self.episodes >= cfg.max_episodes) or (
+                    cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps
+                )
                 if limit:
                     break
             rounds += 1
@@ -359,17 +431,25 @@ class ApeXActor:
         self.metrics.last_return.set(episode_return)
         self.metrics.mean_return.set(float(np.mean(self._recent_returns)))
         if self.episode_log is not None:
-            self.episode_log.write(EpisodeRecord(
-                wall_time=time.time(), actor=self.config.actor_index,
-                role=EVALUATE if self.config.evaluate else EXPLORE, env_steps=env_steps,
-                episode_return=float(episode_return), length=int(length), weight_version=self.weight_version,
-            ))
+            self.episode_log.write(
+                EpisodeRecord(
+                    wall_time=time.time(),
+                    actor=self.config.actor_index,
+                    role=EVALUATE if self.config.evaluate else EXPLORE,
+                    env_steps=env_steps,
+                    episode_return=float(episode_return),
+                    length=int(length),
+                    weight_version=self.weight_version,
+                )
+            )
 
     def close(self, flush_timeout: float = 2.0) -> None:
         """Flush what was handed to the SDK within `flush_timeout` seconds in total (the learner may be gone and
         the shards' rate limiters holding inserts back), then close connections and environments."""
-        closers = [threading.Thread(target=client.close, kwargs={"flush_timeout": flush_timeout}, daemon=True)
-                   for client in self.shards]  # together: a dead shard must not use up the live ones' time
+        closers = [
+            threading.Thread(target=client.close, kwargs={"flush_timeout": flush_timeout}, daemon=True)
+            for client in self.shards
+        ]  # together: a dead shard must not use up the live ones' time
         for closer in closers:
             closer.start()
         for closer in closers:

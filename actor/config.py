@@ -22,8 +22,8 @@ from apexrl.common.process import (
 from apexrl.common.settings import setting
 from apexrl.common.tls import tls_of
 
-DEFAULT_METRICS_PORT = 9300            # + actor_index: several actors on one machine take consecutive ports
-EVALUATOR_METRICS_PORT = 9400          # the fleet files' convention too (examples/fleet.toml)
+DEFAULT_METRICS_PORT = 9300  # + actor_index: several actors on one machine take consecutive ports
+EVALUATOR_METRICS_PORT = 9400  # the fleet files' convention too (examples/fleet.toml)
 
 
 @dataclass(frozen=True)
@@ -33,35 +33,62 @@ class ActorConfig:
     Attributes are grouped as: wiring (set by the launcher), serving, exploration, transitions, weights, limits.
     """
 
-    params: str = setting(help="host:port of the parameter service to pull weights from",
-                          wiring="the learner's address", metavar="ADDRESS")
-    replay: tuple[str, ...] = setting((), "comma-separated host:port of the replay shards, or dns:///NAME:PORT for "
-                                          "every address NAME resolves to (required unless --evaluate); batches "
-                                          "go round-robin from actor_index mod shards",
-                                      wiring="the [[shard]] tables", metavar="ADDRESSES")
+    params: str = setting(
+        help="host:port of the parameter service to pull weights from",
+        wiring="the learner's address",
+        metavar="ADDRESS",
+    )
+    replay: tuple[str, ...] = setting(
+        (),
+        "comma-separated host:port of the replay shards, or dns:///NAME:PORT for "
+        "every address NAME resolves to (required unless --evaluate); batches "
+        "go round-robin from actor_index mod shards",
+        wiring="the [[shard]] tables",
+        metavar="ADDRESSES",
+    )
     replay_resolve_seconds: float = replay_resolve_setting()
     actor_index: int = setting(0, "this actor's index i in the fleet", wiring="the [[actors]] groups")
-    num_actors: int = setting(1, "actors in the fleet N; with i it sets this actor's exploration (dqn: epsilon = "
-                                 "0.4 ** (1 + 7 i / (N - 1)); dpg: noise scale = 0.5 * 0.1 ** (i / (N - 1)))",
-                              wiring="the [[actors]] groups")
+    num_actors: int = setting(
+        1,
+        "actors in the fleet N; with i it sets this actor's exploration (dqn: epsilon = "
+        "0.4 ** (1 + 7 i / (N - 1)); dpg: noise scale = 0.5 * 0.1 ** (i / (N - 1)))",
+        wiring="the [[actors]] groups",
+    )
     env: str = setting("CartPole-v1", "Gymnasium environment id", wiring="[fleet] env")
     env_module: tuple[str, ...] = env_module_setting(wiring="[fleet] env_module")
     env_kwargs: EnvKwargs = env_kwargs_setting(wiring="[fleet] env_kwargs")
-    algorithm: str = setting(AUTO, "algorithm whose policy this actor plays: dqn (Discrete actions) or dpg (Box "
-                                   "actions); auto picks by the environment's action space",
-                             choices=algorithm_names(), wiring="[fleet] algorithm")
-    evaluate: bool = setting(False, "evaluator: play rounds of --num-envs greedy episodes side by side, each round "
-                                    "with the newest weights, insert nothing", wiring="the [evaluator] table")
-    episodes_csv: str | None = setting(None, "append one CSV line per finished episode to this file",
-                                       wiring="RUN_DIR/episodes/ROLE.csv", metavar="PATH")
-    seed: int | None = setting(None, "seed of environments and exploration (none: unseeded)",
-                               wiring="[fleet] seed + 1000 + actor index (evaluator: + 999)")
+    algorithm: str = setting(
+        AUTO,
+        "algorithm whose policy this actor plays: dqn (Discrete actions) or dpg (Box "
+        "actions); auto picks by the environment's action space",
+        choices=algorithm_names(),
+        wiring="[fleet] algorithm",
+    )
+    evaluate: bool = setting(
+        False,
+        "evaluator: play rounds of --num-envs greedy episodes side by side, each round "
+        "with the newest weights, insert nothing",
+        wiring="the [evaluator] table",
+    )
+    episodes_csv: str | None = setting(
+        None,
+        "append one CSV line per finished episode to this file",
+        wiring="RUN_DIR/episodes/ROLE.csv",
+        metavar="PATH",
+    )
+    seed: int | None = setting(
+        None,
+        "seed of environments and exploration (none: unseeded)",
+        wiring="[fleet] seed + 1000 + actor index (evaluator: + 999)",
+    )
     # Serving
     host: str = host_setting()
     metrics_port: int | None = setting(
-        None, "port of the Prometheus endpoint http://HOST:PORT/metrics; 0 picks a free port, -1 turns it off "
-              f"(none: {DEFAULT_METRICS_PORT} + actor_index for an exploring actor, {EVALUATOR_METRICS_PORT} for the "
-              "evaluator, so the actors and the evaluator of one machine do not clash)")
+        None,
+        "port of the Prometheus endpoint http://HOST:PORT/metrics; 0 picks a free port, -1 turns it off "
+        f"(none: {DEFAULT_METRICS_PORT} + actor_index for an exploring actor, {EVALUATOR_METRICS_PORT} for the "
+        "evaluator, so the actors and the evaluator of one machine do not clash)",
+    )
     token: str | None = token_setting()
     token_file: str | None = token_file_setting()
     tls_cert: str | None = tls_cert_setting()
@@ -69,38 +96,60 @@ class ActorConfig:
     tls_ca: str | None = tls_ca_setting()
     tls_server_name: str | None = tls_server_name_setting()
     # Exploration
-    num_envs: int = setting(1, "environments stepped together by this actor (one Gymnasium vector environment; "
-                               "a convolutional network's forward pass is batched over them)")
-    epsilon: float | None = setting(None, "dqn: fixed exploration rate instead of the Ape-X schedule (none: the "
-                                          "schedule; evaluators play with 0)")
-    noise_scale: float | None = setting(None, "dpg: fixed standard deviation of the Gaussian action noise, in "
-                                              "half action ranges, instead of the per-actor schedule (none: the "
-                                              "schedule, from 0.5 for actor 0 down to 0.05 for actor N-1; "
-                                              "evaluators play with 0)")
-    random_steps: int | None = setting(None, "dpg: environment steps this actor takes with uniformly random "
-                                             "actions before it follows its policy (none: 1000)")
+    num_envs: int = setting(
+        1,
+        "environments stepped together by this actor (one Gymnasium vector environment; "
+        "a convolutional network's forward pass is batched over them)",
+    )
+    epsilon: float | None = setting(
+        None,
+        "dqn: fixed exploration rate instead of the Ape-X schedule (none: the "
+        "schedule; evaluators play with 0)",
+    )
+    noise_scale: float | None = setting(
+        None,
+        "dpg: fixed standard deviation of the Gaussian action noise, in "
+        "half action ranges, instead of the per-actor schedule (none: the "
+        "schedule, from 0.5 for actor 0 down to 0.05 for actor N-1; "
+        "evaluators play with 0)",
+    )
+    random_steps: int | None = setting(
+        None,
+        "dpg: environment steps this actor takes with uniformly random "
+        "actions before it follows its policy (none: 1000)",
+    )
     # Transitions
     n_step: int = setting(3, "n of the n-step returns")
     gamma: float = setting(0.99, "discount factor")
     batch_size: int = setting(64, "transitions per replay insert")
-    compress: str = setting("zstd", "compression of image observations in replay (obs and next_obs of uint8 or "
-                                    "bool with at least 2 dimensions per row: one frame per row, decompressed by "
-                                    "the learner's data path); none: raw", choices=("zstd", "lz4", "none"))
+    compress: str = setting(
+        "zstd",
+        "compression of image observations in replay (obs and next_obs of uint8 or "
+        "bool with at least 2 dimensions per row: one frame per row, decompressed by "
+        "the learner's data path); none: raw",
+        choices=("zstd", "lz4", "none"),
+    )
     # Weights
     pull_every: int = setting(100, "environment steps between checks for newer weights (Ape-X: 400 frames)")
     weights_wait_seconds: float = setting(120.0, "how long to wait for the first weights before giving up")
     # Limits
     max_steps_per_second: float | None = setting(
-        None, "pace this actor to at most this many environment steps per second (none: as fast as the shards "
-              "accept data; an evaluator paces its rounds instead: see evaluation_round_seconds)")
+        None,
+        "pace this actor to at most this many environment steps per second (none: as fast as the shards "
+        "accept data; an evaluator paces its rounds instead: see evaluation_round_seconds)",
+    )
     evaluation_round_seconds: float = setting(
-        2.0, "evaluator: a round of --num-envs greedy episodes, all played side by side with the newest weights, "
-             "starts at most this often, and after each round the evaluator rests long enough to stay within "
-             "evaluation_cpu_share; 0: rounds back to back, no rest")
+        2.0,
+        "evaluator: a round of --num-envs greedy episodes, all played side by side with the newest weights, "
+        "starts at most this often, and after each round the evaluator rests long enough to stay within "
+        "evaluation_cpu_share; 0: rounds back to back, no rest",
+    )
     evaluation_cpu_share: float = setting(
-        0.25, "evaluator: the share of one core its rounds may take: after a round of T seconds it rests at least "
-              "T x (1/share - 1) (0.25: 3T), so slow rounds (Atari, environments without a vectorised version) "
-              "leave the learner its CPU; 1: no rest beyond evaluation_round_seconds")
+        0.25,
+        "evaluator: the share of one core its rounds may take: after a round of T seconds it rests at least "
+        "T x (1/share - 1) (0.25: 3T), so slow rounds (Atari, environments without a vectorised version) "
+        "leave the learner its CPU; 1: no rest beyond evaluation_round_seconds",
+    )
     max_env_steps: int | None = setting(None, "stop after this many environment steps")
     max_episodes: int | None = setting(None, "stop after this many episodes")
 
@@ -126,8 +175,10 @@ class ActorConfig:
         if self.metrics_port is not None:
             check_port(self.metrics_port, "metrics_port", pick=True, off=True)
         elif self.default_metrics_port > 65535:
-            raise ValueError(f"actor_index ({self.actor_index}) puts the default metrics port "
-                             f"({self.default_metrics_port}) past 65535: set metrics_port")
+            raise ValueError(
+                f"actor_index ({self.actor_index}) puts the default metrics port "
+                f"({self.default_metrics_port}) past 65535: set metrics_port"
+            )
         if not self.replay_resolve_seconds > 0:
             raise ValueError(f"replay_resolve_seconds ({self.replay_resolve_seconds}) must be > 0")
         if self.num_actors < 1:

@@ -24,14 +24,30 @@ def run(config: ActorConfig, stop: threading.Event) -> int:
     actor = ApeXActor(config, registry, EpisodeLog(config.episodes_csv) if config.episodes_csv else None)
     metrics = serve_metrics(registry, config.serving_metrics_port, config.host)
     role = "evaluator" if config.evaluate else "actor"
-    log.info("%s %d/%d on %s (%s): %s %.4f, %d env(s), shards %s, params %s; metrics %s", role, config.actor_index,
-             config.num_actors, config.env, actor.algorithm.name, actor.explorer.name, actor.explorer.scale,
-             config.num_envs, ",".join(config.replay),
-             config.params, metrics)
+    log.info(
+        "%s %d/%d on %s (%s): %s %.4f, %d env(s), shards %s, params %s; metrics %s",
+        role,
+        config.actor_index,
+        config.num_actors,
+        config.env,
+        actor.algorithm.name,
+        actor.explorer.name,
+        actor.explorer.scale,
+        config.num_envs,
+        ",".join(config.replay),
+        config.params,
+        metrics,
+    )
     try:
         actor.run(stop)
     finally:
         actor.close()
-        log.info("%s %d stopped after %d env steps, %d episodes (weights version %d)", role, config.actor_index,
-                 actor.env_steps, actor.episodes, actor.weight_version)
+        log.info(
+            "%s %d stopped after %d env steps, %d episodes (weights version %d)",
+            role,
+            config.actor_index,
+            actor.env_steps,
+            actor.episodes,
+            actor.weight_version,
+        )
     return 0

@@ -122,8 +122,9 @@ def stack_transitions(transitions: Sequence[Transition]) -> dict[str, np.ndarray
     }
 
 
-def compress_image_columns(columns: dict[str, np.ndarray], compression: str | None,
-                           names: Sequence[str] = ("obs", "next_obs")) -> dict[str, np.ndarray | CompressedColumn]:
+def compress_image_columns(
+    columns: dict[str, np.ndarray], compression: str | None, names: Sequence[str] = ("obs", "next_obs")
+) -> dict[str, np.ndarray | CompressedColumn]:
     """`columns` with its image columns among `names` compressed one frame per row (`compression`: "zstd" or
     "lz4"; None or "none" leaves them raw). An image column is uint8 or bool with at least 2 dimensions per row
     (Atari's [4, 84, 84], MinAtar's [10, 10, C]); vectors stay raw (compressing them saves little and costs
@@ -151,8 +152,10 @@ def replay_signature(spaces: EnvSpaces, compression: str | None) -> Signature:
     if compression not in (None, "none") and obs_dtype in _IMAGE_DTYPES and len(spaces.obs_shape) >= 2:
         obs += f"@{compression}"
     action = "int64[]" if spaces.num_actions else f"float32[{spaces.action_dim}]"
-    return Signature.parse(f"obs:{obs},action:{action},reward:float32[],discount:float32[],next_obs:{obs},"
-                           f"{ROW_VERSION_COLUMN}:int64[]")
+    return Signature.parse(
+        f"obs:{obs},action:{action},reward:float32[],discount:float32[],next_obs:{obs},"
+        f"{ROW_VERSION_COLUMN}:int64[]"
+    )
 
 
 def _stacked(observations: list[np.ndarray]) -> np.ndarray:

@@ -21,8 +21,11 @@ class SignatureConfig:
     env: str = setting("CartPole-v1", "Gymnasium environment id (or package.module:EnvId)")
     env_module: tuple[str, ...] = env_module_setting()
     env_kwargs: EnvKwargs = env_kwargs_setting()
-    compress: str = setting("zstd", "the actors' --compress (image observations: zstd, lz4 or none)",
-                            choices=("zstd", "lz4", "none"))
+    compress: str = setting(
+        "zstd",
+        "the actors' --compress (image observations: zstd, lz4 or none)",
+        choices=("zstd", "lz4", "none"),
+    )
 
 
 CONFIG = SignatureConfig

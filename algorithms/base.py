@@ -95,8 +95,7 @@ class Learning(Protocol):
         """Everything training needs to continue (networks, targets, optimisers), as tensors and plain values."""
         ...
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
     def describe(self) -> str:
         """One line for the start-up log: torsos, layer sizes, learning rates."""

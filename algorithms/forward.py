@@ -16,13 +16,20 @@ Layer = tuple[np.ndarray, np.ndarray]  # (weight transposed to [in, out], bias [
 
 def layer_ids(weights: Mapping[str, np.ndarray], prefix: str) -> list[int]:
     """The N of every `PREFIX.N.weight` in `weights`, in order."""
-    return sorted(int(m.group(1)) for name in weights if (m := re.fullmatch(rf"{re.escape(prefix)}\.(\d+)\.weight", name)))
+    return sorted(
+        int(m.group(1))
+        for name in weights
+        if (m := re.fullmatch(rf"{re.escape(prefix)}\.(\d+)\.weight", name))
+    )
 
 
 def dense(weights: Mapping[str, np.ndarray], name: str) -> Layer:
     """The linear layer `name` (`name.weight` [out, in], `name.bias` [out]) ready for `x @ W + b`; KeyError when
     missing."""
-    return (np.asarray(weights[f"{name}.weight"], np.float32).T.copy(), np.asarray(weights[f"{name}.bias"], np.float32))
+    return (
+        np.asarray(weights[f"{name}.weight"], np.float32).T.copy(),
+        np.asarray(weights[f"{name}.bias"], np.float32),
+    )
 
 
 def dense_stack(weights: Mapping[str, np.ndarray], prefix: str) -> list[Layer]:

@@ -87,8 +87,10 @@ def for_action_kind(name: str, action_kind: str, env_id: str = "the environment"
     algorithm = get(name)
     if algorithm.action_kind != action_kind:
         fitting = ", ".join(a.name for a in algorithms().values() if a.action_kind == action_kind) or "none"
-        raise ValueError(f"algorithm {algorithm.name} needs a {_SPACE[algorithm.action_kind]} action space; "
-                         f"{env_id} has a {_SPACE[action_kind]} one (algorithms for it: {fitting})")
+        raise ValueError(
+            f"algorithm {algorithm.name} needs a {_SPACE[algorithm.action_kind]} action space; "
+            f"{env_id} has a {_SPACE[action_kind]} one (algorithms for it: {fitting})"
+        )
     return algorithm
 
 
@@ -103,11 +105,16 @@ def with_defaults(config: T, algorithm: Algorithm, role: str) -> T:
     for other in algorithms().values():
         if other.name == algorithm.name:
             continue
-        given = [name for name in other.own_settings.get(role, ()) if name not in
-                 algorithm.own_settings.get(role, ()) and getattr(config, name, None) is not None]
+        given = [
+            name
+            for name in other.own_settings.get(role, ())
+            if name not in algorithm.own_settings.get(role, ()) and getattr(config, name, None) is not None
+        ]
         if given:
-            raise ValueError(f"{', '.join(given)}: {'a setting' if len(given) == 1 else 'settings'} of algorithm "
-                             f"{other.name}, but this run's algorithm is {algorithm.name}")
+            raise ValueError(
+                f"{', '.join(given)}: {'a setting' if len(given) == 1 else 'settings'} of algorithm "
+                f"{other.name}, but this run's algorithm is {algorithm.name}"
+            )
     defaults = algorithm.defaults.get(role, {})
     fields = {f.name for f in dataclasses.fields(config)}
     missing = sorted(set(defaults) - fields)

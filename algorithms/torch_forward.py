@@ -27,7 +27,11 @@ def tensor(weights: Mapping[str, np.ndarray], name: str) -> torch.Tensor:
 
 def layer_ids(weights: Mapping[str, np.ndarray], prefix: str) -> list[int]:
     """The N of every `PREFIX.N.weight`, in order."""
-    return sorted(int(m.group(1)) for name in weights if (m := re.fullmatch(rf"{re.escape(prefix)}\.(\d+)\.weight", name)))
+    return sorted(
+        int(m.group(1))
+        for name in weights
+        if (m := re.fullmatch(rf"{re.escape(prefix)}\.(\d+)\.weight", name))
+    )
 
 
 def linear(weights: Mapping[str, np.ndarray], name: str) -> nn.Linear:
@@ -49,7 +53,9 @@ class ConvTorso(nn.Module):
     """The convolutions under `prefix` (none for an MLP) applied to observations as the environment gives them:
     channel axis moved first per `layout`, cast to float32 and multiplied by `input_scale`, then flattened."""
 
-    def __init__(self, weights: Mapping[str, np.ndarray], prefix: str, layout: str, input_scale: float) -> None:
+    def __init__(
+        self, weights: Mapping[str, np.ndarray], prefix: str, layout: str, input_scale: float
+    ) -> None:
         super().__init__()
         ids = layer_ids(weights, f"{prefix}conv")
         strides = [int(s) for s in np.asarray(weights[f"{prefix}conv_strides"]).reshape(-1)] if ids else []
@@ -59,7 +65,10 @@ class ConvTorso(nn.Module):
             raise ValueError("a convolutional network cannot read vector observations")
         convs = []
         for i, stride in zip(ids, strides, strict=True):
-            weight, bias = tensor(weights, f"{prefix}conv.{i}.weight"), tensor(weights, f"{prefix}conv.{i}.bias")
+            weight, bias = (
+                tensor(weights, f"{prefix}conv.{i}.weight"),
+                tensor(weights, f"{prefix}conv.{i}.bias"),
+            )
             conv = nn.Conv2d(weight.shape[1], weight.shape[0], tuple(weight.shape[2:]), stride=stride)
             with torch.no_grad():
                 conv.weight.copy_(weight)

@@ -44,8 +44,12 @@ def resolve_network(name: str, spaces: EnvSpaces) -> str:
         return "nature" if conv_output_size(CONV_LAYERS["nature"], spaces.image_shape[1:]) else "minatar"
     if name != "mlp":
         if layout == VECTOR:
-            raise ValueError(f"network {name} needs image observations, got a vector of shape {spaces.obs_shape}")
+            raise ValueError(
+                f"network {name} needs image observations, got a vector of shape {spaces.obs_shape}"
+            )
         if not conv_output_size(CONV_LAYERS[name], spaces.image_shape[1:]):
-            raise ValueError(f"network {name} cannot read images of {spaces.image_shape[1]}x"
-                             f"{spaces.image_shape[2]} (too small for its convolutions): use minatar or mlp")
+            raise ValueError(
+                f"network {name} cannot read images of {spaces.image_shape[1]}x"
+                f"{spaces.image_shape[2]} (too small for its convolutions): use minatar or mlp"
+            )
     return name

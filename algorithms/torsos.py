@@ -22,7 +22,9 @@ from apexrl.common.spaces import CHW, HW, HWC
 def mlp(width: int, hidden_sizes: Sequence[int]) -> tuple[nn.Sequential, int]:
     """Linear + ReLU layers (state names 0, 2, 4, ...) and the width they end with."""
     if not hidden_sizes or any(h < 1 for h in hidden_sizes):
-        raise ValueError(f"hidden_sizes ({tuple(hidden_sizes)}) must be a non-empty tuple of positive integers")
+        raise ValueError(
+            f"hidden_sizes ({tuple(hidden_sizes)}) must be a non-empty tuple of positive integers"
+        )
     layers: list[nn.Module] = []
     for hidden in hidden_sizes:
         layers += [nn.Linear(width, hidden), nn.ReLU()]
@@ -30,8 +32,9 @@ def mlp(width: int, hidden_sizes: Sequence[int]) -> tuple[nn.Sequential, int]:
     return nn.Sequential(*layers), width
 
 
-def conv_stack(image_shape: tuple[int, int, int], conv_layers: Sequence[tuple[int, int, int]]
-               ) -> tuple[nn.Sequential, torch.Tensor, int]:
+def conv_stack(
+    image_shape: tuple[int, int, int], conv_layers: Sequence[tuple[int, int, int]]
+) -> tuple[nn.Sequential, torch.Tensor, int]:
     """Conv2d + ReLU layers (state names 0, 2, ...), their strides as an int64 tensor (published as
     `conv_strides`, so actors rebuild the stack from the weights alone) and the size of their flattened output."""
     channels, height, width = image_shape

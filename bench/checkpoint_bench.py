@@ -40,8 +40,27 @@ INSERT = "/apexrl.v1.ReplayService/Insert"
 
 
 def shard(workdir: str, name: str, capacity: int, *extra: str) -> Child:
-    return Child(name, [sys.executable, "-m", "apexrl.launcher", "replay", "--host", "127.0.0.1", "--port", "0",
-                        "--metrics-port", "-1", "--capacity", str(capacity), "--seed", "0", *extra], workdir)
+    return Child(
+        name,
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "replay",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--capacity",
+            str(capacity),
+            "--seed",
+            "0",
+            *extra,
+        ],
+        workdir,
+    )
 
 
 def fill(address: str, capacity: int) -> float:
@@ -122,7 +141,9 @@ async def sample_and_update(stub, stop: asyncio.Event, calls: Calls) -> None:
     await asyncio.gather(sampler(), updater())
 
 
-async def phase(address: str, seconds: float, window: int, message: bytes, checkpoint: bool) -> tuple[Calls, float]:
+async def phase(
+    address: str, seconds: float, window: int, message: bytes, checkpoint: bool
+) -> tuple[Calls, float]:
     """The load for `seconds` (with checkpoints: until the last checkpoint started within them ends); returns
     the calls and the measured time."""
     import grpc
@@ -131,11 +152,15 @@ async def phase(address: str, seconds: float, window: int, message: bytes, check
 
     calls, stop = Calls(), asyncio.Event()
     options = [("grpc.max_receive_message_length", 64 << 20)]
-    async with grpc.aio.insecure_channel(address, options=options) as channel, \
-            grpc.aio.insecure_channel(address, options=options) as control:
+    async with (
+        grpc.aio.insecure_channel(address, options=options) as channel,
+        grpc.aio.insecure_channel(address, options=options) as control,
+    ):
         stub = replay_pb2_grpc.ReplayServiceStub(channel)
-        tasks = [asyncio.ensure_future(insert_stream(channel, message, window, stop, calls)),
-                 asyncio.ensure_future(sample_and_update(stub, stop, calls))]
+        tasks = [
+            asyncio.ensure_future(insert_stream(channel, message, window, stop, calls)),
+            asyncio.ensure_future(sample_and_update(stub, stop, calls)),
+        ]
         await asyncio.sleep(0.5)  # flowing before anything is counted
         for name in calls.latency:
             calls.latency[name].clear()
@@ -144,7 +169,9 @@ async def phase(address: str, seconds: float, window: int, message: bytes, check
         if checkpoint:
             control_stub = replay_pb2_grpc.ReplayServiceStub(control)
             while time.perf_counter() - start < seconds or not calls.checkpoints:
-                calls.checkpoints.append(await control_stub.Checkpoint(replay_pb2.CheckpointRequest(), timeout=300))
+                calls.checkpoints.append(
+                    await control_stub.Checkpoint(replay_pb2.CheckpointRequest(), timeout=300)
+                )
         else:
             await asyncio.sleep(seconds)
         elapsed = time.perf_counter() - start
@@ -158,9 +185,12 @@ async def phase(address: str, seconds: float, window: int, message: bytes, check
 def summarise(calls: Calls, seconds: float, rows: int) -> dict:
     acks = np.asarray(calls.acks)
     gaps = np.diff(acks) if len(acks) > 1 else np.zeros(1)
-    out = {"seconds": seconds, "insert_rows_per_s": len(acks) * rows / seconds,
-           "insert_max_ack_gap_ms": float(gaps.max()) * 1e3,
-           "insert_ack_gaps_over_50ms": int((gaps > 0.05).sum())}
+    out = {
+        "seconds": seconds,
+        "insert_rows_per_s": len(acks) * rows / seconds,
+        "insert_max_ack_gap_ms": float(gaps.max()) * 1e3,
+        "insert_ack_gaps_over_50ms": int((gaps > 0.05).sum()),
+    }
     for name, values in calls.latency.items():
         v = np.asarray(values) * 1e3
         out[f"{name}_calls"] = len(v)
@@ -182,8 +212,11 @@ def restore_time(workdir: str, directory: str, capacity: int) -> dict:
     finally:
         child.stop()
     match = re.search(r"restored (\d+) rows .* in ([\d.]+)s", Path(child.log_path).read_text())
-    return {"rows": int(match.group(1)) if match else None, "restore_s": float(match.group(2)) if match else None,
-            "start_to_serving_s": serving}
+    return {
+        "rows": int(match.group(1)) if match else None,
+        "restore_s": float(match.group(2)) if match else None,
+        "start_to_serving_s": serving,
+    }
 
 
 def wal_throughput(workdir: str, capacity: int, seconds: float, rows: int, wal: bool) -> float:
@@ -217,14 +250,23 @@ def wal_throughput(workdir: str, capacity: int, seconds: float, rows: int, wal: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--capacity", type=int, default=1_000_000, help="rows of the full shard")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured time of each phase")
     parser.add_argument("--rows", type=int, default=256, help="rows per insert batch")
     parser.add_argument("--window", type=int, default=8, help="unacknowledged insert batches")
-    parser.add_argument("--paces", type=float, nargs="+", default=[200.0, 0.0],
-                        help="checkpoint paces to measure (--checkpoint-max-mb-per-s; 200 is the default, 0 unpaced)")
-    parser.add_argument("--quick", action="store_true", help="a 50,000-row shard and 1.5 s phases (smoke test)")
+    parser.add_argument(
+        "--paces",
+        type=float,
+        nargs="+",
+        default=[200.0, 0.0],
+        help="checkpoint paces to measure (--checkpoint-max-mb-per-s; 200 is the default, 0 unpaced)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a 50,000-row shard and 1.5 s phases (smoke test)"
+    )
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     if args.quick:
@@ -233,15 +275,26 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()[0]
     rng = np.random.default_rng(0)
-    message = wire.encode_insert(cartpole_batch(args.rows, rng), priorities(args.rows, rng), "").SerializeToString()
+    message = wire.encode_insert(
+        cartpole_batch(args.rows, rng), priorities(args.rows, rng), ""
+    ).SerializeToString()
     result: dict = {"capacity": args.capacity, "rows_per_batch": args.rows, "window": args.window}
     result["paces"] = []
     with tempfile.TemporaryDirectory() as workdir:
         directory = os.path.join(workdir, "checkpoints")
         for pace in args.paces:
             shutil.rmtree(directory, ignore_errors=True)
-            child = shard(workdir, f"shard-{pace:g}", args.capacity, "--checkpoint-dir", directory,
-                          "--checkpoint-every", "0", "--checkpoint-max-mb-per-s", str(pace))
+            child = shard(
+                workdir,
+                f"shard-{pace:g}",
+                args.capacity,
+                "--checkpoint-dir",
+                directory,
+                "--checkpoint-every",
+                "0",
+                "--checkpoint-max-mb-per-s",
+                str(pace),
+            )
             try:
                 progress(f"pace {pace:g} MB/s: filling {args.capacity:,} rows")
                 part = {"pace_mb_per_s": pace, "fill_rows_per_s": fill(child.address, args.capacity)}
@@ -260,8 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         result["restore"] = restore_time(workdir, directory, args.capacity)
         shutil.rmtree(directory, ignore_errors=True)
         progress("insert throughput with and without the write-ahead log")
-        result["wal"] = {"without_rows_per_s": wal_throughput(workdir, args.capacity, args.seconds, args.rows, False),
-                         "with_rows_per_s": wal_throughput(workdir, args.capacity, args.seconds, args.rows, True)}
+        result["wal"] = {
+            "without_rows_per_s": wal_throughput(workdir, args.capacity, args.seconds, args.rows, False),
+            "with_rows_per_s": wal_throughput(workdir, args.capacity, args.seconds, args.rows, True),
+        }
     result["load_average_1min"] = [load_before, os.getloadavg()[0]]
     report(result)
     if args.json:
@@ -270,16 +325,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(r: dict) -> None:
-    print(f"Full shard of {r['capacity']:,} CartPole rows; insert batches of {r['rows_per_batch']}, "
-          f"{r['window']} in flight; sample and update 256 at a time")
+    print(
+        f"Full shard of {r['capacity']:,} CartPole rows; insert batches of {r['rows_per_batch']}, "
+        f"{r['window']} in flight; sample and update 256 at a time"
+    )
     for part in r["paces"]:
         report_pace(part)
     rs = r["restore"]
-    print(f"restore: {rs['rows']:,} rows in {rs['restore_s']:.2f} s; process start to SERVING "
-          f"{rs['start_to_serving_s']:.2f} s")
+    print(
+        f"restore: {rs['rows']:,} rows in {rs['restore_s']:.2f} s; process start to SERVING "
+        f"{rs['start_to_serving_s']:.2f} s"
+    )
     w = r["wal"]
-    print(f"insert rows/s (SDK): without WAL {w['without_rows_per_s']:,.0f}, with WAL {w['with_rows_per_s']:,.0f} "
-          f"(ratio {w['with_rows_per_s'] / w['without_rows_per_s']:.2f})")
+    print(
+        f"insert rows/s (SDK): without WAL {w['without_rows_per_s']:,.0f}, with WAL {w['with_rows_per_s']:,.0f} "
+        f"(ratio {w['with_rows_per_s'] / w['without_rows_per_s']:.2f})"
+    )
     print(load_line(*r["load_average_1min"]))
 
 
@@ -288,28 +349,40 @@ def report_pace(r: dict) -> None:
     pace = f"paced at {r['pace_mb_per_s']:g} MB/s" if r["pace_mb_per_s"] else "unpaced"
     print(f"\nCheckpoints {pace}")
     lines = []
-    for label, key in (("insert: longest gap between acks, ms", "insert_max_ack_gap_ms"),
-                       ("insert: longest batch latency, ms", "insert_max_ms"),
-                       ("sample(256): longest call, ms", "sample_max_ms"),
-                       ("update(256): longest call, ms", "update_max_ms"),
-                       ("sample(256): p99, ms", "sample_p99_ms"),
-                       ("update(256): p99, ms", "update_p99_ms"),
-                       ("insert ack gaps over 50 ms", "insert_ack_gaps_over_50ms"),
-                       ("sample / update calls over 50 ms", ("sample_over_50ms", "update_over_50ms")),
-                       ("insert rows/s", "insert_rows_per_s")):
+    for label, key in (
+        ("insert: longest gap between acks, ms", "insert_max_ack_gap_ms"),
+        ("insert: longest batch latency, ms", "insert_max_ms"),
+        ("sample(256): longest call, ms", "sample_max_ms"),
+        ("update(256): longest call, ms", "update_max_ms"),
+        ("sample(256): p99, ms", "sample_p99_ms"),
+        ("update(256): p99, ms", "update_p99_ms"),
+        ("insert ack gaps over 50 ms", "insert_ack_gaps_over_50ms"),
+        ("sample / update calls over 50 ms", ("sample_over_50ms", "update_over_50ms")),
+        ("insert rows/s", "insert_rows_per_s"),
+    ):
         if isinstance(key, tuple):
-            lines.append([label, " / ".join(str(base[k]) for k in key), " / ".join(str(ck[k]) for k in key), ""])
+            lines.append(
+                [label, " / ".join(str(base[k]) for k in key), " / ".join(str(ck[k]) for k in key), ""]
+            )
             continue
         a, b = base[key], ck[key]
-        lines.append([label, f"{a:,.1f}" if isinstance(a, float) else str(a),
-                      f"{b:,.1f}" if isinstance(b, float) else str(b), f"{b / a:.2f}" if a else ""])
+        lines.append(
+            [
+                label,
+                f"{a:,.1f}" if isinstance(a, float) else str(a),
+                f"{b:,.1f}" if isinstance(b, float) else str(b),
+                f"{b / a:.2f}" if a else "",
+            ]
+        )
     for line in render_table(["figure", "no checkpoint", "checkpointing", "ratio"], lines, left={0}):
         print(line)
     sizes = [c["bytes"] for c in r["checkpoints"]]
     times = [c["seconds"] for c in r["checkpoints"]]
-    print(f"checkpoints written: {len(sizes)}, {np.median(sizes) / 1e6:.1f} MB, write time median "
-          f"{np.median(times):.2f} s (max {max(times):.2f} s); calls during them: insert "
-          f"{ck['insert_calls']}, sample {ck['sample_calls']}, update {ck['update_calls']}")
+    print(
+        f"checkpoints written: {len(sizes)}, {np.median(sizes) / 1e6:.1f} MB, write time median "
+        f"{np.median(times):.2f} s (max {max(times):.2f} s); calls during them: insert "
+        f"{ck['insert_calls']}, sample {ck['sample_calls']}, update {ck['update_calls']}"
+    )
 
 
 if __name__ == "__main__":

@@ -43,23 +43,34 @@ def learner_line() -> str:
         learner = Learner(cfg, EnvSpaces.vector(4, 2), sampler, publisher)
     losses = [learner.train_step(make_batch(range(32 * i, 32 * i + 32), seed=i)) for i in range(50)]
     version, weights = publisher.published[-1]
-    return (f"learner: version {version}, weights {digest(weights[k] for k in sorted(weights))}, priorities "
-            f"{digest(p for _, p in sampler.updates)}, losses {digest([np.array(losses)])}")
+    return (
+        f"learner: version {version}, weights {digest(weights[k] for k in sorted(weights))}, priorities "
+        f"{digest(p for _, p in sampler.updates)}, losses {digest([np.array(losses)])}"
+    )
 
 
 def actor_line() -> str:
     from apexrl.common.environments import EnvSpaces
 
     rng = np.random.default_rng(0)
-    shapes = {"torso.0.weight": (64, 4), "torso.0.bias": (64,), "value.weight": (1, 64), "value.bias": (1,),
-              "advantage.weight": (2, 64), "advantage.bias": (2,)}
+    shapes = {
+        "torso.0.weight": (64, 4),
+        "torso.0.bias": (64,),
+        "value.weight": (1, 64),
+        "value.bias": (1,),
+        "advantage.weight": (2, 64),
+        "advantage.bias": (2,),
+    }
     weights = {name: rng.normal(size=shape).astype(np.float32) for name, shape in shapes.items()}
-    columns = {"obs": rng.normal(size=(256, 4)).astype(np.float32),
-               "next_obs": rng.normal(size=(256, 4)).astype(np.float32), "action": rng.integers(2, size=256),
-               "reward": rng.normal(size=256).astype(np.float32),
-               "discount": rng.choice([0.0, 0.97], 256).astype(np.float32)}
+    columns = {
+        "obs": rng.normal(size=(256, 4)).astype(np.float32),
+        "next_obs": rng.normal(size=(256, 4)).astype(np.float32),
+        "action": rng.integers(2, size=256),
+        "reward": rng.normal(size=256).astype(np.float32),
+        "discount": rng.choice([0.0, 0.97], 256).astype(np.float32),
+    }
     act_rng = np.random.default_rng(1)
-    batches = [columns["obs"][i:i + 4] for i in range(0, 256, 4)]
+    batches = [columns["obs"][i : i + 4] for i in range(0, 256, 4)]
     try:
         from apexrl.algorithms.dqn.acting import EpsilonGreedy, make_policy
     except ImportError:  # before the seam
@@ -78,9 +89,14 @@ def actor_line() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkout", default=str(Path(__file__).resolve().parents[1]),
-                        help="the checkout whose tests/unit/learner/fakes.py makes the batches")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--checkout",
+        default=str(Path(__file__).resolve().parents[1]),
+        help="the checkout whose tests/unit/learner/fakes.py makes the batches",
+    )
     args = parser.parse_args()
     sys.path.insert(0, args.checkout)
     torch.set_num_threads(1)

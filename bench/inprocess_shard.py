@@ -43,8 +43,9 @@ class Completed(Generic[T]):
 class TableSink:
     """A PrioritySink that applies each update to the table at once; it never drops one."""
 
-    def __init__(self, table: ReplayTable, address: str,
-                 on_totals: Callable[[ShardTotals], None] | None = None) -> None:
+    def __init__(
+        self, table: ReplayTable, address: str, on_totals: Callable[[ShardTotals], None] | None = None
+    ) -> None:
         self.table = table
         self.address = address
         self._on_totals = on_totals
@@ -55,8 +56,9 @@ class TableSink:
         self.outstanding = 0  # applied at once: never any queued
 
     def send(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int, timeout: float = 10.0) -> bool:
-        result = self.table.update_priorities(np.asarray(keys, dtype=np.uint64),
-                                              np.asarray(priorities, dtype=np.float64), incarnation)
+        result = self.table.update_priorities(
+            np.asarray(keys, dtype=np.uint64), np.asarray(priorities, dtype=np.float64), incarnation
+        )
         self.applied += result.applied
         self.stale += result.stale
         if self._on_totals is not None:
@@ -73,8 +75,9 @@ class TableSink:
 class TableShard:
     """One in-process shard: the `Shard` calls answered by a ReplayTable."""
 
-    def __init__(self, table: ReplayTable, address: str,
-                 on_totals: Callable[[ShardTotals], None] | None = None) -> None:
+    def __init__(
+        self, table: ReplayTable, address: str, on_totals: Callable[[ShardTotals], None] | None = None
+    ) -> None:
         self.table = table
         self.address = address
         self._on_totals = on_totals
@@ -85,8 +88,9 @@ class TableShard:
     def info_future(self, *, timeout: float | None = None) -> Completed[ShardInfo]:
         return Completed(self.table.info)
 
-    def priority_stream(self, max_in_flight: int,
-                        on_totals: Callable[[ShardTotals], None] | None = None) -> TableSink:
+    def priority_stream(
+        self, max_in_flight: int, on_totals: Callable[[ShardTotals], None] | None = None
+    ) -> TableSink:
         return TableSink(self.table, self.address, on_totals)
 
     def close(self) -> None:

@@ -93,8 +93,10 @@ def run(args: argparse.Namespace) -> Run:
     try:
         with tempfile.TemporaryDirectory(prefix="learner_bench_") as workdir, Children(workdir) as children:
             progress(f"starting 2 replay shards (capacity {args.capacity:,}, alpha {args.alpha})")
-            shards = [children.start_shard(f"shard-{i}", args.capacity, seed=args.seed + i, alpha=args.alpha)
-                      for i in range(2)]
+            shards = [
+                children.start_shard(f"shard-{i}", args.capacity, seed=args.seed + i, alpha=args.alpha)
+                for i in range(2)
+            ]
             wait_healthy(shards)
             measure(args, result, [c.address for c in shards], [c.pid for c in shards])
     finally:
@@ -105,8 +107,15 @@ def run(args: argparse.Namespace) -> Run:
 def learner_config(args: argparse.Namespace, addresses: list[str]):
     from apexrl.learner.config import LearnerConfig
 
-    return LearnerConfig(replay=tuple(addresses), env="CartPole-v1", batch_size=args.batch_size, device="cpu",
-                         seed=args.seed, min_replay_size=1_000, torch_threads=1)
+    return LearnerConfig(
+        replay=tuple(addresses),
+        env="CartPole-v1",
+        batch_size=args.batch_size,
+        device="cpu",
+        seed=args.seed,
+        min_replay_size=1_000,
+        torch_threads=1,
+    )
 
 
 def measure(args: argparse.Namespace, result: Run, addresses: list[str], pids: list[int]) -> None:
@@ -120,8 +129,10 @@ def measure(args: argparse.Namespace, result: Run, addresses: list[str], pids: l
     config = learner_config(args, addresses)
     result.contents = check_same_contents(addresses, tables, data)
     result.contents["same_first_batch"] = check_same_batches(config, shards)
-    progress("  shards and in-process tables hold the same rows and priorities and, with the same seeds, "
-             "the gRPC and the in-process ShardedReplayClient draw the same batch")
+    progress(
+        "  shards and in-process tables hold the same rows and priorities and, with the same seeds, "
+        "the gRPC and the in-process ShardedReplayClient draw the same batch"
+    )
     reset_priorities(addresses, tables, data)
     with in_process_sampler(config, shards) as sampler:
         ref_batch = sampler.sample(args.batch_size, beta=0.4)
@@ -130,20 +141,25 @@ def measure(args: argparse.Namespace, result: Run, addresses: list[str], pids: l
     for r, mode in phase_order(args):
         reset_priorities(addresses, tables, data)
         phase = Phase(len(result.phases) + 1, mode, r + 1)
-        progress(f"phase {phase.index}: {MODE_NAMES[mode]} (round {r + 1}), {args.warmup:g}s warm-up + "
-                 f"{args.seconds:g}s")
+        progress(
+            f"phase {phase.index}: {MODE_NAMES[mode]} (round {r + 1}), {args.warmup:g}s warm-up + "
+            f"{args.seconds:g}s"
+        )
         if mode == "inprocess":
             sampler = in_process_sampler(config, shards)
         else:
             sampler = grpc_sampler(dataclasses.replace(config, sampler_process=mode == "grpc"))
         result.phases.append(run_phase(phase, config, sampler, pids, timing))
-        progress(f"  {phase.updates_per_s:,.1f} updates/s, sample wait {phase.sample_wait_fraction:.1%}, "
-                 f"learner CPU {phase.learner_cpu_s / phase.seconds:.2f} cores, shards "
-                 f"{sum(phase.shard_cpu_s) / phase.seconds:.2f} cores, load {phase.load_average_1min:.2f}")
+        progress(
+            f"  {phase.updates_per_s:,.1f} updates/s, sample wait {phase.sample_wait_fraction:.1%}, "
+            f"learner CPU {phase.learner_cpu_s / phase.seconds:.2f} cores, shards "
+            f"{sum(phase.shard_cpu_s) / phase.seconds:.2f} cores, load {phase.load_average_1min:.2f}"
+        )
     if args.reference:
         phase = Phase(len(result.phases) + 1, "reference", 0)
-        progress(f"phase {phase.index}: {MODE_NAMES['reference']}, {args.warmup:g}s warm-up + "
-                 f"{args.seconds:g}s")
+        progress(
+            f"phase {phase.index}: {MODE_NAMES['reference']}, {args.warmup:g}s warm-up + {args.seconds:g}s"
+        )
         # One batch per "call": with the default 4 the Prefetcher would split the reused batch into 4 quarters.
         reference = dataclasses.replace(config, sample_batches_per_call=1)
         result.phases.append(run_phase(phase, reference, ReusedBatchSampler(ref_batch), pids, timing))
@@ -152,8 +168,9 @@ def measure(args: argparse.Namespace, result: Run, addresses: list[str], pids: l
 
 def phase_order(args: argparse.Namespace) -> list[tuple[int, str]]:
     """(round, mode) pairs: A B A B, or A B B A with --abba; only the modes asked for."""
-    order = [(r, m) for r in range(args.rounds)
-             for m in (MODES if r % 2 == 0 or not args.abba else MODES[::-1])]
+    order = [
+        (r, m) for r in range(args.rounds) for m in (MODES if r % 2 == 0 or not args.abba else MODES[::-1])
+    ]
     return [(r, m) for r, m in order if m in args.modes]
 
 
@@ -178,7 +195,10 @@ def run_envs(args: argparse.Namespace, results: Results) -> EnvRun:
     torch.set_num_threads(1)  # the learner's default (torch_threads): the fleet shares the cores
     result = EnvRun(os.getloadavg()[0])
     try:
-        with tempfile.TemporaryDirectory(prefix="learner_bench_envs_") as workdir, Children(workdir) as children:
+        with (
+            tempfile.TemporaryDirectory(prefix="learner_bench_envs_") as workdir,
+            Children(workdir) as children,
+        ):
             for env_id in args.env:
                 result.envs[env_id] = measure_env(args, results, children, env_id)
     finally:
@@ -199,22 +219,39 @@ def measure_env(args: argparse.Namespace, results: Results, children: Children, 
     started = time.perf_counter()
     columns = compress_image_columns(play_transitions(env_id, total, args.seed), "zstd")
     slug = env_id.replace("/", "_")
-    shards = [children.start_shard(f"shard-{slug}-{i}", args.rows, seed=args.seed + i, alpha=args.alpha)
-              for i in range(SHARDS)]
+    shards = [
+        children.start_shard(f"shard-{slug}-{i}", args.rows, seed=args.seed + i, alpha=args.alpha)
+        for i in range(SHARDS)
+    ]
     wait_healthy(shards)
     addresses = [shard.address for shard in shards]
     stored = fill_env_shards(addresses, columns, args.seed)
     progress(f"  played and stored in {time.perf_counter() - started:.1f}s: {stored:,.0f} B per stored row")
-    section = (f"learner updates/s: {env_id}, {network} net on {spaces.obs_dtype}{list(spaces.obs_shape)}, "
-               f"{spaces.num_actions} actions, CPU, 1 torch thread")
+    section = (
+        f"learner updates/s: {env_id}, {network} net on {spaces.obs_dtype}{list(spaces.obs_shape)}, "
+        f"{spaces.num_actions} actions, CPU, 1 torch thread"
+    )
     for batch_size in args.pixel_batch_sizes:
         config = env_learner_config(args, env_id, addresses, batch_size)
-        measure_batch_size(results, section, f"{slug}_{batch_size}", config, spaces, [s.pid for s in shards],
-                           Timing(args.seconds, args.warmup))
+        measure_batch_size(
+            results,
+            section,
+            f"{slug}_{batch_size}",
+            config,
+            spaces,
+            [s.pid for s in shards],
+            Timing(args.seconds, args.warmup),
+        )
     for shard in shards:  # idle from here on; the next environment gets its own
         shard.stop()
-    return {"network": network, "obs_shape": list(spaces.obs_shape), "obs_dtype": spaces.obs_dtype,
-            "num_actions": spaces.num_actions, "rows": total, "stored_bytes_per_row": stored}
+    return {
+        "network": network,
+        "obs_shape": list(spaces.obs_shape),
+        "obs_dtype": spaces.obs_dtype,
+        "num_actions": spaces.num_actions,
+        "rows": total,
+        "stored_bytes_per_row": stored,
+    }
 
 
 def play_transitions(env_id: str, count: int, seed: int) -> dict[str, np.ndarray]:
@@ -266,30 +303,55 @@ def env_learner_config(args: argparse.Namespace, env_id: str, addresses: list[st
     """The learner's defaults (sampler process, prefetch depth, batches per call, publish every 10 updates)."""
     from apexrl.learner.config import LearnerConfig
 
-    return LearnerConfig(replay=tuple(addresses), env=env_id, batch_size=batch_size, device="cpu", seed=args.seed,
-                         min_replay_size=1, torch_threads=1)
+    return LearnerConfig(
+        replay=tuple(addresses),
+        env=env_id,
+        batch_size=batch_size,
+        device="cpu",
+        seed=args.seed,
+        min_replay_size=1,
+        torch_threads=1,
+    )
 
 
-def measure_batch_size(results: Results, section: str, key: str, config, spaces, shard_pids: list[int],
-                       timing: Timing) -> None:
+def measure_batch_size(
+    results: Results, section: str, key: str, config, spaces, shard_pids: list[int], timing: Timing
+) -> None:
     """One Learner: train_step on batches from its sampler process, then on one batch reused (the ceiling)."""
     from apexrl.learner.learner import Learner, make_sampler
     from apexrl.parameter_server.store import WeightStore
 
     b = config.batch_size
-    progress(f"  batch {b}: train_step fed by the sampler process, {timing.warmup:g}s warm-up + {timing.seconds:g}s")
+    progress(
+        f"  batch {b}: train_step fed by the sampler process, {timing.warmup:g}s warm-up + {timing.seconds:g}s"
+    )
     learner = Learner(config, spaces, make_sampler(config), WeightStore().publish)
     fed, wait_share, shard_cores, batch = fed_phase(learner, shard_pids, timing)
     progress(f"  batch {b}: the same Learner on one batch reused (sampling removed)")
     learner.sampler = ReusedBatchSampler(batch)
     ceiling = with_cpu(None, measure_loop, lambda: learner.train_step(batch), timing.seconds, timing.warmup)
     row_bytes = b * sum(column[0].nbytes for column in batch.columns.values())
-    results.figure(f"learner_{key}_fed", section, f"batch {b}: fed by its sampler process ({SHARDS} shards, zstd)",
-                   fed, "updates/s", row_bytes=row_bytes, ceiling=ceiling.rate, ceiling_name="one batch reused",
-                   note=f"{fed.rate * b:,.0f} rows/s, waited for a batch {wait_share:.1%} of the time, shards "
-                        f"{shard_cores:.2f} cores")
-    results.figure(f"learner_{key}_reference", section, f"batch {b}: one batch reused (sampling removed)",
-                   ceiling, "updates/s", row_bytes=row_bytes, note="the ceiling of the line above")
+    results.figure(
+        f"learner_{key}_fed",
+        section,
+        f"batch {b}: fed by its sampler process ({SHARDS} shards, zstd)",
+        fed,
+        "updates/s",
+        row_bytes=row_bytes,
+        ceiling=ceiling.rate,
+        ceiling_name="one batch reused",
+        note=f"{fed.rate * b:,.0f} rows/s, waited for a batch {wait_share:.1%} of the time, shards "
+        f"{shard_cores:.2f} cores",
+    )
+    results.figure(
+        f"learner_{key}_reference",
+        section,
+        f"batch {b}: one batch reused (sampling removed)",
+        ceiling,
+        "updates/s",
+        row_bytes=row_bytes,
+        note="the ceiling of the line above",
+    )
 
 
 def fed_phase(learner, shard_pids: list[int], timing: Timing) -> tuple[Measurement, float, float, object]:
@@ -313,8 +375,9 @@ def fed_phase(learner, shard_pids: list[int], timing: Timing) -> tuple[Measureme
 
     try:
         m = with_cpu(sampler._process.pid, measure_loop, step, timing.seconds, timing.warmup, finish=mark)
-        batch = dataclasses.replace(last[0], columns={k: v.copy() for k, v in last[0].columns.items()},
-                                    weights=last[0].weights.copy())  # the slot's views die with the sampler
+        batch = dataclasses.replace(
+            last[0], columns={k: v.copy() for k, v in last[0].columns.items()}, weights=last[0].weights.copy()
+        )  # the slot's views die with the sampler
     finally:
         sampler.close()
     (w1, t1, c1), (w2, t2, c2) = marks
@@ -323,15 +386,21 @@ def fed_phase(learner, shard_pids: list[int], timing: Timing) -> tuple[Measureme
 
 def print_env_report(results: Results, result: EnvRun, file=sys.stdout) -> None:
     print_rows(results, file)
-    print("value, ceiling: updates/s; ratio = fed / one batch reused (the same learner with sampling removed), "
-          "same run.\nMB/s: decompressed rows trained on. cores cli+srv: the learner's process + its sampler "
-          "process (CPU / wall, warm-up included); CPU us/call: per update.", file=file)
+    print(
+        "value, ceiling: updates/s; ratio = fed / one batch reused (the same learner with sampling removed), "
+        "same run.\nMB/s: decompressed rows trained on. cores cli+srv: the learner's process + its sampler "
+        "process (CPU / wall, warm-up included); CPU us/call: per update.",
+        file=file,
+    )
     for key, row in results.by_key.items():
         if key.endswith("_fed"):
             print(f"{key}: {row.note}", file=file)
     for env_id, env in result.envs.items():
-        print(f"{env_id}: {env['rows']:,} real transitions (random play) over {SHARDS} shards, zstd, "
-              f"{env['stored_bytes_per_row']:,.0f} B per stored row", file=file)
+        print(
+            f"{env_id}: {env['rows']:,} real transitions (random play) over {SHARDS} shards, zstd, "
+            f"{env['stored_bytes_per_row']:,.0f} B per stored row",
+            file=file,
+        )
     print(load_line(result.load_before, result.load_after, show_autogroup=True), file=file)
     print(f"command: {shlex.join([sys.executable, *sys.argv])}", file=file)
 
@@ -343,13 +412,20 @@ def main_envs(args: argparse.Namespace) -> int:
     result = run_envs(args, results)
     print_env_report(results, result)
     if args.json:
-        write_json(args.json, {
-            "meta": {**metadata(args), "torch": torch.__version__, "autogroup": autogroup(),
-                     "command": shlex.join([sys.executable, *sys.argv])},
-            "load_average_1min": [result.load_before, result.load_after],
-            "envs": result.envs,
-            "figures": {key: asdict(row) for key, row in results.by_key.items()},
-        })
+        write_json(
+            args.json,
+            {
+                "meta": {
+                    **metadata(args),
+                    "torch": torch.__version__,
+                    "autogroup": autogroup(),
+                    "command": shlex.join([sys.executable, *sys.argv]),
+                },
+                "load_average_1min": [result.load_before, result.load_after],
+                "envs": result.envs,
+                "figures": {key: asdict(row) for key, row in results.by_key.items()},
+            },
+        )
     progress("done")
     return 0
 
@@ -364,34 +440,68 @@ learner cores: CPU of this process (train loop, prefetch thread, gRPC threads) a
 
 
 def phase_cells(p: Phase) -> list[str]:
-    return [str(p.index), MODE_NAMES[p.mode], f"{p.updates_per_s:,.1f}", f"{p.updates:,}", f"{p.seconds:.1f}",
-            f"{p.sample_wait_fraction:.1%}", f"{p.train_step_fraction:.1%}", f"{p.sample_wait_ms:.2f}",
-            f"{p.train_step_ms:.2f}", f"{p.learner_cpu_s / p.seconds:.2f}",
-            "+".join(f"{c / p.seconds:.2f}" for c in p.shard_cpu_s), f"{p.load_average_1min:.2f}"]
+    return [
+        str(p.index),
+        MODE_NAMES[p.mode],
+        f"{p.updates_per_s:,.1f}",
+        f"{p.updates:,}",
+        f"{p.seconds:.1f}",
+        f"{p.sample_wait_fraction:.1%}",
+        f"{p.train_step_fraction:.1%}",
+        f"{p.sample_wait_ms:.2f}",
+        f"{p.train_step_ms:.2f}",
+        f"{p.learner_cpu_s / p.seconds:.2f}",
+        "+".join(f"{c / p.seconds:.2f}" for c in p.shard_cpu_s),
+        f"{p.load_average_1min:.2f}",
+    ]
 
 
-def print_report(args: argparse.Namespace, result: Run, summary: dict, torch_version: str,
-                 file=sys.stdout) -> None:
-    headers = ["#", "mode", "updates/s", "updates", "s", "wait", "step", "wait ms", "step ms",
-               "learner cores", "shard cores", "load"]
-    print(f"Learner updates/s, batch {args.batch_size}, CartPole rows, {args.rows:,} rows per shard/table "
-          f"(capacity {args.capacity:,}, alpha {args.alpha}), torch {torch_version} CPU, 1 intra-op thread",
-          file=file)
+def print_report(
+    args: argparse.Namespace, result: Run, summary: dict, torch_version: str, file=sys.stdout
+) -> None:
+    headers = [
+        "#",
+        "mode",
+        "updates/s",
+        "updates",
+        "s",
+        "wait",
+        "step",
+        "wait ms",
+        "step ms",
+        "learner cores",
+        "shard cores",
+        "load",
+    ]
+    print(
+        f"Learner updates/s, batch {args.batch_size}, CartPole rows, {args.rows:,} rows per shard/table "
+        f"(capacity {args.capacity:,}, alpha {args.alpha}), torch {torch_version} CPU, 1 intra-op thread",
+        file=file,
+    )
     for line in render_table(headers, [phase_cells(p) for p in result.phases], left={1}):
         print(line, file=file)
     print(file=file)
     for mode, m in summary["per_mode"].items():
-        print(f"{MODE_NAMES[mode]:<30} {m['updates_per_s']:8,.1f} updates/s over {m['seconds']:5.1f}s; "
-              f"sample wait {m['sample_wait_fraction']:.1%}; CPU per update: learner "
-              f"{m['learner_cpu_ms_per_update']:.2f} ms + shards {m['shard_cpu_ms_per_update']:.2f} ms; "
-              f"{m['total_cores']:.2f} cores in all", file=file)
+        print(
+            f"{MODE_NAMES[mode]:<30} {m['updates_per_s']:8,.1f} updates/s over {m['seconds']:5.1f}s; "
+            f"sample wait {m['sample_wait_fraction']:.1%}; CPU per update: learner "
+            f"{m['learner_cpu_ms_per_update']:.2f} ms + shards {m['shard_cpu_ms_per_update']:.2f} ms; "
+            f"{m['total_cores']:.2f} cores in all",
+            file=file,
+        )
     if "ratio" in summary:
-        print(f"ratio gRPC / in-process = {summary['ratio']:.3f} (per round: "
-              f"{', '.join(f'{r:.3f}' for r in summary['round_ratios'])}); target >= {TARGET_RATIO:.2f}: "
-              f"{'met' if summary['met'] else 'NOT met'}", file=file)
+        print(
+            f"ratio gRPC / in-process = {summary['ratio']:.3f} (per round: "
+            f"{', '.join(f'{r:.3f}' for r in summary['round_ratios'])}); target >= {TARGET_RATIO:.2f}: "
+            f"{'met' if summary['met'] else 'NOT met'}",
+            file=file,
+        )
     if "share_of_reference" in summary:
-        print("share of the reference (sampling free): " + ", ".join(
-            f"{MODE_NAMES[m]} {v:.1%}" for m, v in summary["share_of_reference"].items()), file=file)
+        print(
+            "share of the reference (sampling free): "
+            + ", ".join(f"{MODE_NAMES[m]} {v:.1%}" for m, v in summary["share_of_reference"].items()),
+            file=file,
+        )
     print(NOTES, file=file)
     print(load_line(result.load_before, result.load_after, show_autogroup=True), file=file)
     print(f"command: {shlex.join([sys.executable, *sys.argv])}", file=file)
@@ -401,32 +511,69 @@ def print_report(args: argparse.Namespace, result: Run, summary: dict, torch_ver
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", nargs="+", default=[CARTPOLE],
-                        help=f"{CARTPOLE} (default): gRPC against in-process; other ids (ALE/Pong-v5, "
-                             "MinAtar/Breakout-v1): the network the learner picks for each, fed by its sampler "
-                             "process against one batch reused")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="measured time per phase (default 10, 3 with --quick; with --env: 4, 1.5)")
-    parser.add_argument("--warmup", type=float, default=None,
-                        help="unmeasured time per phase (default 2, 1 with --quick; with --env: 1, 0.5)")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="rounds of (gRPC, in-process) phases (default 2; 1 with --quick)")
-    parser.add_argument("--abba", action="store_true",
-                        help="reverse the order in odd rounds (A B B A) instead of A B A B")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
-                        help="modes to measure (default both; one mode is useful under a profiler)")
-    parser.add_argument("--no-reference", dest="reference", action="store_false",
-                        help="skip the reference phase (one batch reused, sampling free)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--env",
+        nargs="+",
+        default=[CARTPOLE],
+        help=f"{CARTPOLE} (default): gRPC against in-process; other ids (ALE/Pong-v5, "
+        "MinAtar/Breakout-v1): the network the learner picks for each, fed by its sampler "
+        "process against one batch reused",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="measured time per phase (default 10, 3 with --quick; with --env: 4, 1.5)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="unmeasured time per phase (default 2, 1 with --quick; with --env: 1, 0.5)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of (gRPC, in-process) phases (default 2; 1 with --quick)",
+    )
+    parser.add_argument(
+        "--abba", action="store_true", help="reverse the order in odd rounds (A B B A) instead of A B A B"
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        choices=MODES,
+        help="modes to measure (default both; one mode is useful under a profiler)",
+    )
+    parser.add_argument(
+        "--no-reference",
+        dest="reference",
+        action="store_false",
+        help="skip the reference phase (one batch reused, sampling free)",
+    )
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--pixel-batch-sizes", type=int, nargs="+", default=[256, 32],
-                        help="with --env: batch sizes measured for each environment (default 256 32)")
-    parser.add_argument("--rows", type=int, default=None,
-                        help="rows per shard (default 50,000, 20,000 with --quick; with --env: 1,024, 256 "
-                             "transitions played per shard)")
-    parser.add_argument("--capacity", type=int, default=100_000,
-                        help="slots per shard/table (default 100,000)")
+    parser.add_argument(
+        "--pixel-batch-sizes",
+        type=int,
+        nargs="+",
+        default=[256, 32],
+        help="with --env: batch sizes measured for each environment (default 256 32)",
+    )
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="rows per shard (default 50,000, 20,000 with --quick; with --env: 1,024, 256 "
+        "transitions played per shard)",
+    )
+    parser.add_argument(
+        "--capacity", type=int, default=100_000, help="slots per shard/table (default 100,000)"
+    )
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="short phases, one round (~20 s smoke run)")
@@ -435,8 +582,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     other_envs = args.env != [CARTPOLE]
     if other_envs and CARTPOLE in args.env:
         parser.error(f"--env: {CARTPOLE} is the default comparison; give the other environments without it")
-    defaults = {"seconds": (10.0, 3.0, 4.0, 1.5), "warmup": (2.0, 1.0, 1.0, 0.5), "rounds": (2, 1, 1, 1),
-                "rows": (50_000, 20_000, 1_024, 256)}
+    defaults = {
+        "seconds": (10.0, 3.0, 4.0, 1.5),
+        "warmup": (2.0, 1.0, 1.0, 0.5),
+        "rounds": (2, 1, 1, 1),
+        "rows": (50_000, 20_000, 1_024, 256),
+    }
     for name, values in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, values[2 * other_envs + args.quick])
@@ -457,15 +608,22 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(result.phases)
     print_report(args, result, summary, torch.__version__)
     if args.json:
-        write_json(args.json, {
-            "meta": {**metadata(args), "torch": torch.__version__, "autogroup": autogroup(),
-                     "command": shlex.join([sys.executable, *sys.argv])},
-            "load_average_1min": [result.load_before, result.load_after],
-            "fill_seconds": result.fill_seconds,
-            "contents": result.contents,
-            "phases": [asdict(p) for p in result.phases],
-            "summary": summary,
-        })
+        write_json(
+            args.json,
+            {
+                "meta": {
+                    **metadata(args),
+                    "torch": torch.__version__,
+                    "autogroup": autogroup(),
+                    "command": shlex.join([sys.executable, *sys.argv]),
+                },
+                "load_average_1min": [result.load_before, result.load_after],
+                "fill_seconds": result.fill_seconds,
+                "contents": result.contents,
+                "phases": [asdict(p) for p in result.phases],
+                "summary": summary,
+            },
+        )
     progress("done")
     return 0
 

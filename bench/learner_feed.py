@@ -80,8 +80,10 @@ def reset_priorities(addresses: Sequence[str], tables: Sequence, data: Sequence[
 def check_same_contents(addresses: Sequence[str], tables: Sequence, data: Sequence[Rows]) -> dict:
     """Both sides hold the same rows: equal size, total and min priority; sampled rows equal the source, and
     with the same seed each shard and its table draw the same rows."""
-    out = [_check_pair(address, table, columns)
-           for address, table, (columns, _) in zip(addresses, tables, data, strict=True)]
+    out = [
+        _check_pair(address, table, columns)
+        for address, table, (columns, _) in zip(addresses, tables, data, strict=True)
+    ]
     return {"shards": out, "identical": True}
 
 
@@ -95,11 +97,16 @@ def _check_pair(address: str, table, columns: dict[str, np.ndarray]) -> dict:
     for side, info in (("shard", remote), ("table", local)):
         if info.size != len(columns["obs"]):
             raise RuntimeError(f"{side} {address} holds {info.size} rows, expected {len(columns['obs'])}")
-    if (remote.size, remote.total_priority, remote.min_priority) != (local.size, local.total_priority,
-                                                                     local.min_priority):
-        raise RuntimeError(f"shard {address} and its in-process table differ: "
-                           f"{remote.size}/{remote.total_priority!r}/{remote.min_priority!r} vs "
-                           f"{local.size}/{local.total_priority!r}/{local.min_priority!r}")
+    if (remote.size, remote.total_priority, remote.min_priority) != (
+        local.size,
+        local.total_priority,
+        local.min_priority,
+    ):
+        raise RuntimeError(
+            f"shard {address} and its in-process table differ: "
+            f"{remote.size}/{remote.total_priority!r}/{remote.min_priority!r} vs "
+            f"{local.size}/{local.total_priority!r}/{local.min_priority!r}"
+        )
     keys = sample.keys.astype(np.int64)
     for name, col in columns.items():
         if not np.array_equal(sample.columns[name], col[keys]):

@@ -157,8 +157,11 @@ def mode_summary(phases: Sequence[Phase]) -> dict:
 def summarize(phases: Sequence[Phase]) -> dict:
     """Per mode: rate over all its phases (total updates / total measured seconds) and CPU; the ratio gRPC /
     in-process against the target, with the per-round ratios; each mode's share of the reference."""
-    per_mode = {mode: mode_summary([p for p in phases if p.mode == mode])
-                for mode in (*MODES, "reference") if any(p.mode == mode for p in phases)}
+    per_mode = {
+        mode: mode_summary([p for p in phases if p.mode == mode])
+        for mode in (*MODES, "reference")
+        if any(p.mode == mode for p in phases)
+    }
     out: dict = {"per_mode": per_mode, "target_ratio": TARGET_RATIO}
     if "grpc" in per_mode and "inprocess" in per_mode:
         ratio = per_mode["grpc"]["updates_per_s"] / per_mode["inprocess"]["updates_per_s"]

@@ -29,9 +29,22 @@ VARIANTS = ("schedule", "single")
 
 
 def run(env_id: str, seed: int, variant: str, args: argparse.Namespace, workdir: Path) -> dict:
-    command = [sys.executable, "-m", "apexrl.launcher", "launch", "--env", env_id, "--seed", str(seed),
-               "--max-seconds", str(args.max_seconds), "--run-dir", str(workdir / f"{variant}-{seed}"),
-               "--progress-seconds", "5"]
+    command = [
+        sys.executable,
+        "-m",
+        "apexrl.launcher",
+        "launch",
+        "--env",
+        env_id,
+        "--seed",
+        str(seed),
+        "--max-seconds",
+        str(args.max_seconds),
+        "--run-dir",
+        str(workdir / f"{variant}-{seed}"),
+        "--progress-seconds",
+        "5",
+    ]
     if variant == "single":  # every exploring actor the same scale; the evaluator (after it) none
         command += [f"--actor-arg=--noise-scale={args.single}", "--evaluator-arg=--noise-scale=0"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds + 180)
@@ -39,18 +52,27 @@ def run(env_id: str, seed: int, variant: str, args: argparse.Namespace, workdir:
     if not lines:
         raise RuntimeError(f"{variant} seed {seed} printed nothing:\n{done.stderr[-3000:]}")
     result = json.loads(lines[-1])
-    return {"variant": variant, "seed": seed, "solved": result["solved"],
-            "seconds": result["wall_seconds"] if result["solved"] else args.max_seconds,
-            "env_steps": result["env_steps"], "final_return": result["mean_return_100"]}
+    return {
+        "variant": variant,
+        "seed": seed,
+        "solved": result["solved"],
+        "seconds": result["wall_seconds"] if result["solved"] else args.max_seconds,
+        "env_steps": result["env_steps"],
+        "final_return": result["mean_return_100"],
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--env", default="Pendulum-v1")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed (then +1, +2, ...)")
     parser.add_argument("--max-seconds", type=float, default=240.0, help="budget of every run")
-    parser.add_argument("--single", type=float, default=0.1, help="the one noise scale of the 'single' variant")
+    parser.add_argument(
+        "--single", type=float, default=0.1, help="the one noise scale of the 'single' variant"
+    )
     parser.add_argument("--json", help="write every run and the summary here")
     args = parser.parse_args()
 
@@ -63,32 +85,69 @@ def main() -> int:
                 progress(f"{variant} seed {seed} ...")
                 runs.append(run(args.env, seed, variant, args, Path(tmp)))
                 r = runs[-1]
-                progress(f"{variant} seed {seed}: solved={r['solved']} {r['seconds']:.1f} s, final return "
-                         f"{r['final_return']}, {r['env_steps']:,} env steps "
-                         f"({time.perf_counter() - started:.0f} s)")
+                progress(
+                    f"{variant} seed {seed}: solved={r['solved']} {r['seconds']:.1f} s, final return "
+                    f"{r['final_return']}, {r['env_steps']:,} env steps "
+                    f"({time.perf_counter() - started:.0f} s)"
+                )
     load_after = os.getloadavg()[0]
     summary = {}
     for variant in VARIANTS:
         mine = [r for r in runs if r["variant"] == variant]
         finals = [r["final_return"] for r in mine if r["final_return"] is not None]
-        summary[variant] = {"runs": len(mine), "solved": sum(r["solved"] for r in mine),
-                            "median_seconds": statistics.median(r["seconds"] for r in mine),
-                            "median_final_return": statistics.median(finals) if finals else None}
-    rows = [[r["variant"], str(r["seed"]), "yes" if r["solved"] else "NO", f"{r['seconds']:.1f}",
-             f"{r['env_steps']:,}", "-" if r["final_return"] is None else f"{r['final_return']:.1f}"] for r in runs]
-    rows += [[f"{v} median", "", f"{s['solved']}/{s['runs']}", f"{s['median_seconds']:.1f}", "",
-              "-" if s["median_final_return"] is None else f"{s['median_final_return']:.1f}"]
-             for v, s in summary.items()]
-    print(f"{args.env}: per-actor noise scales (schedule) vs {args.single} for every actor (single), "
-          f"budget {args.max_seconds:g} s")
-    print("\n".join(render_table(["variant", "seed", "solved", "seconds", "env steps", "final eval return"], rows,
-                                 left={0})))
+        summary[variant] = {
+            "runs": len(mine),
+            "solved": sum(r["solved"] for r in mine),
+            "median_seconds": statistics.median(r["seconds"] for r in mine),
+            "median_final_return": statistics.median(finals) if finals else None,
+        }
+    rows = [
+        [
+            r["variant"],
+            str(r["seed"]),
+            "yes" if r["solved"] else "NO",
+            f"{r['seconds']:.1f}",
+            f"{r['env_steps']:,}",
+            "-" if r["final_return"] is None else f"{r['final_return']:.1f}",
+        ]
+        for r in runs
+    ]
+    rows += [
+        [
+            f"{v} median",
+            "",
+            f"{s['solved']}/{s['runs']}",
+            f"{s['median_seconds']:.1f}",
+            "",
+            "-" if s["median_final_return"] is None else f"{s['median_final_return']:.1f}",
+        ]
+        for v, s in summary.items()
+    ]
+    print(
+        f"{args.env}: per-actor noise scales (schedule) vs {args.single} for every actor (single), "
+        f"budget {args.max_seconds:g} s"
+    )
+    print(
+        "\n".join(
+            render_table(
+                ["variant", "seed", "solved", "seconds", "env steps", "final eval return"], rows, left={0}
+            )
+        )
+    )
     ratio = summary["schedule"]["median_seconds"] / summary["single"]["median_seconds"]
     print(f"schedule / single (median wall time, unsolved = budget): {ratio:.2f}x")
     print(load_line(load_before, load_after))
     if args.json:
-        write_json(args.json, {"meta": metadata(args), "runs": runs, "summary": summary, "ratio": ratio,
-                               "load_average": [load_before, load_after]})
+        write_json(
+            args.json,
+            {
+                "meta": metadata(args),
+                "runs": runs,
+                "summary": summary,
+                "ratio": ratio,
+                "load_average": [load_before, load_after],
+            },
+        )
     return 0
 
 

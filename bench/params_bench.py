@@ -35,12 +35,30 @@ from harness.timing import process_cpu_seconds  # noqa: E402
 
 # The acting weights of the default CartPole network (dueling MLP 256x256) and of Nature DQN on Atari (6 actions).
 MODELS = {
-    "mlp": {"torso.0.weight": (256, 4), "torso.0.bias": (256,), "torso.2.weight": (256, 256), "torso.2.bias": (256,),
-            "value.weight": (1, 256), "value.bias": (1,), "advantage.weight": (2, 256), "advantage.bias": (2,)},
-    "nature": {"conv.0.weight": (32, 4, 8, 8), "conv.0.bias": (32,), "conv.2.weight": (64, 32, 4, 4),
-               "conv.2.bias": (64,), "conv.4.weight": (64, 64, 3, 3), "conv.4.bias": (64,),
-               "fc.weight": (512, 3136), "fc.bias": (512,), "value.weight": (1, 512), "value.bias": (1,),
-               "advantage.weight": (6, 512), "advantage.bias": (6,)},
+    "mlp": {
+        "torso.0.weight": (256, 4),
+        "torso.0.bias": (256,),
+        "torso.2.weight": (256, 256),
+        "torso.2.bias": (256,),
+        "value.weight": (1, 256),
+        "value.bias": (1,),
+        "advantage.weight": (2, 256),
+        "advantage.bias": (2,),
+    },
+    "nature": {
+        "conv.0.weight": (32, 4, 8, 8),
+        "conv.0.bias": (32,),
+        "conv.2.weight": (64, 32, 4, 4),
+        "conv.2.bias": (64,),
+        "conv.4.weight": (64, 64, 3, 3),
+        "conv.4.bias": (64,),
+        "fc.weight": (512, 3136),
+        "fc.bias": (512,),
+        "value.weight": (1, 512),
+        "value.bias": (1,),
+        "advantage.weight": (6, 512),
+        "advantage.bias": (6,),
+    },
 }
 HELD_STREAMS = 16
 
@@ -61,7 +79,9 @@ def client_loop(address: str, have: int, seconds: float, warmup: float, barrier,
         results.put(f"{type(err).__name__}: {err}")
 
 
-def _client_loop(address: str, have: int, seconds: float, warmup: float, barrier) -> tuple[int, int, float, int]:
+def _client_loop(
+    address: str, have: int, seconds: float, warmup: float, barrier
+) -> tuple[int, int, float, int]:
     from apexrl.common.errors import UnavailableError
     from apexrl.parameter_server.client import ParameterClient
 
@@ -93,12 +113,18 @@ def _client_loop(address: str, have: int, seconds: float, warmup: float, barrier
         return count, nbytes, time.perf_counter() - start, warm + count
 
 
-def fetch_rate(address: str, have: int, clients: int, seconds: float, warmup: float) -> tuple[float, float, int]:
+def fetch_rate(
+    address: str, have: int, clients: int, seconds: float, warmup: float
+) -> tuple[float, float, int]:
     """(fetches/s, MB/s, calls warm-up included) of `clients` processes fetching at once."""
     spawn = multiprocessing.get_context("spawn")  # a fork would copy this process's gRPC threads
     barrier, results = spawn.Barrier(clients), spawn.Queue()
-    workers = [spawn.Process(target=client_loop, args=(address, have, seconds, warmup, barrier, results),
-                             daemon=True) for _ in range(clients)]
+    workers = [
+        spawn.Process(
+            target=client_loop, args=(address, have, seconds, warmup, barrier, results), daemon=True
+        )
+        for _ in range(clients)
+    ]
     for worker in workers:
         worker.start()
     outcomes = [results.get(timeout=300) for _ in workers]
@@ -107,12 +133,16 @@ def fetch_rate(address: str, have: int, clients: int, seconds: float, warmup: fl
     errors = [outcome for outcome in outcomes if isinstance(outcome, str)]
     if errors:
         raise RuntimeError(f"a fetching client failed: {errors[0]}")
-    return (sum(c / s for c, _, s, _ in outcomes), sum(b / s for _, b, s, _ in outcomes) / 1e6,
-            sum(calls for *_, calls in outcomes))
+    return (
+        sum(c / s for c, _, s, _ in outcomes),
+        sum(b / s for _, b, s, _ in outcomes) / 1e6,
+        sum(calls for *_, calls in outcomes),
+    )
 
 
-def publish_rate(client, weights: dict[str, np.ndarray], seconds: float,
-                 warmup: float) -> tuple[float, float, int]:
+def publish_rate(
+    client, weights: dict[str, np.ndarray], seconds: float, warmup: float
+) -> tuple[float, float, int]:
     """(publishes/s, MB/s, calls warm-up included) of one publisher (the learner) publishing back to back."""
     size = sum(a.nbytes for a in weights.values())
     warm, end = 0, time.perf_counter() + warmup
@@ -137,7 +167,9 @@ def version_latency_while_publishes_are_held(address: str, calls: int = 20) -> f
     from apexrl.proto import parameters_pb2, parameters_pb2_grpc
 
     release = threading.Event()
-    first = parameters_pb2.PublishRequest(header=parameters_pb2.WeightsHeader(total_bytes=16), chunk=b"\0" * 8)
+    first = parameters_pb2.PublishRequest(
+        header=parameters_pb2.WeightsHeader(total_bytes=16), chunk=b"\0" * 8
+    )
     first.header.tensors.add(name="w", dtype=1, shape=[4], offset=0, nbytes=16)
 
     def requests():
@@ -182,17 +214,33 @@ def measure_model(name: str, server_pid: int, client, model: str, args) -> dict[
         figures[f"{figure}/s {model}"] = rate
         if figure != "poll":
             figures[f"{figure} MB/s {model}"] = megabytes
-        figures[f"{figure} server CPU us/call {model}"] = (process_cpu_seconds(server_pid) - cpu) / calls * 1e6
+        figures[f"{figure} server CPU us/call {model}"] = (
+            (process_cpu_seconds(server_pid) - cpu) / calls * 1e6
+        )
     return figures
 
 
-def measure_server(name: str, round_: int, env: dict[str, str], args, workdir: str) -> dict[str, float | None]:
+def measure_server(
+    name: str, round_: int, env: dict[str, str], args, workdir: str
+) -> dict[str, float | None]:
     """Every figure against one server process."""
     from apexrl.parameter_server.client import ParameterClient
 
     # Started outside the checkout, whose root would otherwise come first on the child's sys.path.
-    argv = [sys.executable, "-m", "apexrl.launcher", "--log-level", "WARNING", "params", "--host", "127.0.0.1",
-            "--port", "0", "--metrics-port", "-1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "apexrl.launcher",
+        "--log-level",
+        "WARNING",
+        "params",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--metrics-port",
+        "-1",
+    ]
     child = Child(f"{name}-{round_}", argv, workdir, env=env, cwd=workdir)
     figures: dict[str, float | None] = {}
     try:
@@ -210,15 +258,25 @@ def measure_server(name: str, round_: int, env: dict[str, str], args, workdir: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", default="HEAD", help="git ref of the server to compare with (default HEAD: "
-                                                           "the last commit, against the working tree)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--baseline",
+        default="HEAD",
+        help="git ref of the server to compare with (default HEAD: "
+        "the last commit, against the working tree)",
+    )
     parser.add_argument("--seconds", type=float, default=3.0, help="measured time per figure")
     parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured time before each figure")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds per server (alternating which goes first)")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="rounds per server (alternating which goes first)"
+    )
     parser.add_argument("--clients", type=int, default=4, help="fetching processes (actors)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 0.5 s figures, one round, mlp only")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 0.5 s figures, one round, mlp only"
+    )
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     if args.quick:
@@ -228,26 +286,39 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {"baseline": [], "new": []}
     with tempfile.TemporaryDirectory() as workdir:
         path = baseline_pythonpath(args.baseline, Path(workdir) / "baseline")
-        envs = {"baseline": {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get(
-            "PYTHONPATH")]))}, "new": dict(os.environ)}
+        envs = {
+            "baseline": {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")])),
+            },
+            "new": dict(os.environ),
+        }
         for name, home in (("baseline", Path(workdir)), ("new", ROOT)):
             served = imported_from("apexrl.parameter_server.service", envs[name], workdir)
             if not served.is_relative_to(home):
                 raise RuntimeError(f"the {name} server would import {served}, not code under {home}")
         for round_ in range(args.rounds):
-            for name in (["baseline", "new"] if round_ % 2 == 0 else ["new", "baseline"]):
+            for name in ["baseline", "new"] if round_ % 2 == 0 else ["new", "baseline"]:
                 runs[name].append(measure_server(name, round_, envs[name], args, workdir))
     lines, results = [], {}
     for key in runs["new"][0]:
         values = {name: [r[key] for r in rs] for name, rs in runs.items()}
         medians = {name: statistics.median(v) if None not in v else None for name, v in values.items()}
-        ratio = medians["new"] / medians["baseline"] if None not in medians.values() and medians["baseline"] else None
+        ratio = (
+            medians["new"] / medians["baseline"]
+            if None not in medians.values() and medians["baseline"]
+            else None
+        )
         results[key] = {"baseline": values["baseline"], "new": values["new"], "ratio": ratio}
         cell = {name: "timed out" if m is None else f"{m:,.1f}" for name, m in medians.items()}
         lines.append([key, cell["baseline"], cell["new"], "" if ratio is None else f"{ratio:.2f}"])
-    for line in render_table(["figure", f"baseline {baseline}", "this checkout", "new / baseline"], lines, left={0}):
+    for line in render_table(
+        ["figure", f"baseline {baseline}", "this checkout", "new / baseline"], lines, left={0}
+    ):
         print(line)
-    print(f"{args.clients} fetching processes, {args.seconds:g} s per figure, median of {args.rounds} round(s)")
+    print(
+        f"{args.clients} fetching processes, {args.seconds:g} s per figure, median of {args.rounds} round(s)"
+    )
     print(load_line(load_before, os.getloadavg()[0]))
     if args.json:
         write_json(args.json, {"meta": {**metadata(args), "baseline": baseline}, "results": results})

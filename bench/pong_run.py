@@ -72,9 +72,22 @@ class Fleet:
 
 
 def launch_command(args: argparse.Namespace, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "apexrl.launcher", "launch", "--env", ENV, "--max-seconds", str(args.max_seconds),
-            "--run-dir", str(args.run_dir), "--seed", str(args.seed),
-            *(["--evaluation-episodes", str(args.evaluation_episodes)] if args.evaluation_episodes else []), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "apexrl.launcher",
+        "launch",
+        "--env",
+        ENV,
+        "--max-seconds",
+        str(args.max_seconds),
+        "--run-dir",
+        str(args.run_dir),
+        "--seed",
+        str(args.seed),
+        *(["--evaluation-episodes", str(args.evaluation_episodes)] if args.evaluation_episodes else []),
+        *extra,
+    ]
 
 
 def run_fleet(args: argparse.Namespace, extra: list[str]) -> Fleet:
@@ -99,7 +112,9 @@ def run_fleet(args: argparse.Namespace, extra: list[str]) -> Fleet:
             proc.wait(timeout=60)
     reader.join(timeout=10)
     if not lines or not lines[-1].startswith("{"):
-        raise RuntimeError(f"the launcher exited with {proc.returncode} without its JSON line; see its stderr above")
+        raise RuntimeError(
+            f"the launcher exited with {proc.returncode} without its JSON line; see its stderr above"
+        )
     return Fleet(json.loads(lines[-1]), proc.returncode, scrapes)
 
 
@@ -145,9 +160,14 @@ def scrape_fleet(run_dir: Path, wall_seconds: float) -> Scrape | None:
         except (OSError, ValueError):
             evaluator = None
             break
-    return Scrape(wall_seconds, len(shards), sum(s.get("apexrl_replay_stored_bytes", 0.0) for s in shards),
-                  sum(s.get("apexrl_replay_size_rows", 0.0) for s in shards),
-                  sum(s.get("apexrl_replay_inserted_rows_total", 0.0) for s in shards), evaluator)
+    return Scrape(
+        wall_seconds,
+        len(shards),
+        sum(s.get("apexrl_replay_stored_bytes", 0.0) for s in shards),
+        sum(s.get("apexrl_replay_size_rows", 0.0) for s in shards),
+        sum(s.get("apexrl_replay_inserted_rows_total", 0.0) for s in shards),
+        evaluator,
+    )
 
 
 # --------------------------------------------------------------------------------------------- the figures
@@ -219,8 +239,16 @@ def evaluation_rounds(run_dir: Path, rows: list[dict[str, str]]) -> list[dict]:
             rounds.append({"weight_version": version, "returns": []})
         rounds[-1].update(seconds=round(seconds, 1), env_steps=steps_at(rows, seconds))
         rounds[-1]["returns"].append(float(episode["return"]))
-    return [{"seconds": r["seconds"], "env_steps": r["env_steps"], "weight_version": r["weight_version"],
-             "episodes": len(r["returns"]), "mean_return": sum(r["returns"]) / len(r["returns"])} for r in rounds]
+    return [
+        {
+            "seconds": r["seconds"],
+            "env_steps": r["env_steps"],
+            "weight_version": r["weight_version"],
+            "episodes": len(r["returns"]),
+            "mean_return": sum(r["returns"]) / len(r["returns"]),
+        }
+        for r in rounds
+    ]
 
 
 def bytes_at_stop(run_dir: Path) -> dict | None:
@@ -233,8 +261,13 @@ def bytes_at_stop(run_dir: Path) -> dict | None:
             rows, inserted, stored, shards = rows + held, inserted + ins, stored + held_bytes, shards + 1
     if not shards or not rows:
         return None
-    return {"shards": shards, "rows": rows, "inserted": inserted, "stored_bytes": stored,
-            "bytes_per_row": stored / rows}
+    return {
+        "shards": shards,
+        "rows": rows,
+        "inserted": inserted,
+        "stored_bytes": stored,
+        "bytes_per_row": stored / rows,
+    }
 
 
 def figures(args: argparse.Namespace, fleet: Fleet) -> dict:
@@ -252,21 +285,34 @@ def figures(args: argparse.Namespace, fleet: Fleet) -> dict:
     last = next((s for s in reversed(fleet.scrapes) if s.rows), None)
     per_row = last.stored_bytes / last.rows if last else None
     return {
-        "env": ENV, "max_seconds": args.max_seconds, "wall_seconds": wall, "reason": result["reason"],
-        "restarts": result["restarts"], "frame_skip": ATARI_FRAME_SKIP,
-        "env_steps": steps, "frames": steps * ATARI_FRAME_SKIP,
-        "env_steps_per_s": steps / wall, "frames_per_s": steps * ATARI_FRAME_SKIP / wall,
-        "env_steps_per_s_since_start": steps_rate, "actors_started_at_s": steps_from,
+        "env": ENV,
+        "max_seconds": args.max_seconds,
+        "wall_seconds": wall,
+        "reason": result["reason"],
+        "restarts": result["restarts"],
+        "frame_skip": ATARI_FRAME_SKIP,
+        "env_steps": steps,
+        "frames": steps * ATARI_FRAME_SKIP,
+        "env_steps_per_s": steps / wall,
+        "frames_per_s": steps * ATARI_FRAME_SKIP / wall,
+        "env_steps_per_s_since_start": steps_rate,
+        "actors_started_at_s": steps_from,
         "frames_per_s_since_start": None if steps_rate is None else steps_rate * ATARI_FRAME_SKIP,
         "env_steps_per_s_second_half": half_rate,
         "frames_per_s_second_half": None if half_rate is None else half_rate * ATARI_FRAME_SKIP,
-        "evaluator_env_steps": next((s.evaluator_env_steps for s in reversed(fleet.scrapes)
-                                     if s.evaluator_env_steps is not None), None),
-        "updates": result["updates"], "updates_per_s": (result["updates"] or 0) / wall,
-        "updates_per_s_since_start": updates_rate, "learner_started_at_s": updates_from,
+        "evaluator_env_steps": next(
+            (s.evaluator_env_steps for s in reversed(fleet.scrapes) if s.evaluator_env_steps is not None),
+            None,
+        ),
+        "updates": result["updates"],
+        "updates_per_s": (result["updates"] or 0) / wall,
+        "updates_per_s_since_start": updates_rate,
+        "learner_started_at_s": updates_from,
         "updates_per_s_second_half": rate_second_half(rows, "updates"),
-        "bytes_per_stored_transition": per_row, "stored_rows": last.rows if last else None,
-        "inserted_rows": last.inserted if last else None, "scraped_at_s": last.wall_seconds if last else None,
+        "bytes_per_stored_transition": per_row,
+        "stored_rows": last.rows if last else None,
+        "inserted_rows": last.inserted if last else None,
+        "scraped_at_s": last.wall_seconds if last else None,
         "raw_bytes_per_transition": RAW_ROW_BYTES,
         "compression_ratio": RAW_ROW_BYTES / per_row if per_row else None,
         "at_stop": bytes_at_stop(run_dir),
@@ -287,29 +333,58 @@ def print_table(f: dict, file=sys.stdout) -> None:
     at_stop = f["at_stop"] or {}
     since = f"since {_fmt(f['actors_started_at_s'], '.0f')} s"
     lines = [
-        ["env steps (exploring actors)", _fmt(f["env_steps"], ",d"), _fmt(f["env_steps_per_s"]),
-         f"{_fmt(f['env_steps_per_s_since_start'])} {since}, {_fmt(f['env_steps_per_s_second_half'])} 2nd half"],
-        [f"frames (x{f['frame_skip']})", _fmt(f["frames"], ",d"), _fmt(f["frames_per_s"]),
-         f"{_fmt(f['frames_per_s_since_start'])} {since}, {_fmt(f['frames_per_s_second_half'])} 2nd half"],
+        [
+            "env steps (exploring actors)",
+            _fmt(f["env_steps"], ",d"),
+            _fmt(f["env_steps_per_s"]),
+            f"{_fmt(f['env_steps_per_s_since_start'])} {since}, {_fmt(f['env_steps_per_s_second_half'])} 2nd half",
+        ],
+        [
+            f"frames (x{f['frame_skip']})",
+            _fmt(f["frames"], ",d"),
+            _fmt(f["frames_per_s"]),
+            f"{_fmt(f['frames_per_s_since_start'])} {since}, {_fmt(f['frames_per_s_second_half'])} 2nd half",
+        ],
         ["evaluator env steps", _fmt(f["evaluator_env_steps"], ",.0f"), "", "greedy play, not counted above"],
-        ["learner updates", _fmt(f["updates"], ",d"), _fmt(f["updates_per_s"], ",.2f"),
-         f"{_fmt(f['updates_per_s_since_start'], ',.2f')} since {_fmt(f['learner_started_at_s'], '.0f')} s, "
-         f"{_fmt(f['updates_per_s_second_half'], ',.2f')} 2nd half"],
-        ["bytes per stored transition", _fmt(f["bytes_per_stored_transition"], ",.0f"),
-         f"{_fmt(f['compression_ratio'], ',.0f')}x < raw",
-         f"{_fmt(f['stored_rows'], ',.0f')} rows at {_fmt(f['scraped_at_s'], '.0f')} s (/metrics); at stop "
-         f"{_fmt(at_stop.get('bytes_per_row'), ',.0f')} B x {_fmt(at_stop.get('rows'), ',d')} rows (logs)"],
+        [
+            "learner updates",
+            _fmt(f["updates"], ",d"),
+            _fmt(f["updates_per_s"], ",.2f"),
+            f"{_fmt(f['updates_per_s_since_start'], ',.2f')} since {_fmt(f['learner_started_at_s'], '.0f')} s, "
+            f"{_fmt(f['updates_per_s_second_half'], ',.2f')} 2nd half",
+        ],
+        [
+            "bytes per stored transition",
+            _fmt(f["bytes_per_stored_transition"], ",.0f"),
+            f"{_fmt(f['compression_ratio'], ',.0f')}x < raw",
+            f"{_fmt(f['stored_rows'], ',.0f')} rows at {_fmt(f['scraped_at_s'], '.0f')} s (/metrics); at stop "
+            f"{_fmt(at_stop.get('bytes_per_row'), ',.0f')} B x {_fmt(at_stop.get('rows'), ',d')} rows (logs)",
+        ],
     ]
-    print(f"{ENV}, {f['wall_seconds']:.0f} s wall ({f['reason']}, {f['restarts']} restarts), run dir "
-          f"{f['run_dir']}", file=file)
-    for line in render_table(["figure", "total", "/s over the run", "/s without start-up; note"], lines,
-                             left={0, 3}):
+    print(
+        f"{ENV}, {f['wall_seconds']:.0f} s wall ({f['reason']}, {f['restarts']} restarts), run dir "
+        f"{f['run_dir']}",
+        file=file,
+    )
+    for line in render_table(
+        ["figure", "total", "/s over the run", "/s without start-up; note"], lines, left={0, 3}
+    ):
         print(line, file=file)
-    rounds = [[_fmt(r["seconds"], ".0f"), _fmt(r["env_steps"], ",d"), str(r["weight_version"]),
-               str(r["episodes"]), _fmt(r["mean_return"])] for r in f["evaluation"]]
+    rounds = [
+        [
+            _fmt(r["seconds"], ".0f"),
+            _fmt(r["env_steps"], ",d"),
+            str(r["weight_version"]),
+            str(r["episodes"]),
+            _fmt(r["mean_return"]),
+        ]
+        for r in f["evaluation"]
+    ]
     if rounds:
         print("evaluation (greedy episodes, grouped by weights version):", file=file)
-        for line in render_table(["s", "env steps", "weights", "episodes", "mean return"], rounds, left=set()):
+        for line in render_table(
+            ["s", "env steps", "weights", "episodes", "mean return"], rounds, left=set()
+        ):
             print(line, file=file)
     else:
         print("evaluation: no greedy episode finished", file=file)
@@ -319,15 +394,24 @@ def print_table(f: dict, file=sys.stdout) -> None:
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--max-seconds", type=float, default=240.0, help="the fleet's wall-time budget (240)")
     parser.add_argument("--run-dir", default=None, help="run directory (default runs/pong_run-TIMESTAMP)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--evaluation-episodes", type=int, default=None,
-                        help="greedy Pong episodes per evaluation round (default: the launcher's, 10 for Atari)")
-    parser.add_argument("--scrape-seconds", type=float, default=5.0,
-                        help="seconds between scrapes of the shards' /metrics (default 5)")
+    parser.add_argument(
+        "--evaluation-episodes",
+        type=int,
+        default=None,
+        help="greedy Pong episodes per evaluation round (default: the launcher's, 10 for Atari)",
+    )
+    parser.add_argument(
+        "--scrape-seconds",
+        type=float,
+        default=5.0,
+        help="seconds between scrapes of the shards' /metrics (default 5)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the figures and the scrapes to PATH")
     args, extra = parser.parse_known_args(argv)
     if args.run_dir is None:
@@ -345,8 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     print_table(result)
     print(load_line(*result["load_average_1min"]))
     if args.json:
-        write_json(args.json, {"meta": metadata(args), "figures": result,
-                               "scrapes": [asdict(s) for s in fleet.scrapes]})
+        write_json(
+            args.json,
+            {"meta": metadata(args), "figures": result, "scrapes": [asdict(s) for s in fleet.scrapes]},
+        )
     print(json.dumps(result), flush=True)
     return fleet.returncode
 

@@ -84,20 +84,23 @@ def run(args: argparse.Namespace, results: Results) -> RunInfo:
         if "pixels" in args.sections:
             try:
                 with tempfile.TemporaryDirectory(prefix="replay_bench_pixels_") as workdir:
-                    measure_pixels(results, timing, args.atari_capacity, args.pong_rows, args.insert_window,
-                                   workdir)
+                    measure_pixels(
+                        results, timing, args.atari_capacity, args.pong_rows, args.insert_window, workdir
+                    )
             except ImportError as err:  # the `atari` extra (ale-py) or the `compression` one is missing
                 info.pixels_skipped = f"{err} (in the clone: pip install -e '.[atari]')"
         if args.cpprb:
-            info.cpprb_skipped = measure_cpprb(results, args.cpprb_python or sys.executable, args.capacity,
-                                               args.seconds, args.warmup)
+            info.cpprb_skipped = measure_cpprb(
+                results, args.cpprb_python or sys.executable, args.capacity, args.seconds, args.warmup
+            )
     finally:
         info.load_after = os.getloadavg()[0]
     return info
 
 
-def run_grpc(args: argparse.Namespace, results: Results, timing: Timing,
-             rng: np.random.Generator) -> float | None:
+def run_grpc(
+    args: argparse.Namespace, results: Results, timing: Timing, rng: np.random.Generator
+) -> float | None:
     """The gRPC figures (parts 1 and 2) with their ceilings; returns the fill rate of the full shard."""
     fill_rate = None
     with tempfile.TemporaryDirectory(prefix="replay_bench_") as workdir, Children(workdir) as children:
@@ -114,8 +117,9 @@ def run_grpc(args: argparse.Namespace, results: Results, timing: Timing,
                 measure_inserts(results, ceiling, shards, timing, args.insert_window, rng)
             if "shard" in args.sections:
                 fill_rate = fill_shard(shards["cartpole"].address, args.capacity, rng)
-                measure_full_shard(results, ceiling, shards["cartpole"], timing, args.window,
-                                   args.sample_window, rng)
+                measure_full_shard(
+                    results, ceiling, shards["cartpole"], timing, args.window, args.sample_window, rng
+                )
         finally:
             ceiling.close()
     return fill_rate
@@ -125,8 +129,10 @@ def print_report(results: Results, info: RunInfo, file=sys.stdout) -> None:
     print_rows(results, file)
     print(FOOTER, file=file)
     if info.fill_rate:
-        print(f"Shard filled at {info.fill_rate:,.0f} rows/s in batches of {FILL_BATCH:,} through the SDK.",
-              file=file)
+        print(
+            f"Shard filled at {info.fill_rate:,.0f} rows/s in batches of {FILL_BATCH:,} through the SDK.",
+            file=file,
+        )
     if info.pixels_skipped:
         print(f"Pixel figures skipped: {info.pixels_skipped}.", file=file)
     print(load_line(info.load_before, info.load_after, nice_label="this run's niceness"), file=file)
@@ -136,48 +142,92 @@ def print_report(results: Results, info: RunInfo, file=sys.stdout) -> None:
 
 
 def _add_size_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="measured time per figure (default 3; 0.3 with --quick)")
-    parser.add_argument("--warmup", type=float, default=None,
-                        help="unmeasured warm-up before each figure (default 0.5; 0.1 with --quick)")
-    parser.add_argument("--capacity", type=int, default=None,
-                        help="slots of the full CartPole shard and the in-process table (default 1,000,000; "
-                             "50,000 with --quick)")
-    parser.add_argument("--atari-capacity", type=int, default=None,
-                        help="slots of the Atari shard/table; rows are 56 KiB (default 20,000; 1,000 with "
-                             "--quick)")
-    parser.add_argument("--window", type=int, default=16,
-                        help="priority updates in flight for the pipelined and streamed figures (default 16)")
-    parser.add_argument("--sample-window", type=int, default=4,
-                        help="samples in flight for the pipelined sample figure (default 4)")
-    parser.add_argument("--pong-rows", type=int, default=None,
-                        help="real Pong transitions played for the pixel figures (default 2,048; 512 with --quick)")
-    parser.add_argument("--insert-window", type=int, default=32,
-                        help="ReplayClient max_in_flight for the insert figures (default 32, the SDK "
-                             "default)")
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="measured time per figure (default 3; 0.3 with --quick)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="unmeasured warm-up before each figure (default 0.5; 0.1 with --quick)",
+    )
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help="slots of the full CartPole shard and the in-process table (default 1,000,000; "
+        "50,000 with --quick)",
+    )
+    parser.add_argument(
+        "--atari-capacity",
+        type=int,
+        default=None,
+        help="slots of the Atari shard/table; rows are 56 KiB (default 20,000; 1,000 with --quick)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=16,
+        help="priority updates in flight for the pipelined and streamed figures (default 16)",
+    )
+    parser.add_argument(
+        "--sample-window",
+        type=int,
+        default=4,
+        help="samples in flight for the pipelined sample figure (default 4)",
+    )
+    parser.add_argument(
+        "--pong-rows",
+        type=int,
+        default=None,
+        help="real Pong transitions played for the pixel figures (default 2,048; 512 with --quick)",
+    )
+    parser.add_argument(
+        "--insert-window",
+        type=int,
+        default=32,
+        help="ReplayClient max_in_flight for the insert figures (default 32, the SDK default)",
+    )
 
 
 def _add_run_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS,
-                        help="what to measure (default: all)")
-    parser.add_argument("--cpprb", action="store_true",
-                        help="also measure cpprb's PrioritizedReplayBuffer (needs `import cpprb` in "
-                             "--cpprb-python)")
-    parser.add_argument("--cpprb-python", default=None,
-                        help="interpreter with numpy and cpprb for --cpprb (default: this one)")
-    parser.add_argument("--quick", action="store_true",
-                        help="small sizes and short figures (~20 s smoke run)")
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        default=list(SECTIONS),
+        choices=SECTIONS,
+        help="what to measure (default: all)",
+    )
+    parser.add_argument(
+        "--cpprb",
+        action="store_true",
+        help="also measure cpprb's PrioritizedReplayBuffer (needs `import cpprb` in --cpprb-python)",
+    )
+    parser.add_argument(
+        "--cpprb-python",
+        default=None,
+        help="interpreter with numpy and cpprb for --cpprb (default: this one)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes and short figures (~20 s smoke run)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON to PATH")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     _add_size_args(parser)
     _add_run_args(parser)
     args = parser.parse_args(argv)
-    defaults = {"seconds": (3.0, 0.3), "warmup": (0.5, 0.1), "capacity": (1_000_000, 50_000),
-                "atari_capacity": (20_000, 1_000), "pong_rows": (2048, 512)}
+    defaults = {
+        "seconds": (3.0, 0.3),
+        "warmup": (0.5, 0.1),
+        "capacity": (1_000_000, 50_000),
+        "atari_capacity": (20_000, 1_000),
+        "pong_rows": (2048, 512),
+    }
     for name, (full, small) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if args.quick else full)
@@ -192,14 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     info = run(args, results)
     print_report(results, info)
     if args.json:
-        write_json(args.json, {
-            "meta": metadata(args),
-            "load_average_1min": [info.load_before, info.load_after],
-            "fill_rows_per_s": info.fill_rate,
-            "cpprb_skipped": info.cpprb_skipped,
-            "pixels_skipped": info.pixels_skipped,
-            "figures": {key: asdict(row) for key, row in results.by_key.items()},
-        })
+        write_json(
+            args.json,
+            {
+                "meta": metadata(args),
+                "load_average_1min": [info.load_before, info.load_after],
+                "fill_rows_per_s": info.fill_rate,
+                "cpprb_skipped": info.cpprb_skipped,
+                "pixels_skipped": info.pixels_skipped,
+                "figures": {key: asdict(row) for key, row in results.by_key.items()},
+            },
+        )
     progress("done")
     return 0
 

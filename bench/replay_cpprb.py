@@ -39,8 +39,16 @@ def measure_cpprb(results, python: str, capacity: int, seconds: float, warmup: f
     from harness.results import Row
 
     progress(f"cpprb: PrioritizedReplayBuffer({capacity:,}) with {python}")
-    cmd = [python, os.path.abspath(__file__), "--capacity", str(capacity), "--seconds", str(seconds),
-           "--warmup", str(warmup)]
+    cmd = [
+        python,
+        os.path.abspath(__file__),
+        "--capacity",
+        str(capacity),
+        "--seconds",
+        str(seconds),
+        "--warmup",
+        str(warmup),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         stderr = proc.stderr.strip()

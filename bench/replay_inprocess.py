@@ -26,8 +26,9 @@ from workloads import (
 BETA = 0.4  # importance-sampling exponent of the cycle
 
 
-def measure_in_process(results: Results, timing: Timing, capacity: int, atari_capacity: int,
-                       rng: np.random.Generator) -> None:
+def measure_in_process(
+    results: Results, timing: Timing, capacity: int, atari_capacity: int, rng: np.random.Generator
+) -> None:
     from apexrl.replay_server.table import ReplayTable, TableConfig
 
     section = f"in-process ({capacity:,} slots, CartPole rows)"
@@ -48,8 +49,9 @@ def _pools(rng: np.random.Generator, high: int | None = None) -> tuple[list[np.n
     return idx, [rng.random(UPDATE_BATCH) * 3 + 0.01 for _ in range(64)]
 
 
-def measure_sum_tree(results: Results, section: str, timing: Timing, capacity: int,
-                     rng: np.random.Generator) -> None:
+def measure_sum_tree(
+    results: Results, section: str, timing: Timing, capacity: int, rng: np.random.Generator
+) -> None:
     from apexrl.replay_server.sum_tree import SumTree
 
     progress(f"in-process: SumTree({capacity:,}) filled with random priorities")
@@ -69,8 +71,9 @@ def measure_sum_tree(results: Results, section: str, timing: Timing, capacity: i
     results.figure("tree_sample", section, "SumTree.sample(256) (indices only)", m, "calls/s")
 
 
-def measure_table_inserts(results: Results, section: str, table, workload: str, timing: Timing,
-                          rng: np.random.Generator) -> None:
+def measure_table_inserts(
+    results: Results, section: str, table, workload: str, timing: Timing, rng: np.random.Generator
+) -> None:
     for rows in (64, 256):
         batch = WORKLOADS[workload](rows, rng)
         pri = priorities(rows, rng)
@@ -84,8 +87,16 @@ def measure_table_inserts(results: Results, section: str, table, workload: str, 
         m = with_cpu(None, measure_loop, insert, timing.seconds, timing.warmup)
         grpc_row = results.by_key.get(f"grpc_insert_{workload}_{rows}")
         note = "" if grpc_row is None else f"gRPC SDK reaches {grpc_row.value / (m.rate * rows):.2f} of this"
-        results.figure(f"table_insert_{workload}_{rows}", section, f"ReplayTable.insert {workload} x{rows}",
-                       m, "transitions/s", per_call=rows, row_bytes=row_nbytes(batch), note=note)
+        results.figure(
+            f"table_insert_{workload}_{rows}",
+            section,
+            f"ReplayTable.insert {workload} x{rows}",
+            m,
+            "transitions/s",
+            per_call=rows,
+            row_bytes=row_nbytes(batch),
+            note=note,
+        )
 
 
 def fill_table(table, capacity: int, rng: np.random.Generator) -> None:
@@ -95,8 +106,9 @@ def fill_table(table, capacity: int, rng: np.random.Generator) -> None:
         table.insert(big, priorities(FILL_BATCH, rng))
 
 
-def measure_full_table(results: Results, section: str, table, timing: Timing,
-                       rng: np.random.Generator) -> None:
+def measure_full_table(
+    results: Results, section: str, table, timing: Timing, rng: np.random.Generator
+) -> None:
     """sample(256), update_priorities(256) of live keys, and the cycle with importance weights."""
     key_pool = [table.sample(SAMPLE_BATCH).keys for _ in range(64)]
     _, pri_pool = _pools(rng)

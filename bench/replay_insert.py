@@ -28,8 +28,14 @@ TARGETS = {  # transitions/s (the issue's targets)
 }
 
 
-def measure_inserts(results: Results, ceiling: CeilingClient, shards: dict[str, Child], timing: Timing,
-                    window: int, rng: np.random.Generator) -> None:
+def measure_inserts(
+    results: Results,
+    ceiling: CeilingClient,
+    shards: dict[str, Child],
+    timing: Timing,
+    window: int,
+    rng: np.random.Generator,
+) -> None:
     """Every insert figure; the Atari shard is stopped afterwards to give its memory back."""
     for workload in ("cartpole", "atari"):
         for rows in (64, 256):
@@ -46,8 +52,15 @@ def insert_message_bytes(batch: dict[str, np.ndarray], pri: np.ndarray) -> int:
     return request.ByteSize()
 
 
-def measure_insert(results: Results, ceiling: CeilingClient, shard: Child, shape: tuple[str, int],
-                   timing: Timing, window: int, rng: np.random.Generator) -> None:
+def measure_insert(
+    results: Results,
+    ceiling: CeilingClient,
+    shard: Child,
+    shape: tuple[str, int],
+    timing: Timing,
+    window: int,
+    rng: np.random.Generator,
+) -> None:
     """The two ceilings of one batch shape, then the SDK's insert of it."""
     workload, rows = shape
     batch = WORKLOADS[workload](rows, rng)
@@ -55,36 +68,54 @@ def measure_insert(results: Results, ceiling: CeilingClient, shard: Child, shape
     msg_bytes = insert_message_bytes(batch, pri)
     label = f"{workload} x{rows}"
     progress(f"ceiling: client stream of {msg_bytes:,} B messages ({label} insert size)")
-    stream = results.ceiling(f"ceiling_stream_{workload}_{rows}", f"client stream, {label} insert size",
-                             ceiling.client_stream(msg_bytes), "msgs/s", msg_bytes)
+    stream = results.ceiling(
+        f"ceiling_stream_{workload}_{rows}",
+        f"client stream, {label} insert size",
+        ceiling.client_stream(msg_bytes),
+        "msgs/s",
+        msg_bytes,
+    )
     progress(f"ceiling: bidi stream with 16 B acks, window {window} ({label})")
-    acked = results.ceiling(f"ceiling_acked_{workload}_{rows}",
-                            f"bidi stream + acks (window {window}), {label} insert size",
-                            ceiling.bidi(msg_bytes, 16, window), "msgs/s", msg_bytes)
+    acked = results.ceiling(
+        f"ceiling_acked_{workload}_{rows}",
+        f"bidi stream + acks (window {window}), {label} insert size",
+        ceiling.bidi(msg_bytes, 16, window),
+        "msgs/s",
+        msg_bytes,
+    )
     progress(f"apexrl: ReplayClient.insert {label} (max_in_flight {window})")
     row_bytes = row_nbytes(batch)
     measurement, batches, requests, acks = sdk_insert(shard, batch, pri, timing, window)
     results.figure(
-        f"grpc_insert_{workload}_{rows}", SECTION, f"insert {label} ({row_bytes:,} B/row)",
-        measurement, "transitions/s", per_call=rows, row_bytes=row_bytes,
-        ceiling=stream * rows, ceiling_name=f"client stream of {msg_bytes:,} B messages",
+        f"grpc_insert_{workload}_{rows}",
+        SECTION,
+        f"insert {label} ({row_bytes:,} B/row)",
+        measurement,
+        "transitions/s",
+        per_call=rows,
+        row_bytes=row_bytes,
+        ceiling=stream * rows,
+        ceiling_name=f"client stream of {msg_bytes:,} B messages",
         target=TARGETS.get(shape),
         note=f"{msg_bytes:,} B per one-batch message; acked-window ceiling {acked * rows:,.0f} transitions/s; "
-             f"{batches / max(1, requests):.1f} batches per request, {batches / max(1, acks):.1f} per ack",
+        f"{batches / max(1, requests):.1f} batches per request, {batches / max(1, acks):.1f} per ack",
     )
 
 
-def sdk_insert(shard: Child, batch: dict[str, np.ndarray], pri: np.ndarray, timing: Timing,
-               window: int) -> tuple[Measurement, int, int, int]:
+def sdk_insert(
+    shard: Child, batch: dict[str, np.ndarray], pri: np.ndarray, timing: Timing, window: int
+) -> tuple[Measurement, int, int, int]:
     """The measurement, and the batches, requests and acks of the whole run (warm-up included)."""
     from apexrl.replay_server.client import ReplayClient
 
     last = [0]  # the last batch's sequence number: batches are numbered 1, 2, ...
 
     with ReplayClient(shard.address, timeout=300, max_in_flight=window) as client:
+
         def insert() -> None:
             last[0] = client.insert(batch, pri)
 
-        measurement = with_cpu(shard.pid, measure_loop, insert, timing.seconds, timing.warmup,
-                               finish=lambda: client.flush(300))
+        measurement = with_cpu(
+            shard.pid, measure_loop, insert, timing.seconds, timing.warmup, finish=lambda: client.flush(300)
+        )
         return measurement, last[0], client.requests_sent, client.acks_received

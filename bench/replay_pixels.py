@@ -31,17 +31,25 @@ RAW_ROW_BYTES = 2 * 4 * 84 * 84 + 8 + 4 + 4 + 8  # obs, next_obs, action, reward
 BATCH = 256
 
 
-def measure_pixels(results: Results, timing: Timing, capacity: int, rows: int, window: int, workdir: str) -> None:
+def measure_pixels(
+    results: Results, timing: Timing, capacity: int, rows: int, window: int, workdir: str
+) -> None:
     """Every pixel figure (shards started and stopped here)."""
     from apexrl.actor.nstep import compress_image_columns
 
     progress(f"playing {rows:,} Pong transitions with ale-py (real frames)")
     raw = pong_transitions(rows)
-    columns = {"raw": raw, "zstd": compress_image_columns(raw, "zstd"), "lz4": compress_image_columns(raw, "lz4")}
+    columns = {
+        "raw": raw,
+        "zstd": compress_image_columns(raw, "zstd"),
+        "lz4": compress_image_columns(raw, "lz4"),
+    }
     measure_compression(results, timing, raw)
     with Children(workdir) as children:
-        shards = {kind: children.start_shard(f"shard-pong-{kind}", capacity if kind != "lz4" else rows)
-                  for kind in columns}
+        shards = {
+            kind: children.start_shard(f"shard-pong-{kind}", capacity if kind != "lz4" else rows)
+            for kind in columns
+        }
         wait_healthy(list(shards.values()))
         for batch_rows in (64, BATCH):
             for kind in ("raw", "zstd"):
@@ -63,36 +71,60 @@ def measure_compression(results: Results, timing: Timing, raw: dict[str, np.ndar
     batch = _take(raw, slice(0, BATCH))
     for codec in ("zstd", "lz4"):
         progress(f"actor side: compress_image_columns({codec}) of {BATCH} rows")
-        m = with_cpu(None, measure_loop, lambda c=codec: compress_image_columns(batch, c), timing.seconds,
-                     timing.warmup)
-        results.figure(f"pixels_compress_{codec}", SECTION, f"actor: compress obs+next_obs, {codec}", m,
-                       "transitions/s", per_call=BATCH, row_bytes=RAW_ROW_BYTES,
-                       note="in-process; MB/s of raw pixels compressed")
+        m = with_cpu(
+            None,
+            measure_loop,
+            lambda c=codec: compress_image_columns(batch, c),
+            timing.seconds,
+            timing.warmup,
+        )
+        results.figure(
+            f"pixels_compress_{codec}",
+            SECTION,
+            f"actor: compress obs+next_obs, {codec}",
+            m,
+            "transitions/s",
+            per_call=BATCH,
+            row_bytes=RAW_ROW_BYTES,
+            note="in-process; MB/s of raw pixels compressed",
+        )
 
 
-def measure_insert(results: Results, shard, kind: str, columns: dict, batch_rows: int, timing: Timing,
-                   window: int) -> None:
+def measure_insert(
+    results: Results, shard, kind: str, columns: dict, batch_rows: int, timing: Timing, window: int
+) -> None:
     from apexrl.common.compression import column_nbytes
     from apexrl.replay_server.client import ReplayClient
 
     rows = len(columns["action"])
-    batches = [_take(columns, slice(start, start + batch_rows)) for start in range(0, rows - batch_rows + 1,
-                                                                                   batch_rows)]
+    batches = [
+        _take(columns, slice(start, start + batch_rows))
+        for start in range(0, rows - batch_rows + 1, batch_rows)
+    ]
     pri = priorities(batch_rows, np.random.default_rng(0))
     sent = sum(column_nbytes(c) for c in batches[0].values()) // batch_rows
     turn = [0]
     progress(f"apexrl: ReplayClient.insert pong {kind} x{batch_rows} (max_in_flight {window})")
     with ReplayClient(shard.address, timeout=300, max_in_flight=window) as client:
+
         def insert() -> None:
             client.insert(batches[turn[0] % len(batches)], pri)
             turn[0] += 1
 
-        m = with_cpu(shard.pid, measure_loop, insert, timing.seconds, timing.warmup,
-                     finish=lambda: client.flush(300))
-    results.figure(f"pixels_insert_{kind}_{batch_rows}", SECTION, f"insert pong {kind} x{batch_rows} "
-                   f"({sent:,} B/row sent)", m, "transitions/s", per_call=batch_rows, row_bytes=sent,
-                   target=15_000 if kind != "raw" else None,
-                   note="MB/s as sent; raw pixels: " + f"{m.rate * batch_rows * RAW_ROW_BYTES / 1e6:,.0f} MB/s")
+        m = with_cpu(
+            shard.pid, measure_loop, insert, timing.seconds, timing.warmup, finish=lambda: client.flush(300)
+        )
+    results.figure(
+        f"pixels_insert_{kind}_{batch_rows}",
+        SECTION,
+        f"insert pong {kind} x{batch_rows} ({sent:,} B/row sent)",
+        m,
+        "transitions/s",
+        per_call=batch_rows,
+        row_bytes=sent,
+        target=15_000 if kind != "raw" else None,
+        note="MB/s as sent; raw pixels: " + f"{m.rate * batch_rows * RAW_ROW_BYTES / 1e6:,.0f} MB/s",
+    )
 
 
 def fill(address: str, columns: dict) -> None:
@@ -114,9 +146,15 @@ def measure_bytes(results: Results, shards: dict) -> None:
             info = client.info()
         per_row[kind] = info.stored_bytes / info.size
     for kind, value in per_row.items():
-        row = Row(SECTION, f"bytes per stored transition, {kind}", value, "B/transition",
-                  note=f"{per_row['raw'] / value:,.0f}x smaller than raw" if kind != "raw" else
-                  "obs + next_obs uint8[4,84,84] + scalars")
+        row = Row(
+            SECTION,
+            f"bytes per stored transition, {kind}",
+            value,
+            "B/transition",
+            note=f"{per_row['raw'] / value:,.0f}x smaller than raw"
+            if kind != "raw"
+            else "obs + next_obs uint8[4,84,84] + scalars",
+        )
         row.compare(per_row["raw"], "raw")
         if kind != "raw":
             row.target, row.target_text, row.met = 2_000, "<= 2,000", value <= 2_000
@@ -129,20 +167,39 @@ def measure_data_path(results: Results, timing: Timing, shards: dict, zstd: dict
     sample = _take(zstd, np.random.default_rng(0).integers(0, len(zstd["action"]), BATCH))
     out = {name: np.empty((BATCH, 4, 84, 84), np.uint8) for name in ("obs", "next_obs")}
     progress("in-process: decompress obs+next_obs of 256 rows")
-    m = with_cpu(None, measure_loop, lambda: [decompress_into(sample[n], out[n]) for n in out], timing.seconds,
-                 timing.warmup)
-    results.figure("pixels_decompress_256", SECTION, "decompress 256 rows (obs+next_obs, zstd)", m, "batches/s",
-                   row_bytes=BATCH * RAW_ROW_BYTES, note="in-process, one thread; MB/s of pixels out")
+    m = with_cpu(
+        None,
+        measure_loop,
+        lambda: [decompress_into(sample[n], out[n]) for n in out],
+        timing.seconds,
+        timing.warmup,
+    )
+    results.figure(
+        "pixels_decompress_256",
+        SECTION,
+        "decompress 256 rows (obs+next_obs, zstd)",
+        m,
+        "batches/s",
+        row_bytes=BATCH * RAW_ROW_BYTES,
+        note="in-process, one thread; MB/s of pixels out",
+    )
     rates = {}
     for kind in ("raw", "zstd"):
         progress(f"learner data path: SamplerProcess over the {kind} shard, batches of {BATCH}")
         rates[kind] = data_path(shards[kind].address, timing)
     for kind in ("raw", "zstd"):
-        results.figure(f"pixels_data_path_{kind}", SECTION, f"learner data path, {kind} rows (batches of 256)",
-                       rates[kind], "batches/s", row_bytes=BATCH * RAW_ROW_BYTES,
-                       ceiling=rates["raw"].rate if kind == "zstd" else None, ceiling_name="raw rows",
-                       target=100 if kind == "zstd" else None,
-                       note="SamplerProcess.get + priorities back; sampling, decompression, slot copy in the child")
+        results.figure(
+            f"pixels_data_path_{kind}",
+            SECTION,
+            f"learner data path, {kind} rows (batches of 256)",
+            rates[kind],
+            "batches/s",
+            row_bytes=BATCH * RAW_ROW_BYTES,
+            ceiling=rates["raw"].rate if kind == "zstd" else None,
+            ceiling_name="raw rows",
+            target=100 if kind == "zstd" else None,
+            note="SamplerProcess.get + priorities back; sampling, decompression, slot copy in the child",
+        )
 
 
 def data_path(address: str, timing: Timing) -> Measurement:
@@ -151,9 +208,11 @@ def data_path(address: str, timing: Timing) -> Measurement:
     from apexrl.learner.sampler_process import SamplerProcess
 
     config = LearnerConfig(replay=(address,), batch_size=BATCH, seed=0, min_replay_size=1)
-    sampler = SamplerProcess(config, slots=config.prefetch_depth + 1,
-                             batches_per_call=config.sample_batches_per_call).start(lambda: 0.4)
+    sampler = SamplerProcess(
+        config, slots=config.prefetch_depth + 1, batches_per_call=config.sample_batches_per_call
+    ).start(lambda: 0.4)
     try:
+
         def step() -> None:
             batch = sampler.get(timeout=60)
             if batch is None:

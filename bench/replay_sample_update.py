@@ -91,16 +91,28 @@ def open_full_shard(shard: Child, rng: np.random.Generator) -> FullShard:
     key_pool = [client.sample(SAMPLE_BATCH).keys for _ in range(16)]
     pri_pool = [priorities(UPDATE_BATCH, rng, np.float64) * 3 for _ in range(16)]
     return FullShard(
-        client, shard, f"gRPC on a full {info.size:,}-row shard (CartPole rows)", first.incarnation,
-        row_bytes=row_nbytes(first.columns), sample_bytes=wire.encode_sample(first).ByteSize(),
+        client,
+        shard,
+        f"gRPC on a full {info.size:,}-row shard (CartPole rows)",
+        first.incarnation,
+        row_bytes=row_nbytes(first.columns),
+        sample_bytes=wire.encode_sample(first).ByteSize(),
         request_bytes=max(8, replay_pb2.SampleRequest(batch_size=SAMPLE_BATCH).ByteSize()),
         update_bytes=wire.encode_update(key_pool[0], pri_pool[0], first.incarnation).ByteSize(),
-        key_pool=key_pool, pri_pool=pri_pool,
+        key_pool=key_pool,
+        pri_pool=pri_pool,
     )
 
 
-def measure_full_shard(results: Results, ceiling: CeilingClient, shard: Child, timing: Timing, window: int,
-                       sample_window: int, rng: np.random.Generator) -> None:
+def measure_full_shard(
+    results: Results,
+    ceiling: CeilingClient,
+    shard: Child,
+    timing: Timing,
+    window: int,
+    sample_window: int,
+    rng: np.random.Generator,
+) -> None:
     full = open_full_shard(shard, rng)
     try:
         measure_samples(results, ceiling, full, timing, sample_window)
@@ -114,37 +126,77 @@ def measure_full_shard(results: Results, ceiling: CeilingClient, shard: Child, t
         full.client.close()
 
 
-def measure_samples(results: Results, ceiling: CeilingClient, full: FullShard, timing: Timing,
-                    sample_window: int) -> None:
+def measure_samples(
+    results: Results, ceiling: CeilingClient, full: FullShard, timing: Timing, sample_window: int
+) -> None:
     client, t, size = full.client, timing, full.sample_bytes
     mb = SAMPLE_BATCH * full.row_bytes
     progress(f"ceiling: blocking unary, {full.request_bytes} B request -> {size:,} B answer")
-    c = results.ceiling("ceiling_unary_sample", f"unary, {size:,} B answer (sample size)",
-                        ceiling.unary(full.request_bytes, size), "calls/s", size)
+    c = results.ceiling(
+        "ceiling_unary_sample",
+        f"unary, {size:,} B answer (sample size)",
+        ceiling.unary(full.request_bytes, size),
+        "calls/s",
+        size,
+    )
     progress("apexrl: ReplayClient.sample(256), blocking")
     m = with_cpu(full.child.pid, measure_loop, lambda: client.sample(SAMPLE_BATCH), t.seconds, t.warmup)
-    results.figure("grpc_sample", full.section, "sample(256), blocking", m, "calls/s", row_bytes=mb,
-                   ceiling=c, ceiling_name="blocking unary, same answer size", target=TARGET_SAMPLE,
-                   note=f"answer {size:,} B, decoded to numpy")
+    results.figure(
+        "grpc_sample",
+        full.section,
+        "sample(256), blocking",
+        m,
+        "calls/s",
+        row_bytes=mb,
+        ceiling=c,
+        ceiling_name="blocking unary, same answer size",
+        target=TARGET_SAMPLE,
+        note=f"answer {size:,} B, decoded to numpy",
+    )
 
     progress(f"ceiling: unary futures, window {sample_window}, {size:,} B answer")
-    c = results.ceiling("ceiling_unary_sample_window",
-                        f"unary futures (window {sample_window}), {size:,} B answer",
-                        ceiling.unary_window(full.request_bytes, size, sample_window), "calls/s", size)
+    c = results.ceiling(
+        "ceiling_unary_sample_window",
+        f"unary futures (window {sample_window}), {size:,} B answer",
+        ceiling.unary_window(full.request_bytes, size, sample_window),
+        "calls/s",
+        size,
+    )
     progress(f"apexrl: ReplayClient.sample_future(256), window {sample_window}")
-    m = with_cpu(full.child.pid, measure_window, lambda: client.sample_future(SAMPLE_BATCH),
-                 lambda f: f.result(), sample_window, t.seconds, t.warmup)
-    results.figure("grpc_sample_window", full.section, f"sample(256), {sample_window} in flight", m,
-                   "calls/s", row_bytes=mb, ceiling=c,
-                   ceiling_name="unary futures, same window and answer size", target=TARGET_SAMPLE)
+    m = with_cpu(
+        full.child.pid,
+        measure_window,
+        lambda: client.sample_future(SAMPLE_BATCH),
+        lambda f: f.result(),
+        sample_window,
+        t.seconds,
+        t.warmup,
+    )
+    results.figure(
+        "grpc_sample_window",
+        full.section,
+        f"sample(256), {sample_window} in flight",
+        m,
+        "calls/s",
+        row_bytes=mb,
+        ceiling=c,
+        ceiling_name="unary futures, same window and answer size",
+        target=TARGET_SAMPLE,
+    )
 
 
-def measure_updates(results: Results, ceiling: CeilingClient, full: FullShard, timing: Timing,
-                    window: int) -> None:
+def measure_updates(
+    results: Results, ceiling: CeilingClient, full: FullShard, timing: Timing, window: int
+) -> None:
     client, t, size = full.client, timing, full.update_bytes
     progress(f"ceiling: blocking unary, {size:,} B request -> 8 B answer")
-    c = results.ceiling("ceiling_unary_update", f"unary, {size:,} B request (update size)",
-                        ceiling.unary(size, 8), "calls/s", size)
+    c = results.ceiling(
+        "ceiling_unary_update",
+        f"unary, {size:,} B request (update size)",
+        ceiling.unary(size, 8),
+        "calls/s",
+        size,
+    )
     progress("apexrl: ReplayClient.update_priorities(256), blocking")
 
     def update_blocking() -> None:
@@ -152,28 +204,50 @@ def measure_updates(results: Results, ceiling: CeilingClient, full: FullShard, t
         client.update_priorities(keys, pri, incarnation=full.incarnation)
 
     m = with_cpu(full.child.pid, measure_loop, update_blocking, t.seconds, t.warmup)
-    results.figure("grpc_update", full.section, "update_priorities(256), blocking", m, "calls/s", ceiling=c,
-                   ceiling_name="blocking unary, same request size", target=TARGET_UPDATE,
-                   note=f"request {size:,} B")
+    results.figure(
+        "grpc_update",
+        full.section,
+        "update_priorities(256), blocking",
+        m,
+        "calls/s",
+        ceiling=c,
+        ceiling_name="blocking unary, same request size",
+        target=TARGET_UPDATE,
+        note=f"request {size:,} B",
+    )
 
     progress(f"ceiling: unary futures, window {window}, {size:,} B request")
-    c = results.ceiling("ceiling_unary_update_window", f"unary futures (window {window}), {size:,} B request",
-                        ceiling.unary_window(size, 8, window), "calls/s", size)
+    c = results.ceiling(
+        "ceiling_unary_update_window",
+        f"unary futures (window {window}), {size:,} B request",
+        ceiling.unary_window(size, 8, window),
+        "calls/s",
+        size,
+    )
     progress(f"apexrl: ReplayClient.update_priorities_future(256), window {window}")
 
     def update_start():
         keys, pri = full.next_update()
         return client.update_priorities_future(keys, pri, incarnation=full.incarnation)
 
-    m = with_cpu(full.child.pid, measure_window, update_start, lambda f: f.result(), window, t.seconds,
-                 t.warmup)
-    results.figure("grpc_update_window", full.section, f"update_priorities_future(256), {window} in flight",
-                   m, "calls/s", ceiling=c, ceiling_name="unary futures, same window and request size",
-                   target=TARGET_UPDATE)
+    m = with_cpu(
+        full.child.pid, measure_window, update_start, lambda f: f.result(), window, t.seconds, t.warmup
+    )
+    results.figure(
+        "grpc_update_window",
+        full.section,
+        f"update_priorities_future(256), {window} in flight",
+        m,
+        "calls/s",
+        ceiling=c,
+        ceiling_name="unary futures, same window and request size",
+        target=TARGET_UPDATE,
+    )
 
 
-def measure_update_stream(results: Results, ceiling: CeilingClient, full: FullShard, timing: Timing,
-                          window: int) -> None:
+def measure_update_stream(
+    results: Results, ceiling: CeilingClient, full: FullShard, timing: Timing, window: int
+) -> None:
     """StreamUpdatePriorities through the raw stub, one answer per message, at most `window` unanswered."""
     from apexrl.common import grpc_util
     from apexrl.proto import replay_pb2_grpc
@@ -181,8 +255,13 @@ def measure_update_stream(results: Results, ceiling: CeilingClient, full: FullSh
 
     size = full.update_bytes
     progress(f"ceiling: bidi stream, window {window}, {size:,} B messages, 8 B answers")
-    c = results.ceiling("ceiling_stream_update", f"bidi stream (window {window}), {size:,} B messages",
-                        ceiling.bidi(size, 8, window), "msgs/s", size)
+    c = results.ceiling(
+        "ceiling_stream_update",
+        f"bidi stream (window {window}), {size:,} B messages",
+        ceiling.bidi(size, 8, window),
+        "msgs/s",
+        size,
+    )
     progress(f"apexrl: StreamUpdatePriorities (raw stub), window {window}")
     channel = grpc_util.make_channel(full.child.address)  # the SDK's channel options
     stub = replay_pb2_grpc.ReplayServiceStub(channel)
@@ -192,13 +271,27 @@ def measure_update_stream(results: Results, ceiling: CeilingClient, full: FullSh
         return wire.encode_update(keys, pri, full.incarnation)
 
     try:
-        m = with_cpu(full.child.pid, measure_bidi, lambda it: stub.StreamUpdatePriorities(it, timeout=600),
-                     message, window, timing.seconds, timing.warmup)
+        m = with_cpu(
+            full.child.pid,
+            measure_bidi,
+            lambda it: stub.StreamUpdatePriorities(it, timeout=600),
+            message,
+            window,
+            timing.seconds,
+            timing.warmup,
+        )
     finally:
         channel.close()
-    results.figure("grpc_update_stream", full.section, f"StreamUpdatePriorities(256), {window} in flight", m,
-                   "msgs/s", ceiling=c, ceiling_name="bidi stream, same window and message size",
-                   target=TARGET_UPDATE)
+    results.figure(
+        "grpc_update_stream",
+        full.section,
+        f"StreamUpdatePriorities(256), {window} in flight",
+        m,
+        "msgs/s",
+        ceiling=c,
+        ceiling_name="bidi stream, same window and message size",
+        target=TARGET_UPDATE,
+    )
 
 
 def measure_cycle(results: Results, full: FullShard, timing: Timing, window: int) -> None:
@@ -219,5 +312,11 @@ def measure_cycle(results: Results, full: FullShard, timing: Timing, window: int
             in_flight.popleft().result()
 
     m = with_cpu(full.child.pid, measure_loop, cycle, timing.seconds, timing.warmup, drain)
-    results.figure("grpc_cycle", full.section, "cycle: sample(256) + async update(256)", m, "cycles/s",
-                   note="what one learner thread does per train step")
+    results.figure(
+        "grpc_cycle",
+        full.section,
+        "cycle: sample(256) + async update(256)",
+        m,
+        "cycles/s",
+        note="what one learner thread does per train step",
+    )

@@ -25,20 +25,47 @@ from stable_baselines3.common.noise import NormalActionNoise
 
 # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1 (the issue quotes them).
 ZOO_CARTPOLE = dict(
-    learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1_000, gamma=0.99,
-    target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
-    exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
+    learning_rate=2.3e-3,
+    batch_size=64,
+    buffer_size=100_000,
+    learning_starts=1_000,
+    gamma=0.99,
+    target_update_interval=10,
+    train_freq=256,
+    gradient_steps=128,
+    exploration_fraction=0.16,
+    exploration_final_eps=0.04,
+    policy_kwargs=dict(net_arch=[256, 256]),
 )
 ZOO_TIMESTEPS = 50_000  # the zoo's n_timesteps: sets the exploration schedule's length
 # rl-baselines3-zoo hyperparams/td3.yml: Pendulum-v1 and LunarLanderContinuous use these (noise_std 0.1, normal);
 # the MuJoCo tasks use the same without gamma 0.98 and the buffer cap (SB3's defaults: gamma 0.99, 1M rows).
 ZOO_TD3 = {
-    "Pendulum-v1": dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, gradient_steps=1, train_freq=1,
-                        learning_rate=1e-3, policy_kwargs=dict(net_arch=[400, 300])),
-    "LunarLanderContinuous-v3": dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, gradient_steps=1,
-                                     train_freq=1, learning_rate=1e-3, policy_kwargs=dict(net_arch=[400, 300])),
-    "MuJoCo": dict(learning_starts=10_000, gradient_steps=1, train_freq=1, learning_rate=1e-3,
-                   policy_kwargs=dict(net_arch=[400, 300])),
+    "Pendulum-v1": dict(
+        gamma=0.98,
+        buffer_size=200_000,
+        learning_starts=10_000,
+        gradient_steps=1,
+        train_freq=1,
+        learning_rate=1e-3,
+        policy_kwargs=dict(net_arch=[400, 300]),
+    ),
+    "LunarLanderContinuous-v3": dict(
+        gamma=0.98,
+        buffer_size=200_000,
+        learning_starts=10_000,
+        gradient_steps=1,
+        train_freq=1,
+        learning_rate=1e-3,
+        policy_kwargs=dict(net_arch=[400, 300]),
+    ),
+    "MuJoCo": dict(
+        learning_starts=10_000,
+        gradient_steps=1,
+        train_freq=1,
+        learning_rate=1e-3,
+        policy_kwargs=dict(net_arch=[400, 300]),
+    ),
 }
 TD3_NOISE_STD = 0.1
 
@@ -91,8 +118,9 @@ class SolveCallback(BaseCallback):
         if self.num_timesteps % self.args.eval_every:
             return True
         started = time.perf_counter()
-        mean = greedy_mean_return(self.model, self.args.env, self.args.eval_episodes,
-                                  seed=10_000 + len(self.evaluations))
+        mean = greedy_mean_return(
+            self.model, self.args.env, self.args.eval_episodes, seed=10_000 + len(self.evaluations)
+        )
         self.eval_seconds += time.perf_counter() - started
         self.evaluations.append((self.num_timesteps, round(mean, 1)))
         if mean >= self.args.target:
@@ -102,10 +130,14 @@ class SolveCallback(BaseCallback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target", type=float, default=475.0, help="greedy mean return that counts as solved")
+    parser.add_argument(
+        "--target", type=float, default=475.0, help="greedy mean return that counts as solved"
+    )
     parser.add_argument("--max-steps", type=int, default=200_000, help="give up after this many env steps")
     parser.add_argument("--eval-every", type=int, default=2_000, help="env steps between evaluations")
     parser.add_argument("--eval-episodes", type=int, default=100)
@@ -118,13 +150,18 @@ def main() -> None:
     callback = SolveCallback(args)
     model.learn(total_timesteps=args.max_steps, callback=callback)
     wall = time.perf_counter() - started
-    print(json.dumps({
-        "solved": callback.solved_at is not None,
-        "env_steps": callback.solved_at if callback.solved_at is not None else model.num_timesteps,
-        "train_seconds": round(wall - callback.eval_seconds, 2),
-        "wall_seconds": round(wall, 2),
-        "evaluations": callback.evaluations,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "solved": callback.solved_at is not None,
+                "env_steps": callback.solved_at if callback.solved_at is not None else model.num_timesteps,
+                "train_seconds": round(wall - callback.eval_seconds, 2),
+                "wall_seconds": round(wall, 2),
+                "evaluations": callback.evaluations,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,8 @@ def measure(args: argparse.Namespace) -> dict:
             progress(f"inserting {args.rows:,} CartPole rows in batches of {BATCH}")
             s0, c0, t0 = process_cpu_seconds(shard.pid), time.process_time(), time.perf_counter()
             for start in range(0, args.rows, BATCH):
-                part = {k: v[start:start + BATCH] for k, v in columns.items()}
-                client.insert(part, priorities[start:start + BATCH])
+                part = {k: v[start : start + BATCH] for k, v in columns.items()}
+                client.insert(part, priorities[start : start + BATCH])
             client.flush(120)
             rows_s = args.rows / (time.perf_counter() - t0)
             insert_row = (process_cpu_seconds(shard.pid) - s0) / args.rows
@@ -89,9 +89,16 @@ def measure(args: argparse.Namespace) -> dict:
                     stream.close()
     progress("the learner's train step on a reused batch")
     train_step = learner_step_seconds(args.steps)
-    return {"insert_row": insert_row, "insert_row_client": insert_row_client, "insert_rows_per_s_one_client": rows_s,
-            "sample": fit(sample), "sample_client": fit(sample_client), "update": fit(update),
-            "train_step": train_step, "raw": {"sample": sample, "sample_client": sample_client, "update": update}}
+    return {
+        "insert_row": insert_row,
+        "insert_row_client": insert_row_client,
+        "insert_rows_per_s_one_client": rows_s,
+        "sample": fit(sample),
+        "sample_client": fit(sample_client),
+        "update": fit(update),
+        "train_step": train_step,
+        "raw": {"sample": sample, "sample_client": sample_client, "update": update},
+    }
 
 
 def learner_step_seconds(steps: int) -> float:
@@ -103,14 +110,23 @@ def learner_step_seconds(steps: int) -> float:
 
     torch.set_num_threads(1)
     columns, _ = shard_rows(0, BATCH, seed=1)
-    batch = PrioritizedBatch(columns, np.zeros(BATCH, np.int32), np.arange(BATCH, dtype=np.uint64),
-                             np.full(BATCH, 1 / BATCH), np.ones(BATCH, np.float32), (1,), BATCH)
+    batch = PrioritizedBatch(
+        columns,
+        np.zeros(BATCH, np.int32),
+        np.arange(BATCH, dtype=np.uint64),
+        np.full(BATCH, 1 / BATCH),
+        np.ones(BATCH, np.float32),
+        (1,),
+        BATCH,
+    )
 
     class Discard:
         def update_priorities(self, batch, priorities) -> None:
             pass
 
-    learner = new_learner(LearnerConfig(replay=("unused:1",), batch_size=BATCH, device="cpu", seed=0), Discard())
+    learner = new_learner(
+        LearnerConfig(replay=("unused:1",), batch_size=BATCH, device="cpu", seed=0), Discard()
+    )
     for _ in range(20):
         learner.train_step(batch)
     c0 = time.process_time()
@@ -122,31 +138,57 @@ def learner_step_seconds(steps: int) -> float:
 def model(costs: dict, spi: float, per_call: int) -> list[dict]:
     """Updates/s and its bound for 1, 2, 4, 8 shards; `per_call` batches share one Sample call and one priority
     update per shard (the learner's sample_batches_per_call and priority_coalesce_batches, 4 by default)."""
-    (s_fixed, s_row), (c_fixed, c_row), (u_fixed, u_row) = costs["sample"], costs["sample_client"], costs["update"]
+    (s_fixed, s_row), (c_fixed, c_row), (u_fixed, u_row) = (
+        costs["sample"],
+        costs["sample_client"],
+        costs["update"],
+    )
     rows = []
     for shards in (1, 2, 4, 8):
         part = BATCH / shards  # rows of one update each shard serves
-        per_update_shard = (s_fixed / per_call + s_row * part + u_fixed / per_call + u_row * part
-                            + BATCH / spi * costs["insert_row"])
-        bounds = {"train step": 1 / costs["train_step"],
-                  "sampler process": 1 / (shards * (c_fixed / per_call + c_row * part)),
-                  "shards": 1 / per_update_shard}
+        per_update_shard = (
+            s_fixed / per_call
+            + s_row * part
+            + u_fixed / per_call
+            + u_row * part
+            + BATCH / spi * costs["insert_row"]
+        )
+        bounds = {
+            "train step": 1 / costs["train_step"],
+            "sampler process": 1 / (shards * (c_fixed / per_call + c_row * part)),
+            "shards": 1 / per_update_shard,
+        }
         binding = min(bounds, key=bounds.get)
-        rows.append({"shards": shards, "insert_rows_per_s": shards / costs["insert_row"],
-                     "updates_per_s": bounds[binding], "bound": binding, "bounds": bounds,
-                     "updates_per_s_gpu_step_free": min(bounds["sampler process"], bounds["shards"]),
-                     "insert_rows_per_s_at_that_rate": bounds[binding] * BATCH / spi})
+        rows.append(
+            {
+                "shards": shards,
+                "insert_rows_per_s": shards / costs["insert_row"],
+                "updates_per_s": bounds[binding],
+                "bound": binding,
+                "bounds": bounds,
+                "updates_per_s_gpu_step_free": min(bounds["sampler process"], bounds["shards"]),
+                "insert_rows_per_s_at_that_rate": bounds[binding] * BATCH / spi,
+            }
+        )
     return rows
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=None, help="rows inserted and held (default 200,000)")
-    parser.add_argument("--calls", type=int, default=None, help="calls per measured operation (default 2,000)")
+    parser.add_argument(
+        "--calls", type=int, default=None, help="calls per measured operation (default 2,000)"
+    )
     parser.add_argument("--steps", type=int, default=None, help="train steps measured (default 300)")
     parser.add_argument("--samples-per-insert", type=float, default=16.0)
-    parser.add_argument("--batches-per-call", type=int, default=4,
-                        help="batches per Sample call and per priority update (the learner's default: 4)")
+    parser.add_argument(
+        "--batches-per-call",
+        type=int,
+        default=4,
+        help="batches per Sample call and per priority update (the learner's default: 4)",
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", help="write the measured costs and the model here")
     args = parser.parse_args()
@@ -158,25 +200,59 @@ def main() -> int:
     rows = model(costs, args.samples_per_insert, args.batches_per_call)
     us = 1e6
     print("Measured CPU per operation (one shard process, CartPole rows):")
-    print(f"  shard: insert {costs['insert_row'] * us:.2f} us/row (batches of {BATCH}); Sample "
-          f"{costs['sample'][0] * us:.0f} us + {costs['sample'][1] * us:.2f} us/row; priority update "
-          f"{costs['update'][0] * us:.0f} us + {costs['update'][1] * us:.2f} us/key")
-    print(f"  client: Sample decode {costs['sample_client'][0] * us:.0f} us + {costs['sample_client'][1] * us:.2f} "
-          f"us/row; insert {costs['insert_row_client'] * us:.2f} us/row; learner train step (batch {BATCH}, CPU, 1 "
-          f"thread) {costs['train_step'] * 1e3:.2f} ms")
-    print(f"  measured wall rate of one client inserting: {costs['insert_rows_per_s_one_client']:,.0f} rows/s (the "
-          f"CPU ceiling below assumes enough writers to keep a shard's core busy)")
-    print(f"MODEL (not a measurement): S shards on S cores, samples_per_insert {args.samples_per_insert:g}, "
-          f"{args.batches_per_call} batches per call")
-    lines = [[str(r["shards"]), f"{r['insert_rows_per_s']:,.0f}", f"{r['updates_per_s']:,.0f}", r["bound"],
-              f"{r['bounds']['shards']:,.0f}", f"{r['bounds']['sampler process']:,.0f}",
-              f"{r['updates_per_s_gpu_step_free']:,.0f}", f"{r['insert_rows_per_s_at_that_rate']:,.0f}"]
-             for r in rows]
-    print("\n".join(render_table(["shards", "insert ceiling rows/s", "updates/s (CPU step)", "bound by",
-                                  "shard bound", "sampler bound", "updates/s (free step)", "rows/s inserted"],
-                                 lines, left={3})))
-    print("free step: the bound with a train step that costs nothing (a fast GPU): shards or the one sampler "
-          "process decide")
+    print(
+        f"  shard: insert {costs['insert_row'] * us:.2f} us/row (batches of {BATCH}); Sample "
+        f"{costs['sample'][0] * us:.0f} us + {costs['sample'][1] * us:.2f} us/row; priority update "
+        f"{costs['update'][0] * us:.0f} us + {costs['update'][1] * us:.2f} us/key"
+    )
+    print(
+        f"  client: Sample decode {costs['sample_client'][0] * us:.0f} us + {costs['sample_client'][1] * us:.2f} "
+        f"us/row; insert {costs['insert_row_client'] * us:.2f} us/row; learner train step (batch {BATCH}, CPU, 1 "
+        f"thread) {costs['train_step'] * 1e3:.2f} ms"
+    )
+    print(
+        f"  measured wall rate of one client inserting: {costs['insert_rows_per_s_one_client']:,.0f} rows/s (the "
+        f"CPU ceiling below assumes enough writers to keep a shard's core busy)"
+    )
+    print(
+        f"MODEL (not a measurement): S shards on S cores, samples_per_insert {args.samples_per_insert:g}, "
+        f"{args.batches_per_call} batches per call"
+    )
+    lines = [
+        [
+            str(r["shards"]),
+            f"{r['insert_rows_per_s']:,.0f}",
+            f"{r['updates_per_s']:,.0f}",
+            r["bound"],
+            f"{r['bounds']['shards']:,.0f}",
+            f"{r['bounds']['sampler process']:,.0f}",
+            f"{r['updates_per_s_gpu_step_free']:,.0f}",
+            f"{r['insert_rows_per_s_at_that_rate']:,.0f}",
+        ]
+        for r in rows
+    ]
+    print(
+        "\n".join(
+            render_table(
+                [
+                    "shards",
+                    "insert ceiling rows/s",
+                    "updates/s (CPU step)",
+                    "bound by",
+                    "shard bound",
+                    "sampler bound",
+                    "updates/s (free step)",
+                    "rows/s inserted",
+                ],
+                lines,
+                left={3},
+            )
+        )
+    )
+    print(
+        "free step: the bound with a train step that costs nothing (a fast GPU): shards or the one sampler "
+        "process decide"
+    )
     print(load_line(load_before, os.getloadavg()[0]))
     if args.json:
         write_json(args.json, {"meta": metadata(args), "costs": costs, "model": rows})

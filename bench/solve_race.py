@@ -40,81 +40,170 @@ from harness.report import load_line, metadata, progress, render_table, write_js
 HERE = Path(__file__).resolve().parent
 SB3_VERSION = "2.9.2"
 # The solve bar of each task (greedy mean return over 100 episodes): Gymnasium's reward_threshold, or the usual bar.
-TARGETS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "Pendulum-v1": -150.0, "LunarLanderContinuous-v3": 200.0,
-           "InvertedPendulum-v5": 950.0, "HalfCheetah-v5": 4800.0}
+TARGETS = {
+    "CartPole-v1": 475.0,
+    "Acrobot-v1": -100.0,
+    "Pendulum-v1": -150.0,
+    "LunarLanderContinuous-v3": 200.0,
+    "InvertedPendulum-v5": 950.0,
+    "HalfCheetah-v5": 4800.0,
+}
 
 
 def ensure_sb3_venv(venv: Path) -> Path:
     """The SB3 venv's interpreter, creating the venv first if it has no stable_baselines3."""
     python = venv / "bin" / "python"
-    if python.exists() and subprocess.run([python, "-c", "import stable_baselines3"], capture_output=True).returncode == 0:
+    if (
+        python.exists()
+        and subprocess.run([python, "-c", "import stable_baselines3"], capture_output=True).returncode == 0
+    ):
         return python
     import gymnasium
     import numpy
     import torch
 
     torch_version = torch.__version__.split("+")[0]
-    progress(f"creating {venv} (stable-baselines3 {SB3_VERSION}, torch {torch_version}, numpy {numpy.__version__}, "
-             f"gymnasium {gymnasium.__version__})")
+    progress(
+        f"creating {venv} (stable-baselines3 {SB3_VERSION}, torch {torch_version}, numpy {numpy.__version__}, "
+        f"gymnasium {gymnasium.__version__})"
+    )
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", f"stable-baselines3=={SB3_VERSION}",
-                    f"torch=={torch_version}", f"numpy=={numpy.__version__}",
-                    f"gymnasium=={gymnasium.__version__}"], check=True)
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            f"stable-baselines3=={SB3_VERSION}",
+            f"torch=={torch_version}",
+            f"numpy=={numpy.__version__}",
+            f"gymnasium=={gymnasium.__version__}",
+        ],
+        check=True,
+    )
     return python
 
 
 def run_sb3(python: Path, seed: int, args: argparse.Namespace) -> dict:
-    command = [str(python), str(HERE / "sb3_worker.py"), "--env", args.env, "--seed", str(seed), "--target",
-               str(args.target), "--max-steps", str(args.sb3_max_steps)]
+    command = [
+        str(python),
+        str(HERE / "sb3_worker.py"),
+        "--env",
+        args.env,
+        "--seed",
+        str(seed),
+        "--target",
+        str(args.target),
+        "--max-steps",
+        str(args.sb3_max_steps),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds * 5)
     if done.returncode != 0:
         raise RuntimeError(f"SB3 seed {seed} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"system": "sb3", "seed": seed, "solved": result["solved"], "seconds": result["train_seconds"],
-            "env_steps": result["env_steps"], "wall_with_evaluation": result["wall_seconds"]}
+    return {
+        "system": "sb3",
+        "seed": seed,
+        "solved": result["solved"],
+        "seconds": result["train_seconds"],
+        "env_steps": result["env_steps"],
+        "wall_with_evaluation": result["wall_seconds"],
+    }
 
 
 def run_apexrl(seed: int, args: argparse.Namespace, workdir: Path, system: str = "apexrl") -> dict:
     python = sys.executable if system == "apexrl" else args.base_python
-    command = [python, "-m", "apexrl.launcher", "launch", "--env", args.env, "--seed", str(seed),
-               "--target-return", str(args.target), "--max-seconds", str(args.max_seconds),
-               "--run-dir", str(workdir / f"{system}-{seed}"), "--progress-seconds", "5",
-               *(a for text in args.apexrl_arg for a in text.split()),
-               *(a for text in (args.base_arg if system == "base" else []) for a in text.split())]
+    command = [
+        python,
+        "-m",
+        "apexrl.launcher",
+        "launch",
+        "--env",
+        args.env,
+        "--seed",
+        str(seed),
+        "--target-return",
+        str(args.target),
+        "--max-seconds",
+        str(args.max_seconds),
+        "--run-dir",
+        str(workdir / f"{system}-{seed}"),
+        "--progress-seconds",
+        "5",
+        *(a for text in args.apexrl_arg for a in text.split()),
+        *(a for text in (args.base_arg if system == "base" else []) for a in text.split()),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds + 120)
     lines = done.stdout.strip().splitlines()
     if not lines:
         raise RuntimeError(f"apexrl seed {seed} printed nothing:\n{done.stderr[-3000:]}")
     result = json.loads(lines[-1])
-    return {"system": system, "seed": seed, "solved": result["solved"], "seconds": result["wall_seconds"],
-            "env_steps": result["env_steps"], "updates": result["updates"], "final_return": result["mean_return_100"]}
+    return {
+        "system": system,
+        "seed": seed,
+        "solved": result["solved"],
+        "seconds": result["wall_seconds"],
+        "env_steps": result["env_steps"],
+        "updates": result["updates"],
+        "final_return": result["mean_return_100"],
+    }
 
 
 def summary(runs: list[dict], system: str) -> dict:
     mine = [r for r in runs if r["system"] == system]
-    return {"runs": len(mine), "solved": sum(r["solved"] for r in mine),
-            "median_seconds": statistics.median(r["seconds"] for r in mine),
-            "median_env_steps": statistics.median(r["env_steps"] for r in mine)}
+    return {
+        "runs": len(mine),
+        "solved": sum(r["solved"] for r in mine),
+        "median_seconds": statistics.median(r["seconds"] for r in mine),
+        "median_env_steps": statistics.median(r["env_steps"] for r in mine),
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="CartPole-v1", help="Gymnasium id raced (SB3: DQN on Discrete, TD3 on Box)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--env", default="CartPole-v1", help="Gymnasium id raced (SB3: DQN on Discrete, TD3 on Box)"
+    )
     parser.add_argument("--seeds", type=int, default=3, help="seeds per system (0, 1, ...)")
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed")
-    parser.add_argument("--target", type=float, default=None,
-                        help="greedy mean return over 100 episodes (default: the task's bar, see TARGETS)")
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="greedy mean return over 100 episodes (default: the task's bar, see TARGETS)",
+    )
     parser.add_argument("--max-seconds", type=float, default=600.0, help="apexrl's budget per run")
     parser.add_argument("--sb3-max-steps", type=int, default=200_000, help="SB3's env-step budget per run")
-    parser.add_argument("--systems", nargs="+", choices=("sb3", "apexrl", "base"), default=["sb3", "apexrl"],
-                        help="base: apexrl from --base-python's environment (another checkout, before a change)")
-    parser.add_argument("--base-python", default=sys.executable,
-                        help="interpreter whose apexrl is the 'base' system (default: this one, with --base-arg)")
-    parser.add_argument("--base-arg", action="append", default=[],
-                        help="extra flags for the base system only, e.g. --base-arg='--learner-arg=--policy-delay=1'")
-    parser.add_argument("--apexrl-arg", action="append", default=[],
-                        help="extra flags for both apexrl systems' `apexrl launch`, e.g. --apexrl-arg='--num-actors 2'")
-    parser.add_argument("--sb3-venv", default=str(HERE / "results" / "sb3-venv"), help="SB3's virtual environment")
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        choices=("sb3", "apexrl", "base"),
+        default=["sb3", "apexrl"],
+        help="base: apexrl from --base-python's environment (another checkout, before a change)",
+    )
+    parser.add_argument(
+        "--base-python",
+        default=sys.executable,
+        help="interpreter whose apexrl is the 'base' system (default: this one, with --base-arg)",
+    )
+    parser.add_argument(
+        "--base-arg",
+        action="append",
+        default=[],
+        help="extra flags for the base system only, e.g. --base-arg='--learner-arg=--policy-delay=1'",
+    )
+    parser.add_argument(
+        "--apexrl-arg",
+        action="append",
+        default=[],
+        help="extra flags for both apexrl systems' `apexrl launch`, e.g. --apexrl-arg='--num-actors 2'",
+    )
+    parser.add_argument(
+        "--sb3-venv", default=str(HERE / "results" / "sb3-venv"), help="SB3's virtual environment"
+    )
     parser.add_argument("--quick", action="store_true", help="1 seed, target 100, 150 s budget (a smoke run)")
     parser.add_argument("--json", help="write every run and the summary here")
     args = parser.parse_args()
@@ -131,33 +220,74 @@ def main() -> int:
             for system in args.systems:
                 started = time.perf_counter()
                 progress(f"{system} seed {seed} ...")
-                run = run_sb3(python, seed, args) if system == "sb3" else run_apexrl(seed, args, Path(tmp), system)
+                run = (
+                    run_sb3(python, seed, args)
+                    if system == "sb3"
+                    else run_apexrl(seed, args, Path(tmp), system)
+                )
                 runs.append(run)
-                progress(f"{system} seed {seed}: solved={run['solved']} in {run['seconds']:.1f} s, "
-                         f"{run['env_steps']:,} env steps ({time.perf_counter() - started:.0f} s with set-up)")
+                progress(
+                    f"{system} seed {seed}: solved={run['solved']} in {run['seconds']:.1f} s, "
+                    f"{run['env_steps']:,} env steps ({time.perf_counter() - started:.0f} s with set-up)"
+                )
     load_after = os.getloadavg()[0]
 
     summaries = {system: summary(runs, system) for system in args.systems}
-    lines = [[r["system"], str(r["seed"]), "yes" if r["solved"] else "NO", f"{r['seconds']:.1f}",
-              f"{r['env_steps']:,}", _final(r.get("final_return"))] for r in runs]
-    lines += [[f"{system} median", "", f"{s['solved']}/{s['runs']}", f"{s['median_seconds']:.1f}",
-               f"{s['median_env_steps']:,.0f}", ""] for system, s in summaries.items()]
+    lines = [
+        [
+            r["system"],
+            str(r["seed"]),
+            "yes" if r["solved"] else "NO",
+            f"{r['seconds']:.1f}",
+            f"{r['env_steps']:,}",
+            _final(r.get("final_return")),
+        ]
+        for r in runs
+    ]
+    lines += [
+        [
+            f"{system} median",
+            "",
+            f"{s['solved']}/{s['runs']}",
+            f"{s['median_seconds']:.1f}",
+            f"{s['median_env_steps']:,.0f}",
+            "",
+        ]
+        for system, s in summaries.items()
+    ]
     print(f"{args.env}, solved = greedy mean return over 100 episodes >= {args.target:g}")
-    print("\n".join(render_table(["system", "seed", "solved", "seconds", "env steps", "last eval return"], lines,
-                                 left={0})))
+    print(
+        "\n".join(
+            render_table(
+                ["system", "seed", "solved", "seconds", "env steps", "last eval return"], lines, left={0}
+            )
+        )
+    )
     ratios = {}
     if "apexrl" in summaries:
         apexrl = summaries["apexrl"]
         for other in ("sb3", "base"):
             if other in summaries:
-                ratios[other] = {"wall_time": apexrl["median_seconds"] / summaries[other]["median_seconds"],
-                                 "env_steps": apexrl["median_env_steps"] / summaries[other]["median_env_steps"]}
-                print(f"apexrl / {other} (medians): wall time {ratios[other]['wall_time']:.2f}x, "
-                      f"env steps {ratios[other]['env_steps']:.2f}x")
+                ratios[other] = {
+                    "wall_time": apexrl["median_seconds"] / summaries[other]["median_seconds"],
+                    "env_steps": apexrl["median_env_steps"] / summaries[other]["median_env_steps"],
+                }
+                print(
+                    f"apexrl / {other} (medians): wall time {ratios[other]['wall_time']:.2f}x, "
+                    f"env steps {ratios[other]['env_steps']:.2f}x"
+                )
     print(load_line(load_before, load_after))
     if args.json:
-        write_json(args.json, {"meta": metadata(args), "runs": runs, "summary": summaries, "ratios": ratios,
-                               "load_average": [load_before, load_after]})
+        write_json(
+            args.json,
+            {
+                "meta": metadata(args),
+                "runs": runs,
+                "summary": summaries,
+                "ratios": ratios,
+                "load_average": [load_before, load_after],
+            },
+        )
     return 0
 
 

@@ -89,7 +89,9 @@ class Config:
     tau: float = 0.0  # soft target update rate per update; 0 means hard copies
     grad_clip: float = 10.0
     huber_delta: float = 1.0
-    sample_ahead: int = 0  # batches sampled this many updates before they are trained on (the fleet's prefetch)
+    sample_ahead: int = (
+        0  # batches sampled this many updates before they are trained on (the fleet's prefetch)
+    )
     priority_delay: int = 0  # a batch's new priorities land this many updates after it trained (coalescing)
     # Replay.
     capacity: int = 25_000  # the whole fleet's replay (split over shards in the real system)
@@ -220,11 +222,14 @@ class Simulation:
         with torch.no_grad():
             q = self.actor_net(torch.from_numpy(self.obs)).numpy()
         explore = self.rng.random(cfg.num_actors) < self.epsilons
-        actions = np.where(explore, self.rng.integers(self.num_actions, size=cfg.num_actors), q.argmax(axis=1))
+        actions = np.where(
+            explore, self.rng.integers(self.num_actions, size=cfg.num_actors), q.argmax(axis=1)
+        )
         for i, env in enumerate(self.envs):
             next_obs, reward, terminated, truncated, _ = env.step(int(actions[i]))
-            self.outbox[i] += self.accumulators[i].push(self.obs[i], actions[i], reward, next_obs, terminated,
-                                                        truncated)
+            self.outbox[i] += self.accumulators[i].push(
+                self.obs[i], actions[i], reward, next_obs, terminated, truncated
+            )
             self.episode_returns[i] += reward
             if terminated or truncated:
                 self.finished_returns[i].append(self.episode_returns[i])
@@ -259,8 +264,13 @@ class Simulation:
         while len(self.ahead) <= cfg.sample_ahead:
             self.ahead.append(self.replay.sample(cfg.batch_size, beta, self.rng))
         slots, cols, weights = self.ahead.popleft()
-        loss, td_abs = double_dqn_loss(self.online, self.target, **_tensors(cols),
-                                       weights=torch.from_numpy(weights), huber_delta=cfg.huber_delta)
+        loss, td_abs = double_dqn_loss(
+            self.online,
+            self.target,
+            **_tensors(cols),
+            weights=torch.from_numpy(weights),
+            huber_delta=cfg.huber_delta,
+        )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.online.parameters(), cfg.grad_clip)
@@ -294,10 +304,15 @@ class Simulation:
         self.evals.append((self.env_steps, self.updates, mean_return, start_q))
         wall = self.wall()
         if self.solved_at is None and mean_return >= cfg.solve_return:
-            fleet_seconds = max(self.env_steps / cfg.fleet_actor_steps_per_s,
-                                self.updates / cfg.fleet_learner_updates_per_s)
-            self.solved_at = {"env_steps": self.env_steps, "updates": self.updates, "sim_seconds": round(wall, 1),
-                              "fleet_seconds": round(fleet_seconds, 1)}
+            fleet_seconds = max(
+                self.env_steps / cfg.fleet_actor_steps_per_s, self.updates / cfg.fleet_learner_updates_per_s
+            )
+            self.solved_at = {
+                "env_steps": self.env_steps,
+                "updates": self.updates,
+                "sim_seconds": round(wall, 1),
+                "fleet_seconds": round(fleet_seconds, 1),
+            }
             self.solved_eval = len(self.evals)
         if self.solved_at is not None and len(self.evals) - self.solved_eval >= cfg.post_solve_evals:
             return True
@@ -313,7 +328,11 @@ class Simulation:
             "solved_at": solved_at,
             "post_solve_evals": after,
             "post_solve_held": (sum(r >= cfg.solve_return for r in after), len(after)),
-            "final": {"env_steps": self.env_steps, "updates": self.updates, "sim_seconds": round(self.wall(), 1)},
+            "final": {
+                "env_steps": self.env_steps,
+                "updates": self.updates,
+                "sim_seconds": round(self.wall(), 1),
+            },
             "actor_recent_returns": [round(float(r), 1) for r in recent],
             "evals": [(s, u, round(r, 1), round(q, 1)) for s, u, r, q in self.evals],
         }

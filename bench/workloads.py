@@ -48,7 +48,9 @@ def pong_transitions(count: int, seed: int = 0) -> dict[str, np.ndarray]:
     while len(transitions) < count:
         action = int(rng.integers(env.action_space.n))
         next_obs, reward, terminated, truncated, _ = env.step(action)
-        transitions += accumulator.push(obs, action, float(np.clip(reward, -1, 1)), next_obs, terminated, truncated)
+        transitions += accumulator.push(
+            obs, action, float(np.clip(reward, -1, 1)), next_obs, terminated, truncated
+        )
         obs = env.reset()[0] if terminated or truncated else next_obs
     env.close()
     columns = stack_transitions(transitions[:count])

@@ -80,8 +80,10 @@ async def sampler(address: str, stop: asyncio.Event, latencies: dict[str, list[f
     async with grpc.aio.insecure_channel(address) as channel:
         stub = replay_pb2_grpc.ReplayServiceStub(channel)
         while not stop.is_set():
-            for name, call, request in (("sample", stub.Sample, replay_pb2.SampleRequest(batch_size=256)),
-                                        ("info", stub.Info, replay_pb2.InfoRequest())):
+            for name, call, request in (
+                ("sample", stub.Sample, replay_pb2.SampleRequest(batch_size=256)),
+                ("info", stub.Info, replay_pb2.InfoRequest()),
+            ):
                 start = time.perf_counter()
                 await call(request, timeout=10)
                 latencies[name].append(time.perf_counter() - start)
@@ -94,8 +96,10 @@ async def measure(address: str, writers: int, seconds: float, window: int, messa
     acked = [0]
     latencies: dict[str, list[float]] = {"sample": [], "info": []}
     channels = [grpc.aio.insecure_channel(address) for _ in range(min(writers, 16))]  # streams share channels
-    tasks = [asyncio.ensure_future(writer(channels[i % len(channels)], message, window, stop, acked))
-             for i in range(writers)]
+    tasks = [
+        asyncio.ensure_future(writer(channels[i % len(channels)], message, window, stop, acked))
+        for i in range(writers)
+    ]
     await asyncio.sleep(1.0)  # every stream open and flowing
     spawn = multiprocessing.get_context("spawn")  # a fork would copy this process's gRPC threads
     receive, send = spawn.Pipe(duplex=False)
@@ -110,14 +114,27 @@ async def measure(address: str, writers: int, seconds: float, window: int, messa
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
     for channel in channels:
         await channel.close()
-    p99 = {name: float(np.percentile(values, 99)) * 1e3 if values else None for name, values in latencies.items()}
-    return {"writers": writers, "rows_per_s": done * rows / elapsed, "batches": done, "seconds": elapsed,
-            "sample_calls": len(latencies["sample"]), "sample_p99_ms": p99["sample"], "info_p99_ms": p99["info"]}
+    p99 = {
+        name: float(np.percentile(values, 99)) * 1e3 if values else None for name, values in latencies.items()
+    }
+    return {
+        "writers": writers,
+        "rows_per_s": done * rows / elapsed,
+        "batches": done,
+        "seconds": elapsed,
+        "sample_calls": len(latencies["sample"]),
+        "sample_p99_ms": p99["sample"],
+        "info_p99_ms": p99["info"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--writers", type=int, nargs="+", default=[1, 16, 256], help="writer counts to measure")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--writers", type=int, nargs="+", default=[1, 16, 256], help="writer counts to measure"
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="measured time per writer count")
     parser.add_argument("--rows", type=int, default=64, help="rows per insert batch")
     parser.add_argument("--window", type=int, default=4, help="unacknowledged batches per writer")
@@ -129,20 +146,55 @@ def main(argv: list[str] | None = None) -> int:
     message = insert_request(args.rows)
     results = []
     with tempfile.TemporaryDirectory() as workdir:
-        shard = Child("shard", [sys.executable, "-m", "apexrl.launcher", "replay", "--port", "0",
-                                "--metrics-port", "-1", "--capacity", "1000000"], workdir)
+        shard = Child(
+            "shard",
+            [
+                sys.executable,
+                "-m",
+                "apexrl.launcher",
+                "replay",
+                "--port",
+                "0",
+                "--metrics-port",
+                "-1",
+                "--capacity",
+                "1000000",
+            ],
+            workdir,
+        )
         try:
             address = shard.address
             for count in args.writers:
                 progress(f"{count} writers for {args.seconds:.0f}s")
-                results.append(asyncio.run(measure(address, count, args.seconds, args.window, message, args.rows)))
+                results.append(
+                    asyncio.run(measure(address, count, args.seconds, args.window, message, args.rows))
+                )
         finally:
             shard.stop()
     base = results[0]["rows_per_s"]
-    lines = [[str(r["writers"]), f"{r['rows_per_s']:,.0f}", f"{r['rows_per_s'] / base:.2f}",
-              f"{r['sample_p99_ms']:.1f}", f"{r['info_p99_ms']:.1f}", str(r["sample_calls"])] for r in results]
-    for line in render_table(["writers", "insert rows/s", f"vs {results[0]['writers']}", "Sample p99 ms",
-                              "Info p99 ms", "samples"], lines, left=set()):
+    lines = [
+        [
+            str(r["writers"]),
+            f"{r['rows_per_s']:,.0f}",
+            f"{r['rows_per_s'] / base:.2f}",
+            f"{r['sample_p99_ms']:.1f}",
+            f"{r['info_p99_ms']:.1f}",
+            str(r["sample_calls"]),
+        ]
+        for r in results
+    ]
+    for line in render_table(
+        [
+            "writers",
+            "insert rows/s",
+            f"vs {results[0]['writers']}",
+            "Sample p99 ms",
+            "Info p99 ms",
+            "samples",
+        ],
+        lines,
+        left=set(),
+    ):
         print(line)
     print(load_line(load_before, os.getloadavg()[0]))
     if args.json:

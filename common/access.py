@@ -120,7 +120,9 @@ class AccessPolicy:
     `tokens` maps a bearer token to its identity; `certificate_roles` takes the identity of a caller without a
     token from its client certificate's common name. A policy with neither is open (every call allowed)."""
 
-    def __init__(self, tokens: Mapping[str, Identity] | None = None, *, certificate_roles: bool = False) -> None:
+    def __init__(
+        self, tokens: Mapping[str, Identity] | None = None, *, certificate_roles: bool = False
+    ) -> None:
         # Kept as SHA-256 digests and compared with every one of them in constant time: how long a check takes
         # says nothing about how much of a guess matched, or which identity it came close to.
         self._by_digest = [(_digest(token), identity) for token, identity in (tokens or {}).items()]
@@ -131,7 +133,9 @@ class AccessPolicy:
         return cls({token: FLEET})
 
     @classmethod
-    def from_settings(cls, token: str | None, role_tokens: str | None, certificate_roles: bool) -> AccessPolicy:
+    def from_settings(
+        cls, token: str | None, role_tokens: str | None, certificate_roles: bool
+    ) -> AccessPolicy:
         """The policy of a server's settings (validated by `check_access_settings`)."""
         if role_tokens is not None:
             return cls(read_role_tokens(role_tokens), certificate_roles=certificate_roles)
@@ -147,8 +151,11 @@ class AccessPolicy:
     def has_tokens(self) -> bool:
         return bool(self._by_digest)
 
-    def identify(self, metadata: Iterable[tuple[str, str | bytes]],
-                 auth_context: Callable[[], Mapping[str, Sequence[bytes]]] | None = None) -> Identity:
+    def identify(
+        self,
+        metadata: Iterable[tuple[str, str | bytes]],
+        auth_context: Callable[[], Mapping[str, Sequence[bytes]]] | None = None,
+    ) -> Identity:
         """The caller's identity: its bearer token's, else (with certificate roles) its certificate's; FLEET for
         an open policy. AccessDenied(UNAUTHENTICATED) when it has no known credential."""
         if self.is_open:
@@ -159,14 +166,20 @@ class AccessPolicy:
                 received = value.decode(errors="replace") if isinstance(value, bytes) else value
                 break
         if received:
-            identity = self._token_identity(received.removeprefix(_BEARER)) if received.startswith(_BEARER) else None
+            identity = (
+                self._token_identity(received.removeprefix(_BEARER)) if received.startswith(_BEARER) else None
+            )
             if identity is not None:
                 return identity
             raise AccessDenied("UNAUTHENTICATED", UNAUTHENTICATED_MESSAGE)
         if self.certificate_roles and auth_context is not None:
             return identity_of_certificate(auth_context())
-        raise AccessDenied("UNAUTHENTICATED", UNAUTHENTICATED_MESSAGE if self._by_digest else
-                           "no client certificate naming a role (common name ROLE or ROLE.NAME)")
+        raise AccessDenied(
+            "UNAUTHENTICATED",
+            UNAUTHENTICATED_MESSAGE
+            if self._by_digest
+            else "no client certificate naming a role (common name ROLE or ROLE.NAME)",
+        )
 
     def _token_identity(self, token: str) -> Identity | None:
         digest, found = _digest(token), None
@@ -175,7 +188,9 @@ class AccessPolicy:
                 found = identity
         return found
 
-    def decide(self, method: str, metadata: Iterable[tuple[str, str | bytes]] | None) -> Identity | AccessDenied | None:
+    def decide(
+        self, method: str, metadata: Iterable[tuple[str, str | bytes]] | None
+    ) -> Identity | AccessDenied | None:
         """What a server can decide about a call to `method` before it runs, from its metadata alone: the
         identity allowed to make it, the refusal (AccessDenied), or None when the caller's client certificate
         decides (certificate roles and no token: read in the call, `identify` with its auth context)."""
@@ -196,8 +211,12 @@ class AccessPolicy:
         `identity` may not call `method`."""
         if not allows(identity.role, method):
             allowed = METHOD_ROLES.get(method)
-            who = ", ".join(sorted(r.value for r in allowed)) if allowed else "no role (not in the access list)"
-            raise AccessDenied("PERMISSION_DENIED", f"{identity} may not call {method_name(method)} (allowed: {who})")
+            who = (
+                ", ".join(sorted(r.value for r in allowed)) if allowed else "no role (not in the access list)"
+            )
+            raise AccessDenied(
+                "PERMISSION_DENIED", f"{identity} may not call {method_name(method)} (allowed: {who})"
+            )
 
 
 def allows(role: Role, method: str) -> bool:
@@ -223,8 +242,11 @@ def identity_of_certificate(auth_context: Mapping[str, Sequence[bytes]]) -> Iden
     name = names[0].decode(errors="replace") if isinstance(names[0], bytes) else str(names[0])
     role = role_of_name(name)
     if role is None:
-        raise AccessDenied("PERMISSION_DENIED", f"client certificate common name {name!r} names no role (want "
-                                                f"ROLE or ROLE.NAME, ROLE one of {_role_names()})")
+        raise AccessDenied(
+            "PERMISSION_DENIED",
+            f"client certificate common name {name!r} names no role (want "
+            f"ROLE or ROLE.NAME, ROLE one of {_role_names()})",
+        )
     return Identity(name, role)
 
 
@@ -242,35 +264,46 @@ def read_role_tokens(directory: str) -> dict[str, Identity]:
             continue
         role = role_of_name(entry.name)
         if role is None or not _NAME.match(entry.name):
-            raise SettingsError(f"--role-tokens: {entry} names no role (name files ROLE or ROLE.NAME, ROLE one "
-                                f"of {_role_names()})")
+            raise SettingsError(
+                f"--role-tokens: {entry} names no role (name files ROLE or ROLE.NAME, ROLE one "
+                f"of {_role_names()})"
+            )
         try:
             token = entry.read_text().strip()
         except (OSError, UnicodeDecodeError) as err:
             raise SettingsError(f"--role-tokens: cannot read {entry}: {err}") from None
         if not token or any(c.isspace() for c in token):
-            raise SettingsError(f"--role-tokens: {entry} must hold one token (no spaces), found "
-                                f"{'nothing' if not token else 'whitespace inside'}")
+            raise SettingsError(
+                f"--role-tokens: {entry} must hold one token (no spaces), found "
+                f"{'nothing' if not token else 'whitespace inside'}"
+            )
         if token in tokens:
-            raise SettingsError(f"--role-tokens: {entry} holds the same token as {tokens[token].name}: give each "
-                                f"identity its own")
+            raise SettingsError(
+                f"--role-tokens: {entry} holds the same token as {tokens[token].name}: give each "
+                f"identity its own"
+            )
         tokens[token] = Identity(entry.name, role)
     if not tokens:
         raise SettingsError(f"--role-tokens: {directory} holds no token files (ROLE or ROLE.NAME)")
     return tokens
 
 
-def check_access_settings(token: str | None, role_tokens: str | None, certificate_roles: bool,
-                          mutual_tls: bool) -> None:
+def check_access_settings(
+    token: str | None, role_tokens: str | None, certificate_roles: bool, mutual_tls: bool
+) -> None:
     """SettingsError for settings that cannot make a policy: a fleet token beside role tokens (it would allow
     every role), certificate roles without mutual TLS (no certificate to read)."""
     if token and role_tokens is not None:
-        raise SettingsError("--token and --role-tokens together: the single fleet token would allow every method "
-                            "to whoever holds it; a server in role mode takes role tokens only (unset "
-                            "--token/--token-file/APEXRL_TOKEN)")
+        raise SettingsError(
+            "--token and --role-tokens together: the single fleet token would allow every method "
+            "to whoever holds it; a server in role mode takes role tokens only (unset "
+            "--token/--token-file/APEXRL_TOKEN)"
+        )
     if certificate_roles and not mutual_tls:
-        raise SettingsError("--certificate-roles needs mutual TLS (--tls-cert, --tls-key and --tls-ca): without "
-                            "client certificates there is no name to take the role from")
+        raise SettingsError(
+            "--certificate-roles needs mutual TLS (--tls-cert, --tls-key and --tls-ca): without "
+            "client certificates there is no name to take the role from"
+        )
     if role_tokens is not None:
         read_role_tokens(role_tokens)
 
@@ -284,14 +317,21 @@ def describe_access(config) -> str:
 
 
 def role_tokens_setting() -> str | None:
-    return setting(None, "directory of role tokens (server): one file per identity named ROLE or ROLE.NAME "
-                         "(actor, evaluator, learner, operator), holding its bearer token; each role may then call "
-                         "only its own methods (docs/security.md). Exclusive with --token", metavar="DIR")
+    return setting(
+        None,
+        "directory of role tokens (server): one file per identity named ROLE or ROLE.NAME "
+        "(actor, evaluator, learner, operator), holding its bearer token; each role may then call "
+        "only its own methods (docs/security.md). Exclusive with --token",
+        metavar="DIR",
+    )
 
 
 def certificate_roles_setting() -> bool:
-    return setting(False, "server: take the role of a caller without a token from its client certificate's common "
-                          "name (ROLE or ROLE.NAME); needs mutual TLS (--tls-ca)")
+    return setting(
+        False,
+        "server: take the role of a caller without a token from its client certificate's common "
+        "name (ROLE or ROLE.NAME); needs mutual TLS (--tls-ca)",
+    )
 
 
 def _digest(token: str) -> bytes:

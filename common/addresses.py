@@ -62,10 +62,10 @@ def parse_dns_target(text: str, what: str) -> Address:
     """NAME and PORT of `dns:///NAME:PORT`; ValueError naming `what` and the target otherwise."""
     if not text.startswith(DNS_SCHEME):
         raise ValueError(f"{what} ({text!r}) is not dns:///NAME:PORT (three slashes: no DNS server named)")
-    problem = _address_problem(text[len(DNS_SCHEME):])
+    problem = _address_problem(text[len(DNS_SCHEME) :])
     if problem:
         raise ValueError(f"{what} ({text!r}) is not dns:///NAME:PORT: the part after dns:/// {problem}")
-    return parse_address(text[len(DNS_SCHEME):], what)
+    return parse_address(text[len(DNS_SCHEME) :], what)
 
 
 def check_targets(targets: Sequence[str], what: str) -> None:
@@ -92,7 +92,9 @@ def check_port(port: int, what: str, *, pick: bool = False, off: bool = False) -
     low = -1 if off else 0 if pick else 1
     if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= MAX_PORT:
         allowed = ", ".join(f for f, ok in (("0 picks a free one", pick), ("-1 turns it off", off)) if ok)
-        raise ValueError(f"{what} ({port}) must be a port in 1..{MAX_PORT}" + (f" ({allowed})" if allowed else ""))
+        raise ValueError(
+            f"{what} ({port}) must be a port in 1..{MAX_PORT}" + (f" ({allowed})" if allowed else "")
+        )
 
 
 def check_listen(host: str, port: int, metrics_port: int) -> None:

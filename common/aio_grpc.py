@@ -61,12 +61,16 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             return handler
         decision = self._policy.decide(method, handler_call_details.invocation_metadata)
         if isinstance(decision, AccessDenied):
+
             async def deny(request_or_iterator, context):
                 audit_refused(method, context.peer(), decision)
                 await context.abort(status_of(decision), str(decision))
+
             return same_kind_handler(handler, deny)
         if decision is None or method in AUDITED_METHODS:
-            return same_kind_handler(handler, _run_after(handler_behavior(handler), self._checker(method, decision)))
+            return same_kind_handler(
+                handler, _run_after(handler_behavior(handler), self._checker(method, decision))
+            )
         return handler
 
     def _checker(self, method: str, decision: Identity | None) -> Callable:
@@ -83,23 +87,27 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
                     await context.abort(status_of(denied), str(denied))
             if method in AUDITED_METHODS:
                 audit_allowed(method, context.peer(), identity)
+
         return check
 
 
 def _run_after(behavior: Callable, check: Callable) -> Callable:
     """`behavior` with `await check(context)` first, of the same kind as `behavior`."""
     if inspect.isasyncgenfunction(behavior):
+
         async def checked_stream(request, context):
             await check(context)
             async with contextlib.aclosing(behavior(request, context)) as responses:
                 async for response in responses:
                     yield response
+
         return checked_stream
 
     async def checked(request, context):
         await check(context)
         result = behavior(request, context)
         return await result if inspect.isawaitable(result) else result
+
     return checked
 
 
@@ -112,7 +120,11 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        parse, method, behavior = handler.request_deserializer, handler_call_details.method, handler_behavior(handler)
+        parse, method, behavior = (
+            handler.request_deserializer,
+            handler_call_details.method,
+            handler_behavior(handler),
+        )
         if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
             return handler  # a synchronous behaviour (gRPC runs it in its thread pool): left as it is
 
@@ -137,19 +149,24 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
             return requests(request, context) if handler.request_streaming else await decode(request, context)
 
         if inspect.isasyncgenfunction(behavior):
+
             async def decoded(request, context):
                 try:
-                    async with contextlib.aclosing(behavior(await argument(request, context), context)) as responses:
+                    async with contextlib.aclosing(
+                        behavior(await argument(request, context), context)
+                    ) as responses:
                         async for response in responses:
                             yield response
                 except _Undecodable as err:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         else:
+
             async def decoded(request, context):
                 try:
                     return await behavior(await argument(request, context), context)
                 except _Undecodable as err:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
         return raw_request_handler(handler, decoded)
 
 
@@ -226,15 +243,26 @@ class AioServerThread:
     server on the same loop serves only the health service there (its port: `health_port`). With `serving`
     false, health reports NOT_SERVING from the start until `set_serving()` (a shard restoring its checkpoint)."""
 
-    def __init__(self, add_services: Callable[[grpc.aio.Server], None], service_names: Iterable[str], *,
-                 max_message_bytes: int, token: str | None = None, access: AccessPolicy | None = None,
-                 options: Sequence[tuple[str, int | str]] = (), tls: TlsFiles | None = None,
-                 health_address: str | None = None, serving: bool = True,
-                 on_stop: Callable[[], Awaitable[None] | None] | None = None) -> None:
+    def __init__(
+        self,
+        add_services: Callable[[grpc.aio.Server], None],
+        service_names: Iterable[str],
+        *,
+        max_message_bytes: int,
+        token: str | None = None,
+        access: AccessPolicy | None = None,
+        options: Sequence[tuple[str, int | str]] = (),
+        tls: TlsFiles | None = None,
+        health_address: str | None = None,
+        serving: bool = True,
+        on_stop: Callable[[], Awaitable[None] | None] | None = None,
+    ) -> None:
         self._add_services = add_services
         self._service_names = list(service_names)
         self._max_message_bytes = max_message_bytes
-        self.access = access if access is not None else AccessPolicy.single_token(token) if token else AccessPolicy()
+        self.access = (
+            access if access is not None else AccessPolicy.single_token(token) if token else AccessPolicy()
+        )
         self._options = list(options)
         self._tls = tls
         self._health_address = health_address
@@ -279,15 +307,22 @@ class AioServerThread:
 
     async def _start(self, address: str) -> int:
         interceptors = [] if self.access.is_open else [AccessInterceptor(self.access)]
-        interceptors.append(RequestDecodeInterceptor())  # after the access check: see RequestDecodeInterceptor
-        server = grpc.aio.server(interceptors=interceptors,
-                                 options=message_size_options(self._max_message_bytes) + self._options
-                                 + [("grpc.so_reuseport", 0)])
+        interceptors.append(
+            RequestDecodeInterceptor()
+        )  # after the access check: see RequestDecodeInterceptor
+        server = grpc.aio.server(
+            interceptors=interceptors,
+            options=message_size_options(self._max_message_bytes)
+            + self._options
+            + [("grpc.so_reuseport", 0)],
+        )
         self._add_services(server)
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         await self._set_health(self._serving)
-        reflection.enable_server_reflection([*self._service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
+        reflection.enable_server_reflection(
+            [*self._service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server
+        )
         port = bind(server, address, tls=self._tls)
         warn_if_token_in_clear(address, port, self.access.has_tokens, self._tls)
         if self._health_address is not None:
@@ -301,7 +336,9 @@ class AioServerThread:
         return port
 
     async def _set_health(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for name in ["", *self._service_names]:
             await self._health.set(name, status)
 

@@ -46,8 +46,12 @@ def _check_key_matches(tls: TlsFiles, leaf: x509.Certificate) -> None:
     try:
         key = serialization.load_pem_private_key(tls.key, password=None)
     except (ValueError, TypeError) as err:
-        raise ValueError(f"{_named('tls_key', tls.key_path)} does not parse as a PEM private key: {err}") from None
+        raise ValueError(
+            f"{_named('tls_key', tls.key_path)} does not parse as a PEM private key: {err}"
+        ) from None
     spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     if key.public_key().public_bytes(*spki) != leaf.public_key().public_bytes(*spki):
-        raise ValueError(f"{_named('tls_key', tls.key_path)} is not the private key of the first certificate in "
-                         f"{_named('tls_cert', tls.cert_path)}: is tls_key the private key of tls_cert?")
+        raise ValueError(
+            f"{_named('tls_key', tls.key_path)} is not the private key of the first certificate in "
+            f"{_named('tls_cert', tls.cert_path)}: is tls_key the private key of tls_cert?"
+        )

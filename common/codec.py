@@ -19,18 +19,29 @@ from apexrl.common.signature import FieldSpec, Signature, canonical_dtype
 from apexrl.proto import tensor_pb2
 
 _TO_WIRE: dict[str, int] = {
-    "float32": tensor_pb2.FLOAT32, "float64": tensor_pb2.FLOAT64, "float16": tensor_pb2.FLOAT16,
-    "int8": tensor_pb2.INT8, "int16": tensor_pb2.INT16, "int32": tensor_pb2.INT32, "int64": tensor_pb2.INT64,
-    "uint8": tensor_pb2.UINT8, "uint16": tensor_pb2.UINT16, "uint32": tensor_pb2.UINT32,
-    "uint64": tensor_pb2.UINT64, "bool": tensor_pb2.BOOL,
+    "float32": tensor_pb2.FLOAT32,
+    "float64": tensor_pb2.FLOAT64,
+    "float16": tensor_pb2.FLOAT16,
+    "int8": tensor_pb2.INT8,
+    "int16": tensor_pb2.INT16,
+    "int32": tensor_pb2.INT32,
+    "int64": tensor_pb2.INT64,
+    "uint8": tensor_pb2.UINT8,
+    "uint16": tensor_pb2.UINT16,
+    "uint32": tensor_pb2.UINT32,
+    "uint64": tensor_pb2.UINT64,
+    "bool": tensor_pb2.BOOL,
 }
 _FROM_WIRE: dict[int, np.dtype] = {v: np.dtype(k).newbyteorder("<") for k, v in _TO_WIRE.items()}
 # Hot path: dtype objects hash fast, while dtype.name is computed in Python by numpy 2 (measured at ~20% of the
 # client's insert cost). Native-order dtypes map straight to their wire number.
 _WIRE_BY_DTYPE: dict[np.dtype, int] = {np.dtype(k): v for k, v in _TO_WIRE.items()}
 _BOOL = np.dtype(np.bool_)
-_COMPRESSION_TO_WIRE: dict[str | None, int] = {None: tensor_pb2.COMPRESSION_NONE, "zstd": tensor_pb2.ZSTD,
-                                               "lz4": tensor_pb2.LZ4}
+_COMPRESSION_TO_WIRE: dict[str | None, int] = {
+    None: tensor_pb2.COMPRESSION_NONE,
+    "zstd": tensor_pb2.ZSTD,
+    "lz4": tensor_pb2.LZ4,
+}
 _COMPRESSION_FROM_WIRE: dict[int, str | None] = {v: k for k, v in _COMPRESSION_TO_WIRE.items()}
 _LENGTH_DTYPE = np.dtype("<u4")
 # Dimensions above this are refused before any arithmetic on them (prod() of a few of these cannot overflow int64).
@@ -53,7 +64,9 @@ def _checked_shape(dims, what: str) -> tuple[int, ...]:
     shape = tuple(int(d) for d in dims)
     for d in shape:
         if d < 0 or d > MAX_DIM:
-            raise InvalidArgumentError(f"{what}: dimension {d} out of range [0, {MAX_DIM}] in shape {list(shape)}")
+            raise InvalidArgumentError(
+                f"{what}: dimension {d} out of range [0, {MAX_DIM}] in shape {list(shape)}"
+            )
     return shape
 
 
@@ -64,7 +77,9 @@ def compression_from_wire(value: int, what: str = "tensor") -> str | None:
         raise InvalidArgumentError(f"{what}: unknown compression {value}") from None
 
 
-def encode_tensor(array: np.ndarray | CompressedColumn, out: tensor_pb2.Tensor | None = None) -> tensor_pb2.Tensor:
+def encode_tensor(
+    array: np.ndarray | CompressedColumn, out: tensor_pb2.Tensor | None = None
+) -> tensor_pb2.Tensor:
     """Encode an array (any layout; sent C-contiguous, little endian) or a compressed column (its frames)."""
     msg = out if out is not None else tensor_pb2.Tensor()
     if isinstance(array, CompressedColumn):
@@ -107,7 +122,9 @@ def decode_tensor(msg: tensor_pb2.Tensor, what: str = "tensor") -> np.ndarray | 
     return array
 
 
-def decode_compressed(msg: tensor_pb2.Tensor, dt: np.dtype, shape: tuple[int, ...], what: str) -> CompressedColumn:
+def decode_compressed(
+    msg: tensor_pb2.Tensor, dt: np.dtype, shape: tuple[int, ...], what: str
+) -> CompressedColumn:
     """A compressed tensor's frames, after checking their lengths (one per row, summing to the data, each within
     max_frame_nbytes of a row) and each frame's magic number; the frames themselves are not decompressed."""
     compression = compression_from_wire(msg.compression, what)
@@ -118,29 +135,38 @@ def decode_compressed(msg: tensor_pb2.Tensor, dt: np.dtype, shape: tuple[int, ..
     rows = shape[0]
     raw_lengths = msg.frame_lengths
     if len(raw_lengths) != rows * _LENGTH_DTYPE.itemsize:
-        raise InvalidArgumentError(f"{what}: {len(raw_lengths)} bytes of frame_lengths, {rows} rows need "
-                                   f"{rows * _LENGTH_DTYPE.itemsize}")
+        raise InvalidArgumentError(
+            f"{what}: {len(raw_lengths)} bytes of frame_lengths, {rows} rows need "
+            f"{rows * _LENGTH_DTYPE.itemsize}"
+        )
     lengths = np.frombuffer(raw_lengths, _LENGTH_DTYPE).astype(np.int64)
     data = msg.data
     row_nbytes = math.prod(shape[1:]) * dt.itemsize
     if rows and not (lengths.min() >= 4 and lengths.max() <= max_frame_nbytes(row_nbytes)):
         i = int(np.flatnonzero((lengths < 4) | (lengths > max_frame_nbytes(row_nbytes)))[0])
-        raise InvalidArgumentError(f"{what}: frame {i} is {int(lengths[i])} bytes; frames of rows of {row_nbytes} "
-                                   f"bytes must be 4 .. {max_frame_nbytes(row_nbytes)} bytes")
+        raise InvalidArgumentError(
+            f"{what}: frame {i} is {int(lengths[i])} bytes; frames of rows of {row_nbytes} "
+            f"bytes must be 4 .. {max_frame_nbytes(row_nbytes)} bytes"
+        )
     if int(lengths.sum()) != len(data):
-        raise InvalidArgumentError(f"{what}: frame_lengths sum to {int(lengths.sum())}, data holds {len(data)} bytes")
+        raise InvalidArgumentError(
+            f"{what}: frame_lengths sum to {int(lengths.sum())}, data holds {len(data)} bytes"
+        )
     column = CompressedColumn(compression, dt, shape[1:], data, lengths)
     if rows:
         starts = np.frombuffer(data, np.uint8)[column.offsets[:-1, None] + np.arange(4)]
         bad = np.flatnonzero((starts != np.frombuffer(MAGIC[compression], np.uint8)).any(axis=1))
         if bad.size:
-            raise InvalidArgumentError(f"{what}: frame {int(bad[0])} does not start with the {compression} magic "
-                                       f"number {MAGIC[compression].hex(' ')} ({bad.size} of {rows} frames)")
+            raise InvalidArgumentError(
+                f"{what}: frame {int(bad[0])} does not start with the {compression} magic "
+                f"number {MAGIC[compression].hex(' ')} ({bad.size} of {rows} frames)"
+            )
     return column
 
 
-def encode_batch(columns: Mapping[str, np.ndarray | CompressedColumn],
-                 out: tensor_pb2.Batch | None = None) -> tensor_pb2.Batch:
+def encode_batch(
+    columns: Mapping[str, np.ndarray | CompressedColumn], out: tensor_pb2.Batch | None = None
+) -> tensor_pb2.Batch:
     msg = out if out is not None else tensor_pb2.Batch()
     for name, array in columns.items():
         col = msg.columns.add()
@@ -164,8 +190,12 @@ def decode_batch(msg: tensor_pb2.Batch) -> dict[str, np.ndarray | CompressedColu
 def encode_signature(signature: Signature, out: tensor_pb2.Signature | None = None) -> tensor_pb2.Signature:
     msg = out if out is not None else tensor_pb2.Signature()
     for f in signature.fields:
-        msg.fields.add(name=f.name, dtype=_TO_WIRE[f.dtype.name], shape=f.shape,
-                       compression=_COMPRESSION_TO_WIRE[f.compression])
+        msg.fields.add(
+            name=f.name,
+            dtype=_TO_WIRE[f.dtype.name],
+            shape=f.shape,
+            compression=_COMPRESSION_TO_WIRE[f.compression],
+        )
     return msg
 
 
@@ -173,8 +203,14 @@ def decode_signature(msg: tensor_pb2.Signature) -> Signature | None:
     """None for an empty signature (a table that has not seen its first insert)."""
     if not msg.fields:
         return None
-    return Signature(tuple(
-        FieldSpec(f.name, dtype_from_wire(f.dtype, f"field {f.name!r}"), _checked_shape(f.shape, f"field {f.name!r}"),
-                  compression_from_wire(f.compression, f"field {f.name!r}"))
-        for f in msg.fields
-    ))
+    return Signature(
+        tuple(
+            FieldSpec(
+                f.name,
+                dtype_from_wire(f.dtype, f"field {f.name!r}"),
+                _checked_shape(f.shape, f"field {f.name!r}"),
+                compression_from_wire(f.compression, f"field {f.name!r}"),
+            )
+            for f in msg.fields
+        )
+    )

@@ -44,9 +44,9 @@ class CompressedColumn:
 
     compression: str
     dtype: np.dtype
-    shape: tuple[int, ...]          # per-row logical shape (the batch dimension excluded)
-    data: bytes                     # the frames back to back
-    lengths: np.ndarray             # int64 [rows]: each frame's byte length
+    shape: tuple[int, ...]  # per-row logical shape (the batch dimension excluded)
+    data: bytes  # the frames back to back
+    lengths: np.ndarray  # int64 [rows]: each frame's byte length
     offsets: np.ndarray = field(init=False, repr=False)  # int64 [rows + 1]
 
     def __post_init__(self) -> None:
@@ -58,8 +58,9 @@ class CompressedColumn:
 
     # --- construction ---------------------------------------------------------------------------------------
     @classmethod
-    def from_frames(cls, compression: str, dtype: np.dtype, shape: tuple[int, ...],
-                    frames: Sequence[bytes]) -> CompressedColumn:
+    def from_frames(
+        cls, compression: str, dtype: np.dtype, shape: tuple[int, ...], frames: Sequence[bytes]
+    ) -> CompressedColumn:
         """A column of the given frames (bytes objects, one per row)."""
         lengths = np.fromiter(map(len, frames), dtype=np.int64, count=len(frames))
         return cls(compression, np.dtype(dtype), tuple(shape), b"".join(frames), lengths)
@@ -84,20 +85,22 @@ class CompressedColumn:
         return (len(self), *self.shape)
 
     def frame(self, i: int) -> bytes:
-        return self.data[self.offsets[i]:self.offsets[i + 1]]
+        return self.data[self.offsets[i] : self.offsets[i + 1]]
 
     def frames(self, start: int = 0, stop: int | None = None) -> list[bytes]:
         """Rows start .. stop - 1 as separate bytes objects (copies, independent of this column's data)."""
         stop = len(self) if stop is None else stop
         data, offsets = self.data, self.offsets.tolist()
-        return [data[offsets[i]:offsets[i + 1]] for i in range(start, stop)]
+        return [data[offsets[i] : offsets[i + 1]] for i in range(start, stop)]
 
     def take(self, indices) -> CompressedColumn:
         """The rows at `indices` (an index array, a slice or a boolean mask), in that order."""
         picked = np.arange(len(self))[indices]
         data, offsets = self.data, self.offsets.tolist()
-        frames = [data[offsets[i]:offsets[i + 1]] for i in picked.tolist()]
-        return CompressedColumn(self.compression, self.dtype, self.shape, b"".join(frames), self.lengths[picked])
+        frames = [data[offsets[i] : offsets[i + 1]] for i in picked.tolist()]
+        return CompressedColumn(
+            self.compression, self.dtype, self.shape, b"".join(frames), self.lengths[picked]
+        )
 
     def same_type(self, other: CompressedColumn) -> bool:
         return (self.compression, self.dtype, self.shape) == (other.compression, other.dtype, other.shape)
@@ -119,8 +122,13 @@ def concatenate(columns: Sequence[Column]) -> Column:
             raise ValueError(f"cannot concatenate a {first.describe()} column with another kind of column")
     if len(columns) == 1:
         return first
-    return CompressedColumn(first.compression, first.dtype, first.shape, b"".join(c.data for c in columns),
-                            np.concatenate([c.lengths for c in columns]))
+    return CompressedColumn(
+        first.compression,
+        first.dtype,
+        first.shape,
+        b"".join(c.data for c in columns),
+        np.concatenate([c.lengths for c in columns]),
+    )
 
 
 def take_rows(column: Column, indices) -> Column:
@@ -180,6 +188,7 @@ def compress(array: np.ndarray, compression: str, level: int | None = None) -> C
 
         def compress_row(row, _compress=lz4.frame.compress, _level=level):
             return _compress(row, compression_level=_level, store_size=True)
+
     frames = [compress_row(row) for row in array.reshape(len(array), -1).view(np.uint8)]
     return CompressedColumn.from_frames(compression, array.dtype, array.shape[1:], frames)
 
@@ -208,8 +217,10 @@ def decompress_frame(frame: bytes, compression: str, row_nbytes: int) -> bytes:
             decompressor = lz4.frame.LZ4FrameDecompressor()
             raw = decompressor.decompress(frame, max_length=row_nbytes + 1)
             if not decompressor.eof or decompressor.unused_data:
-                raise BadFrame(f"the frame holds more than {row_nbytes} bytes, is truncated or is followed by "
-                               f"other bytes")
+                raise BadFrame(
+                    f"the frame holds more than {row_nbytes} bytes, is truncated or is followed by "
+                    f"other bytes"
+                )
         else:
             raise BadFrame(f"unknown compression {compression!r}")
     except BadFrame:
@@ -226,8 +237,10 @@ def decompress_into(column: CompressedColumn, out: np.ndarray) -> dict[int, str]
     return {row: reason} for the rows whose frame is bad (their rows in `out` are zeroed). A BOOL row holding
     bytes other than 0 and 1 is bad too."""
     if out.shape != column.logical_shape or out.dtype != column.dtype or not out.flags.c_contiguous:
-        raise ValueError(f"out is {out.dtype}{list(out.shape)}, the column decompresses to "
-                         f"{column.dtype}{list(column.logical_shape)} (C order)")
+        raise ValueError(
+            f"out is {out.dtype}{list(out.shape)}, the column decompresses to "
+            f"{column.dtype}{list(column.logical_shape)} (C order)"
+        )
     n = column.row_nbytes
     flat = out.reshape(len(column), -1).view(np.uint8) if len(column) else out
     bad: dict[int, str] = {}
@@ -235,7 +248,7 @@ def decompress_into(column: CompressedColumn, out: np.ndarray) -> dict[int, str]
     is_bool = column.dtype == np.bool_
     for i in range(len(column)):
         try:
-            raw = decompress_frame(data[offsets[i]:offsets[i + 1]], column.compression, n)
+            raw = decompress_frame(data[offsets[i] : offsets[i + 1]], column.compression, n)
             row = np.frombuffer(raw, dtype=np.uint8)
             if is_bool and n and row.max() > 1:
                 raise BadFrame("a BOOL row holds bytes other than 0 and 1")

@@ -16,16 +16,22 @@ from apexrl.common.settings import setting
 
 @dataclass(frozen=True)
 class ConnectionPolicy:
-    keepalive_seconds: float = setting(60.0, "seconds between the server's keepalive pings on a connection; a peer "
-                                             "that does not answer within keepalive_timeout_seconds is dropped "
-                                             "with its calls")
+    keepalive_seconds: float = setting(
+        60.0,
+        "seconds between the server's keepalive pings on a connection; a peer "
+        "that does not answer within keepalive_timeout_seconds is dropped "
+        "with its calls",
+    )
     keepalive_timeout_seconds: float = setting(20.0, "seconds a keepalive ping may wait for its answer")
     max_connection_idle_seconds: float = setting(
-        1800.0, "seconds a connection without calls stays open (clients reconnect by themselves); 0: forever")
+        1800.0, "seconds a connection without calls stays open (clients reconnect by themselves); 0: forever"
+    )
     max_connection_age_seconds: float = setting(
-        0.0, "seconds after which the server asks a client to reconnect (calls in flight get 30 s to finish; an "
-             "insert stream is resent on the new connection, exactly once): spreads clients over new shards "
-             "behind a load balancer; 0: never")
+        0.0,
+        "seconds after which the server asks a client to reconnect (calls in flight get 30 s to finish; an "
+        "insert stream is resent on the new connection, exactly once): spreads clients over new shards "
+        "behind a load balancer; 0: never",
+    )
 
     def __post_init__(self) -> None:
         for name in ("keepalive_seconds", "keepalive_timeout_seconds"):
@@ -49,8 +55,10 @@ class ConnectionPolicy:
         if self.max_connection_idle_seconds:
             options.append(("grpc.max_connection_idle_ms", _ms(self.max_connection_idle_seconds)))
         if self.max_connection_age_seconds:
-            options += [("grpc.max_connection_age_ms", _ms(self.max_connection_age_seconds)),
-                        ("grpc.max_connection_age_grace_ms", 30_000)]
+            options += [
+                ("grpc.max_connection_age_ms", _ms(self.max_connection_age_seconds)),
+                ("grpc.max_connection_age_grace_ms", 30_000),
+            ]
         return options
 
 

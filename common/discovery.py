@@ -46,8 +46,9 @@ class ShardAddresses:
     `current()` returns them in a stable order: plain targets as given, then each name's addresses sorted. A name
     that fails to resolve keeps its last addresses (a DNS hiccup must not drop the fleet's shards)."""
 
-    def __init__(self, targets: Sequence[str], *, resolve_every: float = 10.0,
-                 resolver: Resolver = system_resolver) -> None:
+    def __init__(
+        self, targets: Sequence[str], *, resolve_every: float = 10.0, resolver: Resolver = system_resolver
+    ) -> None:
         check_targets(targets)
         if not resolve_every > 0:
             raise ValueError(f"resolve_every ({resolve_every}) must be > 0")
@@ -82,8 +83,12 @@ class ShardAddresses:
         try:
             found = [join_host_port(a, port) for a in self._resolver(name, port)]
         except OSError as err:
-            log.warning("cannot resolve %s (%s); keeping its %d known shards", target, err,
-                        len(self._resolved.get(target, [])))
+            log.warning(
+                "cannot resolve %s (%s); keeping its %d known shards",
+                target,
+                err,
+                len(self._resolved.get(target, [])),
+            )
             return
         before = self._resolved.get(target)
         if before is not None and found != before:

@@ -66,6 +66,7 @@ def make_gym26(env_id: str, **kwargs: Any) -> gym.Env:
     try:
         from shimmy import GymV26CompatibilityV0
     except ImportError as err:
-        raise ImportError(f"{err}: gym 0.26 environments need the gym26 extra (pip install 'apexrl[gym26]')") \
-            from None
+        raise ImportError(
+            f"{err}: gym 0.26 environments need the gym26 extra (pip install 'apexrl[gym26]')"
+        ) from None
     return GymV26CompatibilityV0(env=old_gym.make(env_id, disable_env_checker=True, **kwargs))

@@ -87,8 +87,11 @@ class EnvChoice:
     @classmethod
     def of(cls, config: Any) -> EnvChoice:
         """The choice a settings object makes (its env, env_module and env_kwargs; the last two optional)."""
-        return cls(config.env, tuple(getattr(config, "env_module", ()) or ()),
-                   getattr(config, "env_kwargs", None) or NO_KWARGS)
+        return cls(
+            config.env,
+            tuple(getattr(config, "env_module", ()) or ()),
+            getattr(config, "env_kwargs", None) or NO_KWARGS,
+        )
 
     @property
     def registered_id(self) -> str:
@@ -112,12 +115,21 @@ class EnvChoice:
 
 
 def env_module_setting(wiring: str | None = None) -> tuple[str, ...]:
-    return setting((), "comma-separated Python modules imported before the environment is made, so that their "
-                       "gymnasium.register(...) calls (or gym 0.26's) run: a plugin package's environments "
-                       "(installed, on PYTHONPATH, or in the working directory)", wiring=wiring, metavar="MODULES")
+    return setting(
+        (),
+        "comma-separated Python modules imported before the environment is made, so that their "
+        "gymnasium.register(...) calls (or gym 0.26's) run: a plugin package's environments "
+        "(installed, on PYTHONPATH, or in the working directory)",
+        wiring=wiring,
+        metavar="MODULES",
+    )
 
 
 def env_kwargs_setting(wiring: str | None = None) -> EnvKwargs:
-    return setting(NO_KWARGS, "keyword arguments of the environment's constructor, a JSON object: "
-                              "'{\"map_name\": \"8x8\", \"is_slippery\": false}' (in a fleet file: a table)",
-                   wiring=wiring, metavar="JSON")
+    return setting(
+        NO_KWARGS,
+        "keyword arguments of the environment's constructor, a JSON object: "
+        '\'{"map_name": "8x8", "is_slippery": false}\' (in a fleet file: a table)',
+        wiring=wiring,
+        metavar="JSON",
+    )

@@ -51,6 +51,7 @@ __all__ = ["BOX", "CHW", "DISCRETE", "HW", "HWC", "VECTOR", "EnvChoice", "EnvSpa
 # Render modes a caller may ask make_env for (evaluate --render: human; --record-video: rgb_array).
 RENDER_MODES = ("human", "rgb_array")
 
+
 def check_spaces(env: gym.Env | gym.vector.VectorEnv, env_id: str) -> EnvSpaces:
     """The sizes the built-in networks need (of one copy, for a vector environment); ValueError naming the space
     when the environment does not fit."""
@@ -59,8 +60,10 @@ def check_spaces(env: gym.Env | gym.vector.VectorEnv, env_id: str) -> EnvSpaces:
     else:
         obs_space, action_space = env.observation_space, env.action_space
     if not isinstance(obs_space, gym.spaces.Box) or not 1 <= len(obs_space.shape) <= 3:
-        raise ValueError(f"{env_id}: the built-in actor needs a Box observation space of a vector or an image (or "
-                         f"a Discrete one, one-hot encoded), got {obs_space}")
+        raise ValueError(
+            f"{env_id}: the built-in actor needs a Box observation space of a vector or an image (or "
+            f"a Discrete one, one-hot encoded), got {obs_space}"
+        )
     one_hot = _one_hot_encoded(env)
     dtype = np.dtype(obs_space.dtype)
     if dtype.kind not in "fiub":
@@ -72,17 +75,27 @@ def check_spaces(env: gym.Env | gym.vector.VectorEnv, env_id: str) -> EnvSpaces:
         return EnvSpaces(obs_shape, dtype.name, int(action_space.n), obs_one_hot=one_hot)
     if isinstance(action_space, gym.spaces.Box):
         if len(action_space.shape) != 1 or action_space.shape[0] < 1:
-            raise ValueError(f"{env_id}: a Box action space must be one-dimensional (a vector of floats), got "
-                             f"shape {action_space.shape}")
+            raise ValueError(
+                f"{env_id}: a Box action space must be one-dimensional (a vector of floats), got "
+                f"shape {action_space.shape}"
+            )
         low, high = np.asarray(action_space.low, np.float64), np.asarray(action_space.high, np.float64)
         if not (np.isfinite(low).all() and np.isfinite(high).all()):
-            raise ValueError(f"{env_id}: a Box action space needs finite bounds (a deterministic policy is squashed "
-                             f"into them), got low {low.tolist()} and high {high.tolist()}")
+            raise ValueError(
+                f"{env_id}: a Box action space needs finite bounds (a deterministic policy is squashed "
+                f"into them), got low {low.tolist()} and high {high.tolist()}"
+            )
         if not (low < high).all():
-            raise ValueError(f"{env_id}: a Box action space needs low < high in every dimension, got low "
-                             f"{low.tolist()} and high {high.tolist()}")
-        return EnvSpaces(obs_shape, dtype.name, 0, tuple(low.tolist()), tuple(high.tolist()), obs_one_hot=one_hot)
-    raise ValueError(f"{env_id}: the built-in actor needs a Discrete or a Box action space, got {action_space}")
+            raise ValueError(
+                f"{env_id}: a Box action space needs low < high in every dimension, got low "
+                f"{low.tolist()} and high {high.tolist()}"
+            )
+        return EnvSpaces(
+            obs_shape, dtype.name, 0, tuple(low.tolist()), tuple(high.tolist()), obs_one_hot=one_hot
+        )
+    raise ValueError(
+        f"{env_id}: the built-in actor needs a Discrete or a Box action space, got {action_space}"
+    )
 
 
 def is_atari(env: EnvChoice | str) -> bool:
@@ -121,8 +134,9 @@ def make_env(env: EnvChoice | str, *, render_mode: str | None = None) -> gym.Env
     except Exception as err:  # the environment's own code: an unknown id, a refused argument, a missing extra
         log.debug("making %s failed", choice.describe(), exc_info=True)
         with_kwargs = f" with {choice.kwargs}" if choice.kwargs else ""
-        raise ValueError(f"cannot make environment {choice.id!r}{with_kwargs}: {_reason(err)}"
-                         f"{_extra_hint(env_id, err)}") from None
+        raise ValueError(
+            f"cannot make environment {choice.id!r}{with_kwargs}: {_reason(err)}{_extra_hint(env_id, err)}"
+        ) from None
     if isinstance(made.observation_space, gym.spaces.Discrete):
         made = OneHotObservation(made)
     return made
@@ -135,15 +149,18 @@ def _make(env_id: str, kwargs: dict) -> gym.Env:
         env = gym.make(env_id, **{"frameskip": 1, **kwargs})  # AtariPreprocessing skips frames itself
         if len(env.observation_space.shape) != 3:  # the RAM variants: a vector, no screen to preprocess
             return env
-        env = gym.wrappers.AtariPreprocessing(env, noop_max=ATARI_NOOP_MAX, frame_skip=ATARI_FRAME_SKIP,
-                                              screen_size=ATARI_SCREEN_SIZE)
+        env = gym.wrappers.AtariPreprocessing(
+            env, noop_max=ATARI_NOOP_MAX, frame_skip=ATARI_FRAME_SKIP, screen_size=ATARI_SCREEN_SIZE
+        )
         return gym.wrappers.FrameStackObservation(env, ATARI_FRAME_STACK)
     if env_id.startswith("MinAtar/"):
         return gym.make(env_id, **{"max_episode_steps": MINATAR_MAX_EPISODE_STEPS, **kwargs})
     return gym.make(env_id, **kwargs)
 
 
-def make_vector_env(env: EnvChoice | str, num_envs: int, *, same_step_autoreset: bool = True) -> gym.vector.VectorEnv:
+def make_vector_env(
+    env: EnvChoice | str, num_envs: int, *, same_step_autoreset: bool = True
+) -> gym.vector.VectorEnv:
     """`num_envs` copies of `make_env(env)` stepped together. With `same_step_autoreset` (exploring actors) a
     step that ends an episode returns the next episode's first observation and the last one in
     info["final_obs"], so every step yields one transition per copy. Without it (the evaluator, which ignores what
@@ -156,16 +173,25 @@ def make_vector_env(env: EnvChoice | str, num_envs: int, *, same_step_autoreset:
     import_env_modules(choice)
     env_id = choice.registered_id
     _register(env_id)
-    if not same_step_autoreset and not choice.kwargs and not is_atari(env_id) and not env_id.startswith("MinAtar/"):
+    if (
+        not same_step_autoreset
+        and not choice.kwargs
+        and not is_atari(env_id)
+        and not env_id.startswith("MinAtar/")
+    ):
         spec = gym.spec(env_id) if env_id in gym.registry else None
         if spec is not None and spec.vector_entry_point is not None:
             return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
-    return gym.vector.SyncVectorEnv([partial(make_env, choice) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.vector.SyncVectorEnv(
+        [partial(make_env, choice) for _ in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
 
 
 # Solve bars of environments whose registration has no reward_threshold but whose community has one.
-USUAL_THRESHOLDS = {"Pendulum-v1": -150.0}  # rl-baselines3-zoo's and most papers' bar; Gymnasium registers none
+USUAL_THRESHOLDS = {
+    "Pendulum-v1": -150.0
+}  # rl-baselines3-zoo's and most papers' bar; Gymnasium registers none
 
 
 def reward_threshold(env: EnvChoice | str) -> float | None:
@@ -215,10 +241,14 @@ def import_env_modules(choice: EnvChoice) -> None:
             try:
                 importlib.import_module(module)
             except ModuleNotFoundError as again:
-                raise ValueError(f"cannot import environment module {module!r}: {again} (install it, or put its "
-                                 f"folder on PYTHONPATH)") from None
+                raise ValueError(
+                    f"cannot import environment module {module!r}: {again} (install it, or put its "
+                    f"folder on PYTHONPATH)"
+                ) from None
             except Exception as again:
-                raise ValueError(f"environment module {module!r} failed to import: {_reason(again)}") from None
+                raise ValueError(
+                    f"environment module {module!r} failed to import: {_reason(again)}"
+                ) from None
         except Exception as err:  # the module's own code
             raise ValueError(f"environment module {module!r} failed to import: {_reason(err)}") from None
 

@@ -21,17 +21,24 @@ EVALUATE = "evaluate"
 
 @dataclass(frozen=True)
 class EpisodeRecord:
-    wall_time: float      # unix seconds at the episode's end
-    actor: int            # actor index
-    role: str             # EXPLORE or EVALUATE
-    env_steps: int        # this actor's cumulative environment steps at the episode's end
+    wall_time: float  # unix seconds at the episode's end
+    actor: int  # actor index
+    role: str  # EXPLORE or EVALUATE
+    env_steps: int  # this actor's cumulative environment steps at the episode's end
     episode_return: float
     length: int
-    weight_version: int   # the weights the episode ended with
+    weight_version: int  # the weights the episode ended with
 
     def to_row(self) -> list[str]:
-        return [f"{self.wall_time:.3f}", str(self.actor), self.role, str(self.env_steps), repr(self.episode_return),
-                str(self.length), str(self.weight_version)]
+        return [
+            f"{self.wall_time:.3f}",
+            str(self.actor),
+            self.role,
+            str(self.env_steps),
+            repr(self.episode_return),
+            str(self.length),
+            str(self.weight_version),
+        ]
 
     @classmethod
     def from_row(cls, row: list[str]) -> EpisodeRecord | None:
@@ -39,7 +46,9 @@ class EpisodeRecord:
         if len(row) != len(COLUMNS):
             return None
         try:
-            return cls(float(row[0]), int(row[1]), row[2], int(row[3]), float(row[4]), int(row[5]), int(row[6]))
+            return cls(
+                float(row[0]), int(row[1]), row[2], int(row[3]), float(row[4]), int(row[5]), int(row[6])
+            )
         except ValueError:
             return None
 

@@ -94,7 +94,11 @@ _BY_CODE: dict[grpc.StatusCode, type[ApexError]] = {
 
 # Failures that say nothing about the request itself: the same call may succeed later or on another server.
 TRANSIENT_ERRORS: tuple[type[ApexError], ...] = (
-    UnavailableError, DeadlineExceededError, CancelledError, InternalError, FailedPreconditionError,
+    UnavailableError,
+    DeadlineExceededError,
+    CancelledError,
+    InternalError,
+    FailedPreconditionError,
 )
 
 

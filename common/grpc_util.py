@@ -65,7 +65,9 @@ class CallFuture(Generic[T]):
         try:
             reply = self._call.result(timeout=timeout)
         except grpc.FutureTimeoutError:
-            raise DeadlineExceededError(f"{self._what}: no answer within {timeout}s (the call goes on)") from None
+            raise DeadlineExceededError(
+                f"{self._what}: no answer within {timeout}s (the call goes on)"
+            ) from None
         except grpc.FutureCancelledError:
             raise CancelledError(f"{self._what}: cancelled") from None
         except grpc.RpcError as err:
@@ -89,8 +91,11 @@ def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
 def same_kind_handler(handler: grpc.RpcMethodHandler, behavior: Callable) -> grpc.RpcMethodHandler:
     """A handler of `handler`'s streaming kind, encodings included, served by `behavior`."""
     make = _KINDS[(handler.request_streaming, handler.response_streaming)][0]
-    return make(behavior, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    return make(
+        behavior,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 def status_of(denied: AccessDenied) -> grpc.StatusCode:
@@ -112,8 +117,12 @@ def warn_if_token_in_clear(address: str, port: int, token: str | bool | None, tl
     host = address.rpartition(":")[0]
     if not token or (tls is not None and tls.cert is not None) or is_loopback(host):
         return
-    log.warning("serving %s:%d with a bearer token over plaintext: the token crosses the network in clear on every "
-                "call; serve TLS (--tls-cert, --tls-key) or bind 127.0.0.1", host, port)
+    log.warning(
+        "serving %s:%d with a bearer token over plaintext: the token crosses the network in clear on every "
+        "call; serve TLS (--tls-cert, --tls-key) or bind 127.0.0.1",
+        host,
+        port,
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -161,7 +170,11 @@ class RequestDecodeInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        parse, method, behavior = handler.request_deserializer, handler_call_details.method, handler_behavior(handler)
+        parse, method, behavior = (
+            handler.request_deserializer,
+            handler_call_details.method,
+            handler_behavior(handler),
+        )
 
         def decode(raw: bytes, context: grpc.ServicerContext):
             try:
@@ -190,7 +203,11 @@ class _TokenClientInterceptor(
 
     def _with_token(self, details):
         metadata = list(details.metadata or ()) + [self._header]
-        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
+        return (
+            details._replace(metadata=metadata)
+            if hasattr(details, "_replace")
+            else _Details(details, metadata)
+        )
 
     def intercept_unary_unary(self, continuation, details, request):
         return continuation(self._with_token(details), request)
@@ -217,7 +234,9 @@ class _Details(grpc.ClientCallDetails):
 
 def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
     """Verify the server with tls.ca (the system's roots without one); present tls.cert when there is one."""
-    return grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert)
+    return grpc.ssl_channel_credentials(
+        root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
+    )
 
 
 def server_credentials(tls: TlsFiles, *, who: str = "a server") -> grpc.ServerCredentials:
@@ -228,8 +247,9 @@ def server_credentials(tls: TlsFiles, *, who: str = "a server") -> grpc.ServerCr
         raise ValueError("a TLS server needs tls_cert and tls_key")
     if tls.paths:
         return reloading_server_credentials(tls, who)
-    return grpc.ssl_server_credentials([(tls.key, tls.cert)], root_certificates=tls.ca,
-                                       require_client_auth=tls.ca is not None)
+    return grpc.ssl_server_credentials(
+        [(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=tls.ca is not None
+    )
 
 
 def make_channel(
@@ -268,7 +288,9 @@ def make_channel(
     return channel
 
 
-def create_server(*, max_workers: int = 16, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.Server:
+def create_server(
+    *, max_workers: int = 16, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+) -> grpc.Server:
     """A thread-pool gRPC server with apexrl's message limits and no access control: the benchmarks' raw gRPC
     ceiling (bench/harness/ceiling_server.py). apexrl's own services run on grpc.aio (common/aio_grpc.py)."""
     return grpc.server(
@@ -290,8 +312,10 @@ def bind(server: grpc.Server | grpc.aio.Server, address: str, *, tls: TlsFiles |
         except ValueError as err:
             raise OSError(f"cannot serve TLS on {address}: {err}") from None
         except RuntimeError:  # gRPC could not build a TLS handshaker from the files
-            raise OSError(f"cannot serve TLS on {address}: gRPC refused the certificate and key (is tls_key the "
-                          f"private key of tls_cert?)") from None
+            raise OSError(
+                f"cannot serve TLS on {address}: gRPC refused the certificate and key (is tls_key the "
+                f"private key of tls_cert?)"
+            ) from None
     else:
         port = server.add_insecure_port(address)
     if port == 0:
@@ -299,8 +323,9 @@ def bind(server: grpc.Server | grpc.aio.Server, address: str, *, tls: TlsFiles |
     return port
 
 
-def wait_for_health(address: str, *, timeout: float, service: str = "", token: str | None = None,
-                    tls: TlsFiles | None = None) -> None:
+def wait_for_health(
+    address: str, *, timeout: float, service: str = "", token: str | None = None, tls: TlsFiles | None = None
+) -> None:
     """Block until the server at `address` reports SERVING (over TLS when `tls` is given); TimeoutError after
     `timeout` seconds."""
     import time

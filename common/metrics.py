@@ -16,7 +16,25 @@ from apexrl.common.addresses import join_host_port
 from apexrl.common.tls_reload import expiries
 
 # Latency buckets in seconds, from 50 µs (an in-memory table op) to 10 s (a rate-limited call).
-LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+LATENCY_BUCKETS = (
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    1e-2,
+    2.5e-2,
+    5e-2,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+)
 
 
 def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> str:
@@ -28,8 +46,10 @@ def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as err:  # taken since the start-up check (common/port_check.py): still name the port
-        raise OSError(err.errno, f"cannot serve metrics on port {port} of {host} (--metrics-port): "
-                                 f"{err.strerror or err}") from None
+        raise OSError(
+            err.errno,
+            f"cannot serve metrics on port {port} of {host} (--metrics-port): {err.strerror or err}",
+        ) from None
     return f"http://{join_host_port(host, int(server.server_address[1]))}/metrics"
 
 
@@ -44,16 +64,22 @@ class TlsExpiryCollector:
     now expires (common/tls_reload.py follows renewals); no series without TLS."""
 
     name = "apexrl_tls_certificate_expiry_timestamp_seconds"
-    label_names = ("file", "path")  # read by scripts/metrics_doc.py: a process without TLS has no sample to show them
+    label_names = (
+        "file",
+        "path",
+    )  # read by scripts/metrics_doc.py: a process without TLS has no sample to show them
 
     def describe(self):
         return []
 
     def collect(self):
         family = GaugeMetricFamily(
-            self.name, "When a TLS certificate file this process serves or presents expires (notAfter, Unix time): "
+            self.name,
+            "When a TLS certificate file this process serves or presents expires (notAfter, Unix time): "
             "file=cert the earliest of its certificate chain, file=ca the earliest of the CA bundle it verifies peers "
-            "with; path the file; follows renewals on disk", labels=list(self.label_names))
+            "with; path the file; follows renewals on disk",
+            labels=list(self.label_names),
+        )
         for (file, path), when in sorted(expiries().items()):
             family.add_metric([file, path], when)
         yield family
@@ -90,12 +116,16 @@ class ArrayHistogram:
     """A Prometheus histogram fed a whole numpy array per call (e.g. one value per sampled row): one searchsorted
     and one bincount instead of one `observe` per value (256 `observe` calls cost ~0.5 ms of a train step)."""
 
-    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
+    def __init__(
+        self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry
+    ) -> None:
         import numpy as np
 
         self.name, self.documentation = name, documentation
         self.bounds = np.asarray(buckets, dtype=np.float64)
-        self.counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # the last one: above every bound (+Inf only)
+        self.counts = np.zeros(
+            len(buckets) + 1, dtype=np.int64
+        )  # the last one: above every bound (+Inf only)
         self.total = 0.0
         self._lock = threading.Lock()  # a scrape reads counts and sum together
         registry.register(self)

@@ -42,8 +42,9 @@ def check_ports_free(host: str, ports: Mapping[str, int]) -> None:
 def _bind_problem(host: str, port: int) -> str | None:
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as err:
         return f"cannot listen on {host}: the name does not resolve ({err.strerror})"
     with socket.socket(family, kind, proto) as sock:
@@ -54,7 +55,9 @@ def _bind_problem(host: str, port: int) -> str | None:
             if err.errno == errno.EADDRNOTAVAIL:
                 return f"cannot listen on {host}: it is not an address of this machine"
             if err.errno == errno.EADDRINUSE:
-                return (f"port {port} on {host} is already in use by another process (choose another port, or 0 "
-                        f"for a free one)")
+                return (
+                    f"port {port} on {host} is already in use by another process (choose another port, or 0 "
+                    f"for a free one)"
+                )
             return f"cannot listen on port {port} of {host}: {err.strerror or err}"
     return None

@@ -36,8 +36,9 @@ def setup_logging(level: str = "INFO") -> None:
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: threading.Event | None = None, *, hangup: bool = False,
-                    on_repeat: Callable[[], None] | None = None) -> Iterator[threading.Event]:
+def stop_on_signals(
+    stop: threading.Event | None = None, *, hangup: bool = False, on_repeat: Callable[[], None] | None = None
+) -> Iterator[threading.Event]:
     """An event set by SIGTERM or SIGINT (and SIGHUP with `hangup`) while the block runs; the previous handlers
     come back after it.
 
@@ -54,7 +55,9 @@ def stop_on_signals(stop: threading.Event | None = None, *, hangup: bool = False
         received.append(signum)
         stop.set()
 
-    signals = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hangup and hasattr(signal, "SIGHUP") else [])
+    signals = [signal.SIGTERM, signal.SIGINT] + (
+        [signal.SIGHUP] if hangup and hasattr(signal, "SIGHUP") else []
+    )
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield stop
@@ -64,37 +67,55 @@ def stop_on_signals(stop: threading.Event | None = None, *, hangup: bool = False
 
 
 def host_setting() -> str:
-    return setting("127.0.0.1", "interface this process listens on (gRPC and metrics); 0.0.0.0 for every "
-                                "interface", wiring="[fleet] bind")
+    return setting(
+        "127.0.0.1",
+        "interface this process listens on (gRPC and metrics); 0.0.0.0 for every interface",
+        wiring="[fleet] bind",
+    )
 
 
 def metrics_port_setting(default: int) -> int:
-    return setting(default, "port of the Prometheus endpoint http://HOST:PORT/metrics; 0 picks a free port, -1 "
-                            "turns it off")
+    return setting(
+        default,
+        "port of the Prometheus endpoint http://HOST:PORT/metrics; 0 picks a free port, -1 turns it off",
+    )
 
 
 def replay_resolve_setting() -> float:
-    return setting(10.0, "seconds between re-resolving dns:///NAME:PORT replay addresses (shards that appear are "
-                         "used, shards that disappear are dropped, with no restart)")
+    return setting(
+        10.0,
+        "seconds between re-resolving dns:///NAME:PORT replay addresses (shards that appear are "
+        "used, shards that disappear are dropped, with no restart)",
+    )
 
 
-TOKEN_PRECEDENCE = (f"Precedence: --token, then --token-file, then the {TOKEN_VARIABLE} environment variable (none "
-                    f"of them: no authentication)")
+TOKEN_PRECEDENCE = (
+    f"Precedence: --token, then --token-file, then the {TOKEN_VARIABLE} environment variable (none "
+    f"of them: no authentication)"
+)
 
 
 def token_setting() -> str | None:
-    return setting(None, "bearer token: servers require 'authorization: Bearer TOKEN' on every call except health "
-                         "checks, clients send it. A command line is visible to every local user (ps, "
-                         f"/proc/PID/cmdline): prefer --token-file or {TOKEN_VARIABLE}. {TOKEN_PRECEDENCE}")
+    return setting(
+        None,
+        "bearer token: servers require 'authorization: Bearer TOKEN' on every call except health "
+        "checks, clients send it. A command line is visible to every local user (ps, "
+        f"/proc/PID/cmdline): prefer --token-file or {TOKEN_VARIABLE}. {TOKEN_PRECEDENCE}",
+    )
 
 
 def token_file_setting() -> str | None:
-    return setting(None, "file holding the bearer token (its content, surrounding whitespace stripped; keep it "
-                         f"mode 0600), used when --token is not given, before {TOKEN_VARIABLE}", metavar="PATH")
+    return setting(
+        None,
+        "file holding the bearer token (its content, surrounding whitespace stripped; keep it "
+        f"mode 0600), used when --token is not given, before {TOKEN_VARIABLE}",
+        metavar="PATH",
+    )
 
 
-def resolve_token(token: str | None, token_file: str | None,
-                  environ: Mapping[str, str] = os.environ) -> str | None:
+def resolve_token(
+    token: str | None, token_file: str | None, environ: Mapping[str, str] = os.environ
+) -> str | None:
     """The bearer token: `token` (--token), else the content of `token_file` (surrounding whitespace stripped),
     else $APEXRL_TOKEN (stripped too); None when none is given.
 
@@ -139,41 +160,67 @@ def _warn_if_readable_by_others(path: str) -> None:
     mode = st.st_mode & 0o777
     foreign_group = bool(mode & 0o040) and st.st_gid != os.getegid() and st.st_gid not in os.getgroups()
     if mode & 0o004 or foreign_group:
-        logging.getLogger("apexrl").warning("token file %s is readable by other users (mode %04o): chmod 600 it",
-                                            path, mode)
+        logging.getLogger("apexrl").warning(
+            "token file %s is readable by other users (mode %04o): chmod 600 it", path, mode
+        )
 
 
 def tls_cert_setting() -> str | None:
-    return setting(None, "PEM certificate chain this process presents: a server's certificate (TLS on), and a "
-                         "client's when the servers require client certificates (mutual TLS); needs --tls-key "
-                         "(none: plaintext)", wiring="[fleet] tls_cert", metavar="PATH")
+    return setting(
+        None,
+        "PEM certificate chain this process presents: a server's certificate (TLS on), and a "
+        "client's when the servers require client certificates (mutual TLS); needs --tls-key "
+        "(none: plaintext)",
+        wiring="[fleet] tls_cert",
+        metavar="PATH",
+    )
 
 
 def tls_key_setting() -> str | None:
-    return setting(None, "PEM private key of --tls-cert (unencrypted; keep it readable by this process only)",
-                   wiring="[fleet] tls_key", metavar="PATH")
+    return setting(
+        None,
+        "PEM private key of --tls-cert (unencrypted; keep it readable by this process only)",
+        wiring="[fleet] tls_key",
+        metavar="PATH",
+    )
 
 
 def tls_ca_setting() -> str | None:
-    return setting(None, "PEM CA bundle to verify peers: clients verify servers with it (none: the system's "
-                         "roots); a server given it requires and verifies client certificates (mutual TLS)",
-                   wiring="[fleet] tls_ca", metavar="PATH")
+    return setting(
+        None,
+        "PEM CA bundle to verify peers: clients verify servers with it (none: the system's "
+        "roots); a server given it requires and verifies client certificates (mutual TLS)",
+        wiring="[fleet] tls_ca",
+        metavar="PATH",
+    )
 
 
 def tls_server_name_setting() -> str | None:
-    return setting(None, "check every server's certificate against this name instead of the address dialled "
-                         "(shards found through dns:/// are dialled by IP: with a Kubernetes headless Service, "
-                         "e.g. apexrl-replay.NAMESPACE.svc, which the fleet's one certificate holds); needs "
-                         "--tls-ca or --tls-cert (none: the address dialled)", wiring="[fleet] tls_server_name",
-                   metavar="NAME")
+    return setting(
+        None,
+        "check every server's certificate against this name instead of the address dialled "
+        "(shards found through dns:/// are dialled by IP: with a Kubernetes headless Service, "
+        "e.g. apexrl-replay.NAMESPACE.svc, which the fleet's one certificate holds); needs "
+        "--tls-ca or --tls-cert (none: the address dialled)",
+        wiring="[fleet] tls_server_name",
+        metavar="NAME",
+    )
 
 
 def health_port_setting() -> int | None:
-    return setting(None, "also serve grpc.health.v1 alone, in plaintext, on this port (Kubernetes' gRPC probes "
-                         "cannot use TLS or tokens); the main port keeps its health service (none: no extra "
-                         "port)", metavar="PORT")
+    return setting(
+        None,
+        "also serve grpc.health.v1 alone, in plaintext, on this port (Kubernetes' gRPC probes "
+        "cannot use TLS or tokens); the main port keeps its health service (none: no extra "
+        "port)",
+        metavar="PORT",
+    )
 
 
 def port_file_setting() -> str | None:
-    return setting(None, "write the bound gRPC port to this file once serving (useful with --port 0)",
-                   wiring="RUN_DIR/ports/ROLE.port", metavar="PATH")
+    return setting(
+        None,
+        "write the bound gRPC port to this file once serving (useful with --port 0)",
+        wiring="RUN_DIR/ports/ROLE.port",
+        metavar="PATH",
+    )

@@ -34,13 +34,26 @@ class SettingsError(ValueError):
     """A value that cannot be used; the message names the setting, where it came from and the value."""
 
 
-def setting(default: Any = dataclasses.MISSING, help: str = "", *, wiring: str | None = None,  # noqa: A002
-            metavar: str | None = None, choices: Sequence[Any] | None = None, positional: bool = False) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    wiring: str | None = None,  # noqa: A002
+    metavar: str | None = None,
+    choices: Sequence[Any] | None = None,
+    positional: bool = False,
+) -> Any:
     """A dataclass field that is also a flag and a fleet-file key. `wiring` marks a value the launcher sets
     (and says from what); `choices` restricts the values; `positional` makes it an argument without a flag."""
     if not help:
         raise ValueError("every setting needs a help text")
-    metadata = {"help": help, _WIRING: wiring, "metavar": metavar, "choices": choices, "positional": positional}
+    metadata = {
+        "help": help,
+        _WIRING: wiring,
+        "metavar": metavar,
+        "choices": choices,
+        "positional": positional,
+    }
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -50,7 +63,7 @@ class Setting:
 
     name: str
     type: Any
-    default: Any          # dataclasses.MISSING when required
+    default: Any  # dataclasses.MISSING when required
     help: str
     wiring: str | None
     metavar: str | None
@@ -124,15 +137,31 @@ def settings_of(cls: type) -> list[Setting]:
     for f in dataclasses.fields(cls):
         if "help" not in f.metadata:
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with setting()")
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
-        result.append(Setting(f.name, hints[f.name], default, f.metadata["help"], f.metadata[_WIRING],
-                              f.metadata["metavar"], f.metadata["choices"], f.metadata.get("positional", False)))
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+            )
+        )
+        result.append(
+            Setting(
+                f.name,
+                hints[f.name],
+                default,
+                f.metadata["help"],
+                f.metadata[_WIRING],
+                f.metadata["metavar"],
+                f.metadata["choices"],
+                f.metadata.get("positional", False),
+            )
+        )
     return result
 
 
-def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *,
-                  overrides: bool = False) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *, overrides: bool = False
+) -> None:
     """One flag per setting of `cls`, with the field's default and help. With `overrides`, a flag not given is
     absent from the parsed namespace (so it can override a fleet file's value only when given)."""
     for s in settings_of(cls):
@@ -143,9 +172,12 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls
             parser.add_argument(s.name, type=s.parse, help=help_text, metavar=s.metavar or s.name.upper())
             continue
         if s.base_type is bool:
-            parser.add_argument(s.flag, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS if overrides else s.default,
-                                help=help_text + f" (default: {s.default})")
+            parser.add_argument(
+                s.flag,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS if overrides else s.default,
+                help=help_text + f" (default: {s.default})",
+            )
             continue
         kwargs: dict[str, Any] = {"type": s.parse, "help": help_text, "metavar": s.metavar or s.name.upper()}
         if s.choices is not None:
@@ -170,8 +202,14 @@ def from_namespace(cls: type[C], args: argparse.Namespace) -> C:
         raise SettingsError(_with_flag(str(err), cls)) from None
 
 
-def coerce_table(cls: type, table: Mapping[str, Any], where: str, *, placement: Sequence[str] = (),
-                 allow_wiring: bool = False) -> dict[str, Any]:
+def coerce_table(
+    cls: type,
+    table: Mapping[str, Any],
+    where: str,
+    *,
+    placement: Sequence[str] = (),
+    allow_wiring: bool = False,
+) -> dict[str, Any]:
     """The values a fleet-file table gives `cls`'s settings (keys = field names), type-checked; `placement` keys
     are the caller's and skipped. Unknown keys, wrong types and (unless allowed) keys the launcher sets raise
     SettingsError naming the table and key. Values are checked together when the config is built."""
@@ -264,4 +302,3 @@ def _checked(kind: Any, value: Any, where: str) -> Any:
     if not ok:
         raise SettingsError(f"{where} must be {kind.__name__}, got {value!r}")
     return float(value) if kind is float else value
-

@@ -23,8 +23,18 @@ from apexrl.common.errors import InvalidArgumentError
 
 # Wire dtypes (see protos/apexrl/proto/tensor.proto); always little endian on the wire and in tables.
 SUPPORTED_DTYPES: tuple[str, ...] = (
-    "float32", "float64", "float16", "int8", "int16", "int32", "int64",
-    "uint8", "uint16", "uint32", "uint64", "bool",
+    "float32",
+    "float64",
+    "float16",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
 )
 
 # The columns the built-in actor writes and the learner reads (custom actors write the same names). The learner
@@ -53,8 +63,10 @@ class FieldSpec:
 
     def __post_init__(self) -> None:
         if self.compression is not None and self.compression not in COMPRESSIONS:
-            raise InvalidArgumentError(f"field {self.name!r}: unknown compression {self.compression!r} (known: "
-                                       f"{', '.join(COMPRESSIONS)})")
+            raise InvalidArgumentError(
+                f"field {self.name!r}: unknown compression {self.compression!r} (known: "
+                f"{', '.join(COMPRESSIONS)})"
+            )
 
     def __str__(self) -> str:
         return f"{self.name}:{self.type_name}"
@@ -111,15 +123,21 @@ class Signature:
     def parse(cls, text: str) -> Signature:
         """Parse `name:dtype[d0,d1,...]` items, each optionally followed by `@zstd` or `@lz4` (a compressed field),
         separated by commas outside brackets, e.g. `obs:uint8[4,84,84]@zstd,action:int64[],reward:float32[]`."""
-        items = [m.group(0) for m in re.finditer(r"[^,\[\]]+(\[[^\]]*\])?[^,\[\]]*", text)
-                 if m.group(0).strip(" ,")]
+        items = [
+            m.group(0)
+            for m in re.finditer(r"[^,\[\]]+(\[[^\]]*\])?[^,\[\]]*", text)
+            if m.group(0).strip(" ,")
+        ]
         fields = []
         for item in items:
-            m = re.fullmatch(r"\s*([A-Za-z_][\w.\-]*)\s*:\s*(\w+)\s*(?:\[([\d,\s]*)\])?\s*(?:@\s*(\w+)\s*)?",
-                             item)
+            m = re.fullmatch(
+                r"\s*([A-Za-z_][\w.\-]*)\s*:\s*(\w+)\s*(?:\[([\d,\s]*)\])?\s*(?:@\s*(\w+)\s*)?", item
+            )
             if not m:
-                raise InvalidArgumentError(f"cannot parse signature field {item.strip()!r}; expected "
-                                           f"name:dtype[d0,d1] or name:dtype[d0,d1]@zstd")
+                raise InvalidArgumentError(
+                    f"cannot parse signature field {item.strip()!r}; expected "
+                    f"name:dtype[d0,d1] or name:dtype[d0,d1]@zstd"
+                )
             name, dtype, dims, compression = m.groups()
             try:
                 dt = canonical_dtype(dtype)

@@ -37,10 +37,14 @@ class EnvSpaces:
 
     def __post_init__(self) -> None:
         if (self.num_actions > 0) == bool(self.action_low):
-            raise ValueError(f"spaces need either num_actions ({self.num_actions}) or action bounds "
-                             f"({self.action_low}), not both or neither")
+            raise ValueError(
+                f"spaces need either num_actions ({self.num_actions}) or action bounds "
+                f"({self.action_low}), not both or neither"
+            )
         if len(self.action_low) != len(self.action_high):
-            raise ValueError(f"action_low ({self.action_low}) and action_high ({self.action_high}) differ in length")
+            raise ValueError(
+                f"action_low ({self.action_low}) and action_high ({self.action_high}) differ in length"
+            )
         for low, high in zip(self.action_low, self.action_high, strict=True):
             if not (math.isfinite(low) and math.isfinite(high) and low < high):
                 raise ValueError(f"action bounds [{low}, {high}] must be finite with low < high")
@@ -50,8 +54,13 @@ class EnvSpaces:
         return cls((obs_dim,), "float32", num_actions)
 
     @classmethod
-    def box(cls, obs_shape: tuple[int, ...], low: tuple[float, ...], high: tuple[float, ...],
-            obs_dtype: str = "float32") -> EnvSpaces:
+    def box(
+        cls,
+        obs_shape: tuple[int, ...],
+        low: tuple[float, ...],
+        high: tuple[float, ...],
+        obs_dtype: str = "float32",
+    ) -> EnvSpaces:
         """Continuous actions: one float per dimension in [low, high]."""
         return cls(tuple(obs_shape), obs_dtype, 0, tuple(map(float, low)), tuple(map(float, high)))
 

@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
-_PRIVATE_KEY_HEADERS = (b"-----BEGIN PRIVATE KEY-----", b"-----BEGIN RSA PRIVATE KEY-----",
-                        b"-----BEGIN EC PRIVATE KEY-----")
+_PRIVATE_KEY_HEADERS = (
+    b"-----BEGIN PRIVATE KEY-----",
+    b"-----BEGIN RSA PRIVATE KEY-----",
+    b"-----BEGIN EC PRIVATE KEY-----",
+)
 # A DNS name or an IPv4 address as a certificate holds it: dot-separated labels of letters, digits, '-' and '_'.
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?"
 _SERVER_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
@@ -46,8 +49,15 @@ class TlsFiles:
     ca_path: str | None = field(default=None, compare=False)
 
     @classmethod
-    def read(cls, cert: str | None = None, key: str | None = None, ca: str | None = None, *,
-             serves: bool = False, server_name: str | None = None) -> TlsFiles:
+    def read(
+        cls,
+        cert: str | None = None,
+        key: str | None = None,
+        ca: str | None = None,
+        *,
+        serves: bool = False,
+        server_name: str | None = None,
+    ) -> TlsFiles:
         """Read and check the files. ValueError, naming the setting and the path, when cert and key are not
         given together, a file cannot be read or holds no PEM of its kind; with `serves` (the process is a
         server), also when a CA is given without the certificate and key a TLS server needs; when `server_name`
@@ -55,20 +65,31 @@ class TlsFiles:
         if server_name is not None:
             check_server_name(server_name)
             if cert is None and key is None and ca is None:
-                raise ValueError(f"tls_server_name ({server_name}) needs tls_ca or tls_cert: it is the name TLS "
-                                 f"checks the servers' certificates against, and without TLS files this process "
-                                 f"dials plaintext")
+                raise ValueError(
+                    f"tls_server_name ({server_name}) needs tls_ca or tls_cert: it is the name TLS "
+                    f"checks the servers' certificates against, and without TLS files this process "
+                    f"dials plaintext"
+                )
         if (cert is None) != (key is None):
             given, missing = ("tls_cert", "tls_key") if key is None else ("tls_key", "tls_cert")
-            raise ValueError(f"{missing} is missing: {given} ({cert if key is None else key}) needs it (a "
-                             f"certificate and its private key go together)")
+            raise ValueError(
+                f"{missing} is missing: {given} ({cert if key is None else key}) needs it (a "
+                f"certificate and its private key go together)"
+            )
         if serves and ca is not None and cert is None:
-            raise ValueError(f"tls_ca ({ca}) needs tls_cert and tls_key on a server: it requires client "
-                             f"certificates signed by tls_ca (mutual TLS) only while it serves TLS itself")
-        return cls(cert=_read_pem("tls_cert", cert, (_CERTIFICATE,), "PEM certificate"),
-                   key=_read_pem("tls_key", key, _PRIVATE_KEY_HEADERS, "PEM private key"),
-                   ca=_read_pem("tls_ca", ca, (_CERTIFICATE,), "PEM CA certificate"), server_name=server_name,
-                   cert_path=cert, key_path=key, ca_path=ca)
+            raise ValueError(
+                f"tls_ca ({ca}) needs tls_cert and tls_key on a server: it requires client "
+                f"certificates signed by tls_ca (mutual TLS) only while it serves TLS itself"
+            )
+        return cls(
+            cert=_read_pem("tls_cert", cert, (_CERTIFICATE,), "PEM certificate"),
+            key=_read_pem("tls_key", key, _PRIVATE_KEY_HEADERS, "PEM private key"),
+            ca=_read_pem("tls_ca", ca, (_CERTIFICATE,), "PEM CA certificate"),
+            server_name=server_name,
+            cert_path=cert,
+            key_path=key,
+            ca_path=ca,
+        )
 
     def reread(self) -> TlsFiles:
         """The same files read again (a renewal may have replaced them); ValueError as `read`."""
@@ -94,19 +115,28 @@ def tls_of(config: Any, *, serves: bool = False) -> TlsFiles | None:
     """The TlsFiles of a role's settings (fields tls_cert, tls_key, tls_ca, and tls_server_name on roles that
     dial), or None when TLS is off. Settings dataclasses call it in __post_init__ to refuse bad files before
     anything starts."""
-    files = TlsFiles.read(config.tls_cert, config.tls_key, config.tls_ca, serves=serves,
-                          server_name=getattr(config, "tls_server_name", None))  # pure servers have none
+    files = TlsFiles.read(
+        config.tls_cert,
+        config.tls_key,
+        config.tls_ca,
+        serves=serves,
+        server_name=getattr(config, "tls_server_name", None),
+    )  # pure servers have none
     return files if files.enabled else None
 
 
 def check_server_name(name: str) -> None:
     """A name to check certificates against: a host name or IPv4 address, without scheme, port or wildcard."""
     if "*" in name:
-        raise ValueError(f"tls_server_name ({name}) must be a name the certificate covers, not a wildcard: a "
-                         f"certificate for *.apexrl.svc covers tls_server_name apexrl-replay.apexrl.svc")
+        raise ValueError(
+            f"tls_server_name ({name}) must be a name the certificate covers, not a wildcard: a "
+            f"certificate for *.apexrl.svc covers tls_server_name apexrl-replay.apexrl.svc"
+        )
     if len(name) > 253 or not _SERVER_NAME.fullmatch(name):
-        raise ValueError(f"tls_server_name ({name!r}) must be a host name such as apexrl-replay.apexrl.svc (no "
-                         f"scheme, port or spaces)")
+        raise ValueError(
+            f"tls_server_name ({name!r}) must be a host name such as apexrl-replay.apexrl.svc (no "
+            f"scheme, port or spaces)"
+        )
 
 
 def describe(tls: TlsFiles | None) -> str:

@@ -59,8 +59,10 @@ def _state(tls: TlsFiles) -> _FileState:
 
 
 def _dates(expiry: dict[str, float]) -> str:
-    return ", ".join(f"{name} expires {datetime.datetime.fromtimestamp(when, datetime.timezone.utc):%Y-%m-%d %H:%M}"
-                     f" UTC" for name, when in expiry.items())
+    return ", ".join(
+        f"{name} expires {datetime.datetime.fromtimestamp(when, datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+        for name, when in expiry.items()
+    )
 
 
 class TlsWatch:
@@ -96,7 +98,11 @@ class TlsWatch:
                 renewed = self._files.reread()
                 expiry = certificates.check(renewed)
             except ValueError as err:
-                log.error("TLS files of %s changed but are not usable; keeping the previous ones: %s", self._who, err)
+                log.error(
+                    "TLS files of %s changed but are not usable; keeping the previous ones: %s",
+                    self._who,
+                    err,
+                )
                 return False
             if renewed == self._files:
                 return False  # touched or rewritten with the same bytes
@@ -181,8 +187,11 @@ class _CertificateFetcher:
 def reloading_server_credentials(tls: TlsFiles, who: str) -> grpc.ServerCredentials:
     """Serve tls.cert, requiring client certificates signed by tls.ca when there is one (mutual TLS), and take up
     renewals of the files. The caller checks the files first (certificates.check)."""
-    return grpc.dynamic_ssl_server_credentials(certificate_configuration(tls), _CertificateFetcher(TlsWatch(tls, who)),
-                                               require_client_authentication=tls.ca is not None)
+    return grpc.dynamic_ssl_server_credentials(
+        certificate_configuration(tls),
+        _CertificateFetcher(TlsWatch(tls, who)),
+        require_client_authentication=tls.ca is not None,
+    )
 
 
 # ------------------------------------------------------------------------------------------------------- clients
@@ -191,8 +200,14 @@ class ReloadingChannel(grpc.Channel):
     the channel for a version of the files. Every call starts on the newest channel; `subscribe` watches only
     the channel current when it is called."""
 
-    def __init__(self, tls: TlsFiles, open_channel: Callable[[TlsFiles], grpc.Channel], who: str, *,
-                 check_every: float = CLIENT_CHECK_SECONDS) -> None:
+    def __init__(
+        self,
+        tls: TlsFiles,
+        open_channel: Callable[[TlsFiles], grpc.Channel],
+        who: str,
+        *,
+        check_every: float = CLIENT_CHECK_SECONDS,
+    ) -> None:
         self._watch = TlsWatch(tls, who)
         self._open = open_channel
         self._check_every = check_every
@@ -241,21 +256,33 @@ class ReloadingChannel(grpc.Channel):
         # Possibly on one of gRPC's own threads (a done callback): close from another.
         threading.Thread(target=channel.close, name="tls-channel-close", daemon=True).start()
 
-    def unary_unary(self, method, request_serializer=None, response_deserializer=None, _registered_method=False):
-        return _MultiCallable(self, "unary_unary", (method, request_serializer, response_deserializer,
-                                                    _registered_method))
+    def unary_unary(
+        self, method, request_serializer=None, response_deserializer=None, _registered_method=False
+    ):
+        return _MultiCallable(
+            self, "unary_unary", (method, request_serializer, response_deserializer, _registered_method)
+        )
 
-    def unary_stream(self, method, request_serializer=None, response_deserializer=None, _registered_method=False):
-        return _MultiCallable(self, "unary_stream", (method, request_serializer, response_deserializer,
-                                                     _registered_method))
+    def unary_stream(
+        self, method, request_serializer=None, response_deserializer=None, _registered_method=False
+    ):
+        return _MultiCallable(
+            self, "unary_stream", (method, request_serializer, response_deserializer, _registered_method)
+        )
 
-    def stream_unary(self, method, request_serializer=None, response_deserializer=None, _registered_method=False):
-        return _MultiCallable(self, "stream_unary", (method, request_serializer, response_deserializer,
-                                                     _registered_method))
+    def stream_unary(
+        self, method, request_serializer=None, response_deserializer=None, _registered_method=False
+    ):
+        return _MultiCallable(
+            self, "stream_unary", (method, request_serializer, response_deserializer, _registered_method)
+        )
 
-    def stream_stream(self, method, request_serializer=None, response_deserializer=None, _registered_method=False):
-        return _MultiCallable(self, "stream_stream", (method, request_serializer, response_deserializer,
-                                                      _registered_method))
+    def stream_stream(
+        self, method, request_serializer=None, response_deserializer=None, _registered_method=False
+    ):
+        return _MultiCallable(
+            self, "stream_stream", (method, request_serializer, response_deserializer, _registered_method)
+        )
 
     def subscribe(self, callback, try_to_connect=False):
         self._channel.subscribe(callback, try_to_connect=try_to_connect)

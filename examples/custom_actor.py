@@ -19,7 +19,9 @@ from apexrl.common.errors import UnavailableError
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--replay", required=True, help="host:port of a replay shard")
     parser.add_argument("--params", default=None, help="host:port of a parameter service (optional)")
     parser.add_argument("--steps", type=int, default=2000, help="environment steps to play")
@@ -36,9 +38,9 @@ def main() -> None:
     for step in range(args.steps):
         if params is not None and step % 200 == 0:
             try:
-                fetched = params.fetch(version)          # None when nothing newer: no bytes moved
+                fetched = params.fetch(version)  # None when nothing newer: no bytes moved
             except UnavailableError:
-                fetched = None                           # keep acting with what we have
+                fetched = None  # keep acting with what we have
             if fetched is not None:
                 version, weights = fetched
         action = int(rng.integers(env.action_space.n))  # a real actor would use `weights` here
@@ -48,12 +50,17 @@ def main() -> None:
         if len(rows) == args.batch_size:
             o, a, r, d, n = zip(*rows, strict=True)
             replay.insert(
-                {"obs": np.array(o, np.float32), "action": np.array(a, np.int64), "reward": np.array(r, np.float32),
-                 "discount": np.array(d, np.float32), "next_obs": np.array(n, np.float32)},
-                priorities=np.ones(len(rows)),           # or |TD error| from your own network
+                {
+                    "obs": np.array(o, np.float32),
+                    "action": np.array(a, np.int64),
+                    "reward": np.array(r, np.float32),
+                    "discount": np.array(d, np.float32),
+                    "next_obs": np.array(n, np.float32),
+                },
+                priorities=np.ones(len(rows)),  # or |TD error| from your own network
             )
             rows.clear()
-    replay.flush()                                       # wait for the shard's acknowledgements
+    replay.flush()  # wait for the shard's acknowledgements
     info = replay.info()
     print(f"shard holds {info.size} rows; weights version {version}")
     replay.close()

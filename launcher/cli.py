@@ -39,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="apexrl",
         description="Distributed prioritized experience replay (Ape-X): replay shards, actors, a learner and a "
-                    "parameter service talking gRPC. Each subcommand runs one role; see 'apexrl ROLE --help'. "
-                    "Exit status: 0 clean stop, 1 failure, 2 bad configuration.",
+        "parameter service talking gRPC. Each subcommand runs one role; see 'apexrl ROLE --help'. "
+        "Exit status: 0 clean stop, 1 failure, 2 bad configuration.",
     )
     parser.add_argument("--version", action="version", version=f"apexrl {package_version()}")
     add_log_level(parser, default="INFO")
@@ -61,8 +61,12 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument("--log-level", default=default, choices=LOG_LEVELS,
-                        help="log verbosity (default: INFO); before or after the subcommand")
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        choices=LOG_LEVELS,
+        help="log verbosity (default: INFO); before or after the subcommand",
+    )
 
 
 def package_version() -> str:
@@ -125,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     try:
         config = with_token(from_namespace(module.CONFIG, args))  # --token, --token-file or APEXRL_TOKEN
-        if hasattr(config, "host"):  # a busy port or a foreign --host: one line naming it, before any server starts
+        if hasattr(
+            config, "host"
+        ):  # a busy port or a foreign --host: one line naming it, before any server starts
             check_ports_free(config.host, listening_ports(config))
     except SettingsError as err:
         print(f"apexrl {args.command}: error: {err}", file=sys.stderr)
@@ -133,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     with stop_on_signals() as stop:
         try:
             return int(module.run(config, stop) or 0)
-        except SettingsError as err:  # found while starting: an unknown environment, a checkpoint that does not fit
+        except (
+            SettingsError
+        ) as err:  # found while starting: an unknown environment, a checkpoint that does not fit
             print(f"apexrl {args.command}: error: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         except (OSError, RuntimeError, TimeoutError) as err:  # cannot bind, peer never came, ...

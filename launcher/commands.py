@@ -84,8 +84,9 @@ def pinned_signature(config: FleetConfig, shard_settings: Mapping[str, Any]) -> 
     columns (with roles on, an actor may not; docs/security.md); None without built-in actors."""
     if shard_settings.get("signature") is not None:
         return shard_settings["signature"]
-    compressions = {group.settings.get("compress", ActorConfig.compress) for group in config.actors
-                    if group.count > 0}
+    compressions = {
+        group.settings.get("compress", ActorConfig.compress) for group in config.actors if group.count > 0
+    }
     if len(compressions) != 1:
         return None
     return built_in_signature(EnvChoice.of(config), compressions.pop())
@@ -99,8 +100,10 @@ def with_algorithm(config: FleetConfig) -> FleetConfig:
     try:
         if config.algorithm == AUTO:
             if kind is None:
-                raise ValueError(f"cannot read {config.env}'s action space on this machine (no gymnasium): set "
-                                 f"[fleet] algorithm (dqn or dpg) so that every machine agrees on its defaults")
+                raise ValueError(
+                    f"cannot read {config.env}'s action space on this machine (no gymnasium): set "
+                    f"[fleet] algorithm (dqn or dpg) so that every machine agrees on its defaults"
+                )
             algorithm = for_action_kind(AUTO, kind, config.env)
             config = dataclasses.replace(config, algorithm=algorithm.name)
         else:
@@ -125,11 +128,14 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
         if role.kind == "replay":
             shard_settings = config.shards[role.index].settings
             return ReplayConfig(
-                **{**shard_settings, "signature": pinned_signature(config, shard_settings)}, **tls,
+                **{**shard_settings, "signature": pinned_signature(config, shard_settings)},
+                **tls,
                 **({} if config.role_tokens is None else {"role_tokens": config.role_tokens}),
-                host=config.bind, port=role.port or 0,
+                host=config.bind,
+                port=role.port or 0,
                 metrics_port=metrics,
-                capacity=config.shard_capacity, min_size_to_sample=config.shard_min_size,
+                capacity=config.shard_capacity,
+                min_size_to_sample=config.shard_min_size,
                 samples_per_insert=config.samples_per_insert,
                 # Let each side run ahead by a few learner batches before it waits.
                 samples_per_insert_tolerance=float(max(1024, 4 * config.shard_min_size)),
@@ -138,37 +144,59 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
             )
         if role.kind == "learner":
             return LearnerConfig(
-                **config.learner.settings, **client_tls, replay=links.replay, env=config.env,
-                env_module=config.env_module, env_kwargs=config.env_kwargs,
-                algorithm=config.algorithm, run_dir=str(run_dir),
+                **config.learner.settings,
+                **client_tls,
+                replay=links.replay,
+                env=config.env,
+                env_module=config.env_module,
+                env_kwargs=config.env_kwargs,
+                algorithm=config.algorithm,
+                run_dir=str(run_dir),
                 seed=seed,
-                host=config.bind, port=role.port or 0, metrics_port=metrics,
+                host=config.bind,
+                port=role.port or 0,
+                metrics_port=metrics,
                 min_replay_size=config.shard_min_size * len(config.shards),
                 **({} if config.role_tokens is None else {"role_tokens": config.role_tokens}),
             )
         if role.kind in ("actor", "evaluator"):
             evaluate = role.kind == "evaluator"
             if evaluate:
-                settings = {"num_envs": evaluation_episodes(config),
-                            **(config.evaluator.settings if config.evaluator else {})}
+                settings = {
+                    "num_envs": evaluation_episodes(config),
+                    **(config.evaluator.settings if config.evaluator else {}),
+                }
             else:
-                settings = next(g.settings for g in config.actors
-                                if g.first_index <= role.index < g.first_index + g.count)
+                settings = next(
+                    g.settings for g in config.actors if g.first_index <= role.index < g.first_index + g.count
+                )
             return ActorConfig(
-                **settings, **client_tls, params=links.params, replay=links.replay, actor_index=role.index,
-                num_actors=config.num_actors, env=config.env, env_module=config.env_module,
-                env_kwargs=config.env_kwargs, algorithm=config.algorithm, evaluate=evaluate,
-                episodes_csv=str(run_dir / "episodes" / ("evaluator.csv" if evaluate else f"actor-{role.index}.csv")),
+                **settings,
+                **client_tls,
+                params=links.params,
+                replay=links.replay,
+                actor_index=role.index,
+                num_actors=config.num_actors,
+                env=config.env,
+                env_module=config.env_module,
+                env_kwargs=config.env_kwargs,
+                algorithm=config.algorithm,
+                evaluate=evaluate,
+                episodes_csv=str(
+                    run_dir / "episodes" / ("evaluator.csv" if evaluate else f"actor-{role.index}.csv")
+                ),
                 seed=None if seed is None else seed + (999 if evaluate else 1000 + role.index),
-                host=config.bind, metrics_port=metrics,
+                host=config.bind,
+                metrics_port=metrics,
             )
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{role.name}: {err}") from None
     raise ValueError(f"unknown role kind {role.kind!r}")
 
 
-def command(config: FleetConfig, role: Role, links: Wiring, run_dir: Path,
-            extra_args: Sequence[str] = ()) -> list[str]:
+def command(
+    config: FleetConfig, role: Role, links: Wiring, run_dir: Path, extra_args: Sequence[str] = ()
+) -> list[str]:
     """The `apexrl ...` arguments (after the program name) that run `role`; pass-through args come last. A token
     in the role's table is left out: `environment` carries it."""
     subcommand, _ = SUBCOMMANDS[role.kind]
@@ -176,26 +204,30 @@ def command(config: FleetConfig, role: Role, links: Wiring, run_dir: Path,
     return [subcommand, *to_argv(settings), *extra_args]
 
 
-def environment(config: FleetConfig, role: Role, links: Wiring, run_dir: Path,
-                base: Mapping[str, str]) -> dict[str, str]:
+def environment(
+    config: FleetConfig, role: Role, links: Wiring, run_dir: Path, base: Mapping[str, str]
+) -> dict[str, str]:
     """The environment of `role`'s process: `base` with APEXRL_TOKEN set to the token of the role's table, else
     the fleet's (resolved by then: `common.process.with_token`), and without it when there is none. In role mode
     (role_tokens) each client role gets its own role's token and the shards none (they read the directory)."""
     if config.role_tokens is not None:
-        token = None if role.kind == "replay" else config.role_token(
-            role.kind, role.index if role.kind == "actor" else None)
+        token = (
+            None
+            if role.kind == "replay"
+            else config.role_token(role.kind, role.index if role.kind == "actor" else None)
+        )
     else:
         token = role_config(config, role, links, run_dir).token or config.token
     env = {k: v for k, v in base.items() if k != TOKEN_VARIABLE}
     return {**env, TOKEN_VARIABLE: token} if token else env
 
 
-def check_commands(config: FleetConfig, host: str, run_dir: Path,
-                   extra_args: dict[str, list[str]]) -> None:
+def check_commands(config: FleetConfig, host: str, run_dir: Path, extra_args: dict[str, list[str]]) -> None:
     """Parse every command `host` would run, as the role itself will (placeholder ports where the launcher picks
     them at start); ConfigError naming the role and the bad flag or value."""
-    placeholder = Wiring(replay=tuple(f"127.0.0.1:{7000 + i}" for i in range(len(config.shards))),
-                         params="127.0.0.1:7100")
+    placeholder = Wiring(
+        replay=tuple(f"127.0.0.1:{7000 + i}" for i in range(len(config.shards))), params="127.0.0.1:7100"
+    )
     for role in roles_on(config, host):
         role = dataclasses.replace(role, port=role.port or 1)
         argv = command(config, role, placeholder, run_dir, extra_args_for(role.kind, extra_args))
@@ -203,9 +235,11 @@ def check_commands(config: FleetConfig, host: str, run_dir: Path,
         try:
             parsed = parse_argv(cls, argv[1:], prog=f"apexrl {subcommand} ({role.name})")
             if parsed.token is not None:  # only a pass-through arg can put it there: `command` leaves it out
-                raise ConfigError(f"--token in a pass-through arg would put the token on the command line and "
-                                  f"in config.json; give it to apexrl launch (--token-file, {TOKEN_VARIABLE} or "
-                                  f"[fleet] token_file)")
+                raise ConfigError(
+                    f"--token in a pass-through arg would put the token on the command line and "
+                    f"in config.json; give it to apexrl launch (--token-file, {TOKEN_VARIABLE} or "
+                    f"[fleet] token_file)"
+                )
             if role.kind != "replay":  # the same check the role makes: no setting another algorithm owns
                 with_defaults(parsed, get(parsed.algorithm), "learner" if role.kind == "learner" else "actor")
         except SettingsError as err:

@@ -59,11 +59,23 @@ def check_fixed_ports(config: FleetConfig, host: str) -> None:
     """ConfigError naming the role, the fleet-file key and the port when a port the fleet fixes for a role of
     `host` is taken already (ports left to the launcher are picked free at start)."""
     for role in roles_on(config, host):
-        spec = config.shards[role.index] if role.kind == "replay" else config.learner if role.kind == "learner" \
+        spec = (
+            config.shards[role.index]
+            if role.kind == "replay"
+            else config.learner
+            if role.kind == "learner"
             else None
+        )
         health = spec.settings.get("health_port") if spec is not None else None
-        ports = {f"{role.name} {key}": port for key, port in
-                 (("port", role.port), ("metrics_port", role.metrics_port), ("health_port", health)) if port}
+        ports = {
+            f"{role.name} {key}": port
+            for key, port in (
+                ("port", role.port),
+                ("metrics_port", role.metrics_port),
+                ("health_port", health),
+            )
+            if port
+        }
         try:
             check_ports_free(config.bind, ports)
         except SettingsError as err:
@@ -89,16 +101,26 @@ class Child:
 
     def describe_exit(self) -> str:
         code = self.process.returncode
-        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else \
-            f"exited with status {code}"
+        how = (
+            f"was killed by {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"exited with status {code}"
+        )
         return f"{self.role.name} {how}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
 
 
 class Fleet:
     """The roles of `host`: started in dependency order, polled for unexpected exits, stopped in reverse order."""
 
-    def __init__(self, config: FleetConfig, host: str, run_dir: Path, *, extra_args: Mapping[str, Sequence[str]],
-                 stop: threading.Event) -> None:
+    def __init__(
+        self,
+        config: FleetConfig,
+        host: str,
+        run_dir: Path,
+        *,
+        extra_args: Mapping[str, Sequence[str]],
+        stop: threading.Event,
+    ) -> None:
         self.config = config
         self.host = host
         self.run_dir = run_dir
@@ -106,7 +128,7 @@ class Fleet:
         self.stop_requested = stop
         self.children: list[Child] = []
         self.restarts: dict[str, list[float]] = {}  # role -> monotonic times of its restarts
-        self._due: dict[str, float] = {}           # role -> when its pending restart is due
+        self._due: dict[str, float] = {}  # role -> when its pending restart is due
         # Ports left open in the config (metrics ports, the local fleet's parameter-service port) are picked just
         # before the role that binds them starts, to keep the window in which another program could take them short.
         self.roles = roles_on(config, host)
@@ -127,20 +149,30 @@ class Fleet:
         for d in PRIVATE_DIRECTORIES:
             (self.run_dir / d).chmod(0o700)
         timeout = self.config.startup_timeout
-        shards = [self._spawn(r) for r in self.roles if r.kind == "replay"]  # start together, then wait for each
+        shards = [
+            self._spawn(r) for r in self.roles if r.kind == "replay"
+        ]  # start together, then wait for each
         shard_ports: dict[int, int] = {}
         for child in shards:
             port = self._wait_port_file(child, self._port_file(child.role), timeout)
-            self._wait_healthy(self._probe(self.host, port, self._health_port(child.role.index)), timeout, child)
+            self._wait_healthy(
+                self._probe(self.host, port, self._health_port(child.role.index)), timeout, child
+            )
             shard_ports[child.role.index] = port
             log.info("%s serving on port %d", child.role.name, port)
         self.config = with_ports(self.config, shard_ports=shard_ports)
-        self.roles = [replace(r, port=shard_ports[r.index]) if r.kind == "replay" and r.index in shard_ports else r
-                      for r in self.roles]  # a restarted shard comes back on the port it had
+        self.roles = [
+            replace(r, port=shard_ports[r.index]) if r.kind == "replay" and r.index in shard_ports else r
+            for r in self.roles
+        ]  # a restarted shard comes back on the port it had
         for i, shard in enumerate(self.config.shards):
             if shard.host != self.host:
-                self._wait_healthy(self._probe(shard.host, shard.port, self._health_port(i)), timeout, None,
-                                   f"shard-{i} on {shard.host}")
+                self._wait_healthy(
+                    self._probe(shard.host, shard.port, self._health_port(i)),
+                    timeout,
+                    None,
+                    f"shard-{i} on {shard.host}",
+                )
         local_learner: tuple[Role, Child] | None = None
         for role in (r for r in self.roles if r.kind == "learner"):
             if not role.port:
@@ -149,8 +181,12 @@ class Fleet:
             local_learner = (role, self._spawn(role))
         learner = self.config.learner
         if learner.host != self.host and any(r.kind in ("actor", "evaluator") for r in self.roles):
-            self._wait_healthy(self._probe(learner.host, learner.port, self._health_port(None)), timeout, None,
-                               f"learner on {learner.host}")
+            self._wait_healthy(
+                self._probe(learner.host, learner.port, self._health_port(None)),
+                timeout,
+                None,
+                f"learner on {learner.host}",
+            )
         # Actors start while a local learner starts (its port is known): they import and build their environments
         # meanwhile (~2 s) and wait for its first weights (weights_wait_seconds).
         for role in (r for r in self.roles if r.kind in ("actor", "evaluator")):
@@ -159,8 +195,12 @@ class Fleet:
             role, child = local_learner
             self._wait_healthy(self._probe(self.host, role.port, self._health_port(None)), timeout, child)
             log.info("learner serving the parameter service at %s", wiring(self.config, self.host).params)
-        log.info("started %d roles on %s: %s", len(self.children), self.host,
-                 ", ".join(c.role.name for c in self.children))
+        log.info(
+            "started %d roles on %s: %s",
+            len(self.children),
+            self.host,
+            ", ".join(c.role.name for c in self.children),
+        )
 
     def _health_port(self, shard: int | None) -> int | None:
         """The plaintext health port a shard's table (or, for None, the learner's) sets, if any."""
@@ -187,14 +227,25 @@ class Fleet:
             self._port_file(role).unlink(missing_ok=True)
         links = wiring(self.config, self.host) if role.kind != "replay" else Wiring((), "")
         extra = extra_args_for(role.kind, self.extra_args)
-        argv = [sys.executable, "-m", "apexrl.launcher", *command(self.config, role, links, self.run_dir, extra)]
+        argv = [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            *command(self.config, role, links, self.run_dir, extra),
+        ]
         log_path = self.run_dir / "logs" / f"{role.name}.log"
         log_file = open_private(log_path, "ab")  # 0600; the child writes to it for its lifetime
         log_file.write(f"# {' '.join(argv)}\n".encode())
         log_file.flush()
         env = environment(self.config, role, links, self.run_dir, {**os.environ, "PYTHONUNBUFFERED": "1"})
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         child = Child(role, argv, log_path, process, log_file)
         self.children.append(child)
         log.debug("started %s (pid %d): %s", role.name, process.pid, " ".join(argv))
@@ -209,12 +260,15 @@ class Fleet:
             except (FileNotFoundError, ValueError):
                 pass
             if time.monotonic() > deadline:
-                raise StartupError(f"{child.role.name} wrote no port file {path} within {timeout:.0f}s; last "
-                                   f"lines of {child.log_path}:\n{log_tail(child.log_path)}")
+                raise StartupError(
+                    f"{child.role.name} wrote no port file {path} within {timeout:.0f}s; last "
+                    f"lines of {child.log_path}:\n{log_tail(child.log_path)}"
+                )
             time.sleep(0.05)
 
-    def _wait_healthy(self, probe: tuple[str, TlsFiles | None], timeout: float, child: Child | None,
-                      what: str | None = None) -> None:
+    def _wait_healthy(
+        self, probe: tuple[str, TlsFiles | None], timeout: float, child: Child | None, what: str | None = None
+    ) -> None:
         """Poll gRPC health in short rounds, so a dead child or a stop request ends the wait at once."""
         target, tls = probe
         name = what or (child.role.name if child else target)
@@ -232,8 +286,9 @@ class Fleet:
             except TimeoutError as err:
                 if time.monotonic() >= deadline:
                     tail = f"; last lines of {child.log_path}:\n{log_tail(child.log_path)}" if child else ""
-                    raise StartupError(f"{name} at {target} did not report SERVING within {timeout:.0f}s "
-                                       f"({err}){tail}") from None
+                    raise StartupError(
+                        f"{name} at {target} did not report SERVING within {timeout:.0f}s ({err}){tail}"
+                    ) from None
 
     def _check_starting(self, child: Child) -> None:
         if self.stop_requested.is_set():
@@ -258,13 +313,21 @@ class Fleet:
                 continue
             if child.process.returncode == 0:
                 return child
-            window = [t for t in self.restarts.get(child.role.name, []) if now - t < self.config.restart_window]
+            window = [
+                t for t in self.restarts.get(child.role.name, []) if now - t < self.config.restart_window
+            ]
             if len(window) >= self.config.max_restarts:
                 return child
             delay = min(30.0, 2.0 ** len(window))
             self._due[child.role.name] = now + delay
-            log.warning("%s; restarting it in %.0fs (restart %d of at most %d in %.0fs)", child.describe_exit(),
-                        delay, len(window) + 1, self.config.max_restarts, self.config.restart_window)
+            log.warning(
+                "%s; restarting it in %.0fs (restart %d of at most %d in %.0fs)",
+                child.describe_exit(),
+                delay,
+                len(window) + 1,
+                self.config.max_restarts,
+                self.config.restart_window,
+            )
         for name, due in list(self._due.items()):
             if due <= now and not self.stop_requested.is_set():
                 del self._due[name]
@@ -275,7 +338,9 @@ class Fleet:
         dead = next(c for c in self.children if c.role.name == name)
         self.children.remove(dead)
         dead.log_file.close()
-        role = next(r for r in self.roles if r.name == name)  # its ports as first started: addresses stay right
+        role = next(
+            r for r in self.roles if r.name == name
+        )  # its ports as first started: addresses stay right
         self.restarts.setdefault(name, []).append(now)
         child = self._spawn(role)
         log.info("restarted %s (pid %d)", name, child.process.pid)
@@ -297,8 +362,11 @@ class Fleet:
                 if forced or time.monotonic() > deadline:
                     for child in group:
                         if child.process.poll() is None:
-                            log.warning("killing %s (%s)", child.role.name, "second signal" if forced else
-                                        f"still running {grace:.0f}s after SIGTERM")
+                            log.warning(
+                                "killing %s (%s)",
+                                child.role.name,
+                                "second signal" if forced else f"still running {grace:.0f}s after SIGTERM",
+                            )
                             _signal(child, signal.SIGKILL)
                     for child in group:
                         child.process.wait()

@@ -66,69 +66,115 @@ class FleetSettings:
             every machine of a fleet needs the same one.
     """
 
-    env: str = setting(DEFAULT_ENV, "Gymnasium environment id played by actors and evaluator and learnt by the "
-                                    "learner; package.module:Id imports the module that registers Id first; an id "
-                                    "only gym 0.26 registers runs through an adapter (the gym26 extra)")
+    env: str = setting(
+        DEFAULT_ENV,
+        "Gymnasium environment id played by actors and evaluator and learnt by the "
+        "learner; package.module:Id imports the module that registers Id first; an id "
+        "only gym 0.26 registers runs through an adapter (the gym26 extra)",
+    )
     env_module: tuple[str, ...] = env_module_setting()
     env_kwargs: EnvKwargs = env_kwargs_setting()
-    algorithm: str = setting(AUTO, "learning algorithm: dqn (Ape-X DQN, Discrete actions) or dpg (Ape-X DPG, Box "
-                                   "actions); auto picks by the environment's action space",
-                             choices=algorithm_names())
-    run_dir: str | None = setting(None, "directory of logs, episodes, checkpoints and results on every machine "
-                                        "(none: runs/ENV-TIMESTAMP)", metavar="DIR")
+    algorithm: str = setting(
+        AUTO,
+        "learning algorithm: dqn (Ape-X DQN, Discrete actions) or dpg (Ape-X DPG, Box "
+        "actions); auto picks by the environment's action space",
+        choices=algorithm_names(),
+    )
+    run_dir: str | None = setting(
+        None,
+        "directory of logs, episodes, checkpoints and results on every machine (none: runs/ENV-TIMESTAMP)",
+        metavar="DIR",
+    )
     seed: int | None = setting(None, "base seed; each role derives its own (none: unseeded)")
-    target_return: float | None = setting(None, "stop, solved, once the last 100 evaluation episodes average at "
-                                                "least this (none: the environment's reward_threshold from its "
-                                                "Gymnasium registration, e.g. 475 for CartPole-v1 and -100 for "
-                                                "Acrobot-v1, or the usual bar where it registers none: -150 for "
-                                                "Pendulum-v1; an environment without one runs until --max-seconds)")
+    target_return: float | None = setting(
+        None,
+        "stop, solved, once the last 100 evaluation episodes average at "
+        "least this (none: the environment's reward_threshold from its "
+        "Gymnasium registration, e.g. 475 for CartPole-v1 and -100 for "
+        "Acrobot-v1, or the usual bar where it registers none: -150 for "
+        "Pendulum-v1; an environment without one runs until --max-seconds)",
+    )
     evaluation_episodes: int | None = setting(
-        None, "greedy episodes the evaluator plays side by side per round, all with the newest weights (its "
-              "--num-envs; an [evaluator] num_envs overrides it): the target is checked on the last 100 evaluation "
-              f"episodes (none: {DEFAULT_EVALUATION_EPISODES}, or {ATARI_EVALUATION_EPISODES} for Atari, whose "
-              "rounds of a convolutional network over thousands of frames would otherwise last minutes on a few "
-              "cores)")
+        None,
+        "greedy episodes the evaluator plays side by side per round, all with the newest weights (its "
+        "--num-envs; an [evaluator] num_envs overrides it): the target is checked on the last 100 evaluation "
+        f"episodes (none: {DEFAULT_EVALUATION_EPISODES}, or {ATARI_EVALUATION_EPISODES} for Atari, whose "
+        "rounds of a convolutional network over thousands of frames would otherwise last minutes on a few "
+        "cores)",
+    )
     max_seconds: float = setting(1200.0, "stop after this many seconds of wall time")
-    bind: str = setting("127.0.0.1", "interface every service listens on (0.0.0.0: every interface, needed when "
-                                     "other machines connect)")
-    tls_cert: str | None = setting(None, "PEM certificate chain of this machine's roles: the shards and the "
-                                         "parameter service serve TLS with it, and every role presents it as its "
-                                         "client certificate under mutual TLS; it must name the addresses dialled "
-                                         "(127.0.0.1 on one machine, the [hosts] addresses across machines), or "
-                                         "tls_server_name (none: plaintext)", metavar="PATH")
+    bind: str = setting(
+        "127.0.0.1",
+        "interface every service listens on (0.0.0.0: every interface, needed when other machines connect)",
+    )
+    tls_cert: str | None = setting(
+        None,
+        "PEM certificate chain of this machine's roles: the shards and the "
+        "parameter service serve TLS with it, and every role presents it as its "
+        "client certificate under mutual TLS; it must name the addresses dialled "
+        "(127.0.0.1 on one machine, the [hosts] addresses across machines), or "
+        "tls_server_name (none: plaintext)",
+        metavar="PATH",
+    )
     tls_key: str | None = setting(None, "PEM private key of tls_cert", metavar="PATH")
-    tls_ca: str | None = setting(None, "PEM CA bundle every role verifies its peers with; given, the servers "
-                                       "require client certificates signed by it: mutual TLS (none with tls_cert: "
-                                       "server-only TLS verified against the system's roots)", metavar="PATH")
-    tls_server_name: str | None = setting(None, "name every role checks the servers' certificates against "
-                                                "instead of the addresses it dials (one certificate for every "
-                                                "machine); needs tls_ca or tls_cert (none: the addresses "
-                                                "dialled)", metavar="NAME")
-    token: str | None = setting(None, "bearer token of the fleet: every role's servers require it and its clients "
-                                      "send it; each local role gets it in its environment "
-                                      f"({TOKEN_VARIABLE}), never on a command line or in config.json or a log. "
-                                      "This launcher's own command line is visible to every local user: prefer "
-                                      f"token_file or {TOKEN_VARIABLE}. {TOKEN_PRECEDENCE}; a role table's own "
-                                      "token or token_file wins for that role")
-    token_file: str | None = setting(None, "file holding the fleet's bearer token (its content, surrounding "
-                                           "whitespace stripped; keep it mode 0600), used when token is not given, "
-                                           f"before {TOKEN_VARIABLE}", metavar="PATH")
+    tls_ca: str | None = setting(
+        None,
+        "PEM CA bundle every role verifies its peers with; given, the servers "
+        "require client certificates signed by it: mutual TLS (none with tls_cert: "
+        "server-only TLS verified against the system's roots)",
+        metavar="PATH",
+    )
+    tls_server_name: str | None = setting(
+        None,
+        "name every role checks the servers' certificates against "
+        "instead of the addresses it dials (one certificate for every "
+        "machine); needs tls_ca or tls_cert (none: the addresses "
+        "dialled)",
+        metavar="NAME",
+    )
+    token: str | None = setting(
+        None,
+        "bearer token of the fleet: every role's servers require it and its clients "
+        "send it; each local role gets it in its environment "
+        f"({TOKEN_VARIABLE}), never on a command line or in config.json or a log. "
+        "This launcher's own command line is visible to every local user: prefer "
+        f"token_file or {TOKEN_VARIABLE}. {TOKEN_PRECEDENCE}; a role table's own "
+        "token or token_file wins for that role",
+    )
+    token_file: str | None = setting(
+        None,
+        "file holding the fleet's bearer token (its content, surrounding "
+        "whitespace stripped; keep it mode 0600), used when token is not given, "
+        f"before {TOKEN_VARIABLE}",
+        metavar="PATH",
+    )
     role_tokens: str | None = setting(
-        None, "directory of role tokens (docs/security.md): one file per identity, named ROLE or ROLE.NAME; the "
-              "shards and the learner's parameter service let each role call only its own methods, and each role "
-              "gets its own token in its environment: the learner DIR/learner, actor I DIR/actor.I if present "
-              "(else DIR/actor), the evaluator DIR/evaluator. Exclusive with token", metavar="DIR")
-    replay_capacity: int | None = setting(None, "rows over all shards together (each holds its share) (none: the "
-                                                "algorithm's default: dqn 25,000, dpg 100,000)")
+        None,
+        "directory of role tokens (docs/security.md): one file per identity, named ROLE or ROLE.NAME; the "
+        "shards and the learner's parameter service let each role call only its own methods, and each role "
+        "gets its own token in its environment: the learner DIR/learner, actor I DIR/actor.I if present "
+        "(else DIR/actor), the evaluator DIR/evaluator. Exclusive with token",
+        metavar="DIR",
+    )
+    replay_capacity: int | None = setting(
+        None,
+        "rows over all shards together (each holds its share) (none: the "
+        "algorithm's default: dqn 25,000, dpg 100,000)",
+    )
     samples_per_insert: float | None = setting(
-        None, "replay ratio the shards enforce: sampled rows per inserted row, 0 = unlimited (none: the "
-              "algorithm's default: dqn 16, one update of 256 rows per 16 env steps; dpg 64, one per 4)")
+        None,
+        "replay ratio the shards enforce: sampled rows per inserted row, 0 = unlimited (none: the "
+        "algorithm's default: dqn 16, one update of 256 rows per 16 env steps; dpg 64, one per 4)",
+    )
     min_replay_size: int = setting(1_000, "rows the shards hold in total before the learner trains")
     startup_timeout: float = setting(120.0, "seconds each service may take to report SERVING")
     progress_seconds: float = setting(5.0, "seconds between progress lines")
     stop_grace: float = setting(5.0, "seconds a role may take to exit after SIGTERM before SIGKILL")
-    max_restarts: int = setting(5, "restarts of one role that dies within restart_window before the run ends "
-                                   "(0: the first death ends the run)")
+    max_restarts: int = setting(
+        5,
+        "restarts of one role that dies within restart_window before the run ends "
+        "(0: the first death ends the run)",
+    )
     restart_window: float = setting(300.0, "seconds over which a role's restarts are counted")
 
     def __post_init__(self) -> None:
@@ -147,17 +193,22 @@ class FleetSettings:
         if self.evaluation_episodes is not None and self.evaluation_episodes < 1:
             raise ConfigError(f"evaluation_episodes ({self.evaluation_episodes}) must be at least 1")
         if self.max_restarts < 0 or not self.restart_window > 0:
-            raise ConfigError(f"max_restarts ({self.max_restarts}) must be >= 0 and restart_window "
-                              f"({self.restart_window}) > 0")
+            raise ConfigError(
+                f"max_restarts ({self.max_restarts}) must be >= 0 and restart_window "
+                f"({self.restart_window}) > 0"
+            )
         if not self.stop_grace >= 0:
             raise ConfigError(f"stop_grace ({self.stop_grace}) must be >= 0")
         if self.algorithm not in algorithm_names():
             raise ConfigError(f"algorithm ({self.algorithm!r}) must be one of {', '.join(algorithm_names())}")
         if (self.replay_capacity is not None and self.replay_capacity < 1) or self.min_replay_size < 1:
-            raise ConfigError(f"replay_capacity ({self.replay_capacity}) and min_replay_size "
-                              f"({self.min_replay_size}) must be at least 1")
-        if self.samples_per_insert is not None and \
-                not (math.isfinite(self.samples_per_insert) and self.samples_per_insert >= 0):
+            raise ConfigError(
+                f"replay_capacity ({self.replay_capacity}) and min_replay_size "
+                f"({self.min_replay_size}) must be at least 1"
+            )
+        if self.samples_per_insert is not None and not (
+            math.isfinite(self.samples_per_insert) and self.samples_per_insert >= 0
+        ):
             raise ConfigError(f"samples_per_insert ({self.samples_per_insert}) must be >= 0")
         try:
             self.tls_files()
@@ -165,8 +216,10 @@ class FleetSettings:
             raise ConfigError(str(err)) from None
         if self.role_tokens is not None:
             if self.token:
-                raise ConfigError("role_tokens and a fleet token together: the fleet token would allow every "
-                                  "method to whoever holds it (unset token, token_file and APEXRL_TOKEN)")
+                raise ConfigError(
+                    "role_tokens and a fleet token together: the fleet token would allow every "
+                    "method to whoever holds it (unset token, token_file and APEXRL_TOKEN)"
+                )
             try:
                 read_role_tokens(self.role_tokens)
             except SettingsError as err:
@@ -242,8 +295,10 @@ class FleetConfig(FleetSettings):
         for name in names:
             if (directory / name).is_file():
                 return (directory / name).read_text().strip()
-        raise ConfigError(f"role_tokens: {directory} has no token for {role}"
-                          f"{'' if index is None else f' {index}'} (a file named {' or '.join(names)})")
+        raise ConfigError(
+            f"role_tokens: {directory} has no token for {role}"
+            f"{'' if index is None else f' {index}'} (a file named {' or '.join(names)})"
+        )
 
     @property
     def num_actors(self) -> int:
@@ -260,8 +315,9 @@ class FleetConfig(FleetSettings):
         return max(1, -(-self.min_replay_size // len(self.shards)))
 
 
-def local_fleet(*, num_shards: int = 2, num_actors: int = 4, evaluator: bool = True,
-                **settings: Any) -> FleetConfig:
+def local_fleet(
+    *, num_shards: int = 2, num_actors: int = 4, evaluator: bool = True, **settings: Any
+) -> FleetConfig:
     """Every role on this machine, listening on 127.0.0.1; shards pick free ports and report them in port files,
     the launcher picks the other ports."""
     from apexrl.launcher.topology import validate

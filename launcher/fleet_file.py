@@ -97,8 +97,10 @@ def load_config(path: str | os.PathLike) -> FleetConfig:
             try:
                 import tomli as tomllib
             except ModuleNotFoundError:
-                raise ConfigError(f"{path}: reading TOML needs Python 3.11+ or 'pip install tomli'; "
-                                  f"or write the fleet file in YAML (.yaml)") from None
+                raise ConfigError(
+                    f"{path}: reading TOML needs Python 3.11+ or 'pip install tomli'; "
+                    f"or write the fleet file in YAML (.yaml)"
+                ) from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
@@ -123,9 +125,13 @@ def _parse(data: Mapping[str, Any]) -> FleetConfig:
     _table(data, "the fleet file")
     unknown = sorted(set(map(str, data)) - set(_TOP_KEYS))
     if unknown:
-        raise ConfigError(f"the fleet file: unknown table{'s' if len(unknown) > 1 else ''} "
-                          f"{', '.join(map(repr, unknown))} (allowed: {', '.join(_TOP_KEYS)})")
-    fleet = coerce_table(FleetSettings, _table(data.get("fleet", {}), "[fleet]"), "[fleet]", allow_wiring=True)
+        raise ConfigError(
+            f"the fleet file: unknown table{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(repr, unknown))} (allowed: {', '.join(_TOP_KEYS)})"
+        )
+    fleet = coerce_table(
+        FleetSettings, _table(data.get("fleet", {}), "[fleet]"), "[fleet]", allow_wiring=True
+    )
     try:
         FleetSettings(**fleet)
     except SettingsError as err:
@@ -139,31 +145,47 @@ def _parse(data: Mapping[str, Any]) -> FleetConfig:
         where = f"[[shard]] #{i}"
         entry = _table(entry, where)
         settings = coerce_table(ReplayConfig, entry, where, placement=("host", "port", "metrics_port"))
-        shards.append(ShardSpec(_host(entry, where), _port(entry, "port", where, required=True),
-                                _port(entry, "metrics_port", where), settings))
+        shards.append(
+            ShardSpec(
+                _host(entry, where),
+                _port(entry, "port", where, required=True),
+                _port(entry, "metrics_port", where),
+                settings,
+            )
+        )
 
     if "learner" not in data:
         raise ConfigError("missing [learner] table (exactly one learner; it hosts the parameter service)")
     entry = _table(data["learner"], "[learner]")
     settings = coerce_table(LearnerConfig, entry, "[learner]", placement=("host", "port", "metrics_port"))
-    learner = LearnerSpec(_host(entry, "[learner]"), _port(entry, "port", "[learner]", required=True),
-                          _port(entry, "metrics_port", "[learner]"), settings)
+    learner = LearnerSpec(
+        _host(entry, "[learner]"),
+        _port(entry, "port", "[learner]", required=True),
+        _port(entry, "metrics_port", "[learner]"),
+        settings,
+    )
 
     actors = []
     next_index = 0
     for i, entry in enumerate(_array(data.get("actors"), "[[actors]]", required=True)):
         where = f"[[actors]] #{i}"
         entry = _table(entry, where)
-        settings = coerce_table(ActorConfig, entry, where,
-                                placement=("host", "count", "first_index", "metrics_port"))
+        settings = coerce_table(
+            ActorConfig, entry, where, placement=("host", "count", "first_index", "metrics_port")
+        )
         if "count" not in entry:
             raise ConfigError(f"{where}: missing 'count' (actors in this group)")
         count = _integer(entry["count"], f"{where} count", minimum=1)
-        first = _integer(entry["first_index"], f"{where} first_index", minimum=0) \
-            if "first_index" in entry else next_index
+        first = (
+            _integer(entry["first_index"], f"{where} first_index", minimum=0)
+            if "first_index" in entry
+            else next_index
+        )
         metrics_port = _port(entry, "metrics_port", where)
         if metrics_port is not None and metrics_port + count - 1 > 65535:
-            raise ConfigError(f"{where}: metrics ports {metrics_port}..{metrics_port + count - 1} exceed 65535")
+            raise ConfigError(
+                f"{where}: metrics ports {metrics_port}..{metrics_port + count - 1} exceed 65535"
+            )
         actors.append(ActorGroup(_host(entry, where), count, first, metrics_port, settings))
         next_index = first + count
 
@@ -171,11 +193,13 @@ def _parse(data: Mapping[str, Any]) -> FleetConfig:
     if "evaluator" in data:
         entry = _table(data["evaluator"], "[evaluator]")
         settings = coerce_table(ActorConfig, entry, "[evaluator]", placement=("host", "metrics_port"))
-        evaluator = EvaluatorSpec(_host(entry, "[evaluator]"), _port(entry, "metrics_port", "[evaluator]"),
-                                  settings)
+        evaluator = EvaluatorSpec(
+            _host(entry, "[evaluator]"), _port(entry, "metrics_port", "[evaluator]"), settings
+        )
 
-    config = FleetConfig(shards=tuple(shards), learner=learner, actors=tuple(actors), evaluator=evaluator,
-                         hosts=hosts, **fleet)
+    config = FleetConfig(
+        shards=tuple(shards), learner=learner, actors=tuple(actors), evaluator=evaluator, hosts=hosts, **fleet
+    )
     validate(config)
     return config
 
@@ -200,7 +224,9 @@ def _array(value: Any, where: str, *, required: bool) -> Sequence[Mapping[str, A
 
 def _host(entry: Mapping[str, Any], where: str) -> str:
     if "host" not in entry:
-        raise ConfigError(f"{where}: missing 'host' (the name passed as --host-name on the machine that runs it)")
+        raise ConfigError(
+            f"{where}: missing 'host' (the name passed as --host-name on the machine that runs it)"
+        )
     return _string(entry["host"], f"{where} host")
 
 

@@ -59,26 +59,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "environment without a reward threshold and no --target-return), run_dir, reason, restarts, "
         "restarts_by_role.\n"
         "Exit status: 0 when solved (or, on a machine that does not check a target, after a clean stop), 1 "
-        "otherwise, 2 for a bad configuration.")
+        "otherwise, 2 for a bad configuration."
+    )
     fleet = parser.add_argument_group("fleet")
-    fleet.add_argument("--config", metavar="FILE", default=None,
-                       help="fleet file (TOML; YAML for .yaml/.yml) assigning roles to machines")
-    fleet.add_argument("--host-name", metavar="NAME", default=None,
-                       help="this machine's name in the fleet file (default: its only host)")
-    fleet.add_argument("--num-shards", type=int, default=None,
-                       help=f"replay shards of the local fleet (default: {DEFAULT_NUM_SHARDS}; not with --config)")
-    fleet.add_argument("--num-actors", type=int, default=None,
-                       help=f"exploring actors of the local fleet (default: {DEFAULT_NUM_ACTORS}; not with --config)")
+    fleet.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="fleet file (TOML; YAML for .yaml/.yml) assigning roles to machines",
+    )
+    fleet.add_argument(
+        "--host-name",
+        metavar="NAME",
+        default=None,
+        help="this machine's name in the fleet file (default: its only host)",
+    )
+    fleet.add_argument(
+        "--num-shards",
+        type=int,
+        default=None,
+        help=f"replay shards of the local fleet (default: {DEFAULT_NUM_SHARDS}; not with --config)",
+    )
+    fleet.add_argument(
+        "--num-actors",
+        type=int,
+        default=None,
+        help=f"exploring actors of the local fleet (default: {DEFAULT_NUM_ACTORS}; not with --config)",
+    )
     run = parser.add_argument_group("run (the [fleet] table of a fleet file; a flag given here overrides it)")
     add_settings(run, FleetSettings, overrides=True)
     passing = parser.add_argument_group(
-        "pass-through", "Extra arguments appended to every local role of a kind, split like a shell line; write "
-                        "them with '=': --learner-arg='--batch-size 256' --actor-arg=--num-envs=2.")
+        "pass-through",
+        "Extra arguments appended to every local role of a kind, split like a shell line; write "
+        "them with '=': --learner-arg='--batch-size 256' --actor-arg=--num-envs=2.",
+    )
     for kind in ROLE_ARG_KINDS:
-        passing.add_argument(f"--{kind}-arg", action="append", default=[], metavar="ARGS",
-                             help=f"appended to every 'apexrl {'actor --evaluate' if kind == 'evaluator' else kind}'"
-                                  + (" (after --actor-arg)" if kind == "evaluator" else "")
-                                  + (" and to the evaluator" if kind == "actor" else ""))
+        passing.add_argument(
+            f"--{kind}-arg",
+            action="append",
+            default=[],
+            metavar="ARGS",
+            help=f"appended to every 'apexrl {'actor --evaluate' if kind == 'evaluator' else kind}'"
+            + (" (after --actor-arg)" if kind == "evaluator" else "")
+            + (" and to the evaluator" if kind == "actor" else ""),
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,8 +115,10 @@ def run(args: argparse.Namespace) -> int:
         run_dir = Path(config.run_dir or default_run_dir(EnvChoice.of(config)))
         if (run_dir / "config.json").exists():
             raise ConfigError(f"{run_dir} already holds a run (config.json); choose another --run-dir")
-        extra = {kind: [a for text in getattr(args, f"{kind}_arg") for a in shlex.split(text)]
-                 for kind in ROLE_ARG_KINDS}
+        extra = {
+            kind: [a for text in getattr(args, f"{kind}_arg") for a in shlex.split(text)]
+            for kind in ROLE_ARG_KINDS
+        }
         check_commands(config, host, run_dir, extra)
         check_fixed_ports(config, host)
         if any(r.kind != "replay" for r in roles_on(config, host)):
@@ -105,8 +131,9 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as err:
         print(f"apexrl launch: error: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    return Launch(config, host, run_dir, extra,
-                  options={k: v for k, v in vars(args).items() if k != "func"}).run()
+    return Launch(
+        config, host, run_dir, extra, options={k: v for k, v in vars(args).items() if k != "func"}
+    ).run()
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[FleetConfig, str]:
@@ -120,13 +147,17 @@ def resolve_config(args: argparse.Namespace) -> tuple[FleetConfig, str]:
     if args.config is None:
         if args.host_name is not None:
             raise ConfigError("--host-name needs --config (the local fleet runs every role on this machine)")
-        config = local_fleet(num_shards=DEFAULT_NUM_SHARDS if args.num_shards is None else args.num_shards,
-                             num_actors=DEFAULT_NUM_ACTORS if args.num_actors is None else args.num_actors,
-                             **overrides)
+        config = local_fleet(
+            num_shards=DEFAULT_NUM_SHARDS if args.num_shards is None else args.num_shards,
+            num_actors=DEFAULT_NUM_ACTORS if args.num_actors is None else args.num_actors,
+            **overrides,
+        )
         return config, config.learner.host
     if args.num_shards is not None or args.num_actors is not None:
-        raise ConfigError("--num-shards and --num-actors describe the local fleet; with --config the fleet file "
-                          "sets the roles")
+        raise ConfigError(
+            "--num-shards and --num-actors describe the local fleet; with --config the fleet file "
+            "sets the roles"
+        )
     config = dataclasses.replace(load_config(args.config), **overrides)
     hosts = host_names(config)
     if args.host_name is None:
@@ -134,7 +165,9 @@ def resolve_config(args: argparse.Namespace) -> tuple[FleetConfig, str]:
             raise ConfigError(f"{args.config} spreads the fleet over {', '.join(hosts)}: pass --host-name")
         return config, hosts[0]
     if args.host_name not in hosts:
-        raise ConfigError(f"--host-name {args.host_name!r} runs no role of {args.config}; hosts: {', '.join(hosts)}")
+        raise ConfigError(
+            f"--host-name {args.host_name!r} runs no role of {args.config}; hosts: {', '.join(hosts)}"
+        )
     return config, args.host_name
 
 
@@ -153,8 +186,14 @@ def default_run_dir(env: EnvChoice | str) -> str:
 class Launch:
     """One run of one machine's roles, from start to the final JSON line."""
 
-    def __init__(self, config: FleetConfig, host: str, run_dir: Path, extra: dict[str, list[str]],
-                 options: dict | None = None) -> None:
+    def __init__(
+        self,
+        config: FleetConfig,
+        host: str,
+        run_dir: Path,
+        extra: dict[str, list[str]],
+        options: dict | None = None,
+    ) -> None:
         from apexrl.launcher.topology import checks_target
 
         self.config = config
@@ -187,16 +226,22 @@ class Launch:
 
         fleet = Fleet(self.config, self.host, self.run_dir, extra_args=self.extra, stop=self.stop)
         self._write_config(fleet, start)
-        progress_csv = ProgressCsv(self.run_dir / "progress.csv",
-                                   tensorboard_dir=self.run_dir / "tensorboard" / "episodes")
+        progress_csv = ProgressCsv(
+            self.run_dir / "progress.csv", tensorboard_dir=self.run_dir / "tensorboard" / "episodes"
+        )
         progress: Progress | None = None
         row = None
         failed = solved = False
         reason = "signal"
         try:
-            log.info("launching %s on %s (target return %s, at most %.0fs); run directory %s", self.config.env,
-                     self.host, self.target if self.checks_target else "not checked here",
-                     self.config.max_seconds, self.run_dir)
+            log.info(
+                "launching %s on %s (target return %s, at most %.0fs); run directory %s",
+                self.config.env,
+                self.host,
+                self.target if self.checks_target else "not checked here",
+                self.config.max_seconds,
+                self.run_dir,
+            )
             fleet.start()
             self._write_config(fleet, start)
             write_targets(self.run_dir, fleet.config, self.host, fleet.roles)  # Prometheus file-SD
@@ -210,9 +255,12 @@ class Launch:
                     failed = child.process.returncode != 0
                     reason = "restart_budget_exhausted" if failed else "role_exited"
                     if failed:
-                        print(f"apexrl launch: {child.role.name} died unexpectedly and its restart budget "
-                              f"({self.config.max_restarts} in {self.config.restart_window:.0f}s) is spent: "
-                              f"{child.describe_exit()}", file=sys.stderr)
+                        print(
+                            f"apexrl launch: {child.role.name} died unexpectedly and its restart budget "
+                            f"({self.config.max_restarts} in {self.config.restart_window:.0f}s) is spent: "
+                            f"{child.describe_exit()}",
+                            file=sys.stderr,
+                        )
                     else:
                         log.info("%s finished (exit status 0); stopping the fleet", child.role.name)
                     break
@@ -224,8 +272,11 @@ class Launch:
                     row = self._tick(progress, progress_csv, now, restarts=sum(fleet.restart_counts.values()))
                     if self.checks_target and progress.solved(self.target):
                         solved, reason = True, "target"
-                        log.info("solved: the last 100 evaluation episodes average %.1f >= %g",
-                                 progress.eval_mean(), self.target)
+                        log.info(
+                            "solved: the last 100 evaluation episodes average %.1f >= %g",
+                            progress.eval_mean(),
+                            self.target,
+                        )
                         break
                     next_tick += self.progress_seconds
                 self.stop.wait(0.2)
@@ -239,8 +290,13 @@ class Launch:
                 progress = Progress(self.run_dir / "episodes", *self._metrics_urls(fleet), start_time=start)
             if fleet.children and not self.force.is_set():
                 try:
-                    row = self._tick(progress, progress_csv, time.time(), echo=False,
-                                     restarts=sum(fleet.restart_counts.values()))  # last counters
+                    row = self._tick(
+                        progress,
+                        progress_csv,
+                        time.time(),
+                        echo=False,
+                        restarts=sum(fleet.restart_counts.values()),
+                    )  # last counters
                 except Exception as err:  # the fleet must still be stopped
                     log.warning("final progress read failed: %s", err)
             log.info("stopping %d roles (%s)", len(fleet.children), reason)
@@ -287,7 +343,9 @@ class Launch:
         for role in roles(fleet.config):
             role = local.get(role.name, role)
             if role.kind in ("actor", "learner") and role.metrics_port:
-                urls[role.name] = f"http://{address(fleet.config, role.host, role.metrics_port, self.host)}/metrics"
+                urls[role.name] = (
+                    f"http://{address(fleet.config, role.host, role.metrics_port, self.host)}/metrics"
+                )
         learner = urls.pop("learner", None)
         return list(urls.values()), learner
 
@@ -308,8 +366,11 @@ class Launch:
             "pass_through_args": self.extra,
             "fleet": dataclasses.asdict(fleet.config),
             "roles": [
-                {**dataclasses.asdict(local.get(role.name, role)), "local": role.name in local,
-                 "command": commands.get(role.name)}
+                {
+                    **dataclasses.asdict(local.get(role.name, role)),
+                    "local": role.name in local,
+                    "command": commands.get(role.name),
+                }
                 for role in roles(fleet.config)
             ],
         }
@@ -327,9 +388,13 @@ class Launch:
             try:
                 from apexrl.launcher.plot import plot_learning_curve
 
-                plot_learning_curve(self.run_dir / "progress.csv", self.run_dir / "episodes.csv",
-                                    self.run_dir / "learning_curve.png",
-                                    target_return=self.target, title=self.config.env)
+                plot_learning_curve(
+                    self.run_dir / "progress.csv",
+                    self.run_dir / "episodes.csv",
+                    self.run_dir / "learning_curve.png",
+                    target_return=self.target,
+                    title=self.config.env,
+                )
                 written.append("learning_curve.png")
             except Exception as err:  # a missing plot must not hide the run's result
                 log.warning("could not plot the learning curve: %s", err)

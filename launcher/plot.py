@@ -51,8 +51,14 @@ def rolling_mean(values: np.ndarray, window: int = WINDOW) -> np.ndarray:
     return (sums[idx] - sums[lo]) / (idx - lo)
 
 
-def plot_learning_curve(progress_csv: str | os.PathLike, episodes_csv: str | os.PathLike,
-                        out: str | os.PathLike, *, target_return: float | None = None, title: str = "") -> Path:
+def plot_learning_curve(
+    progress_csv: str | os.PathLike,
+    episodes_csv: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    target_return: float | None = None,
+    title: str = "",
+) -> Path:
     """Write a two-panel PNG (return vs env steps, return vs wall time); returns its path."""
     import matplotlib
 
@@ -74,8 +80,10 @@ def plot_learning_curve(progress_csv: str | os.PathLike, episodes_csv: str | os.
         episode_steps = np.full(times.shape, np.nan)
 
     fig, (ax_steps, ax_wall) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
-    panels = ((ax_steps, episode_steps, "environment steps (all exploring actors)"),
-              (ax_wall, episode_wall / 60.0, "wall time (minutes since launch)"))
+    panels = (
+        (ax_steps, episode_steps, "environment steps (all exploring actors)"),
+        (ax_wall, episode_wall / 60.0, "wall time (minutes since launch)"),
+    )
     for ax, x, xlabel in panels:
         if returns.size:
             ax.scatter(x, returns, s=4, alpha=0.25, color="tab:blue", label="evaluation episode")
@@ -83,8 +91,13 @@ def plot_learning_curve(progress_csv: str | os.PathLike, episodes_csv: str | os.
         else:
             ax.text(0.5, 0.5, "no evaluation episodes", transform=ax.transAxes, ha="center", va="center")
         if target_return is not None:
-            ax.axhline(target_return, color="tab:red", linestyle="--", linewidth=1.2,
-                       label=f"target {target_return:g}")
+            ax.axhline(
+                target_return,
+                color="tab:red",
+                linestyle="--",
+                linewidth=1.2,
+                label=f"target {target_return:g}",
+            )
         ax.set_xlabel(xlabel)
         ax.set_ylabel("episode return (greedy evaluation)")
         ax.grid(alpha=0.3)

@@ -38,8 +38,11 @@ class MetricsScraper:
         self.urls = list(urls)
         self.timeout = timeout
         self.last: dict[str, dict[str, float]] = {}
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(self.urls))),
-                                        thread_name_prefix="scrape") if self.urls else None
+        self._pool = (
+            ThreadPoolExecutor(max_workers=max(1, min(16, len(self.urls))), thread_name_prefix="scrape")
+            if self.urls
+            else None
+        )
 
     def refresh(self) -> None:
         if self._pool is None:
@@ -93,8 +96,9 @@ class Progress:
     training data); returns come from the episode CSVs this machine can read.
     """
 
-    def __init__(self, episodes_dir: Path, actor_urls: Sequence[str], learner_url: str | None,
-                 start_time: float) -> None:
+    def __init__(
+        self, episodes_dir: Path, actor_urls: Sequence[str], learner_url: str | None, start_time: float
+    ) -> None:
         self.episodes_dir = episodes_dir
         self.start_time = start_time
         self.actor_urls = list(actor_urls)
@@ -165,12 +169,14 @@ def format_row(row: ProgressRow, eval_episodes: int) -> str:
     def num(value: float | None, spec: str = ",.0f") -> str:
         return "-" if value is None else format(value, spec)
 
-    return (f"[{row.wall_seconds:6.0f}s] env steps {row.env_steps:,} ({num(row.env_steps_per_second)}/s) | "
-            f"episodes {row.episodes:,} | eval return {num(row.mean_return_100, '.1f')} "
-            f"(last {min(eval_episodes, WINDOW)} of {eval_episodes}) | "
-            f"explore return {num(row.mean_explore_return_100, '.1f')} | "
-            f"updates {num(row.updates)} ({num(row.updates_per_second, ',.1f')}/s) | "
-            f"weights v{num(row.weight_version, 'd')}" + (f" | restarts {row.restarts}" if row.restarts else ""))
+    return (
+        f"[{row.wall_seconds:6.0f}s] env steps {row.env_steps:,} ({num(row.env_steps_per_second)}/s) | "
+        f"episodes {row.episodes:,} | eval return {num(row.mean_return_100, '.1f')} "
+        f"(last {min(eval_episodes, WINDOW)} of {eval_episodes}) | "
+        f"explore return {num(row.mean_explore_return_100, '.1f')} | "
+        f"updates {num(row.updates)} ({num(row.updates_per_second, ',.1f')}/s) | "
+        f"weights v{num(row.weight_version, 'd')}" + (f" | restarts {row.restarts}" if row.restarts else "")
+    )
 
 
 class ProgressCsv:

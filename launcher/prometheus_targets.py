@@ -44,18 +44,25 @@ def target_groups(config: FleetConfig, host: str, roles: Iterable[Role]) -> list
     for role in roles:
         if not role.metrics_port or role.metrics_port < 0:
             continue
-        groups.append({
-            "targets": [address(config, role.host, role.metrics_port, seen_from)],
-            "labels": {"job": JOBS[role.kind], "role": role.name, "host": role.host},
-        })
+        groups.append(
+            {
+                "targets": [address(config, role.host, role.metrics_port, seen_from)],
+                "labels": {"job": JOBS[role.kind], "role": role.name, "host": role.host},
+            }
+        )
     return groups
 
 
 def write_targets(run_dir: Path, config: FleetConfig, host: str, roles: Iterable[Role]) -> Path:
     """Write RUN_DIR/prometheus/targets.json atomically and log how to point Prometheus at it."""
-    path = atomic_write(Path(run_dir) / TARGETS_FILE,
-                        json.dumps(target_groups(config, host, roles), indent=2) + "\n").resolve()
-    log.info("Prometheus targets of this machine's roles: %s; scrape them with\n"
-             "  scrape_configs: [{job_name: apexrl, scrape_interval: 5s, file_sd_configs: [{files: ['%s']}]}]\n"
-             "  (rules and a complete example: monitoring/prometheus/)", path, path)
+    path = atomic_write(
+        Path(run_dir) / TARGETS_FILE, json.dumps(target_groups(config, host, roles), indent=2) + "\n"
+    ).resolve()
+    log.info(
+        "Prometheus targets of this machine's roles: %s; scrape them with\n"
+        "  scrape_configs: [{job_name: apexrl, scrape_interval: 5s, file_sd_configs: [{files: ['%s']}]}]\n"
+        "  (rules and a complete example: monitoring/prometheus/)",
+        path,
+        path,
+    )
     return path

@@ -17,7 +17,10 @@ from apexrl.launcher.progress import ProgressRow
 
 log = logging.getLogger("apexrl.launch")
 
-TAGS = {"mean_return_100": "return/evaluation_mean_100", "mean_explore_return_100": "return/exploration_mean_100"}
+TAGS = {
+    "mean_return_100": "return/evaluation_mean_100",
+    "mean_explore_return_100": "return/exploration_mean_100",
+}
 
 
 class ReturnCurves:

@@ -39,7 +39,9 @@ class Wiring:
 
 def roles(config: FleetConfig) -> list[Role]:
     """Every process of the fleet in start order: shards, learner, actors (by index), evaluator."""
-    result = [Role(f"shard-{i}", "replay", s.host, i, s.port, s.metrics_port) for i, s in enumerate(config.shards)]
+    result = [
+        Role(f"shard-{i}", "replay", s.host, i, s.port, s.metrics_port) for i, s in enumerate(config.shards)
+    ]
     learner = config.learner
     result.append(Role("learner", "learner", learner.host, 0, learner.port, learner.metrics_port))
     actors = []
@@ -50,7 +52,9 @@ def roles(config: FleetConfig) -> list[Role]:
             actors.append(Role(f"actor-{index}", "actor", group.host, index, None, metrics))
     result += sorted(actors, key=lambda r: r.index)
     if config.evaluator is not None:
-        result.append(Role("evaluator", "evaluator", config.evaluator.host, 0, None, config.evaluator.metrics_port))
+        result.append(
+            Role("evaluator", "evaluator", config.evaluator.host, 0, None, config.evaluator.metrics_port)
+        )
     return result
 
 
@@ -64,24 +68,38 @@ def validate(config: FleetConfig) -> None:
             taken[index] = f"[[actors]] #{i}"
     missing = sorted(set(range(config.num_actors)) - set(taken))
     if missing:
-        raise ConfigError(f"actor indices must be 0..{config.num_actors - 1} without gaps (the Ape-X epsilons are "
-                          f"spread over them); missing {missing}, groups cover {sorted(taken)}")
+        raise ConfigError(
+            f"actor indices must be 0..{config.num_actors - 1} without gaps (the Ape-X epsilons are "
+            f"spread over them); missing {missing}, groups cover {sorted(taken)}"
+        )
     if config.evaluator is not None and config.evaluator.host != config.learner.host:
-        raise ConfigError(f"[evaluator] host ({config.evaluator.host!r}) must be the learner's host "
-                          f"({config.learner.host!r}): the learner's machine reads the evaluation episodes to "
-                          f"check the target return")
+        raise ConfigError(
+            f"[evaluator] host ({config.evaluator.host!r}) must be the learner's host "
+            f"({config.learner.host!r}): the learner's machine reads the evaluation episodes to "
+            f"check the target return"
+        )
     used: dict[tuple[str, int], str] = {}
     for role in roles(config):
-        spec = config.shards[role.index] if role.kind == "replay" else config.learner if role.kind == "learner" \
+        spec = (
+            config.shards[role.index]
+            if role.kind == "replay"
+            else config.learner
+            if role.kind == "learner"
             else None
+        )
         health_port = spec.settings.get("health_port") if spec is not None else None
-        for key, port in (("port", role.port), ("metrics_port", role.metrics_port), ("health_port", health_port)):
+        for key, port in (
+            ("port", role.port),
+            ("metrics_port", role.metrics_port),
+            ("health_port", health_port),
+        ):
             if not port:  # None or 0: picked at launch
                 continue
             owner = f"{role.name} ({key})"
             if (role.host, port) in used:
-                raise ConfigError(f"port {port} on host {role.host!r} is used by both {used[role.host, port]} "
-                                  f"and {owner}")
+                raise ConfigError(
+                    f"port {port} on host {role.host!r} is used by both {used[role.host, port]} and {owner}"
+                )
             used[role.host, port] = owner
 
 
@@ -94,8 +112,9 @@ def roles_on(config: FleetConfig, host: str) -> list[Role]:
     """The roles `apexrl launch --host-name HOST` starts; ConfigError when HOST runs none."""
     mine = [role for role in roles(config) if role.host == host]
     if not mine:
-        raise ConfigError(f"no role of the fleet runs on host {host!r}; hosts in the fleet: "
-                          f"{', '.join(host_names(config))}")
+        raise ConfigError(
+            f"no role of the fleet runs on host {host!r}; hosts in the fleet: {', '.join(host_names(config))}"
+        )
     return mine
 
 
@@ -128,8 +147,9 @@ def wiring(config: FleetConfig, from_host: str) -> Wiring:
     )
 
 
-def with_ports(config: FleetConfig, *, shard_ports: Mapping[int, int] | None = None,
-               params_port: int | None = None) -> FleetConfig:
+def with_ports(
+    config: FleetConfig, *, shard_ports: Mapping[int, int] | None = None, params_port: int | None = None
+) -> FleetConfig:
     """A copy with the ports the launcher learnt (port files) or picked filled in."""
     shards = list(config.shards)
     for i, port in (shard_ports or {}).items():

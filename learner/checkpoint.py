@@ -61,13 +61,20 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
         "env_module": list(checkpoint.env_module),
         "env_kwargs": str(checkpoint.env_kwargs),
         "algorithm": checkpoint.algorithm,
-        "spaces": {"obs_shape": list(spaces.obs_shape), "obs_dtype": spaces.obs_dtype,
-                   "num_actions": spaces.num_actions, "action_low": list(spaces.action_low),
-                   "action_high": list(spaces.action_high), "obs_one_hot": spaces.obs_one_hot},
+        "spaces": {
+            "obs_shape": list(spaces.obs_shape),
+            "obs_dtype": spaces.obs_dtype,
+            "num_actions": spaces.num_actions,
+            "action_low": list(spaces.action_low),
+            "action_high": list(spaces.action_high),
+            "obs_one_hot": spaces.obs_one_hot,
+        },
         "architecture": checkpoint.architecture,
         "state": checkpoint.state,
-        "acting_weights": {name: torch.from_numpy(np.ascontiguousarray(array))
-                           for name, array in checkpoint.acting_weights.items()},
+        "acting_weights": {
+            name: torch.from_numpy(np.ascontiguousarray(array))
+            for name, array in checkpoint.acting_weights.items()
+        },
         "updates": checkpoint.updates,
         "weight_version": checkpoint.weight_version,
     }
@@ -82,7 +89,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     for candidate in (path, path / CHECKPOINT_NAME, path / "checkpoints" / CHECKPOINT_NAME):
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(f"no checkpoint at {path} (looked for {CHECKPOINT_NAME} and checkpoints/{CHECKPOINT_NAME})")
+    raise FileNotFoundError(
+        f"no checkpoint at {path} (looked for {CHECKPOINT_NAME} and checkpoints/{CHECKPOINT_NAME})"
+    )
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
@@ -99,7 +108,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         if found == FORMAT_DQN_V1:
             return _from_dqn_v1(payload)
     except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{file} is a damaged apexrl checkpoint ({found}): {type(err).__name__}: {err}") from None
+        raise ValueError(
+            f"{file} is a damaged apexrl checkpoint ({found}): {type(err).__name__}: {err}"
+        ) from None
     raise ValueError(f"{file} is not an apexrl checkpoint (format {found!r}, want {FORMAT!r})")
 
 
@@ -112,9 +123,14 @@ def _from_v2(payload: dict[str, Any]) -> Checkpoint:
     return Checkpoint(
         env_id=str(payload["env_id"]),
         algorithm=str(payload["algorithm"]),
-        spaces=EnvSpaces(tuple(int(d) for d in spaces["obs_shape"]), str(spaces["obs_dtype"]),
-                         int(spaces["num_actions"]), tuple(float(v) for v in spaces["action_low"]),
-                         tuple(float(v) for v in spaces["action_high"]), bool(spaces.get("obs_one_hot", False))),
+        spaces=EnvSpaces(
+            tuple(int(d) for d in spaces["obs_shape"]),
+            str(spaces["obs_dtype"]),
+            int(spaces["num_actions"]),
+            tuple(float(v) for v in spaces["action_low"]),
+            tuple(float(v) for v in spaces["action_high"]),
+            bool(spaces.get("obs_one_hot", False)),
+        ),
         architecture=dict(payload["architecture"]),
         state=dict(payload["state"]),
         acting_weights=_numpy(payload["acting_weights"]),
@@ -136,8 +152,12 @@ def _from_dqn_v1(payload: dict[str, Any]) -> Checkpoint:
         env_id=str(payload["env_id"]),
         algorithm="dqn",
         spaces=spaces,
-        architecture={"network": network, "hidden_sizes": [int(h) for h in payload["hidden_sizes"]],
-                      "obs_dim": obs_dim, "num_actions": num_actions},
+        architecture={
+            "network": network,
+            "hidden_sizes": [int(h) for h in payload["hidden_sizes"]],
+            "obs_dim": obs_dim,
+            "num_actions": num_actions,
+        },
         state={"online": payload["online"], "target": payload["target"], "optimizer": payload["optimizer"]},
         acting_weights=_numpy(payload["online"]),
         updates=int(payload["updates"]),

@@ -42,25 +42,40 @@ class LearnerConfig:
     left at None takes the algorithm's default (`apexrl.algorithms.registry.with_defaults`).
     """
 
-    replay: tuple[str, ...] = setting(help="comma-separated host:port of every replay shard, or dns:///NAME:PORT "
-                                           "for every address NAME resolves to (a Kubernetes headless Service)",
-                                      wiring="the [[shard]] tables", metavar="ADDRESSES")
+    replay: tuple[str, ...] = setting(
+        help="comma-separated host:port of every replay shard, or dns:///NAME:PORT "
+        "for every address NAME resolves to (a Kubernetes headless Service)",
+        wiring="the [[shard]] tables",
+        metavar="ADDRESSES",
+    )
     replay_resolve_seconds: float = replay_resolve_setting()
-    env: str = setting("CartPole-v1", "Gymnasium environment id; sets the network's input and output sizes",
-                       wiring="[fleet] env")
+    env: str = setting(
+        "CartPole-v1",
+        "Gymnasium environment id; sets the network's input and output sizes",
+        wiring="[fleet] env",
+    )
     env_module: tuple[str, ...] = env_module_setting(wiring="[fleet] env_module")
     env_kwargs: EnvKwargs = env_kwargs_setting(wiring="[fleet] env_kwargs")
-    run_dir: str | None = setting(None, "directory for checkpoints (RUN_DIR/checkpoints/checkpoint.pt); resumes "
-                                        "from it when present (none: no checkpoints)", wiring="[fleet] run_dir",
-                                  metavar="DIR")
-    seed: int | None = setting(None, "seed of network initialisation and sampling (none: unseeded)",
-                               wiring="[fleet] seed")
+    run_dir: str | None = setting(
+        None,
+        "directory for checkpoints (RUN_DIR/checkpoints/checkpoint.pt); resumes "
+        "from it when present (none: no checkpoints)",
+        wiring="[fleet] run_dir",
+        metavar="DIR",
+    )
+    seed: int | None = setting(
+        None, "seed of network initialisation and sampling (none: unseeded)", wiring="[fleet] seed"
+    )
     # The parameter service hosted in this process (or a standalone one).
     host: str = host_setting()
-    port: int = setting(DEFAULT_PORT, "port of the parameter service hosted in this process; 0 picks one "
-                                      "(see --port-file)")
-    params: str | None = setting(None, "publish to a standalone parameter service at host:port instead of hosting "
-                                       "one", metavar="ADDRESS")
+    port: int = setting(
+        DEFAULT_PORT, "port of the parameter service hosted in this process; 0 picks one (see --port-file)"
+    )
+    params: str | None = setting(
+        None,
+        "publish to a standalone parameter service at host:port instead of hosting one",
+        metavar="ADDRESS",
+    )
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
     token: str | None = token_setting()
     token_file: str | None = token_file_setting()
@@ -73,55 +88,90 @@ class LearnerConfig:
     health_port: int | None = health_port_setting()
     port_file: str | None = port_file_setting()
     # Algorithm
-    algorithm: str = setting(AUTO, "learning algorithm: dqn (Ape-X DQN, Discrete actions) or dpg (Ape-X DPG, Box "
-                                   "actions); auto picks by the environment's action space",
-                             choices=algorithm_names(), wiring="[fleet] algorithm")
+    algorithm: str = setting(
+        AUTO,
+        "learning algorithm: dqn (Ape-X DQN, Discrete actions) or dpg (Ape-X DPG, Box "
+        "actions); auto picks by the environment's action space",
+        choices=algorithm_names(),
+        wiring="[fleet] algorithm",
+    )
     # Network and optimisation
-    network: str = setting("auto", "network torso: mlp (vectors; images are flattened), nature (Nature DQN's "
-                                   "convolutions, images of 36x36 and up), minatar (one 3x3 convolution, small "
-                                   "images); auto picks mlp for vectors, nature for images of 36x36 and up, minatar "
-                                   "below", choices=NETWORKS)
+    network: str = setting(
+        "auto",
+        "network torso: mlp (vectors; images are flattened), nature (Nature DQN's "
+        "convolutions, images of 36x36 and up), minatar (one 3x3 convolution, small "
+        "images); auto picks mlp for vectors, nature for images of 36x36 and up, minatar "
+        "below",
+        choices=NETWORKS,
+    )
     hidden_sizes: tuple[int, ...] | None = setting(
-        None, "sizes of the fully connected layers before the output (DQN's dueling head, DPG's action or value), "
-              "after the convolutions of a convolutional torso, comma-separated (none: 256,256 for mlp, 512 for "
-              "nature, 128 for minatar)",
-        metavar="SIZES")
+        None,
+        "sizes of the fully connected layers before the output (DQN's dueling head, DPG's action or value), "
+        "after the convolutions of a convolutional torso, comma-separated (none: 256,256 for mlp, 512 for "
+        "nature, 128 for minatar)",
+        metavar="SIZES",
+    )
     batch_size: int = setting(256, "rows per update, drawn across all shards")
-    learning_rate: float | None = setting(None, "Adam learning rate (DPG: of the critic) (none: dqn 2e-3 for mlp, "
-                                                "1e-3 for nature and minatar; dpg 1e-3)")
+    learning_rate: float | None = setting(
+        None,
+        "Adam learning rate (DPG: of the critic) (none: dqn 2e-3 for mlp, "
+        "1e-3 for nature and minatar; dpg 1e-3)",
+    )
     max_grad_norm: float = setting(10.0, "gradient clipping norm (of each network)")
-    target_update_period: int | None = setting(None, "updates between moves of the target networks toward the "
-                                                     "online ones (none: dqn 100, dpg 1)")
-    target_tau: float | None = setting(None, "how far the target networks move at each of those moves: target <- "
-                                             "tau * online + (1 - tau) * target (Polyak averaging); 1: a hard copy "
-                                             "(none: dqn 1, dpg 0.005)")
+    target_update_period: int | None = setting(
+        None, "updates between moves of the target networks toward the online ones (none: dqn 100, dpg 1)"
+    )
+    target_tau: float | None = setting(
+        None,
+        "how far the target networks move at each of those moves: target <- "
+        "tau * online + (1 - tau) * target (Polyak averaging); 1: a hard copy "
+        "(none: dqn 1, dpg 0.005)",
+    )
     # DPG only
-    policy_learning_rate: float | None = setting(None, "dpg: Adam learning rate of the policy (none: learning_rate)")
-    twin_critics: bool | None = setting(None, "dpg: two critics, the target from the smaller of their values "
-                                              "(TD3's clipped double-Q) (none: on)")
-    policy_delay: int | None = setting(None, "dpg: critic updates per policy update (TD3's delayed policy "
-                                             "updates; 1: every update) (none: 2)")
-    target_noise: float | None = setting(None, "dpg: standard deviation of the Gaussian noise added to the target "
-                                               "policy's action, in half action ranges (TD3's target-policy "
-                                               "smoothing; 0: off) (none: 0.2)")
-    target_noise_clip: float | None = setting(None, "dpg: that noise is clipped to +-this, in half action ranges "
-                                                    "(none: 0.5)")
+    policy_learning_rate: float | None = setting(
+        None, "dpg: Adam learning rate of the policy (none: learning_rate)"
+    )
+    twin_critics: bool | None = setting(
+        None,
+        "dpg: two critics, the target from the smaller of their values (TD3's clipped double-Q) (none: on)",
+    )
+    policy_delay: int | None = setting(
+        None,
+        "dpg: critic updates per policy update (TD3's delayed policy updates; 1: every update) (none: 2)",
+    )
+    target_noise: float | None = setting(
+        None,
+        "dpg: standard deviation of the Gaussian noise added to the target "
+        "policy's action, in half action ranges (TD3's target-policy "
+        "smoothing; 0: off) (none: 0.2)",
+    )
+    target_noise_clip: float | None = setting(
+        None, "dpg: that noise is clipped to +-this, in half action ranges (none: 0.5)"
+    )
     # Prioritized replay
     beta_start: float = setting(0.4, "initial importance-sampling exponent (PER)")
     beta_end: float = setting(1.0, "final importance-sampling exponent")
-    beta_anneal_updates: int = setting(10_000, "updates over which beta rises linearly from beta_start to beta_end")
+    beta_anneal_updates: int = setting(
+        10_000, "updates over which beta rises linearly from beta_start to beta_end"
+    )
     priority_epsilon: float = setting(1e-3, "added to |TD error| so no sampled row drops to priority 0")
-    min_replay_size: int = setting(1_000, "rows the shards must hold in total before training starts",
-                                   wiring="[fleet] min_replay_size")
+    min_replay_size: int = setting(
+        1_000, "rows the shards must hold in total before training starts", wiring="[fleet] min_replay_size"
+    )
     # Data path
-    sampler_process: bool = setting(True, "sample, decode and assemble batches in a child process that hands them "
-                                          "over in shared memory, so the train step never pays for its data (off: "
-                                          "a thread of the learner's own process)")
+    sampler_process: bool = setting(
+        True,
+        "sample, decode and assemble batches in a child process that hands them "
+        "over in shared memory, so the train step never pays for its data (off: "
+        "a thread of the learner's own process)",
+    )
     prefetch_depth: int = setting(4, "batches sampled ahead of the train step")
-    sample_batches_per_call: int = setting(4, "batches drawn per Sample call to each shard, then split: fewer, "
-                                              "larger calls")
-    priority_coalesce_batches: int = setting(4, "batches whose priority updates go to a shard together in one "
-                                                "message")
+    sample_batches_per_call: int = setting(
+        4, "batches drawn per Sample call to each shard, then split: fewer, larger calls"
+    )
+    priority_coalesce_batches: int = setting(
+        4, "batches whose priority updates go to a shard together in one message"
+    )
     sample_timeout: float = setting(10.0, "deadline of one Sample call, seconds")
     # Weights and checkpoints
     publish_every: int = setting(10, "updates between weight versions published to the actors")
@@ -138,8 +188,15 @@ class LearnerConfig:
         check_listen(self.host, self.port, self.metrics_port)
         if not self.replay_resolve_seconds > 0:
             raise ValueError(f"replay_resolve_seconds ({self.replay_resolve_seconds}) must be > 0")
-        for name in ("batch_size", "publish_every", "checkpoint_every", "prefetch_depth",
-                     "sample_batches_per_call", "priority_coalesce_batches", "torch_threads"):
+        for name in (
+            "batch_size",
+            "publish_every",
+            "checkpoint_every",
+            "prefetch_depth",
+            "sample_batches_per_call",
+            "priority_coalesce_batches",
+            "torch_threads",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
         if not self.replay:
@@ -165,7 +222,9 @@ class LearnerConfig:
         if self.learning_rate is not None and not self.learning_rate > 0:
             raise ValueError(f"learning_rate ({self.learning_rate}) must be > 0")
         if not 0 <= self.beta_start <= 1 or not 0 <= self.beta_end <= 1:
-            raise ValueError(f"beta_start ({self.beta_start}) and beta_end ({self.beta_end}) must be in [0, 1]")
+            raise ValueError(
+                f"beta_start ({self.beta_start}) and beta_end ({self.beta_end}) must be in [0, 1]"
+            )
         if self.min_replay_size < 1:
             raise ValueError(f"min_replay_size ({self.min_replay_size}) must be a positive integer")
         if not self.sample_timeout > 0:
@@ -176,11 +235,15 @@ class LearnerConfig:
         # Its token is its own credential as a client; role tokens are what the service it hosts verifies.
         check_access_settings(None, self.role_tokens, self.certificate_roles, tls is not None and tls.mutual)
         if self.params is not None and (self.role_tokens is not None or self.certificate_roles):
-            raise ValueError("role_tokens and certificate_roles set who may call the parameter service this learner "
-                             "hosts; with --params it hosts none (set them on that service)")
+            raise ValueError(
+                "role_tokens and certificate_roles set who may call the parameter service this learner "
+                "hosts; with --params it hosts none (set them on that service)"
+            )
         if self.params is not None and self.health_port is not None:
-            raise ValueError(f"health_port ({self.health_port}) belongs to the hosted parameter service; with "
-                             f"params ({self.params}) this learner serves none")
+            raise ValueError(
+                f"health_port ({self.health_port}) belongs to the hosted parameter service; with "
+                f"params ({self.params}) this learner serves none"
+            )
         check_health_port(self.health_port, self.port)
 
     def listening_ports(self) -> dict[str, int]:

@@ -33,26 +33,45 @@ VIDEO_HINT = "--record-video needs moviepy: pip install 'apexrl[video]'"
 
 @dataclass(frozen=True)
 class EvaluateConfig:
-    path: str = setting(help="a checkpoint file, or a run directory holding checkpoints/checkpoint.pt",
-                        metavar="RUN_DIR_OR_CHECKPOINT", positional=True)
+    path: str = setting(
+        help="a checkpoint file, or a run directory holding checkpoints/checkpoint.pt",
+        metavar="RUN_DIR_OR_CHECKPOINT",
+        positional=True,
+    )
     episodes: int = setting(10, "greedy episodes to play")
     seed: int | None = setting(None, "episode k resets the environment with seed S + k (none: unseeded)")
-    render: bool = setting(False, "show the episodes in a window (render_mode='human'; needs the render extra); "
-                                  "off for headless machines")
-    record_video: str | None = setting(None, "write every episode as an MP4 file into this folder (Gymnasium's "
-                                             "RecordVideo; needs the video extra); works on headless machines",
-                                       metavar="DIR")
-    env: str | None = setting(None, "play this Gymnasium id instead of the checkpoint's own (same spaces required)")
-    env_module: tuple[str, ...] | None = setting(None, "modules to import before the environment is made (none: "
-                                                       "the checkpoint's own)", metavar="MODULES")
-    env_kwargs: EnvKwargs | None = setting(None, "constructor arguments of the environment, a JSON object (none: "
-                                                 "the ones it was trained with)", metavar="JSON")
+    render: bool = setting(
+        False,
+        "show the episodes in a window (render_mode='human'; needs the render extra); "
+        "off for headless machines",
+    )
+    record_video: str | None = setting(
+        None,
+        "write every episode as an MP4 file into this folder (Gymnasium's "
+        "RecordVideo; needs the video extra); works on headless machines",
+        metavar="DIR",
+    )
+    env: str | None = setting(
+        None, "play this Gymnasium id instead of the checkpoint's own (same spaces required)"
+    )
+    env_module: tuple[str, ...] | None = setting(
+        None,
+        "modules to import before the environment is made (none: the checkpoint's own)",
+        metavar="MODULES",
+    )
+    env_kwargs: EnvKwargs | None = setting(
+        None,
+        "constructor arguments of the environment, a JSON object (none: the ones it was trained with)",
+        metavar="JSON",
+    )
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
             raise ValueError(f"episodes ({self.episodes}) must be at least 1")
         if self.render and self.record_video is not None:
-            raise ValueError("render and record_video exclude each other (a window, or frames for a video file)")
+            raise ValueError(
+                "render and record_video exclude each other (a window, or frames for a video file)"
+            )
 
 
 CONFIG = EvaluateConfig
@@ -69,9 +88,11 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
     except (FileNotFoundError, ValueError) as err:
         raise SettingsError(str(err)) from None
     trained = policy.env  # another --env keeps the plugin modules but not the arguments meant for this one
-    choice = EnvChoice(args.env or trained.id, trained.modules if args.env_module is None else args.env_module,
-                       args.env_kwargs if args.env_kwargs is not None else
-                       trained.kwargs if args.env is None else NO_KWARGS)
+    choice = EnvChoice(
+        args.env or trained.id,
+        trained.modules if args.env_module is None else args.env_module,
+        args.env_kwargs if args.env_kwargs is not None else trained.kwargs if args.env is None else NO_KWARGS,
+    )
     env = _make(choice, args)
     try:
         spaces = check_spaces(env, choice.id)
@@ -79,18 +100,27 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
         env.close()
         raise SettingsError(str(err)) from None
     saved = policy.spaces
-    if (spaces.obs_dim, spaces.num_actions, spaces.action_low, spaces.action_high) != \
-            (saved.obs_dim, saved.num_actions, saved.action_low, saved.action_high):
+    if (spaces.obs_dim, spaces.num_actions, spaces.action_low, spaces.action_high) != (
+        saved.obs_dim,
+        saved.num_actions,
+        saved.action_low,
+        saved.action_high,
+    ):
         env.close()
-        raise SettingsError(f"{choice.id} has observations of size {spaces.obs_dim} and {_actions(spaces)}; the "
-                            f"checkpoint's policy expects {saved.obs_dim} and {_actions(saved)}")
+        raise SettingsError(
+            f"{choice.id} has observations of size {spaces.obs_dim} and {_actions(spaces)}; the "
+            f"checkpoint's policy expects {saved.obs_dim} and {_actions(saved)}"
+        )
     try:  # the actors' own code: the policy rebuilt from the weights the parameter service would publish
         policy.act(np.asarray(env.observation_space.sample()))
     except (ValueError, RuntimeError) as err:  # another environment's images, damaged weights
         env.close()
         raise SettingsError(f"{policy.path} does not fit {choice.id}: {err}") from None
-    print(f"evaluating {policy.path} ({policy.algorithm}, updates {policy.updates}, weights v{policy.weight_version}) "
-          f"on {choice.describe()} for {args.episodes} greedy episodes", flush=True)
+    print(
+        f"evaluating {policy.path} ({policy.algorithm}, updates {policy.updates}, weights v{policy.weight_version}) "
+        f"on {choice.describe()} for {args.episodes} greedy episodes",
+        flush=True,
+    )
     returns = []
     try:
         for k in range(args.episodes):
@@ -113,8 +143,13 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
         env.close()  # RecordVideo writes the last video here
     mean = sum(returns) / len(returns)
     std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
-    summary = {"episodes": len(returns), "mean_return": mean, "std_return": std,
-               "min_return": min(returns), "max_return": max(returns)}
+    summary = {
+        "episodes": len(returns),
+        "mean_return": mean,
+        "std_return": std,
+        "min_return": min(returns),
+        "max_return": max(returns),
+    }
     if args.record_video is not None:
         summary["videos"] = sorted(str(p) for p in Path(args.record_video).glob("*.mp4"))
     print(json.dumps(summary), flush=True)
@@ -129,7 +164,9 @@ def _make(choice: EnvChoice, args: EvaluateConfig):
     from apexrl.common.environments import make_env
 
     render_mode = "human" if args.render else "rgb_array" if args.record_video is not None else None
-    if render_mode is not None:  # pygame's SDL: no sound to play; no window for frames only (headless machines)
+    if (
+        render_mode is not None
+    ):  # pygame's SDL: no sound to play; no window for frames only (headless machines)
         os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         if render_mode == "rgb_array":
             os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
@@ -140,8 +177,9 @@ def _make(choice: EnvChoice, args: EvaluateConfig):
     if args.record_video is None:
         return env
     try:
-        return gym.wrappers.RecordVideo(env, args.record_video, episode_trigger=lambda _: True,
-                                        name_prefix=choice.run_name())
+        return gym.wrappers.RecordVideo(
+            env, args.record_video, episode_trigger=lambda _: True, name_prefix=choice.run_name()
+        )
     except gym.error.DependencyNotInstalled:
         env.close()
         raise SettingsError(VIDEO_HINT) from None
@@ -165,8 +203,10 @@ def _reset(env, seed: int | None, args: EvaluateConfig):
     except Exception as err:  # pygame.error and the like: no display to open a window on
         if not args.render:
             raise
-        raise SettingsError(f"--render: cannot open a window ({type(err).__name__}: {err}); on a machine without a "
-                            f"display use --record-video DIR") from None
+        raise SettingsError(
+            f"--render: cannot open a window ({type(err).__name__}: {err}); on a machine without a "
+            f"display use --record-video DIR"
+        ) from None
 
 
 def _actions(spaces: EnvSpaces) -> str:

@@ -41,12 +41,19 @@ CHECK_ROWS = 64
 
 @dataclass(frozen=True)
 class ExportConfig:
-    path: str = setting(help="a checkpoint file, or a run directory holding checkpoints/checkpoint.pt",
-                        metavar="RUN_DIR_OR_CHECKPOINT", positional=True)
-    format: str = setting("torchscript", "torchscript (torch.jit.load, libtorch) or onnx (onnxruntime; needs the "
-                                         "onnx extra)", choices=FORMATS)
-    out: str | None = setting(None, "file to write (none: policy.pt or policy.onnx in the run directory)",
-                              metavar="PATH")
+    path: str = setting(
+        help="a checkpoint file, or a run directory holding checkpoints/checkpoint.pt",
+        metavar="RUN_DIR_OR_CHECKPOINT",
+        positional=True,
+    )
+    format: str = setting(
+        "torchscript",
+        "torchscript (torch.jit.load, libtorch) or onnx (onnxruntime; needs the onnx extra)",
+        choices=FORMATS,
+    )
+    out: str | None = setting(
+        None, "file to write (none: policy.pt or policy.onnx in the run directory)", metavar="PATH"
+    )
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -68,11 +75,22 @@ def run(args: ExportConfig, stop: threading.Event) -> int:
     spaces = policy.spaces
     obs = ["batch"] if spaces.obs_one_hot else ["batch", *spaces.obs_shape]
     action = ["batch"] if spaces.num_actions else ["batch", spaces.action_dim]
-    print(json.dumps({"format": args.format, "path": str(out),
-                      "input": {"name": "obs", "dtype": _input_dtype(policy).name, "shape": obs},
-                      "output": {"name": "action", "dtype": "int64" if spaces.num_actions else "float32",
-                                 "shape": action},
-                      "checked": checked}), flush=True)
+    print(
+        json.dumps(
+            {
+                "format": args.format,
+                "path": str(out),
+                "input": {"name": "obs", "dtype": _input_dtype(policy).name, "shape": obs},
+                "output": {
+                    "name": "action",
+                    "dtype": "int64" if spaces.num_actions else "float32",
+                    "shape": action,
+                },
+                "checked": checked,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
@@ -92,7 +110,9 @@ def export_policy(policy: TrainedPolicy, fmt: str, out: Path) -> bool:
     module = policy.greedy_module()
     example = torch.as_tensor(sample_observations(policy, 2, seed=0))
     out.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():  # torch's notices that TorchScript and this exporter are deprecated upstream
+    with (
+        warnings.catch_warnings()
+    ):  # torch's notices that TorchScript and this exporter are deprecated upstream
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
         if fmt == "torchscript":
@@ -102,8 +122,15 @@ def export_policy(policy: TrainedPolicy, fmt: str, out: Path) -> bool:
                 import onnx  # noqa: F401  (torch.onnx.export needs it)
             except ImportError:
                 raise SettingsError(ONNX_HINT) from None
-            torch.onnx.export(module, (example,), str(out), dynamo=False, input_names=["obs"],
-                              output_names=["action"], dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}})
+            torch.onnx.export(
+                module,
+                (example,),
+                str(out),
+                dynamo=False,
+                input_names=["obs"],
+                output_names=["action"],
+                dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}},
+            )
     run_export = _loader(fmt, out)
     if run_export is None:
         log.info("onnxruntime is not installed: %s was written but not checked", out)
@@ -111,7 +138,9 @@ def export_policy(policy: TrainedPolicy, fmt: str, out: Path) -> bool:
     obs = sample_observations(policy, CHECK_ROWS, seed=1)
     want, got = np.asarray(policy.act(obs)), np.asarray(run_export(obs))
     if want.shape != got.shape or not np.allclose(want, got, rtol=1e-4, atol=1e-4):
-        raise RuntimeError(f"the exported policy {out} disagrees with the checkpoint's on {CHECK_ROWS} observations")
+        raise RuntimeError(
+            f"the exported policy {out} disagrees with the checkpoint's on {CHECK_ROWS} observations"
+        )
     return True
 
 

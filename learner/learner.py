@@ -39,7 +39,7 @@ STALENESS_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 
 
 def resolve_device(name: str) -> torch.device:
-    """"auto" is CUDA when available, else the CPU; any other name is passed to torch."""
+    """ "auto" is CUDA when available, else the CPU; any other name is passed to torch."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -47,61 +47,126 @@ def resolve_device(name: str) -> torch.device:
 
 class LearnerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.updates = Counter("apexrl_learner_updates", "Gradient updates done (a restarted learner continues "
-                               "from its checkpoint's count)", registry=registry)
-        self.rows_trained = Counter("apexrl_learner_trained_rows", "Sampled rows trained on", registry=registry)
-        self.updates_per_second = Gauge("apexrl_learner_updates_per_second",
-                                        "Updates per second over the last progress interval", registry=registry)
-        self.sample_wait = Histogram("apexrl_learner_sample_wait_seconds", "Time the train step waited for a batch",
-                                     buckets=LATENCY_BUCKETS, registry=registry)
-        self.step_time = Histogram("apexrl_learner_train_step_seconds", "Time of one train step (forward, backward, "
-                                   "optimiser)", buckets=LATENCY_BUCKETS, registry=registry)
-        self.loss = Gauge("apexrl_learner_loss", "Loss of the TD errors in the last update (DQN: importance-"
-                          "weighted Huber loss; DPG: the critics' importance-weighted squared TD error)",
-                          registry=registry)
-        self.mean_q = Gauge("apexrl_learner_mean_q", "Mean Q-value on the last batch (DQN: over every action; DPG: "
-                            "Q(s, pi(s)))", registry=registry)
-        self.policy_loss = Gauge("apexrl_learner_policy_loss", "DPG: the policy's loss in its last update, "
-                                 "-mean Q(s, pi(s))", registry=registry)
-        self.action_mean = Gauge("apexrl_learner_policy_action_mean", "DPG: mean of the policy's action pi(s) over "
-                                 "the last batch, per action dimension (environment units)", ["dimension"],
-                                 registry=registry)
-        self.action_std = Gauge("apexrl_learner_policy_action_std", "DPG: standard deviation of the policy's action "
-                                "pi(s) over the last batch, per action dimension (environment units)", ["dimension"],
-                                registry=registry)
-        self.weight_version = Gauge("apexrl_learner_weight_version", "Newest published weights version",
-                                    registry=registry)
-        self.publish_failures = Counter("apexrl_learner_publish_failures", "Weight publishes that failed because "
-                                        "the parameter service could not be reached or was busy", registry=registry)
-        self.version_resyncs = Counter("apexrl_learner_weight_version_resyncs", "Publishes whose version the "
-                                       "parameter service refused (another publisher went ahead, or it restarted "
-                                       "far below this learner's checkpoint): the learner read the service's "
-                                       "version and published above it", registry=registry)
-        self.fleet_size = Gauge("apexrl_learner_replay_size_rows", "Rows held by all shards (last view)",
-                                registry=registry)
-        self.stale = Gauge("apexrl_learner_stale_priority_updates", "Priority updates the shards ignored as stale "
-                           "(since start)", registry=registry)
-        self.updates_dropped = Gauge("apexrl_learner_priority_updates_dropped", "Priority updates lost to broken "
-                                     "streams or backed-up shards (since start)", registry=registry)
-        self.prefetch_queue = Gauge("apexrl_learner_prefetch_queue_batches", "Sampled batches waiting for the "
-                                    "train step", registry=registry)
-        self.rows_rejected = Gauge("apexrl_learner_rejected_rows", "Sampled rows whose compressed columns did not "
-                                   "decompress to their declared shape (since start): each is replaced in its batch "
-                                   "and its priority set to 0; the log names the writer", registry=registry)
+        self.updates = Counter(
+            "apexrl_learner_updates",
+            "Gradient updates done (a restarted learner continues from its checkpoint's count)",
+            registry=registry,
+        )
+        self.rows_trained = Counter(
+            "apexrl_learner_trained_rows", "Sampled rows trained on", registry=registry
+        )
+        self.updates_per_second = Gauge(
+            "apexrl_learner_updates_per_second",
+            "Updates per second over the last progress interval",
+            registry=registry,
+        )
+        self.sample_wait = Histogram(
+            "apexrl_learner_sample_wait_seconds",
+            "Time the train step waited for a batch",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.step_time = Histogram(
+            "apexrl_learner_train_step_seconds",
+            "Time of one train step (forward, backward, optimiser)",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.loss = Gauge(
+            "apexrl_learner_loss",
+            "Loss of the TD errors in the last update (DQN: importance-"
+            "weighted Huber loss; DPG: the critics' importance-weighted squared TD error)",
+            registry=registry,
+        )
+        self.mean_q = Gauge(
+            "apexrl_learner_mean_q",
+            "Mean Q-value on the last batch (DQN: over every action; DPG: Q(s, pi(s)))",
+            registry=registry,
+        )
+        self.policy_loss = Gauge(
+            "apexrl_learner_policy_loss",
+            "DPG: the policy's loss in its last update, -mean Q(s, pi(s))",
+            registry=registry,
+        )
+        self.action_mean = Gauge(
+            "apexrl_learner_policy_action_mean",
+            "DPG: mean of the policy's action pi(s) over "
+            "the last batch, per action dimension (environment units)",
+            ["dimension"],
+            registry=registry,
+        )
+        self.action_std = Gauge(
+            "apexrl_learner_policy_action_std",
+            "DPG: standard deviation of the policy's action "
+            "pi(s) over the last batch, per action dimension (environment units)",
+            ["dimension"],
+            registry=registry,
+        )
+        self.weight_version = Gauge(
+            "apexrl_learner_weight_version", "Newest published weights version", registry=registry
+        )
+        self.publish_failures = Counter(
+            "apexrl_learner_publish_failures",
+            "Weight publishes that failed because the parameter service could not be reached or was busy",
+            registry=registry,
+        )
+        self.version_resyncs = Counter(
+            "apexrl_learner_weight_version_resyncs",
+            "Publishes whose version the "
+            "parameter service refused (another publisher went ahead, or it restarted "
+            "far below this learner's checkpoint): the learner read the service's "
+            "version and published above it",
+            registry=registry,
+        )
+        self.fleet_size = Gauge(
+            "apexrl_learner_replay_size_rows", "Rows held by all shards (last view)", registry=registry
+        )
+        self.stale = Gauge(
+            "apexrl_learner_stale_priority_updates",
+            "Priority updates the shards ignored as stale (since start)",
+            registry=registry,
+        )
+        self.updates_dropped = Gauge(
+            "apexrl_learner_priority_updates_dropped",
+            "Priority updates lost to broken streams or backed-up shards (since start)",
+            registry=registry,
+        )
+        self.prefetch_queue = Gauge(
+            "apexrl_learner_prefetch_queue_batches",
+            "Sampled batches waiting for the train step",
+            registry=registry,
+        )
+        self.rows_rejected = Gauge(
+            "apexrl_learner_rejected_rows",
+            "Sampled rows whose compressed columns did not "
+            "decompress to their declared shape (since start): each is replaced in its batch "
+            "and its priority set to 0; the log names the writer",
+            registry=registry,
+        )
         self.row_staleness = ArrayHistogram(
-            "apexrl_learner_sampled_row_staleness_versions", "Learner's weights version minus the version that "
-            "produced each sampled row (rows carry it in their weight_version column)", STALENESS_BUCKETS, registry)
-        self.updates_outstanding = Gauge("apexrl_learner_priority_updates_outstanding", "Priority-update messages "
-                                         "queued or in flight to the shards", registry=registry)
+            "apexrl_learner_sampled_row_staleness_versions",
+            "Learner's weights version minus the version that "
+            "produced each sampled row (rows carry it in their weight_version column)",
+            STALENESS_BUCKETS,
+            registry,
+        )
+        self.updates_outstanding = Gauge(
+            "apexrl_learner_priority_updates_outstanding",
+            "Priority-update messages queued or in flight to the shards",
+            registry=registry,
+        )
 
 
-def make_sampler(config: LearnerConfig, shards: Sequence[Shard] | None = None) -> ShardedReplayClient | SamplerProcess:
+def make_sampler(
+    config: LearnerConfig, shards: Sequence[Shard] | None = None
+) -> ShardedReplayClient | SamplerProcess:
     """The learner's data source: a child sampler process over `config.replay` (`sampler_process`, the default),
     or a sharded replay client sampled by a thread of this process, over `config.replay`'s addresses or over the
     given shard objects (in-process tables in a benchmark) with the same allocation and weights."""
     if shards is None and config.sampler_process:
-        return SamplerProcess(config, slots=config.prefetch_depth + 1,
-                              batches_per_call=config.sample_batches_per_call)
+        return SamplerProcess(
+            config, slots=config.prefetch_depth + 1, batches_per_call=config.sample_batches_per_call
+        )
     return replay_sampler(config, shards)
 
 
@@ -121,10 +186,17 @@ class Learner:
     when it refuses one (VersionRefusedError), `service_version() -> version` says where to continue from. With
     `curves`, loss, mean Q and updates/s also go to TensorBoard (closed by close())."""
 
-    def __init__(self, config: LearnerConfig, spaces: EnvSpaces, sampler: ShardedReplayClient | SamplerProcess,
-                 publish: Callable[[dict[str, np.ndarray], int], int],
-                 registry: CollectorRegistry | None = None, curves: TrainingCurves | None = None, *,
-                 service_version: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        config: LearnerConfig,
+        spaces: EnvSpaces,
+        sampler: ShardedReplayClient | SamplerProcess,
+        publish: Callable[[dict[str, np.ndarray], int], int],
+        registry: CollectorRegistry | None = None,
+        curves: TrainingCurves | None = None,
+        *,
+        service_version: Callable[[], int] | None = None,
+    ) -> None:
         try:
             self.algorithm: Algorithm = for_spaces(config.algorithm, spaces, config.env)
         except ValueError as err:
@@ -163,7 +235,8 @@ class Learner:
         weights = self._to_device("importance_weights", batch.weights)
         result = self.learning.update(col, weights, self.updates + 1)
         self.sampler.update_priorities(
-            batch, result.td_abs.cpu().numpy().astype(np.float64) + self.config.priority_epsilon)
+            batch, result.td_abs.cpu().numpy().astype(np.float64) + self.config.priority_epsilon
+        )
         self.updates += 1
         if self.updates % self.config.publish_every == 0:
             self.publish_weights()
@@ -204,8 +277,11 @@ class Learner:
                 raise
             self.metrics.publish_failures.inc()
             if time.monotonic() - self._last_publish_warning > 10:
-                log.warning("publishing weights version %d failed (training goes on, the next publish retries): "
-                            "%s", self.weight_version + 1, err)
+                log.warning(
+                    "publishing weights version %d failed (training goes on, the next publish retries): %s",
+                    self.weight_version + 1,
+                    err,
+                )
                 self._last_publish_warning = time.monotonic()
             return self.weight_version
         self.metrics.weight_version.set(self.weight_version)
@@ -214,8 +290,14 @@ class Learner:
     def _resync(self, weights: dict[str, np.ndarray], refused: VersionRefusedError) -> int:
         """Publish `weights` right above the service's current version; the version published."""
         current = self._service_version()
-        log.warning("the parameter service refused weights version %d (%s); it holds version %d: publishing %d and "
-                    "counting on from there", self.weight_version + 1, refused, current, current + 1)
+        log.warning(
+            "the parameter service refused weights version %d (%s); it holds version %d: publishing %d and "
+            "counting on from there",
+            self.weight_version + 1,
+            refused,
+            current,
+            current + 1,
+        )
         self.metrics.version_resyncs.inc()
         return self._publish(weights, current + 1)
 
@@ -227,13 +309,24 @@ class Learner:
         if isinstance(self.sampler, SamplerProcess):
             prefetcher = self.sampler.start(self.beta)
         else:
-            prefetcher = Prefetcher(self.sampler, c.batch_size, self.beta, c.prefetch_depth, c.min_replay_size,
-                                    c.sample_batches_per_call, c.seed).start()
+            prefetcher = Prefetcher(
+                self.sampler,
+                c.batch_size,
+                self.beta,
+                c.prefetch_depth,
+                c.min_replay_size,
+                c.sample_batches_per_call,
+                c.seed,
+            ).start()
         self.metrics.prefetch_queue.set_function(lambda: prefetcher.depth)
         self.metrics.rows_rejected.set_function(lambda: rows_rejected(prefetcher))
         self.metrics.updates_outstanding.set_function(lambda: self.sampler.updates_outstanding)
-        log.info("learner on %s: waiting for %d rows in replay (%s)", self.device, c.min_replay_size,
-                 ", ".join(c.replay))
+        log.info(
+            "learner on %s: waiting for %d rows in replay (%s)",
+            self.device,
+            c.min_replay_size,
+            ", ".join(c.replay),
+        )
         last_log, last_updates = time.monotonic(), self.updates
         try:
             while not stop.is_set() and (c.max_updates is None or self.updates < c.max_updates):
@@ -243,7 +336,9 @@ class Learner:
                     continue
                 self.metrics.sample_wait.observe(time.perf_counter() - wait_start)
                 if ROW_VERSION_COLUMN in batch.columns:
-                    self.metrics.row_staleness.observe_many(self.weight_version - batch.columns[ROW_VERSION_COLUMN])
+                    self.metrics.row_staleness.observe_many(
+                        self.weight_version - batch.columns[ROW_VERSION_COLUMN]
+                    )
                 with self.metrics.step_time.time():
                     loss = self.train_step(batch)
                 self.metrics.updates.inc()
@@ -258,15 +353,25 @@ class Learner:
                     self.metrics.updates_per_second.set(rate)
                     if self.curves is not None:
                         self.curves.add(self.updates, updates_per_second=rate)
-                    log.info("updates %d (%.1f/s), loss %.4f, beta %.2f, weights v%d, replay %d rows, "
-                             "stale priority updates %d", self.updates, rate, loss, self.beta(), self.weight_version,
-                             batch.fleet_size, self.sampler.updates_stale)
+                    log.info(
+                        "updates %d (%.1f/s), loss %.4f, beta %.2f, weights v%d, replay %d rows, "
+                        "stale priority updates %d",
+                        self.updates,
+                        rate,
+                        loss,
+                        self.beta(),
+                        self.weight_version,
+                        batch.fleet_size,
+                        self.sampler.updates_stale,
+                    )
                     last_log, last_updates = now, self.updates
         finally:
             # Checkpoint first: what follows waits on the network, and a supervisor's grace period is short.
             if c.checkpoint_dir:
                 log.info("final checkpoint: %s", self.save())
-            prefetcher.stop(wait=False)  # its Sample call may be held back by a rate limiter; close() cancels it
+            prefetcher.stop(
+                wait=False
+            )  # its Sample call may be held back by a rate limiter; close() cancels it
             try:
                 self.sampler.flush_updates(timeout=2)
             except TimeoutError:
@@ -281,7 +386,10 @@ class Learner:
         if "policy_loss" in self._last_stats:
             scalars["policy_loss"] = float(self._last_stats["policy_loss"])
             self.metrics.policy_loss.set(scalars["policy_loss"])
-        for gauge, key in ((self.metrics.action_mean, "action_mean"), (self.metrics.action_std, "action_std")):
+        for gauge, key in (
+            (self.metrics.action_mean, "action_mean"),
+            (self.metrics.action_std, "action_std"),
+        ):
             for dimension, value in enumerate(stats.get(key, ())):
                 gauge.labels(str(dimension)).set(value)
         self.metrics.fleet_size.set(batch.fleet_size)
@@ -292,12 +400,21 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
-        return save_checkpoint(self.config.checkpoint_dir / CHECKPOINT_NAME, Checkpoint(
-            env_id=self.config.env, env_module=self.config.env_module, env_kwargs=self.config.env_kwargs,
-            algorithm=self.algorithm.name, spaces=self.spaces,
-            architecture=self.learning.architecture, state=self.learning.state_dict(),
-            acting_weights=self.learning.acting_weights(), updates=self.updates, weight_version=self.weight_version,
-        ))
+        return save_checkpoint(
+            self.config.checkpoint_dir / CHECKPOINT_NAME,
+            Checkpoint(
+                env_id=self.config.env,
+                env_module=self.config.env_module,
+                env_kwargs=self.config.env_kwargs,
+                algorithm=self.algorithm.name,
+                spaces=self.spaces,
+                architecture=self.learning.architecture,
+                state=self.learning.state_dict(),
+                acting_weights=self.learning.acting_weights(),
+                updates=self.updates,
+                weight_version=self.weight_version,
+            ),
+        )
 
     def _resume(self) -> None:
         """Continue from checkpoint_dir/checkpoint.pt when it exists (same network shape required)."""
@@ -311,14 +428,23 @@ class Learner:
         except ValueError as err:
             raise SettingsError(f"--run-dir: {err}") from None
         if ckpt.algorithm != self.algorithm.name:
-            raise SettingsError(f"checkpoint {path} was trained by algorithm {ckpt.algorithm}; this learner runs "
-                                f"{self.algorithm.name}")
+            raise SettingsError(
+                f"checkpoint {path} was trained by algorithm {ckpt.algorithm}; this learner runs "
+                f"{self.algorithm.name}"
+            )
         if ckpt.architecture != self.learning.architecture:
-            differ = sorted(k for k in {*ckpt.architecture, *self.learning.architecture}
-                            if ckpt.architecture.get(k) != self.learning.architecture.get(k))
-            raise SettingsError(f"checkpoint {path} has another network: " + "; ".join(
-                f"{k} {ckpt.architecture.get(k)} there, {self.learning.architecture.get(k)} in the configuration"
-                for k in differ))
+            differ = sorted(
+                k
+                for k in {*ckpt.architecture, *self.learning.architecture}
+                if ckpt.architecture.get(k) != self.learning.architecture.get(k)
+            )
+            raise SettingsError(
+                f"checkpoint {path} has another network: "
+                + "; ".join(
+                    f"{k} {ckpt.architecture.get(k)} there, {self.learning.architecture.get(k)} in the configuration"
+                    for k in differ
+                )
+            )
         self.learning.load_state_dict(ckpt.state)
         self.updates = ckpt.updates
         self.metrics.updates.inc(ckpt.updates)  # the fleet's progress line and final JSON count every update

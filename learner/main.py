@@ -60,8 +60,9 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         publish, service_version = store.publish, lambda: store.version
     # The learner (and its checkpoint) first: the hosted service reports SERVING only for a learner that can run.
     curves = TrainingCurves(Path(config.run_dir) / "tensorboard" / "learner") if config.run_dir else None
-    learner = Learner(config, spaces, make_sampler(config), publish, registry, curves,
-                      service_version=service_version)
+    learner = Learner(
+        config, spaces, make_sampler(config), publish, registry, curves, service_version=service_version
+    )
     if client is not None:
         # A standalone service outlives this process and may hold versions newer than the checkpoint (published
         # after it was written): continue above them, since versions may only grow.
@@ -70,19 +71,38 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         from apexrl.parameter_server.service import create_parameter_server
 
         server, port, _, health = create_parameter_server(
-            join_host_port(config.host, config.port), store=store, registry=registry, tls=tls,
+            join_host_port(config.host, config.port),
+            store=store,
+            registry=registry,
+            tls=tls,
             access=AccessPolicy.from_settings(config.token, config.role_tokens, config.certificate_roles),
-            health_address=None if config.health_port is None else join_host_port(config.host, config.health_port))
+            health_address=None
+            if config.health_port is None
+            else join_host_port(config.host, config.health_port),
+        )
         where = f"{config.host}:{port} (hosted, {describe(tls)}, {describe_access(config)}" + (
-            ")" if config.health_port is None else f", plaintext health on port {config.health_port})")
+            ")" if config.health_port is None else f", plaintext health on port {config.health_port})"
+        )
         if config.port_file:
             atomic_write(config.port_file, f"{port}\n")
     metrics = serve_metrics(registry, config.metrics_port, config.host)
-    actions = f"{spaces.num_actions} actions" if spaces.num_actions else \
-        f"actions in [{', '.join(f'{lo:g}' for lo in spaces.action_low)}]..[{', '.join(f'{hi:g}' for hi in spaces.action_high)}]"
-    log.info("learner for %s (observations %s %s, %s): %s; batch %d; shards %s; parameter service %s; metrics %s",
-             config.env, "x".join(map(str, spaces.obs_shape)), spaces.obs_dtype, actions,
-             learner.learning.describe(), config.batch_size, ",".join(config.replay), where, metrics)
+    actions = (
+        f"{spaces.num_actions} actions"
+        if spaces.num_actions
+        else f"actions in [{', '.join(f'{lo:g}' for lo in spaces.action_low)}]..[{', '.join(f'{hi:g}' for hi in spaces.action_high)}]"
+    )
+    log.info(
+        "learner for %s (observations %s %s, %s): %s; batch %d; shards %s; parameter service %s; metrics %s",
+        config.env,
+        "x".join(map(str, spaces.obs_shape)),
+        spaces.obs_dtype,
+        actions,
+        learner.learning.describe(),
+        config.batch_size,
+        ",".join(config.replay),
+        where,
+        metrics,
+    )
     try:
         learner.run(stop)
     finally:
@@ -93,5 +113,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
             server.stop(2).wait()
         if client is not None:
             client.close()
-        log.info("learner stopped after %d updates (weights version %d)", learner.updates, learner.weight_version)
+        log.info(
+            "learner stopped after %d updates (weights version %d)", learner.updates, learner.weight_version
+        )
     return 0

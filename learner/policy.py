@@ -35,8 +35,15 @@ def load_policy(path: str | os.PathLike) -> TrainedPolicy:
     file. FileNotFoundError when there is none; ValueError when the file is not a checkpoint apexrl can play."""
     file = resolve_checkpoint(path)
     checkpoint = load_checkpoint(file)
-    return TrainedPolicy(file, checkpoint.algorithm, checkpoint.spaces, checkpoint.env, checkpoint.acting_weights,
-                         updates=checkpoint.updates, weight_version=checkpoint.weight_version)
+    return TrainedPolicy(
+        file,
+        checkpoint.algorithm,
+        checkpoint.spaces,
+        checkpoint.env,
+        checkpoint.acting_weights,
+        updates=checkpoint.updates,
+        weight_version=checkpoint.weight_version,
+    )
 
 
 class TrainedPolicy:
@@ -44,8 +51,17 @@ class TrainedPolicy:
     environment (id, plugin modules, constructor arguments), `updates` and `weight_version` how far training
     had gone."""
 
-    def __init__(self, path: Path, algorithm: str, spaces: EnvSpaces, env: EnvChoice,
-                 weights: Mapping[str, np.ndarray], *, updates: int = 0, weight_version: int = 0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        algorithm: str,
+        spaces: EnvSpaces,
+        env: EnvChoice,
+        weights: Mapping[str, np.ndarray],
+        *,
+        updates: int = 0,
+        weight_version: int = 0,
+    ) -> None:
         self.path = Path(path)
         self.algorithm = algorithm
         self.spaces = spaces
@@ -57,7 +73,9 @@ class TrainedPolicy:
             self._acting = get(algorithm).acting()
             self._policy = self._acting.make_policy(weights, spaces)
         except (KeyError, ValueError) as err:
-            raise ValueError(f"{self.path}: cannot rebuild the {algorithm} policy from its weights: {err}") from None
+            raise ValueError(
+                f"{self.path}: cannot rebuild the {algorithm} policy from its weights: {err}"
+            ) from None
 
     def act(self, obs: Any) -> Any:
         """The greedy action of one observation (an int for Discrete actions, a float32 vector for a Box), or of a
@@ -91,9 +109,13 @@ class TrainedPolicy:
             return array[None], True
         if array.ndim == len(shape) + 1 and array.shape[1:] == shape:
             return array, False
-        raise ValueError(f"observations must be of shape {shape} (one) or [batch, {', '.join(map(str, shape))}] "
-                         f"(a batch), got {array.shape}")
+        raise ValueError(
+            f"observations must be of shape {shape} (one) or [batch, {', '.join(map(str, shape))}] "
+            f"(a batch), got {array.shape}"
+        )
 
     def __repr__(self) -> str:
-        return (f"TrainedPolicy({self.path}, {self.algorithm} on {self.env.describe()}, updates {self.updates}, "
-                f"weights v{self.weight_version})")
+        return (
+            f"TrainedPolicy({self.path}, {self.algorithm} on {self.env.describe()}, updates {self.updates}, "
+            f"weights v{self.weight_version})"
+        )

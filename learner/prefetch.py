@@ -38,7 +38,9 @@ class BatchDecompressor:
         self._logged: dict[str, tuple[float, int]] = {}  # writer -> (last logged, rows rejected since)
         self.rows_rejected = 0
 
-    def __call__(self, batch: PrioritizedBatch, out: dict[str, np.ndarray] | None = None) -> PrioritizedBatch | None:
+    def __call__(
+        self, batch: PrioritizedBatch, out: dict[str, np.ndarray] | None = None
+    ) -> PrioritizedBatch | None:
         """`batch` with its compressed columns decompressed: into new arrays, or with `out` (arrays of the
         decompressed shapes and dtypes, one per column, e.g. a shared-memory slot) every column written there.
         None when no row of the batch is good."""
@@ -58,11 +60,20 @@ class BatchDecompressor:
             columns[name] = column if target is None else target
         if bad:
             return self._reject(batch, columns, bad, in_place=out is not None)
-        return PrioritizedBatch(columns, batch.shard_ids, batch.keys, batch.probabilities, batch.weights,
-                                batch.incarnations, batch.fleet_size, batch.writers)
+        return PrioritizedBatch(
+            columns,
+            batch.shard_ids,
+            batch.keys,
+            batch.probabilities,
+            batch.weights,
+            batch.incarnations,
+            batch.fleet_size,
+            batch.writers,
+        )
 
-    def _reject(self, batch: PrioritizedBatch, columns: dict[str, np.ndarray], bad: dict[int, str],
-                in_place: bool) -> PrioritizedBatch | None:
+    def _reject(
+        self, batch: PrioritizedBatch, columns: dict[str, np.ndarray], bad: dict[int, str], in_place: bool
+    ) -> PrioritizedBatch | None:
         rows = np.fromiter(sorted(bad), dtype=np.int64, count=len(bad))
         self.rows_rejected += len(rows)
         self._log(batch, bad)
@@ -78,8 +89,16 @@ class BatchDecompressor:
             else:
                 columns[name] = array[fix]
         writers = None if batch.writers is None else batch.writers[fix]
-        return PrioritizedBatch(columns, batch.shard_ids[fix], batch.keys[fix], batch.probabilities[fix],
-                                batch.weights[fix], batch.incarnations, batch.fleet_size, writers)
+        return PrioritizedBatch(
+            columns,
+            batch.shard_ids[fix],
+            batch.keys[fix],
+            batch.probabilities[fix],
+            batch.weights[fix],
+            batch.incarnations,
+            batch.fleet_size,
+            writers,
+        )
 
     def _log(self, batch: PrioritizedBatch, bad: dict[int, str]) -> None:
         now = time.monotonic()
@@ -90,10 +109,18 @@ class BatchDecompressor:
                 self._logged[writer] = (last, count + 1)
                 continue
             shard = int(batch.shard_ids[row])
-            address = self._sampler.shards[shard].address if shard < len(self._sampler.shards) else f"#{shard}"
-            log.error("rejected row (key %d of shard %s) written by writer %r: %s; its priority is set to 0 and "
-                      "it is left out of training%s", int(batch.keys[row]), address, writer, reason,
-                      f" ({count} more rows of this writer rejected since the last report)" if count else "")
+            address = (
+                self._sampler.shards[shard].address if shard < len(self._sampler.shards) else f"#{shard}"
+            )
+            log.error(
+                "rejected row (key %d of shard %s) written by writer %r: %s; its priority is set to 0 and "
+                "it is left out of training%s",
+                int(batch.keys[row]),
+                address,
+                writer,
+                reason,
+                f" ({count} more rows of this writer rejected since the last report)" if count else "",
+            )
             self._logged[writer] = (now, 0)
 
 
@@ -104,9 +131,17 @@ class Prefetcher:
     about 1 ms of CPU on each side whatever its size, and the learner's share of that competes with the train step
     for the GIL (bench/README.md, learner benchmark)."""
 
-    def __init__(self, sampler: ShardedReplayClient, batch_size: int, beta: Callable[[], float],
-                 depth: int = 4, min_fleet_size: int = 1, batches_per_call: int = 1, seed: int | None = None,
-                 decompress: bool = True) -> None:
+    def __init__(
+        self,
+        sampler: ShardedReplayClient,
+        batch_size: int,
+        beta: Callable[[], float],
+        depth: int = 4,
+        min_fleet_size: int = 1,
+        batches_per_call: int = 1,
+        seed: int | None = None,
+        decompress: bool = True,
+    ) -> None:
         if batches_per_call < 1:
             raise ValueError(f"batches_per_call ({batches_per_call}) must be >= 1")
         self._sampler = sampler
@@ -136,9 +171,12 @@ class Prefetcher:
                     self._sampler.refresh(timeout=5.0)
                     if self._sampler.fleet_size < self._min_fleet_size:
                         raise FailedPreconditionError(
-                            f"replay holds {self._sampler.fleet_size} rows, waiting for {self._min_fleet_size}")
+                            f"replay holds {self._sampler.fleet_size} rows, waiting for {self._min_fleet_size}"
+                        )
                 drawn = self._sampler.sample(self._batch_size * self._batches_per_call, beta=self._beta())
-                batches = [drawn] if self._batches_per_call == 1 else drawn.split(self._batches_per_call, self._rng)
+                batches = (
+                    [drawn] if self._batches_per_call == 1 else drawn.split(self._batches_per_call, self._rng)
+                )
                 if self.decompressor is not None:
                     batches = [b for b in map(self.decompressor, batches) if b is not None]
                 backoff = 0.1

@@ -83,8 +83,10 @@ class SlotLayout:
 
     def views(self, buffer: mmap.mmap, slot: int) -> dict[str, np.ndarray]:
         base = slot * self.slot_bytes
-        return {name: np.ndarray((self.rows, *shape), dtype=np.dtype(dtype), buffer=buffer, offset=base + offset)
-                for (name, dtype, shape), offset in zip(self.columns, self.offsets, strict=True)}
+        return {
+            name: np.ndarray((self.rows, *shape), dtype=np.dtype(dtype), buffer=buffer, offset=base + offset)
+            for (name, dtype, shape), offset in zip(self.columns, self.offsets, strict=True)
+        }
 
 
 def _aligned(n: int, to: int = 64) -> int:
@@ -123,8 +125,11 @@ class SamplerProcess:
         context = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC threads
         parent, child = context.Pipe(duplex=True)
         self._process = context.Process(
-            target=_child_main, name="apexrl-sampler", daemon=True,
-            args=(self._config, child, self._slots, self._batches_per_call, beta()))
+            target=_child_main,
+            name="apexrl-sampler",
+            daemon=True,
+            args=(self._config, child, self._slots, self._batches_per_call, beta()),
+        )
         self._process.start()
         child.close()
         self._conn = parent
@@ -273,7 +278,11 @@ def replay_sampler(config, shards=None):
 
     targets = config.replay if shards is None else shards
     return ShardedReplayClient(
-        targets, timeout=config.sample_timeout, seed=config.seed, token=config.token, tls=tls_of(config),
+        targets,
+        timeout=config.sample_timeout,
+        seed=config.seed,
+        token=config.token,
+        tls=tls_of(config),
         resolve_every=config.replay_resolve_seconds,
         # about k batches of rows per shard (each batch spreads over the shards)
         coalesce_rows=(2 * config.priority_coalesce_batches - 1) * config.batch_size // (2 * len(targets)),
@@ -285,8 +294,9 @@ def _child_main(config, conn, slots: int, batches_per_call: int, beta: float) ->
     """Sample with a Prefetcher into the shared slots until told to stop or the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     try:
         _ChildLoop(config, conn, slots, batches_per_call, beta).run()
     except (EOFError, BrokenPipeError):
@@ -305,9 +315,16 @@ class _ChildLoop:
         self.slots = slots
         self.beta = beta
         self.sampler = replay_sampler(config)
-        self.prefetcher = Prefetcher(self.sampler, config.batch_size, lambda: self.beta,
-                                     depth=max(1, batches_per_call), min_fleet_size=config.min_replay_size,
-                                     batches_per_call=batches_per_call, seed=config.seed, decompress=False)
+        self.prefetcher = Prefetcher(
+            self.sampler,
+            config.batch_size,
+            lambda: self.beta,
+            depth=max(1, batches_per_call),
+            min_fleet_size=config.min_replay_size,
+            batches_per_call=batches_per_call,
+            seed=config.seed,
+            decompress=False,
+        )
         self.decompressor = BatchDecompressor(self.sampler, config.seed)
         self.free: deque[int] = deque(range(slots))
         self.pending: dict[int, object] = {}  # batch id -> PrioritizedBatch, until its priorities arrive
@@ -366,7 +383,9 @@ class _ChildLoop:
         return True
 
     def _deliver(self, batch) -> None:
-        if self.layout is None:  # the first batch fixes the layout; it is written once the parent mapped the file
+        if (
+            self.layout is None
+        ):  # the first batch fixes the layout; it is written once the parent mapped the file
             columns = [(name, col.dtype.str, logical_shape(col)[1:]) for name, col in batch.columns.items()]
             columns.append((WEIGHTS, np.dtype(np.float32).str, ()))
             self.layout = SlotLayout(columns, len(batch.weights), self.slots)
@@ -378,8 +397,10 @@ class _ChildLoop:
         for name, column in batch.columns.items():
             target = views.get(name)
             if target is None or target.shape != logical_shape(column) or target.dtype != column.dtype:
-                raise ValueError(f"a sampled batch does not fit the slot layout: column {name!r} "
-                                 f"{column.dtype}{list(logical_shape(column))}, layout {self.layout.columns}")
+                raise ValueError(
+                    f"a sampled batch does not fit the slot layout: column {name!r} "
+                    f"{column.dtype}{list(logical_shape(column))}, layout {self.layout.columns}"
+                )
         # Decompress (and copy) every column straight into the slot; rows with bad frames are replaced.
         batch = self.decompressor(batch, out={name: views[name] for name in batch.columns})
         if batch is None:
@@ -388,9 +409,20 @@ class _ChildLoop:
         np.copyto(views[WEIGHTS], batch.weights, casting="same_kind")
         batch_id, self.next_id = self.next_id, self.next_id + 1
         self.pending[batch_id] = batch
-        self.conn.send(("batch", slot, batch_id, SamplerStats(
-            self.sampler.fleet_size, self.sampler.updates_stale, self.sampler.updates_dropped,
-            self.sampler.updates_outstanding, self.decompressor.rows_rejected)))
+        self.conn.send(
+            (
+                "batch",
+                slot,
+                batch_id,
+                SamplerStats(
+                    self.sampler.fleet_size,
+                    self.sampler.updates_stale,
+                    self.sampler.updates_dropped,
+                    self.sampler.updates_outstanding,
+                    self.decompressor.rows_rejected,
+                ),
+            )
+        )
 
     def _map(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR)

@@ -54,19 +54,28 @@ class PrioritizedBatch:
     are CompressedColumns (the learner's data path decompresses them: learner/prefetch.py)."""
 
     columns: dict[str, np.ndarray | CompressedColumn]
-    shard_ids: np.ndarray       # int32 [B]
-    keys: np.ndarray            # uint64 [B]
-    probabilities: np.ndarray   # float64 [B]: P(i) over the whole fleet
-    weights: np.ndarray         # float32 [B]: normalised importance weights, max over the fleet = 1
+    shard_ids: np.ndarray  # int32 [B]
+    keys: np.ndarray  # uint64 [B]
+    probabilities: np.ndarray  # float64 [B]: P(i) over the whole fleet
+    weights: np.ndarray  # float32 [B]: normalised importance weights, max over the fleet = 1
     incarnations: tuple[int, ...]  # per shard: the incarnation its keys belong to (0 if not sampled)
     fleet_size: int
-    writers: np.ndarray | None = None  # object [B]: each row's writer id, when the batch has compressed fields
+    writers: np.ndarray | None = (
+        None  # object [B]: each row's writer id, when the batch has compressed fields
+    )
 
     def take(self, idx: np.ndarray) -> PrioritizedBatch:
         """The rows at `idx`, in that order."""
-        return PrioritizedBatch({name: take_rows(col, idx) for name, col in self.columns.items()}, self.shard_ids[idx],
-                                self.keys[idx], self.probabilities[idx], self.weights[idx], self.incarnations,
-                                self.fleet_size, None if self.writers is None else self.writers[idx])
+        return PrioritizedBatch(
+            {name: take_rows(col, idx) for name, col in self.columns.items()},
+            self.shard_ids[idx],
+            self.keys[idx],
+            self.probabilities[idx],
+            self.weights[idx],
+            self.incarnations,
+            self.fleet_size,
+            None if self.writers is None else self.writers[idx],
+        )
 
     def split(self, parts: int, rng: np.random.Generator) -> list[PrioritizedBatch]:
         """Cut into `parts` batches of random rows. Rows arrive grouped by shard and stratum, so they are
@@ -83,12 +92,12 @@ class _ShardView:
     """The sampler's knowledge of one shard: totals as last reported (and when), its limits, its backoff."""
 
     totals: ShardTotals = _NO_TOTALS
-    observed_at: float = -math.inf   # monotonic time of the answer that brought `totals`
+    observed_at: float = -math.inf  # monotonic time of the answer that brought `totals`
     min_size: int = 1
-    max_batch: int = 0               # largest Sample the shard accepts; 0 until its Info arrived
+    max_batch: int = 0  # largest Sample the shard accepts; 0 until its Info arrived
     down_until: float = 0.0
     backoff: float = 0.0
-    retired: bool = False            # its address no longer resolves: never sampled, refreshed or counted
+    retired: bool = False  # its address no longer resolves: never sampled, refreshed or counted
 
     @property
     def size(self) -> int:
@@ -121,12 +130,15 @@ class Shard(Protocol):
 
     address: str
 
-    def sample_future(self, batch_size: int, *, timeout: float | None = None) -> ResultFuture[SampledBatch]: ...
+    def sample_future(
+        self, batch_size: int, *, timeout: float | None = None
+    ) -> ResultFuture[SampledBatch]: ...
 
     def info_future(self, *, timeout: float | None = None) -> ResultFuture[ShardInfo]: ...
 
-    def priority_stream(self, max_in_flight: int,
-                        on_totals: Callable[[ShardTotals], None] | None = None) -> PrioritySink: ...
+    def priority_stream(
+        self, max_in_flight: int, on_totals: Callable[[ShardTotals], None] | None = None
+    ) -> PrioritySink: ...
 
     def close(self) -> None: ...
 
@@ -145,7 +157,9 @@ class PrioritySink(Protocol):
     failures: int
     outstanding: int
 
-    def send(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int, timeout: float = 10.0) -> bool: ...
+    def send(
+        self, keys: np.ndarray, priorities: np.ndarray, incarnation: int, timeout: float = 10.0
+    ) -> bool: ...
 
     def flush(self, timeout: float) -> bool: ...
 
@@ -196,8 +210,9 @@ class ShardedReplayClient:
         self.max_staleness = max_staleness
         self.max_backoff = max_backoff
         self.coalesce_rows = coalesce_rows
-        self._connect = lambda address: ReplayClient(address, timeout=timeout, token=token, tls=tls,
-                                                     max_message_bytes=max_message_bytes)
+        self._connect = lambda address: ReplayClient(
+            address, timeout=timeout, token=token, tls=tls, max_message_bytes=max_message_bytes
+        )
         self._max_updates_in_flight = max_updates_in_flight
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()  # allocation; held across the sampling RPCs
@@ -247,8 +262,9 @@ class ShardedReplayClient:
             else:
                 self.shards[s] = self._connect(address)
                 self._views[s] = _ShardView()
-                self._streams[s] = self.shards[s].priority_stream(self._max_updates_in_flight,
-                                                                  on_totals=self._observer(s))
+                self._streams[s] = self.shards[s].priority_stream(
+                    self._max_updates_in_flight, on_totals=self._observer(s)
+                )
             log.info("shard %s joined (id %d)", address, s)
         for address, s in self._ids.items():
             if address not in now_present and not self._views[s].retired:
@@ -262,7 +278,9 @@ class ShardedReplayClient:
     @property
     def addresses(self) -> list[str]:
         """The addresses of the shards in use now (not retired)."""
-        return [shard.address for shard, view in zip(self.shards, self._views, strict=True) if not view.retired]
+        return [
+            shard.address for shard, view in zip(self.shards, self._views, strict=True) if not view.retired
+        ]
 
     # ----------------------------------------------------------------------------------------------- views
     def _observer(self, s: int) -> Callable[[ShardTotals], None]:
@@ -277,8 +295,11 @@ class ShardedReplayClient:
         self._sync_membership()
         deadline = self.timeout if timeout is None else timeout
         now = time.monotonic()
-        targets = [s for s, v in enumerate(self._views) if v.up(now) and (
-            not only_stale or v.max_batch == 0 or now - v.observed_at > self.max_staleness)]
+        targets = [
+            s
+            for s, v in enumerate(self._views)
+            if v.up(now) and (not only_stale or v.max_batch == 0 or now - v.observed_at > self.max_staleness)
+        ]
         calls = [(s, self.shards[s].info_future(timeout=deadline)) for s in targets]
         for s, call in calls:
             view = self._views[s]
@@ -316,8 +337,9 @@ class ShardedReplayClient:
             if not live:
                 break
             allocation = self._allocate(batch_size, live)
-            calls = [(s, self.shards[s].sample_future(k, timeout=deadline))
-                     for s, k in self._calls(allocation)]
+            calls = [
+                (s, self.shards[s].sample_future(k, timeout=deadline)) for s, k in self._calls(allocation)
+            ]
             parts: dict[int, list[SampledBatch]] = {}
             failed = False
             for s, call in calls:
@@ -327,9 +349,12 @@ class ShardedReplayClient:
                     if not is_transient(err):
                         raise
                     if self._views[s].backoff == 0:
-                        log.warning("shard %s failed to sample (%s); skipping it for %.1fs",
-                                    self.shards[s].address, err,
-                                    self._views[s].fail(time.monotonic(), self.max_backoff))
+                        log.warning(
+                            "shard %s failed to sample (%s); skipping it for %.1fs",
+                            self.shards[s].address,
+                            err,
+                            self._views[s].fail(time.monotonic(), self.max_backoff),
+                        )
                     else:
                         self._views[s].fail(time.monotonic(), self.max_backoff)
                     failed = True
@@ -340,8 +365,10 @@ class ShardedReplayClient:
                 return self._assemble(allocation, parts, beta)
             # A shard failed: draw the whole batch again from the others, so every row's probability comes from
             # one allocation (exact P(i)); failures are rare, the wasted rows cheap.
-        views = ", ".join(f"{c.address} ({v.size} rows{', down' if not v.up(time.monotonic()) else ''})"
-                          for c, v in zip(self.shards, self._views, strict=True))
+        views = ", ".join(
+            f"{c.address} ({v.size} rows{', down' if not v.up(time.monotonic()) else ''})"
+            for c, v in zip(self.shards, self._views, strict=True)
+        )
         raise FailedPreconditionError(f"no shard can be sampled: {views}")
 
     def _allocate(self, batch_size: int, live: list[int]) -> dict[int, tuple[float, int]]:
@@ -361,8 +388,9 @@ class ShardedReplayClient:
             calls += [(s, min(limit, k - start)) for start in range(0, k, limit)]
         return calls
 
-    def _assemble(self, allocation: dict[int, tuple[float, int]], parts: dict[int, list[SampledBatch]],
-                  beta: float) -> PrioritizedBatch:
+    def _assemble(
+        self, allocation: dict[int, tuple[float, int]], parts: dict[int, list[SampledBatch]], beta: float
+    ) -> PrioritizedBatch:
         order = sorted(parts)
         pieces = [(s, b) for s in order for b in parts[s]]
         shard_ids = np.concatenate([np.full(len(b.keys), s, dtype=np.int32) for s, b in pieces])
@@ -379,8 +407,16 @@ class ShardedReplayClient:
         p_min = min(probabilities.min(), self._smallest_probability(allocation))
         weights = (fleet_size * probabilities) ** -beta / (fleet_size * p_min) ** -beta
         incarnations = tuple(parts[s][0].incarnation if s in parts else 0 for s in range(len(self.shards)))
-        return PrioritizedBatch(columns, shard_ids, keys, probabilities, weights.astype(np.float32),
-                                incarnations, fleet_size, writers)
+        return PrioritizedBatch(
+            columns,
+            shard_ids,
+            keys,
+            probabilities,
+            weights.astype(np.float32),
+            incarnations,
+            fleet_size,
+            writers,
+        )
 
     def _smallest_probability(self, allocation: dict[int, tuple[float, int]]) -> float:
         """The smallest P(i) any stored row of the covered shards has: the normaliser of the weights."""
@@ -405,7 +441,9 @@ class ShardedReplayClient:
         delays a row's re-weighting."""
         priorities = np.asarray(priorities, dtype=np.float64)
         if priorities.shape != batch.keys.shape:
-            raise ValueError(f"priorities {list(priorities.shape)} must match the batch {list(batch.keys.shape)}")
+            raise ValueError(
+                f"priorities {list(priorities.shape)} must match the batch {list(batch.keys.shape)}"
+            )
         for s in np.unique(batch.shard_ids):
             mask = batch.shard_ids == s
             if self._views[s].retired:
@@ -427,7 +465,8 @@ class ShardedReplayClient:
         for s in np.unique(batch.shard_ids[rows]):
             picked = rows[batch.shard_ids[rows] == s]
             if self._views[s].retired or not self._streams[s].send(
-                    batch.keys[picked], np.zeros(len(picked)), batch.incarnations[s], timeout=self.timeout):
+                batch.keys[picked], np.zeros(len(picked)), batch.incarnations[s], timeout=self.timeout
+            ):
                 self._unsent += len(picked)
 
     def _send_buffered(self, s: int) -> None:
@@ -439,8 +478,12 @@ class ShardedReplayClient:
         keys = np.concatenate([k for k, _ in pieces])
         priorities = np.concatenate([p for _, p in pieces])
         if not self._streams[s].send(keys, priorities, self._buffered_incarnation[s], timeout=self.timeout):
-            log.warning("priority updates to %s backed up for %.0fs; dropping %d", self.shards[s].address,
-                        self.timeout, len(keys))
+            log.warning(
+                "priority updates to %s backed up for %.0fs; dropping %d",
+                self.shards[s].address,
+                self.timeout,
+                len(keys),
+            )
             self._unsent += len(keys)
 
     @property

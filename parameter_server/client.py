@@ -65,7 +65,9 @@ class ParameterClient:
         if have_version < 0:
             raise InvalidArgumentError(f"have_version must be >= 0, got {have_version}")
         what = f"Fetch(have_version={have_version}) from {self.address}"
-        responses = self._stub.Fetch(parameters_pb2.FetchRequest(have_version=have_version), timeout=self.timeout)
+        responses = self._stub.Fetch(
+            parameters_pb2.FetchRequest(have_version=have_version), timeout=self.timeout
+        )
         try:
             first = next(responses, None)
             if first is None:
@@ -75,9 +77,11 @@ class ParameterClient:
             if not first.HasField("header"):
                 raise ApexError(f"{what}: the server's first message has no header")
             if first.header.total_bytes > self.max_weights_bytes:
-                raise ResourceExhaustedError(f"{what}: the server's header declares {first.header.total_bytes} "
-                                             f"bytes of weights, more than this client accepts (max_weights_bytes "
-                                             f"{self.max_weights_bytes})")
+                raise ResourceExhaustedError(
+                    f"{what}: the server's header declares {first.header.total_bytes} "
+                    f"bytes of weights, more than this client accepts (max_weights_bytes "
+                    f"{self.max_weights_bytes})"
+                )
             try:
                 version, layout, total = layout_from_proto(first.header)
             except InvalidArgumentError as err:
@@ -107,8 +111,9 @@ class ParameterClient:
         the service's current one and at most store.MAX_VERSION_STEP above it: VersionRefusedError otherwise
         (also for one above store.MAX_VERSION, refused here); read `version()` and publish above it.
         """
-        if version is not None and (isinstance(version, bool) or not isinstance(version, (int, np.integer))
-                                    or version < 1):
+        if version is not None and (
+            isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 1
+        ):
             raise InvalidArgumentError(f"version must be None or an integer >= 1, got {version!r}")
         what = f"Publish(version={version}) to {self.address}"
         if version is not None and version > MAX_VERSION:
@@ -119,7 +124,9 @@ class ParameterClient:
             reply = self._stub.Publish(_publish_requests(header, payload), timeout=self.timeout)
         except grpc.RpcError as err:
             error = from_rpc_error(err, what)
-            if error.code == grpc.StatusCode.FAILED_PRECONDITION:  # the service's only one: the version's window
+            if (
+                error.code == grpc.StatusCode.FAILED_PRECONDITION
+            ):  # the service's only one: the version's window
                 raise VersionRefusedError(str(error)) from None
             raise error from None
         return int(reply.version)

@@ -37,23 +37,36 @@ class ParamsConfig(ConnectionPolicy):
     """A standalone parameter service process."""
 
     host: str = host_setting()
-    port: int = setting(DEFAULT_PORT, "gRPC port of the ParameterService; 0 picks a free port (see --port-file)")
+    port: int = setting(
+        DEFAULT_PORT, "gRPC port of the ParameterService; 0 picks a free port (see --port-file)"
+    )
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
-    chunk_bytes: int = setting(DEFAULT_CHUNK_BYTES, "largest piece of weight bytes in one Fetch message; a model of "
-                                                    "any size travels as several messages, so keep it under the "
-                                                    "clients' message limit")
-    max_message_bytes: int = setting(DEFAULT_MAX_MESSAGE_BYTES, "largest gRPC message received or sent; chunking "
-                                                                "makes gRPC's default 4 MiB enough for any model")
+    chunk_bytes: int = setting(
+        DEFAULT_CHUNK_BYTES,
+        "largest piece of weight bytes in one Fetch message; a model of "
+        "any size travels as several messages, so keep it under the "
+        "clients' message limit",
+    )
+    max_message_bytes: int = setting(
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "largest gRPC message received or sent; chunking makes gRPC's default 4 MiB enough for any model",
+    )
     # What publishers may make the service hold: at most max_concurrent_publishes x max_weights_bytes.
     max_weights_bytes: int = setting(
-        DEFAULT_MAX_WEIGHTS_BYTES, "largest weights version accepted, in tensor bytes: a Publish declaring more is "
-                                   "refused with RESOURCE_EXHAUSTED before any byte is buffered")
+        DEFAULT_MAX_WEIGHTS_BYTES,
+        "largest weights version accepted, in tensor bytes: a Publish declaring more is "
+        "refused with RESOURCE_EXHAUSTED before any byte is buffered",
+    )
     max_concurrent_publishes: int = setting(
-        DEFAULT_MAX_CONCURRENT_PUBLISHES, "Publish calls served at once; one more is refused with "
-                                          "RESOURCE_EXHAUSTED (Fetch and GetVersion are not limited)")
+        DEFAULT_MAX_CONCURRENT_PUBLISHES,
+        "Publish calls served at once; one more is refused with "
+        "RESOURCE_EXHAUSTED (Fetch and GetVersion are not limited)",
+    )
     publish_idle_timeout: float = setting(
-        DEFAULT_PUBLISH_IDLE_TIMEOUT, "seconds a Publish stream may go without a message before it is aborted "
-                                      "(DEADLINE_EXCEEDED), freeing its slot and its buffered bytes")
+        DEFAULT_PUBLISH_IDLE_TIMEOUT,
+        "seconds a Publish stream may go without a message before it is aborted "
+        "(DEADLINE_EXCEEDED), freeing its slot and its buffered bytes",
+    )
     token: str | None = token_setting()
     token_file: str | None = token_file_setting()
     role_tokens: str | None = role_tokens_setting()
@@ -68,9 +81,13 @@ class ParamsConfig(ConnectionPolicy):
         ConnectionPolicy.__post_init__(self)
         check_listen(self.host, self.port, self.metrics_port)
         if not 1 <= self.chunk_bytes <= self.max_message_bytes:
-            raise ValueError(f"chunk_bytes ({self.chunk_bytes}) must be in [1, max_message_bytes "
-                             f"({self.max_message_bytes})]")
+            raise ValueError(
+                f"chunk_bytes ({self.chunk_bytes}) must be in [1, max_message_bytes "
+                f"({self.max_message_bytes})]"
+            )
         PublishLimits.of(self)
         tls = tls_of(self, serves=True)
-        check_access_settings(self.token, self.role_tokens, self.certificate_roles, tls is not None and tls.mutual)
+        check_access_settings(
+            self.token, self.role_tokens, self.certificate_roles, tls is not None and tls.mutual
+        )
         check_health_port(self.health_port, self.port)

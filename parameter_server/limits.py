@@ -44,14 +44,22 @@ class PublishLimits:
 
     def __post_init__(self) -> None:
         check_max_weights_bytes(self.max_weights_bytes)
-        if isinstance(self.max_concurrent_publishes, bool) or not isinstance(self.max_concurrent_publishes, int) \
-                or self.max_concurrent_publishes < 1:
-            raise ValueError(f"max_concurrent_publishes ({self.max_concurrent_publishes!r}) must be a positive "
-                             f"integer")
-        if isinstance(self.publish_idle_timeout, bool) or not isinstance(self.publish_idle_timeout, (int, float)) \
-                or not (math.isfinite(self.publish_idle_timeout) and self.publish_idle_timeout > 0):
-            raise ValueError(f"publish_idle_timeout ({self.publish_idle_timeout!r}) must be a finite number of "
-                             f"seconds > 0")
+        if (
+            isinstance(self.max_concurrent_publishes, bool)
+            or not isinstance(self.max_concurrent_publishes, int)
+            or self.max_concurrent_publishes < 1
+        ):
+            raise ValueError(
+                f"max_concurrent_publishes ({self.max_concurrent_publishes!r}) must be a positive integer"
+            )
+        if (
+            isinstance(self.publish_idle_timeout, bool)
+            or not isinstance(self.publish_idle_timeout, (int, float))
+            or not (math.isfinite(self.publish_idle_timeout) and self.publish_idle_timeout > 0)
+        ):
+            raise ValueError(
+                f"publish_idle_timeout ({self.publish_idle_timeout!r}) must be a finite number of seconds > 0"
+            )
 
     @classmethod
     def of(cls, config: Any) -> PublishLimits:

@@ -32,8 +32,13 @@ def run(config: ParamsConfig, stop: threading.Event) -> int:
     tls = tls_of(config, serves=True)
     limits = PublishLimits.of(config)
     server, port, store, health = create_parameter_server(
-        f"{config.host}:{config.port}", registry=registry, chunk_bytes=config.chunk_bytes,
-        max_message_bytes=config.max_message_bytes, limits=limits, tls=tls, connections=config,
+        f"{config.host}:{config.port}",
+        registry=registry,
+        chunk_bytes=config.chunk_bytes,
+        max_message_bytes=config.max_message_bytes,
+        limits=limits,
+        tls=tls,
+        connections=config,
         access=AccessPolicy.from_settings(config.token, config.role_tokens, config.certificate_roles),
         health_address=None if config.health_port is None else f"{config.host}:{config.health_port}",
     )
@@ -42,12 +47,21 @@ def run(config: ParamsConfig, stop: threading.Event) -> int:
     except OSError:
         server.stop(None).wait()
         raise
-    log.info("parameter service serving on %s:%d (chunks of %d bytes, messages up to %d bytes, weights up to %d "
-             "bytes, %d publishes at once, idle publishes aborted after %g s, %s, %s%s); metrics %s",
-             config.host, port, config.chunk_bytes, config.max_message_bytes, limits.max_weights_bytes,
-             limits.max_concurrent_publishes, limits.publish_idle_timeout, describe_access(config),
-             describe(tls),
-             "" if config.health_port is None else f", plaintext health on port {config.health_port}", metrics)
+    log.info(
+        "parameter service serving on %s:%d (chunks of %d bytes, messages up to %d bytes, weights up to %d "
+        "bytes, %d publishes at once, idle publishes aborted after %g s, %s, %s%s); metrics %s",
+        config.host,
+        port,
+        config.chunk_bytes,
+        config.max_message_bytes,
+        limits.max_weights_bytes,
+        limits.max_concurrent_publishes,
+        limits.publish_idle_timeout,
+        describe_access(config),
+        describe(tls),
+        "" if config.health_port is None else f", plaintext health on port {config.health_port}",
+        metrics,
+    )
     if config.port_file:
         atomic_write(config.port_file, f"{port}\n")
     grpc_util.serve_until(stop, server, health)

@@ -75,21 +75,30 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
             "apexrl_params_served_bytes", "Weight bytes sent by Fetch", registry=registry
         )
         self._received_bytes = Counter(
-            "apexrl_params_received_bytes", "Weight bytes received by Publish (rejected streams included)",
+            "apexrl_params_received_bytes",
+            "Weight bytes received by Publish (rejected streams included)",
             registry=registry,
         )
         self._fetches = Counter(
-            "apexrl_params_fetches", "Fetch calls by result (newer: weights sent; not_newer: the caller holds the newest)",
-            ["result"], registry=registry,
+            "apexrl_params_fetches",
+            "Fetch calls by result (newer: weights sent; not_newer: the caller holds the newest)",
+            ["result"],
+            registry=registry,
         )
         for result in ("newer", "not_newer"):
             self._fetches.labels(result)
-        Gauge("apexrl_params_publishes_in_progress", "Publish calls being received (at most the setting "
-              "max_concurrent_publishes)", registry=registry).set_function(lambda: self._publishing)
+        Gauge(
+            "apexrl_params_publishes_in_progress",
+            "Publish calls being received (at most the setting max_concurrent_publishes)",
+            registry=registry,
+        ).set_function(lambda: self._publishing)
         self._refused = Counter(
-            "apexrl_params_publish_refusals", "Publish calls refused by the service's bounds, by reason (limit: "
+            "apexrl_params_publish_refusals",
+            "Publish calls refused by the service's bounds, by reason (limit: "
             "max_concurrent_publishes or max_weights_bytes; idle: publish_idle_timeout; version: outside the window "
-            "above the current version)", ["reason"], registry=registry,
+            "above the current version)",
+            ["reason"],
+            registry=registry,
         )
         for reason in _REFUSALS.values():
             self._refused.labels(reason)
@@ -104,9 +113,14 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
     async def Publish(self, request_iterator, context) -> parameters_pb2.PublishResponse:  # noqa: N802 (gRPC name)
         if self._publishing >= self.limits.max_concurrent_publishes:
             self._refused.labels("limit").inc()
-            await self._abort(context, "Publish", ResourceExhaustedError(
-                f"{self._publishing} Publish calls are in progress, the most this service serves at once "
-                f"(max_concurrent_publishes {self.limits.max_concurrent_publishes}); retry later"))
+            await self._abort(
+                context,
+                "Publish",
+                ResourceExhaustedError(
+                    f"{self._publishing} Publish calls are in progress, the most this service serves at once "
+                    f"(max_concurrent_publishes {self.limits.max_concurrent_publishes}); retry later"
+                ),
+            )
         self._publishing += 1
         try:
             with self._metrics.time("Publish"):
@@ -122,8 +136,9 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
         log.debug("published version %d", version)
         return parameters_pb2.PublishResponse(version=version)
 
-    async def _receive(self, requests: AsyncIterator[parameters_pb2.PublishRequest],
-                       context: grpc.aio.ServicerContext) -> int:
+    async def _receive(
+        self, requests: AsyncIterator[parameters_pb2.PublishRequest], context: grpc.aio.ServicerContext
+    ) -> int:
         """Reassemble one Publish stream and store it; nothing is stored unless every check passes. The declared
         size and the version are checked when the header arrives, before any byte is buffered."""
         first = await self._next(requests, 0)
@@ -131,8 +146,10 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
             raise InvalidArgumentError("the first Publish message must carry the header")
         limit = self.limits.max_weights_bytes
         if first.header.total_bytes > limit:
-            raise ResourceExhaustedError(f"Publish declares total_bytes {first.header.total_bytes}, more than this "
-                                         f"service accepts (max_weights_bytes {limit}); nothing was buffered")
+            raise ResourceExhaustedError(
+                f"Publish declares total_bytes {first.header.total_bytes}, more than this "
+                f"service accepts (max_weights_bytes {limit}); nothing was buffered"
+            )
         version, layout, total = layout_from_proto(first.header)
         requested = version or None  # 0: the store assigns previous + 1
         if requested is not None:
@@ -162,8 +179,9 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
             raise CancelledError("the Publish call was cancelled before it ended; nothing stored")
         return self.store.publish_packed(layout, payload, requested)
 
-    async def _next(self, requests: AsyncIterator[parameters_pb2.PublishRequest],
-                    index: int) -> parameters_pb2.PublishRequest | None:
+    async def _next(
+        self, requests: AsyncIterator[parameters_pb2.PublishRequest], index: int
+    ) -> parameters_pb2.PublishRequest | None:
         """The stream's next message, None at its end; DeadlineExceededError when none comes within the idle
         timeout (a publisher that stopped sending gives its slot and its buffered bytes back)."""
         timeout = self.limits.publish_idle_timeout
@@ -172,7 +190,8 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
         except asyncio.TimeoutError:  # an alias of TimeoutError from Python 3.11
             raise DeadlineExceededError(
                 f"Publish message {index} did not arrive within {timeout:g} s of the previous one "
-                f"(publish_idle_timeout): the stream was aborted, nothing stored") from None
+                f"(publish_idle_timeout): the stream was aborted, nothing stored"
+            ) from None
 
     async def Fetch(self, request, context) -> AsyncIterator[parameters_pb2.FetchResponse]:  # noqa: N802 (gRPC name)
         with self._metrics.time("Fetch"):
@@ -215,15 +234,18 @@ class StoreCollector(Collector):
     def collect(self):
         latest = self._store.latest()
         yield CounterMetricFamily(
-            "apexrl_params_published_versions", "Versions published (over gRPC or in-process)",
+            "apexrl_params_published_versions",
+            "Versions published (over gRPC or in-process)",
             value=self._store.published_total,
         )
         yield GaugeMetricFamily(
-            "apexrl_params_current_version", "Newest version number (0: none yet)",
+            "apexrl_params_current_version",
+            "Newest version number (0: none yet)",
             value=latest.version if latest else 0,
         )
         yield GaugeMetricFamily(
-            "apexrl_params_current_weights_bytes", "Size of the newest version's tensor bytes",
+            "apexrl_params_current_weights_bytes",
+            "Size of the newest version's tensor bytes",
             value=latest.total_bytes if latest else 0,
         )
 
@@ -258,15 +280,24 @@ def create_parameter_server(
     address cannot be bound.
     """
     if not 1 <= chunk_bytes <= max_message_bytes:
-        raise ValueError(f"chunk_bytes ({chunk_bytes}) must be in [1, max_message_bytes ({max_message_bytes})]")
+        raise ValueError(
+            f"chunk_bytes ({chunk_bytes}) must be in [1, max_message_bytes ({max_message_bytes})]"
+        )
     store = store if store is not None else WeightStore()
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(StoreCollector(store))
-    servicer = ParameterServicer(store, RpcMetrics(registry, "params"), registry, chunk_bytes=chunk_bytes,
-                                 limits=limits)
-    server = AioServerThread(lambda s: parameters_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, s),
-                             [SERVICE_NAME], max_message_bytes=max_message_bytes, token=token, access=access,
-                             options=(connections or ConnectionPolicy()).server_options(), tls=tls,
-                             health_address=health_address)
+    servicer = ParameterServicer(
+        store, RpcMetrics(registry, "params"), registry, chunk_bytes=chunk_bytes, limits=limits
+    )
+    server = AioServerThread(
+        lambda s: parameters_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, s),
+        [SERVICE_NAME],
+        max_message_bytes=max_message_bytes,
+        token=token,
+        access=access,
+        options=(connections or ConnectionPolicy()).server_options(),
+        tls=tls,
+        health_address=health_address,
+    )
     port = server.start(address)
     return server, port, store, server

@@ -109,7 +109,9 @@ def pack(weights: Mapping[str, np.ndarray]) -> tuple[Layout, memoryview]:
             dt = canonical_dtype(array.dtype)
         except (InvalidArgumentError, TypeError) as err:
             raise InvalidArgumentError(f"tensor {name!r}: {err}") from None
-        arrays.append((name, np.asarray(array, dtype=dt, order="C")))  # keeps 0-d (ascontiguousarray does not)
+        arrays.append(
+            (name, np.asarray(array, dtype=dt, order="C"))
+        )  # keeps 0-d (ascontiguousarray does not)
     layout: list[TensorEntry] = []
     offset = 0
     for name, array in arrays:
@@ -184,7 +186,10 @@ class WeightStore:
         return self._commit(layout, payload, version)
 
     def publish_packed(
-        self, layout: Sequence[TensorEntry], payload: memoryview | bytes | bytearray, version: int | None = None
+        self,
+        layout: Sequence[TensorEntry],
+        payload: memoryview | bytes | bytearray,
+        version: int | None = None,
     ) -> int:
         """Store an already packed version (what the Publish RPC receives). The payload is kept as given (made
         read-only, not copied); the caller must not modify it afterwards."""
@@ -195,7 +200,9 @@ class WeightStore:
             if e.dtype == np.bool_ and e.nbytes:
                 largest = int(np.frombuffer(view, np.uint8, e.nbytes, e.offset).max())
                 if largest > 1:
-                    raise InvalidArgumentError(f"tensor {e.name!r}: bool bytes must be 0 or 1, found {largest}")
+                    raise InvalidArgumentError(
+                        f"tensor {e.name!r}: bool bytes must be 0 or 1, found {largest}"
+                    )
         return self._commit(tuple(layout), view, version)
 
     def check_version(self, version: int) -> None:
@@ -218,7 +225,9 @@ class WeightStore:
             current = self.version
             if version is None:
                 if current >= MAX_VERSION:
-                    raise VersionRefusedError(f"no version is left after the current one ({current}, the largest)")
+                    raise VersionRefusedError(
+                        f"no version is left after the current one ({current}, the largest)"
+                    )
                 version = current + 1
             _check_in_window(version, current)
             self._latest = Snapshot(version, layout, payload)
@@ -243,7 +252,12 @@ def _check_in_window(version: int, current: int) -> None:
     if version < low:
         raise VersionRefusedError(f"version {version} is not greater than the current version {current}")
     if version > high:
-        why = f"above the largest version {MAX_VERSION}" if version > MAX_VERSION else \
-            f"more than {MAX_VERSION_STEP} above the current version {current}"
-        raise VersionRefusedError(f"version {version} is {why}: the current version is {current}, so the next "
-                                  f"must be in [{low}, {high}]")
+        why = (
+            f"above the largest version {MAX_VERSION}"
+            if version > MAX_VERSION
+            else f"more than {MAX_VERSION_STEP} above the current version {current}"
+        )
+        raise VersionRefusedError(
+            f"version {version} is {why}: the current version is {current}, so the next "
+            f"must be in [{low}, {high}]"
+        )

@@ -47,7 +47,9 @@ def generate(out_root: Path) -> list[Path]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 when stale")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,11 +57,18 @@ def main() -> int:
         fresh_pkg = Path(tmp) / "apexrl" / "proto"
         current = sorted(p.relative_to(PACKAGE_DIR) for g in GENERATED_GLOBS for p in PACKAGE_DIR.glob(g))
         if args.check:
-            stale = [str(p) for p in fresh if not (PACKAGE_DIR / p).exists()
-                     or not filecmp.cmp(fresh_pkg / p, PACKAGE_DIR / p, shallow=False)]
+            stale = [
+                str(p)
+                for p in fresh
+                if not (PACKAGE_DIR / p).exists()
+                or not filecmp.cmp(fresh_pkg / p, PACKAGE_DIR / p, shallow=False)
+            ]
             stale += [str(p) for p in current if p not in fresh]
             if stale:
-                print("generated protobuf code is stale; run: python protos/generate.py\n  " + "\n  ".join(stale))
+                print(
+                    "generated protobuf code is stale; run: python protos/generate.py\n  "
+                    + "\n  ".join(stale)
+                )
                 return 1
             print(f"generated protobuf code is up to date ({len(fresh)} files)")
             return 0

@@ -11,4 +11,12 @@ from apexrl.replay_server.sum_tree import SumTree
 from apexrl.replay_server.table import ReplayTable, TableConfig
 from apexrl.replay_server.wire import SampledBatch, ShardInfo, UpdateResult
 
-__all__ = ["ReplayClient", "ReplayTable", "SampledBatch", "ShardInfo", "SumTree", "TableConfig", "UpdateResult"]
+__all__ = [
+    "ReplayClient",
+    "ReplayTable",
+    "SampledBatch",
+    "ShardInfo",
+    "SumTree",
+    "TableConfig",
+    "UpdateResult",
+]

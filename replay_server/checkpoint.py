@@ -73,7 +73,7 @@ class CorruptCheckpointError(Exception):
 class Chunk:
     """Where one chunk of slots lies in the file."""
 
-    slot: int      # first slot
+    slot: int  # first slot
     rows: int
     offset: int
     length: int
@@ -103,14 +103,20 @@ class CheckpointWriter:
         self._offset = _HEADER.size
         self._chunks: list[Chunk] = []
 
-    def add_chunk(self, slot: int, columns: Mapping[str, np.ndarray | CompressedColumn], leaves: np.ndarray) -> None:
+    def add_chunk(
+        self, slot: int, columns: Mapping[str, np.ndarray | CompressedColumn], leaves: np.ndarray
+    ) -> None:
         """Append the rows of slots slot .. slot + len(leaves) - 1: `columns` in the signature's order (compressed
         fields as object arrays of frames, None for a slot holding no row, or as CompressedColumns), then the row
         writers (ROW_WRITER, an object array of str) when the table has compressed fields."""
         crc, length = 0, 0
         parts = []
         for array in columns.values():
-            parts += _variable_parts(array) if isinstance(array, CompressedColumn) or array.dtype == object else [array]
+            parts += (
+                _variable_parts(array)
+                if isinstance(array, CompressedColumn) or array.dtype == object
+                else [array]
+            )
         for array in (*parts, np.asarray(leaves, dtype=_LEAF_DTYPE)):
             data = memoryview(array if isinstance(array, bytes) else np.ascontiguousarray(array)).cast("B")
             self._file.write(data)
@@ -126,9 +132,15 @@ class CheckpointWriter:
     def finish(self, state: TableState) -> int:
         """Write the footer and trailer, make the file durable and give it its name; return its size in bytes."""
         version = COMPRESSED_FORMAT_VERSION if state.signature.compressed else FORMAT_VERSION
-        footer = json.dumps({"format": version, "chunk_rows": self.chunk_rows, **_state_to_json(state),
-                             "chunks": [[c.slot, c.rows, c.offset, c.length, c.crc32] for c in self._chunks]},
-                            separators=(",", ":")).encode()
+        footer = json.dumps(
+            {
+                "format": version,
+                "chunk_rows": self.chunk_rows,
+                **_state_to_json(state),
+                "chunks": [[c.slot, c.rows, c.offset, c.length, c.crc32] for c in self._chunks],
+            },
+            separators=(",", ":"),
+        ).encode()
         if version != FORMAT_VERSION:
             self._file.seek(0)
             self._file.write(_HEADER.pack(_HEADER_MAGIC, version, 0))
@@ -199,8 +211,10 @@ class CheckpointReader:
         if magic != _HEADER_MAGIC:
             raise self._fail(f"not a checkpoint file (magic {magic!r})")
         if version not in _READABLE_VERSIONS:
-            raise self._fail(f"format version {version}, this apexrl reads versions "
-                             f"{', '.join(map(str, _READABLE_VERSIONS))}")
+            raise self._fail(
+                f"format version {version}, this apexrl reads versions "
+                f"{', '.join(map(str, _READABLE_VERSIONS))}"
+            )
         self._file.seek(size - _TRAILER.size)
         footer_len, footer_crc, end = _TRAILER.unpack(self._file.read(_TRAILER.size))
         if end != _TRAILER_MAGIC:
@@ -217,24 +231,41 @@ class CheckpointReader:
             state = _state_from_json(meta)
             chunk_rows = int(meta["chunk_rows"])
             chunks = [Chunk(*map(int, c)) for c in meta["chunks"]]
-        except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError,
-                InvalidArgumentError) as err:  # JSON of any shape: a number too large for int(), a list for a dict
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            ArithmeticError,
+            RecursionError,
+            InvalidArgumentError,
+        ) as err:  # JSON of any shape: a number too large for int(), a list for a dict
             raise self._fail(f"unreadable footer ({err!r})") from None
         self._check_layout(state, chunk_rows, chunks, footer_start)
         return state, chunk_rows, chunks
 
     def _check_layout(self, state: TableState, chunk_rows: int, chunks: list[Chunk], data_end: int) -> None:
-        if not (state.capacity >= 1 and 0 <= state.size <= state.capacity and state.next_key >= state.size
-                and chunk_rows >= 1):
-            raise self._fail(f"impossible state (capacity {state.capacity}, size {state.size}, next key "
-                             f"{state.next_key}, chunk rows {chunk_rows})")
+        if not (
+            state.capacity >= 1
+            and 0 <= state.size <= state.capacity
+            and state.next_key >= state.size
+            and chunk_rows >= 1
+        ):
+            raise self._fail(
+                f"impossible state (capacity {state.capacity}, size {state.size}, next key "
+                f"{state.next_key}, chunk rows {chunk_rows})"
+            )
         signature = state.signature
         variable = len(signature.compressed) + 1 if signature.compressed else 0  # frames and writers
         row_bytes = signature.fixed_row_nbytes + variable * _LENGTH_DTYPE.itemsize + _LEAF_DTYPE.itemsize
         position = _HEADER.size
         for c in chunks:
-            if (c.slot % chunk_rows or c.rows != min(chunk_rows, state.capacity - c.slot) or c.offset != position
-                    or (c.length != c.rows * row_bytes if not variable else c.length < c.rows * row_bytes)):
+            if (
+                c.slot % chunk_rows
+                or c.rows != min(chunk_rows, state.capacity - c.slot)
+                or c.offset != position
+                or (c.length != c.rows * row_bytes if not variable else c.length < c.rows * row_bytes)
+            ):
                 raise self._fail(f"chunk at slot {c.slot} has a wrong layout")
             position += c.length
         if position != data_end:
@@ -259,13 +290,17 @@ class CheckpointReader:
                 columns[f.name] = CompressedColumn(f.compression, f.dtype, f.shape, frames, lengths)
                 continue
             n = rows * f.row_nbytes
-            columns[f.name] = np.frombuffer(data, f.dtype, rows * math.prod(f.shape), offset).reshape(rows, *f.shape)
+            columns[f.name] = np.frombuffer(data, f.dtype, rows * math.prod(f.shape), offset).reshape(
+                rows, *f.shape
+            )
             offset += n
         if self.state.signature.compressed:
             lengths, ids, offset = self._variable(data, offset, chunk)
             columns[ROW_WRITER] = _writer_ids(ids, lengths)
         if offset + rows * _LEAF_DTYPE.itemsize != chunk.length:
-            raise self._fail(f"chunk at slot {chunk.slot}: its parts do not add up to its {chunk.length} bytes")
+            raise self._fail(
+                f"chunk at slot {chunk.slot}: its parts do not add up to its {chunk.length} bytes"
+            )
         return columns, np.frombuffer(data, _LEAF_DTYPE, rows, offset)
 
     def _variable(self, data: bytes, offset: int, chunk: Chunk) -> tuple[np.ndarray, bytes, int]:
@@ -277,7 +312,7 @@ class CheckpointReader:
         total = int(lengths.sum())
         if end + total > len(data):
             raise self._fail(f"chunk at slot {chunk.slot}: a variable-length part runs past its end")
-        return lengths, data[end:end + total], end + total
+        return lengths, data[end : end + total], end + total
 
     def blocks(self) -> Iterator[tuple[int, dict[str, np.ndarray], np.ndarray]]:
         """(first key, columns, leaves) of every held row in key order, oldest first (what ReplayTable.restore and
@@ -315,20 +350,33 @@ class CheckpointReader:
 
 def _state_to_json(state: TableState) -> dict:
     return {
-        "signature": str(state.signature), "capacity": state.capacity, "alpha": state.alpha,
-        "next_key": state.next_key, "size": state.size, "max_priority": state.max_priority,
-        "incarnation": state.incarnation, "aliases": [[k, v] for k, v in state.aliases.items()],
-        "writers": [[w, s] for w, s in state.writers], "counters": dict(state.counters), "lineage": state.lineage,
+        "signature": str(state.signature),
+        "capacity": state.capacity,
+        "alpha": state.alpha,
+        "next_key": state.next_key,
+        "size": state.size,
+        "max_priority": state.max_priority,
+        "incarnation": state.incarnation,
+        "aliases": [[k, v] for k, v in state.aliases.items()],
+        "writers": [[w, s] for w, s in state.writers],
+        "counters": dict(state.counters),
+        "lineage": state.lineage,
     }
 
 
 def _state_from_json(meta: dict) -> TableState:
     return TableState(
-        signature=Signature.parse(meta["signature"]), capacity=int(meta["capacity"]), alpha=float(meta["alpha"]),
-        next_key=int(meta["next_key"]), size=int(meta["size"]), max_priority=float(meta["max_priority"]),
-        incarnation=int(meta["incarnation"]), aliases={int(k): int(v) for k, v in meta["aliases"]},
+        signature=Signature.parse(meta["signature"]),
+        capacity=int(meta["capacity"]),
+        alpha=float(meta["alpha"]),
+        next_key=int(meta["next_key"]),
+        size=int(meta["size"]),
+        max_priority=float(meta["max_priority"]),
+        incarnation=int(meta["incarnation"]),
+        aliases={int(k): int(v) for k, v in meta["aliases"]},
         writers=tuple((str(w), int(s)) for w, s in meta["writers"]),
-        counters={str(k): int(v) for k, v in meta["counters"].items()}, lineage=int(meta["lineage"]),
+        counters={str(k): int(v) for k, v in meta["counters"].items()},
+        lineage=int(meta["lineage"]),
     )
 
 
@@ -337,7 +385,9 @@ def _variable_parts(column: np.ndarray | CompressedColumn) -> list[bytes]:
     CompressedColumn, or an object array of bytes (frames; None: no row) or str (writer ids)."""
     if isinstance(column, CompressedColumn):
         return [column.lengths.astype(_LENGTH_DTYPE).tobytes(), column.data]
-    items = [b"" if item is None else item.encode() if isinstance(item, str) else item for item in column.tolist()]
+    items = [
+        b"" if item is None else item.encode() if isinstance(item, str) else item for item in column.tolist()
+    ]
     return [np.fromiter(map(len, items), dtype=_LENGTH_DTYPE, count=len(items)).tobytes(), b"".join(items)]
 
 
@@ -347,7 +397,7 @@ def _writer_ids(data: bytes, lengths: np.ndarray) -> np.ndarray:
     known: dict[bytes, str] = {}
     offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
     for i in range(len(lengths)):
-        raw = data[offsets[i]:offsets[i + 1]]
+        raw = data[offsets[i] : offsets[i + 1]]
         text = known.get(raw)
         if text is None:
             text = known[raw] = raw.decode(errors="replace")

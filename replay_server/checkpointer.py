@@ -41,8 +41,12 @@ _NAME = re.compile(r"checkpoint-(\d{10})\.apexrl(\.corrupt)?")
 def signature_difference(saved: Signature, wanted: Signature) -> str:
     """The fields two signatures disagree on, in words."""
     a, b = {f.name: f for f in saved.fields}, {f.name: f for f in wanted.fields}
-    parts = [f"field {n!r} is {a[n].type_name} there, {b[n].type_name} here" for n in a if n in b and a[n] != b[n]]
-    parts += [f"field {n!r} only there" for n in a if n not in b] + [f"field {n!r} only here" for n in b if n not in a]
+    parts = [
+        f"field {n!r} is {a[n].type_name} there, {b[n].type_name} here" for n in a if n in b and a[n] != b[n]
+    ]
+    parts += [f"field {n!r} only there" for n in a if n not in b] + [
+        f"field {n!r} only here" for n in b if n not in a
+    ]
     if not parts and saved.names != wanted.names:
         parts.append(f"the fields are in another order ({', '.join(saved.names)} there)")
     return "; ".join(parts)
@@ -56,9 +60,17 @@ class Checkpointer:
     `on_written(key)` runs after each durable checkpoint with the smallest inserted_total of the checkpoints kept:
     the write-ahead log drops what all of them cover."""
 
-    def __init__(self, table: ReplayTable, directory: str | Path, *, keep: int = 2, every: float = 0.0,
-                 max_mb_per_s: float = 0.0, stats: DurabilityStats | None = None,
-                 on_written: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        table: ReplayTable,
+        directory: str | Path,
+        *,
+        keep: int = 2,
+        every: float = 0.0,
+        max_mb_per_s: float = 0.0,
+        stats: DurabilityStats | None = None,
+        on_written: Callable[[int], None] | None = None,
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep ({keep}) must be at least 1")
         self.table = table
@@ -70,7 +82,7 @@ class Checkpointer:
         self.stats = stats if stats is not None else DurabilityStats()
         self.on_written = on_written
         self._cond = threading.Condition()
-        self._waiting: list[Future] = []   # requests served by the next checkpoint to start
+        self._waiting: list[Future] = []  # requests served by the next checkpoint to start
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._write_lock = threading.Lock()  # one checkpoint at a time
@@ -86,8 +98,11 @@ class Checkpointer:
     @staticmethod
     def list_files(directory: str | Path, *, corrupt_too: bool = False) -> list[Path]:
         """The checkpoint files of a directory, oldest first; those renamed `.corrupt` only with `corrupt_too`."""
-        found = [(int(m.group(1)), p) for p in Path(directory).iterdir()
-                 if (m := _NAME.fullmatch(p.name)) and (corrupt_too or not m.group(2))]
+        found = [
+            (int(m.group(1)), p)
+            for p in Path(directory).iterdir()
+            if (m := _NAME.fullmatch(p.name)) and (corrupt_too or not m.group(2))
+        ]
         return [p for _, p in sorted(found)]
 
     # ------------------------------------------------------------------------------------------------ restore
@@ -109,23 +124,37 @@ class Checkpointer:
                         self._check_fits(state, path)
                         rows = self.table.restore(state, checked_blocks(state, reader.blocks()))
                     except InvalidArgumentError as err:  # well formed, but no table could have saved it
-                        raise CorruptCheckpointError(f"checkpoint {path} holds invalid content: {err}") from None
+                        raise CorruptCheckpointError(
+                            f"checkpoint {path} holds invalid content: {err}"
+                        ) from None
             except (CorruptCheckpointError, OSError) as err:
                 self._set_aside(path, err)
                 continue
             seconds = time.monotonic() - start
-            log.info("restored %d rows (keys %d..%d) from %s in %.2fs", rows, state.next_key - rows,
-                     state.next_key - 1, path, seconds)
+            log.info(
+                "restored %d rows (keys %d..%d) from %s in %.2fs",
+                rows,
+                state.next_key - rows,
+                state.next_key - 1,
+                path,
+                seconds,
+            )
             self.stats.restore_seconds, self.stats.restored_rows = seconds, rows
             return state
         if files:
-            log.error("NO GOOD CHECKPOINT in %s: all %d were set aside as corrupt; the shard starts without their "
-                      "rows", self.directory, len(files))
+            log.error(
+                "NO GOOD CHECKPOINT in %s: all %d were set aside as corrupt; the shard starts without their "
+                "rows",
+                self.directory,
+                len(files),
+            )
         return None
 
     def _set_aside(self, path: Path, err: Exception) -> None:
         """A checkpoint that cannot be trusted: named in the log, renamed `*.corrupt` and counted."""
-        log.error("CORRUPT CHECKPOINT skipped: %s; renamed to %s.corrupt, trying the previous one", err, path.name)
+        log.error(
+            "CORRUPT CHECKPOINT skipped: %s; renamed to %s.corrupt, trying the previous one", err, path.name
+        )
         path.rename(path.with_name(path.name + ".corrupt"))
         with self.stats.lock:
             self.stats.corrupt_checkpoints += 1
@@ -136,15 +165,23 @@ class Checkpointer:
             raise SettingsError(
                 f"checkpoint {path} was made with signature {state.signature}, this shard is started with "
                 f"--signature {config.signature}: {signature_difference(state.signature, config.signature)}. Start "
-                f"with the checkpoint's signature or another --checkpoint-dir")
+                f"with the checkpoint's signature or another --checkpoint-dir"
+            )
         if state.alpha != config.alpha:
             raise SettingsError(
                 f"checkpoint {path} stores priorities ** {state.alpha}, this shard is started with --alpha "
-                f"{config.alpha}: start with --alpha {state.alpha} or another --checkpoint-dir")
+                f"{config.alpha}: start with --alpha {state.alpha} or another --checkpoint-dir"
+            )
         if state.capacity != config.capacity:
-            log.warning("checkpoint %s was made with capacity %d, this shard has %d%s", path, state.capacity,
-                        config.capacity, "" if state.size <= config.capacity else
-                        f": its {state.size - config.capacity} oldest rows are dropped")
+            log.warning(
+                "checkpoint %s was made with capacity %d, this shard has %d%s",
+                path,
+                state.capacity,
+                config.capacity,
+                ""
+                if state.size <= config.capacity
+                else f": its {state.size - config.capacity} oldest rows are dropped",
+            )
 
     # -------------------------------------------------------------------------------------------- checkpoints
     def checkpoint(self, *, paced: bool = True) -> CheckpointResult:
@@ -153,8 +190,11 @@ class Checkpointer:
         when the file cannot be written."""
         with self._write_lock:
             info = self.table.info()
-            chunk_rows = chunk_rows_for(info.signature, info.stored_bytes / info.size if info.size else None) \
-                if info.signature else 1
+            chunk_rows = (
+                chunk_rows_for(info.signature, info.stored_bytes / info.size if info.size else None)
+                if info.signature
+                else 1
+            )
             start = time.monotonic()
             number, self._next_number = self._next_number, self._next_number + 1
             path = self.directory / f"checkpoint-{number:010d}.apexrl"
@@ -178,24 +218,30 @@ class Checkpointer:
             kept = self._prune()
             if self.on_written is not None and kept:
                 self.on_written(min(kept))
-            return CheckpointResult(path=str(path), rows=state.size, inserted_total=state.next_key, bytes=size,
-                                    seconds=seconds, incarnation=state.incarnation)
+            return CheckpointResult(
+                path=str(path),
+                rows=state.size,
+                inserted_total=state.next_key,
+                bytes=size,
+                seconds=seconds,
+                incarnation=state.incarnation,
+            )
 
     def _prune(self) -> list[int]:
         """Delete all but the newest `keep` checkpoints; return the kept ones' inserted_total."""
         files = self.files()
-        for old in files[:-self.keep]:
+        for old in files[: -self.keep]:
             old.unlink(missing_ok=True)
             self._covered.pop(old, None)
         fsync_directory(self.directory)
-        for path in files[-self.keep:]:
+        for path in files[-self.keep :]:
             if path not in self._covered:  # written by an earlier process: read its footer once
                 try:
                     with CheckpointReader(path) as reader:
                         self._covered[path] = reader.state.next_key
                 except (CorruptCheckpointError, OSError):
                     continue
-        return [self._covered[p] for p in files[-self.keep:] if p in self._covered]
+        return [self._covered[p] for p in files[-self.keep :] if p in self._covered]
 
     def request(self) -> Future:
         """A future of the next checkpoint to start (the Checkpoint RPC): its CheckpointResult or its error."""

@@ -63,8 +63,23 @@ _FATAL_STREAM_CODES = {
 # set their pace.
 _MERGE_MAX_BYTES = 1 << 20
 # Column dtypes a merged batch may have: those the codec sends as they are (replay.proto, tensor.proto).
-_MERGEABLE_DTYPES = frozenset(np.dtype(name) for name in (
-    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"))
+_MERGEABLE_DTYPES = frozenset(
+    np.dtype(name)
+    for name in (
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+    )
+)
 _BOOL = np.dtype(np.bool_)
 _PRIORITY_DTYPES = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 
@@ -77,10 +92,10 @@ class _Batch:
     sequence: int
     nbytes: int
     request: replay_pb2.InsertRequest | None = None  # encoded at insert: sent alone
-    columns: dict[str, np.ndarray] | None = None      # copied at insert: may be merged
+    columns: dict[str, np.ndarray] | None = None  # copied at insert: may be merged
     priorities: np.ndarray | None = None
     rows: int = 0
-    layout: tuple = ()                                # batches of the same layout merge
+    layout: tuple = ()  # batches of the same layout merge
 
 
 class _Stream:
@@ -89,9 +104,11 @@ class _Stream:
     def __init__(self, unsent: Iterable[_Batch]) -> None:
         self.unsent: deque[_Batch] = deque(unsent)
         self.unsent_bytes = sum(b.nbytes for b in self.unsent)
-        self.in_flight: deque[tuple[int, int]] = deque()  # (first, last) sequence of each request not yet answered
-        self.merge = False            # the shard's acks carry `batches`: it understands merged requests
-        self.sender_waiting = False   # the request iterator waits for something to send
+        self.in_flight: deque[tuple[int, int]] = (
+            deque()
+        )  # (first, last) sequence of each request not yet answered
+        self.merge = False  # the shard's acks carry `batches`: it understands merged requests
+        self.sender_waiting = False  # the request iterator waits for something to send
         self.done = False
 
 
@@ -123,14 +140,18 @@ class ReplayClient:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight ({max_in_flight}) must be >= 1")
         if writer_id is not None and (size := len(writer_id.encode())) > wire.MAX_WRITER_ID_BYTES:
-            raise ValueError(f"writer_id ({writer_id[:40]!r}{'...' if len(writer_id) > 40 else ''}) is {size} "
-                             f"bytes in UTF-8, over the limit of {wire.MAX_WRITER_ID_BYTES} bytes")
+            raise ValueError(
+                f"writer_id ({writer_id[:40]!r}{'...' if len(writer_id) > 40 else ''}) is {size} "
+                f"bytes in UTF-8, over the limit of {wire.MAX_WRITER_ID_BYTES} bytes"
+            )
         self.address = address
         self.timeout = timeout
         self.writer_id = writer_id or uuid.uuid4().hex
         self.max_in_flight = max_in_flight
         self.max_message_bytes = max_message_bytes
-        self._channel = grpc_util.make_channel(address, max_message_bytes=max_message_bytes, token=token, tls=tls)
+        self._channel = grpc_util.make_channel(
+            address, max_message_bytes=max_message_bytes, token=token, tls=tls
+        )
         self._stub = replay_pb2_grpc.ReplayServiceStub(self._channel)
         # Insert stream state, guarded by one lock: _cond wakes writers waiting for room and acks, _send_ready the
         # request iterator of the open stream.
@@ -153,8 +174,13 @@ class ReplayClient:
         self.acks_received = 0  # InsertAcks received; one may answer several batches
 
     # ------------------------------------------------------------------------------------------------ insert
-    def insert(self, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None = None, *,
-               timeout: float | None = None) -> int:
+    def insert(
+        self,
+        columns: Mapping[str, np.ndarray],
+        priorities: np.ndarray | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> int:
         """Queue a batch for the shard and return its sequence number; blocks while `max_in_flight` batches are
         unacknowledged. A batch the shard rejects raises its error from a later `insert` or `flush`."""
         # The payload bounds the message size; ByteSize() would serialise a large batch once just to answer.
@@ -189,30 +215,49 @@ class ReplayClient:
             else:
                 self._cond.notify_all()  # wakes the writer thread if it waits for work
             if self._writer_thread is None:
-                self._writer_thread = threading.Thread(target=self._run_writer, name="apexrl-insert", daemon=True)
+                self._writer_thread = threading.Thread(
+                    target=self._run_writer, name="apexrl-insert", daemon=True
+                )
                 self._writer_thread.start()
         return batch.sequence
 
-    def _prepare(self, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None, nbytes: int) -> _Batch:
+    def _prepare(
+        self, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None, nbytes: int
+    ) -> _Batch:
         """The batch as kept until acknowledged: copied when it may be merged (a small batch of plain numpy
         columns of equal length, float priorities or none), otherwise encoded now (which also raises the codec's
         errors for what it cannot send)."""
         if nbytes <= self._merge_bytes // 4:
             layout, rows = [], -1
             for name, array in columns.items():
-                if (not isinstance(array, np.ndarray) or array.dtype not in _MERGEABLE_DTYPES or array.ndim == 0
-                        or len(array) != rows and rows != -1 or not isinstance(name, str)):
+                if (
+                    not isinstance(array, np.ndarray)
+                    or array.dtype not in _MERGEABLE_DTYPES
+                    or array.ndim == 0
+                    or len(array) != rows
+                    and rows != -1
+                    or not isinstance(name, str)
+                ):
                     break
                 if array.dtype == _BOOL and array.size and array.view(np.uint8).max() > 1:
                     break  # bytes other than 0/1 fail the shard's decode, which would refuse the whole request
                 rows = len(array)
                 layout.append((name, array.dtype, array.shape[1:]))
             else:
-                if rows > 0 and (priorities is None or isinstance(priorities, np.ndarray) and priorities.shape ==
-                                 (rows,) and priorities.dtype in _PRIORITY_DTYPES):
-                    return _Batch(0, nbytes, columns={name: array.copy() for name, array in columns.items()},
-                                  priorities=None if priorities is None else priorities.copy(), rows=rows,
-                                  layout=(tuple(layout), None if priorities is None else priorities.dtype))
+                if rows > 0 and (
+                    priorities is None
+                    or isinstance(priorities, np.ndarray)
+                    and priorities.shape == (rows,)
+                    and priorities.dtype in _PRIORITY_DTYPES
+                ):
+                    return _Batch(
+                        0,
+                        nbytes,
+                        columns={name: array.copy() for name, array in columns.items()},
+                        priorities=None if priorities is None else priorities.copy(),
+                        rows=rows,
+                        layout=(tuple(layout), None if priorities is None else priorities.dtype),
+                    )
         return _Batch(0, nbytes, request=wire.encode_insert(columns, priorities, self.writer_id))
 
     def flush(self, timeout: float | None = None) -> None:
@@ -293,8 +338,11 @@ class ReplayClient:
             return False
         if not (stream.merge and self._merging) or unsent[0].request is not None or not stream.in_flight:
             return True
-        return (len(unsent) >= self._merge_batches or stream.unsent_bytes >= self._merge_bytes
-                or unsent[-1].request is not None)
+        return (
+            len(unsent) >= self._merge_batches
+            or stream.unsent_bytes >= self._merge_bytes
+            or unsent[-1].request is not None
+        )
 
     def _wake_sender(self, stream: _Stream) -> None:
         if stream.sender_waiting and self._ready_to_send(stream):
@@ -308,8 +356,12 @@ class ReplayClient:
         if first.columns is not None and stream.merge and self._merging:
             while stream.unsent and len(run) < self._merge_batches:
                 following = stream.unsent[0]
-                if (following.columns is None or following.layout != first.layout
-                        or following.sequence != run[-1].sequence + 1 or nbytes + following.nbytes > self._merge_bytes):
+                if (
+                    following.columns is None
+                    or following.layout != first.layout
+                    or following.sequence != run[-1].sequence + 1
+                    or nbytes + following.nbytes > self._merge_bytes
+                ):
                     break
                 run.append(stream.unsent.popleft())
                 nbytes += following.nbytes
@@ -357,8 +409,12 @@ class ReplayClient:
                     refused.append(sequence)
             if refused:
                 which = f"batch {refused[0]}" if len(refused) == 1 else f"batches {refused[0]}..{refused[-1]}"
-                self._errors.append(error_for_code(code, f"insert of {which} to {self.address} rejected: "
-                                                         f"{code.name}: {ack.error_message}"))
+                self._errors.append(
+                    error_for_code(
+                        code,
+                        f"insert of {which} to {self.address} rejected: {code.name}: {ack.error_message}",
+                    )
+                )
             while stream.in_flight and stream.in_flight[0][1] <= ack.sequence:
                 stream.in_flight.popleft()
             self._cond.notify_all()
@@ -376,15 +432,21 @@ class ReplayClient:
             # one by one: resend them so, and merge no more. Alone, resending it cannot help.
             first, last = stream.in_flight[0] if stream.in_flight else (0, 0)
             if first != last:
-                log.warning("a merged insert request to %s was too large; resending its batches one by one",
-                            self.address)
+                log.warning(
+                    "a merged insert request to %s was too large; resending its batches one by one",
+                    self.address,
+                )
                 self._merging = False
             else:
                 sequence, _ = self._pending.popitem(last=False)
                 self._errors.append(from_rpc_error(err, f"insert of batch {sequence} to {self.address}"))
         else:
-            log.warning("insert stream to %s failed (%s); resending %d batches", self.address, code.name,
-                        len(self._pending))
+            log.warning(
+                "insert stream to %s failed (%s); resending %d batches",
+                self.address,
+                code.name,
+                len(self._pending),
+            )
         self._cond.notify_all()
 
     # ------------------------------------------------------------------------------------------------ sample
@@ -394,35 +456,44 @@ class ReplayClient:
         request = replay_pb2.SampleRequest(batch_size=batch_size, no_wait=not wait)
         return wire.decode_sample(self._call(self._stub.Sample, request, "sample", timeout))
 
-    def sample_future(self, batch_size: int, *, timeout: float | None = None,
-                      wait: bool = True) -> CallFuture[SampledBatch]:
+    def sample_future(
+        self, batch_size: int, *, timeout: float | None = None, wait: bool = True
+    ) -> CallFuture[SampledBatch]:
         """Start a Sample call without waiting (to sample several shards in parallel); the future's result() is
         a SampledBatch or raises the apexrl error of the failed call."""
         request = replay_pb2.SampleRequest(batch_size=batch_size, no_wait=not wait)
-        return CallFuture(self._stub.Sample.future(request, timeout=self._deadline(timeout)), wire.decode_sample,
-                          f"sample on {self.address}")
+        return CallFuture(
+            self._stub.Sample.future(request, timeout=self._deadline(timeout)),
+            wire.decode_sample,
+            f"sample on {self.address}",
+        )
 
     # -------------------------------------------------------------------------------------------- priorities
-    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int,
-                          timeout: float | None = None) -> UpdateResult:
+    def update_priorities(
+        self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int, timeout: float | None = None
+    ) -> UpdateResult:
         """Set new raw priorities for sampled keys; stale keys are ignored and counted, never an error.
 
         `incarnation` is the one the keys were sampled from (`SampledBatch.incarnation`): after a shard restart
         its keys start from 0 again, and only the incarnation keeps old keys off the new rows. It is required;
         0 ("whatever the shard's current one is") must be asked for explicitly."""
         request = wire.encode_update(keys, priorities, incarnation)
-        return wire.decode_update_result(self._call(self._stub.UpdatePriorities, request, "update_priorities",
-                                                    timeout))
+        return wire.decode_update_result(
+            self._call(self._stub.UpdatePriorities, request, "update_priorities", timeout)
+        )
 
-    def update_priorities_future(self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int,
-                                 timeout: float | None = None) -> CallFuture[UpdateResult]:
+    def update_priorities_future(
+        self, keys: np.ndarray, priorities: np.ndarray, *, incarnation: int, timeout: float | None = None
+    ) -> CallFuture[UpdateResult]:
         """Start an UpdatePriorities call without waiting; the future's result() is an UpdateResult."""
-        call = self._stub.UpdatePriorities.future(wire.encode_update(keys, priorities, incarnation),
-                                                  timeout=self._deadline(timeout))
+        call = self._stub.UpdatePriorities.future(
+            wire.encode_update(keys, priorities, incarnation), timeout=self._deadline(timeout)
+        )
         return CallFuture(call, wire.decode_update_result, f"update_priorities on {self.address}")
 
-    def priority_stream(self, max_in_flight: int = 32,
-                        on_totals: Callable[[ShardTotals], None] | None = None) -> PriorityStream:
+    def priority_stream(
+        self, max_in_flight: int = 32, on_totals: Callable[[ShardTotals], None] | None = None
+    ) -> PriorityStream:
         """A background StreamUpdatePriorities sender for fire-and-forget updates (what a learner wants);
         `on_totals` receives the shard's totals from every answer."""
         return PriorityStream(self._stub, self.address, max_in_flight=max_in_flight, on_totals=on_totals)
@@ -440,8 +511,9 @@ class ReplayClient:
     def checkpoint(self, *, timeout: float | None = 120.0) -> CheckpointResult:
         """Ask the shard to write a checkpoint now; returns once it is durable. It holds every row whose insert
         was acknowledged before this call (flush() first to include what this client queued)."""
-        return wire.decode_checkpoint(self._call(self._stub.Checkpoint, replay_pb2.CheckpointRequest(),
-                                                 "checkpoint", timeout))
+        return wire.decode_checkpoint(
+            self._call(self._stub.Checkpoint, replay_pb2.CheckpointRequest(), "checkpoint", timeout)
+        )
 
     # ------------------------------------------------------------------------------------------------ common
     def _deadline(self, timeout: float | None) -> float:

@@ -35,8 +35,10 @@ class ReplayConfig(ConnectionPolicy, QuotaSettings, TableConfig):
     host: str = host_setting()
     port: int = setting(DEFAULT_PORT, "gRPC port of the ReplayService; 0 picks a free port (see --port-file)")
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
-    max_message_bytes: int = setting(64 * 1024 * 1024, "largest gRPC message received or sent; larger ones are "
-                                                       "refused with RESOURCE_EXHAUSTED")
+    max_message_bytes: int = setting(
+        64 * 1024 * 1024,
+        "largest gRPC message received or sent; larger ones are refused with RESOURCE_EXHAUSTED",
+    )
     token: str | None = token_setting()
     token_file: str | None = token_file_setting()
     role_tokens: str | None = role_tokens_setting()
@@ -48,21 +50,32 @@ class ReplayConfig(ConnectionPolicy, QuotaSettings, TableConfig):
     port_file: str | None = port_file_setting()
     # Durability
     checkpoint_dir: str | None = setting(
-        None, "directory of this shard's checkpoints: restored at start (health NOT_SERVING until done; a torn or "
-              "corrupt file is skipped for the previous one), written every --checkpoint-every seconds, on the "
-              "Checkpoint RPC and at SIGTERM, without stopping the shard (`apexrl replay-reshard` moves a fleet's "
-              "checkpoints onto another number of shards); none: no checkpoints", metavar="DIR")
-    checkpoint_every: float = setting(300.0, "seconds between checkpoints when the table changed; 0: only on the "
-                                             "Checkpoint RPC and at shutdown")
+        None,
+        "directory of this shard's checkpoints: restored at start (health NOT_SERVING until done; a torn or "
+        "corrupt file is skipped for the previous one), written every --checkpoint-every seconds, on the "
+        "Checkpoint RPC and at SIGTERM, without stopping the shard (`apexrl replay-reshard` moves a fleet's "
+        "checkpoints onto another number of shards); none: no checkpoints",
+        metavar="DIR",
+    )
+    checkpoint_every: float = setting(
+        300.0,
+        "seconds between checkpoints when the table changed; 0: only on the Checkpoint RPC and at shutdown",
+    )
     checkpoint_max_mb_per_s: float = setting(
-        200.0, "pace of checkpoint writing in MB/s (a checkpoint then takes its size / this, plus the final "
-               "fsync) so it takes a bounded share of the CPU inserts and samples need; 0: as fast as possible")
-    checkpoint_keep: int = setting(2, "newest checkpoints kept (older ones deleted): a corrupt newest one falls "
-                                      "back to the one before")
+        200.0,
+        "pace of checkpoint writing in MB/s (a checkpoint then takes its size / this, plus the final "
+        "fsync) so it takes a bounded share of the CPU inserts and samples need; 0: as fast as possible",
+    )
+    checkpoint_keep: int = setting(
+        2, "newest checkpoints kept (older ones deleted): a corrupt newest one falls back to the one before"
+    )
     wal: str | None = setting(
-        None, "directory of a write-ahead log: every insert batch is appended and fsynced (grouped) before it is "
-              "acknowledged and replayed at start after the newest checkpoint, so a SIGKILL loses no acknowledged "
-              "row (priority updates since the checkpoint are lost); needs --checkpoint-dir", metavar="DIR")
+        None,
+        "directory of a write-ahead log: every insert batch is appended and fsynced (grouped) before it is "
+        "acknowledged and replayed at start after the newest checkpoint, so a SIGKILL loses no acknowledged "
+        "row (priority updates since the checkpoint are lost); needs --checkpoint-dir",
+        metavar="DIR",
+    )
 
     def __post_init__(self) -> None:
         TableConfig.__post_init__(self)
@@ -72,13 +85,19 @@ class ReplayConfig(ConnectionPolicy, QuotaSettings, TableConfig):
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes ({self.max_message_bytes}) must be at least 1024")
         if not (math.isfinite(self.checkpoint_every) and self.checkpoint_every >= 0):
-            raise ValueError(f"checkpoint_every ({self.checkpoint_every}) must be a finite number of seconds >= 0")
+            raise ValueError(
+                f"checkpoint_every ({self.checkpoint_every}) must be a finite number of seconds >= 0"
+            )
         if not (math.isfinite(self.checkpoint_max_mb_per_s) and self.checkpoint_max_mb_per_s >= 0):
-            raise ValueError(f"checkpoint_max_mb_per_s ({self.checkpoint_max_mb_per_s}) must be finite and >= 0")
+            raise ValueError(
+                f"checkpoint_max_mb_per_s ({self.checkpoint_max_mb_per_s}) must be finite and >= 0"
+            )
         if self.checkpoint_keep < 1:
             raise ValueError(f"checkpoint_keep ({self.checkpoint_keep}) must be at least 1")
         if self.wal is not None and self.checkpoint_dir is None:
             raise ValueError("wal needs checkpoint_dir: the log is truncated after each checkpoint")
         tls = tls_of(self, serves=True)
-        check_access_settings(self.token, self.role_tokens, self.certificate_roles, tls is not None and tls.mutual)
+        check_access_settings(
+            self.token, self.role_tokens, self.certificate_roles, tls is not None and tls.mutual
+        )
         check_health_port(self.health_port, self.port)

@@ -51,7 +51,9 @@ class _BlockedTimeCollector:
             "apexrl_replay_rate_limiter_blocked_seconds",
             "Seconds during which calls were held back by the rate limiter (samples: also below "
             "min_size_to_sample), by call (insert, sample); concurrent waiters count once, so the rate is the "
-            "fraction of time that side was blocked", labels=["call"])
+            "fraction of time that side was blocked",
+            labels=["call"],
+        )
         for call, seconds in self._table.blocked_seconds().items():
             family.add_metric([call], seconds)
         yield family
@@ -68,26 +70,47 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
     checkpointer = wal = None
     if config.checkpoint_dir is not None:
         wal = WriteAheadLog(config.wal, stats) if config.wal is not None else None
-        checkpointer = Checkpointer(table, config.checkpoint_dir, keep=config.checkpoint_keep,
-                                    every=config.checkpoint_every, max_mb_per_s=config.checkpoint_max_mb_per_s,
-                                    stats=stats, on_written=None if wal is None else wal.truncate)
+        checkpointer = Checkpointer(
+            table,
+            config.checkpoint_dir,
+            keep=config.checkpoint_keep,
+            every=config.checkpoint_every,
+            max_mb_per_s=config.checkpoint_max_mb_per_s,
+            stats=stats,
+            on_written=None if wal is None else wal.truncate,
+        )
         table.refuse_calls("the shard is restoring its checkpoint")
     tls = tls_of(config, serves=True)
     server, port, health, registry = create_replay_server(
-        table, join_host_port(config.host, config.port), registry=metrics_registry(table, stats),
-        max_message_bytes=config.max_message_bytes, tls=tls,
+        table,
+        join_host_port(config.host, config.port),
+        registry=metrics_registry(table, stats),
+        max_message_bytes=config.max_message_bytes,
+        tls=tls,
         access=AccessPolicy.from_settings(config.token, config.role_tokens, config.certificate_roles),
-        quotas=config, connections=config,
-        health_address=None if config.health_port is None else join_host_port(config.host, config.health_port),
-        serving=checkpointer is None, checkpointer=checkpointer, wal=wal,
+        quotas=config,
+        connections=config,
+        health_address=None
+        if config.health_port is None
+        else join_host_port(config.host, config.health_port),
+        serving=checkpointer is None,
+        checkpointer=checkpointer,
+        wal=wal,
     )
     metrics = serve_metrics(registry, config.metrics_port, config.host)
-    log.info("replay shard serving on %s:%d (capacity %d%s, alpha %.2f, signature %s, %s, %s%s); metrics %s",
-             config.host, port, config.capacity,
-             "" if config.max_bytes is None else f" rows or {config.max_bytes} bytes", config.alpha,
-             config.signature or "from first insert", describe_access(config),
-             describe(tls), "" if server.health_port is None else f", plaintext health on port {server.health_port}",
-             metrics)
+    log.info(
+        "replay shard serving on %s:%d (capacity %d%s, alpha %.2f, signature %s, %s, %s%s); metrics %s",
+        config.host,
+        port,
+        config.capacity,
+        "" if config.max_bytes is None else f" rows or {config.max_bytes} bytes",
+        config.alpha,
+        config.signature or "from first insert",
+        describe_access(config),
+        describe(tls),
+        "" if server.health_port is None else f", plaintext health on port {server.health_port}",
+        metrics,
+    )
     if config.port_file:
         atomic_write(config.port_file, f"{port}\n")
     if checkpointer is not None:
@@ -105,9 +128,16 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
     if wal is not None:
         wal.close()
     info = table.info()
-    log.info("replay shard stopped: %d rows held, %d inserted, %d sampled; %d bytes held (%.0f per row), "
-             "signature %s", info.size, info.inserted_total, info.sampled_total, info.stored_bytes,
-             info.stored_bytes / max(1, info.size), info.signature)
+    log.info(
+        "replay shard stopped: %d rows held, %d inserted, %d sampled; %d bytes held (%.0f per row), "
+        "signature %s",
+        info.size,
+        info.inserted_total,
+        info.sampled_total,
+        info.stored_bytes,
+        info.stored_bytes / max(1, info.size),
+        info.signature,
+    )
     return 0
 
 

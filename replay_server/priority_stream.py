@@ -29,14 +29,20 @@ log = logging.getLogger(__name__)
 class PriorityStream:
     """Background sender of UpdatePrioritiesRequests to one shard; thread-safe."""
 
-    def __init__(self, stub: replay_pb2_grpc.ReplayServiceStub, address: str, *, max_in_flight: int = 32,
-                 on_totals: Callable[[ShardTotals], None] | None = None) -> None:
+    def __init__(
+        self,
+        stub: replay_pb2_grpc.ReplayServiceStub,
+        address: str,
+        *,
+        max_in_flight: int = 32,
+        on_totals: Callable[[ShardTotals], None] | None = None,
+    ) -> None:
         self.address = address
         self._on_totals = on_totals
         self._stub = stub
         self._cond = threading.Condition()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._outstanding = 0                    # queued or in flight
+        self._outstanding = 0  # queued or in flight
         self._max_in_flight = max_in_flight
         self._closed = False
         self.applied = 0
@@ -122,8 +128,13 @@ class PriorityStream:
                 return
             if error is not None:
                 self.failures += 1
-                log.warning("priority stream to %s failed (%s: %s); %d updates dropped, reconnecting",
-                            self.address, error.code().name, error.details(), lost)
+                log.warning(
+                    "priority stream to %s failed (%s: %s); %d updates dropped, reconnecting",
+                    self.address,
+                    error.code().name,
+                    error.details(),
+                    lost,
+                )
                 time.sleep(backoff)
                 backoff = min(5.0, backoff * 2)
 

@@ -37,7 +37,9 @@ from apexrl.replay_server.snapshot import TableState
 
 log = logging.getLogger("apexrl.replay.reshard")
 
-HELP = "offline: turn the checkpoints of M replay shards into checkpoints for N shards (every row, its priority)"
+HELP = (
+    "offline: turn the checkpoints of M replay shards into checkpoints for N shards (every row, its priority)"
+)
 OUTPUT_NAME = "checkpoint-{:010d}.apexrl"
 
 
@@ -47,13 +49,19 @@ class ReshardConfig:
 
     sources: tuple[str, ...] = setting(
         help="comma-separated checkpoint directories of the M saved shards (each one's newest good checkpoint is "
-             "read)", metavar="DIR,DIR,...")
+        "read)",
+        metavar="DIR,DIR,...",
+    )
     targets: tuple[str, ...] = setting(
         help="comma-separated checkpoint directories for the N new shards (created; no checkpoints in them "
-             "unless they are also sources)", metavar="DIR,DIR,...")
+        "unless they are also sources)",
+        metavar="DIR,DIR,...",
+    )
     capacity: int | None = setting(
-        None, "capacity of each new shard (its --capacity); none: the sources' capacities summed, divided by N, "
-              "rounded up. Refused when the rows do not fit")
+        None,
+        "capacity of each new shard (its --capacity); none: the sources' capacities summed, divided by N, "
+        "rounded up. Refused when the rows do not fit",
+    )
 
     def __post_init__(self) -> None:
         if not self.sources or not self.targets:
@@ -170,38 +178,60 @@ def _newest_good(files: list[Path]) -> Path:
     raise SettingsError(f"no good checkpoint among {', '.join(map(str, files))}")
 
 
-def _reshard(readers: list[CheckpointReader], sources: list[Path], targets: list[Path],
-             capacity: int | None) -> ReshardResult:
+def _reshard(
+    readers: list[CheckpointReader], sources: list[Path], targets: list[Path], capacity: int | None
+) -> ReshardResult:
     first = readers[0].state
     for reader in readers[1:]:
         s = reader.state
         if s.signature != first.signature:
-            raise SettingsError(f"{reader.path} has signature {s.signature}, {readers[0].path} has "
-                                f"{first.signature}: {signature_difference(s.signature, first.signature)}")
+            raise SettingsError(
+                f"{reader.path} has signature {s.signature}, {readers[0].path} has "
+                f"{first.signature}: {signature_difference(s.signature, first.signature)}"
+            )
         if s.alpha != first.alpha:
             raise SettingsError(f"{reader.path} has alpha {s.alpha}, {readers[0].path} has {first.alpha}")
     resolved_sources = {p.resolve() for p in sources}
     for directory in targets:
-        if directory.resolve() not in resolved_sources and directory.exists() and \
-                Checkpointer.list_files(directory):
+        if (
+            directory.resolve() not in resolved_sources
+            and directory.exists()
+            and Checkpointer.list_files(directory)
+        ):
             raise SettingsError(f"target {directory} already holds checkpoints (and is not a source)")
     n = len(targets)
     total = sum(r.state.size for r in readers)
     capacity = capacity or -(-sum(r.state.capacity for r in readers) // n)
     if -(-total // n) > capacity:
-        raise SettingsError(f"{total} rows do not fit in {n} shards of capacity {capacity}: each needs "
-                            f"{-(-total // n)}; give a larger --capacity")
+        raise SettingsError(
+            f"{total} rows do not fit in {n} shards of capacity {capacity}: each needs "
+            f"{-(-total // n)}; give a larger --capacity"
+        )
     stored = sum(r.size_bytes for r in readers) / max(1, total)  # a compressed row's bytes, roughly
     chunk_rows = chunk_rows_for(first.signature, stored)
-    base = TableState(signature=first.signature, capacity=capacity, alpha=first.alpha, next_key=0, size=0,
-                      max_priority=max(r.state.max_priority for r in readers), incarnation=0)
+    base = TableState(
+        signature=first.signature,
+        capacity=capacity,
+        alpha=first.alpha,
+        next_key=0,
+        size=0,
+        max_priority=max(r.state.max_priority for r in readers),
+        incarnation=0,
+    )
     outs = []
     for directory in targets:
         directory.mkdir(parents=True, exist_ok=True)
-        number = max((int(p.name[11:21]) for p in Checkpointer.list_files(directory, corrupt_too=True)),
-                     default=0) + 1
-        outs.append(_Target(directory / OUTPUT_NAME.format(number),
-                            replace(base, lineage=secrets.randbits(63) | 1), chunk_rows))
+        number = (
+            max((int(p.name[11:21]) for p in Checkpointer.list_files(directory, corrupt_too=True)), default=0)
+            + 1
+        )
+        outs.append(
+            _Target(
+                directory / OUTPUT_NAME.format(number),
+                replace(base, lineage=secrets.randbits(63) | 1),
+                chunk_rows,
+            )
+        )
     streams = [_Rows(r) for r in readers]
     rounds = max(1, -(-max(s.size for s in streams) // chunk_rows))
     dealt = 0
@@ -233,16 +263,26 @@ def run(config: ReshardConfig, stop: threading.Event) -> int:
     result = reshard([Path(p) for p in config.sources], [Path(p) for p in config.targets], config.capacity)
     for path, rows, leaf_sum in zip(result.paths, result.rows, result.leaf_sums, strict=True):
         log.info("wrote %s: %d rows, stored priorities summing to %.6g", path, rows, leaf_sum)
-    log.info("resharded %d rows from %d shards onto %d (%d rows written)", result.source_rows,
-             len(config.sources), len(config.targets), sum(result.rows))
+    log.info(
+        "resharded %d rows from %d shards onto %d (%d rows written)",
+        result.source_rows,
+        len(config.sources),
+        len(config.targets),
+        sum(result.rows),
+    )
     return 0
 
 
 def _padded(column: np.ndarray | CompressedColumn, pad: int) -> np.ndarray | CompressedColumn:
     """`column` followed by `pad` empty slots (zeros; empty frames; no writer)."""
     if isinstance(column, CompressedColumn):
-        return CompressedColumn(column.compression, column.dtype, column.shape, column.data,
-                                np.concatenate([column.lengths, np.zeros(pad, dtype=np.int64)]))
+        return CompressedColumn(
+            column.compression,
+            column.dtype,
+            column.shape,
+            column.data,
+            np.concatenate([column.lengths, np.zeros(pad, dtype=np.int64)]),
+        )
     if column.dtype == object:
         return np.concatenate([column, np.full(pad, None, dtype=object)])
     return np.concatenate([column, np.zeros((pad, *column.shape[1:]), column.dtype)])

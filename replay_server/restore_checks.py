@@ -18,8 +18,8 @@ from apexrl.common.errors import InvalidArgumentError
 from apexrl.replay_server.snapshot import ROW_WRITER, TableState
 from apexrl.replay_server.table import MAX_PRIORITY, TableConfig, check_priorities
 
-_KEY_LIMIT = 1 << 63      # keys travel as uint64 but the table computes with int64
-_WIRE_LIMIT = 1 << 64     # incarnations and sequence numbers are uint64 on the wire
+_KEY_LIMIT = 1 << 63  # keys travel as uint64 but the table computes with int64
+_WIRE_LIMIT = 1 << 64  # incarnations and sequence numbers are uint64 on the wire
 # Relative slack on the largest leaf, MAX_PRIORITY ** alpha: the sum tree raises with numpy, this bound with Python.
 _LEAF_SLACK = 1 + 1e-9
 
@@ -33,15 +33,21 @@ def check_state(state: TableState) -> None:
     except ValueError as err:
         raise InvalidArgumentError(str(err)) from None
     if not 0 <= state.size <= min(state.capacity, state.next_key) or state.next_key >= _KEY_LIMIT:
-        raise InvalidArgumentError(f"size {state.size} and next key {state.next_key} do not fit a table of "
-                                   f"capacity {state.capacity} (keys below 2**63)")
+        raise InvalidArgumentError(
+            f"size {state.size} and next key {state.next_key} do not fit a table of "
+            f"capacity {state.capacity} (keys below 2**63)"
+        )
     check_priorities(np.array([state.max_priority]), 1, "max_priority")
     if not 0 <= state.incarnation < _WIRE_LIMIT or not 0 <= state.lineage < _WIRE_LIMIT:
-        raise InvalidArgumentError(f"incarnation {state.incarnation} or lineage {state.lineage} is not a uint64")
+        raise InvalidArgumentError(
+            f"incarnation {state.incarnation} or lineage {state.lineage} is not a uint64"
+        )
     for incarnation, limit in state.aliases.items():
         if not 0 <= incarnation < _WIRE_LIMIT or not 0 <= limit <= state.next_key:
-            raise InvalidArgumentError(f"alias of incarnation {incarnation} up to key {limit}: keys above the next "
-                                       f"key ({state.next_key}) would name rows not inserted yet")
+            raise InvalidArgumentError(
+                f"alias of incarnation {incarnation} up to key {limit}: keys above the next "
+                f"key ({state.next_key}) would name rows not inserted yet"
+            )
     for writer, sequence in state.writers:
         if not 0 <= sequence < _WIRE_LIMIT:
             raise InvalidArgumentError(f"writer {writer[:64]!r} has sequence {sequence}, not a uint64")
@@ -55,7 +61,7 @@ def checked_blocks(state: TableState, blocks: Iterable[Block]) -> Iterator[Block
     consecutive from the state's first key to its next key, columns of the state's signature with one row per
     leaf, and leaves (priority ** alpha) finite, >= 0 and at most MAX_PRIORITY ** alpha. InvalidArgumentError
     naming the first fault; a restore that takes them then fails before it trusts a bad row."""
-    largest = (MAX_PRIORITY ** state.alpha if state.alpha else 1.0) * _LEAF_SLACK
+    largest = (MAX_PRIORITY**state.alpha if state.alpha else 1.0) * _LEAF_SLACK
     key = state.first_key
     for first_key, columns, leaves in blocks:
         if first_key != key:
@@ -63,14 +69,17 @@ def checked_blocks(state: TableState, blocks: Iterable[Block]) -> Iterator[Block
         rows = state.signature.check_batch({n: c for n, c in columns.items() if n != ROW_WRITER})
         writers = columns.get(ROW_WRITER)
         if rows != len(leaves) or (writers is not None and len(writers) != rows):
-            raise InvalidArgumentError(f"rows from key {first_key}: {rows} rows, {len(leaves)} leaves"
-                                       f"{'' if writers is None else f', {len(writers)} writer ids'}")
+            raise InvalidArgumentError(
+                f"rows from key {first_key}: {rows} rows, {len(leaves)} leaves"
+                f"{'' if writers is None else f', {len(writers)} writer ids'}"
+            )
         bad = ~((leaves >= 0) & (leaves <= largest))  # also true for NaN
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise InvalidArgumentError(
                 f"row {first_key + i} has priority ** alpha {float(leaves[i])}; leaves must be finite, >= 0 and "
-                f"<= {largest / _LEAF_SLACK:g} ({int(bad.sum())} of {rows} from key {first_key} are not)")
+                f"<= {largest / _LEAF_SLACK:g} ({int(bad.sum())} of {rows} from key {first_key} are not)"
+            )
         key += rows
         yield first_key, columns, leaves
     if key != state.next_key:

@@ -54,7 +54,9 @@ def batch_nbytes(decoded: tuple | None) -> int:
     if decoded is None:
         return 0
     columns, priorities = decoded
-    return sum(column.nbytes for column in columns.values()) + (0 if priorities is None else priorities.nbytes)
+    return sum(column.nbytes for column in columns.values()) + (
+        0 if priorities is None else priorities.nbytes
+    )
 
 
 class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
@@ -66,8 +68,14 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     so Sample, Info and priority updates are answered between two slices of inserts however many writers are
     connected."""
 
-    def __init__(self, table: ReplayTable, rpc_metrics: RpcMetrics, registry: CollectorRegistry,
-                 access: AccessPolicy | None = None, quotas: QuotaSettings | None = None) -> None:
+    def __init__(
+        self,
+        table: ReplayTable,
+        rpc_metrics: RpcMetrics,
+        registry: CollectorRegistry,
+        access: AccessPolicy | None = None,
+        quotas: QuotaSettings | None = None,
+    ) -> None:
         self.table = table
         self.access = access if access is not None else AccessPolicy()
         self.quotas = Quotas(quotas if quotas is not None else QuotaSettings(), registry)
@@ -77,10 +85,17 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         self._changes = Changes()
         self._closing = False
         self.insert_lane = Lane()
-        Gauge("apexrl_replay_insert_queue_batches", "Insert batches received and waiting for their turn in the "
-              "insert lane", registry=registry).set_function(lambda: len(self.insert_lane))
-        self._waiting = Gauge("apexrl_replay_waiting_calls", "Calls held back by the rate limiter or the minimum "
-                              "size, waiting for the table to change", ["call"], registry=registry)
+        Gauge(
+            "apexrl_replay_insert_queue_batches",
+            "Insert batches received and waiting for their turn in the insert lane",
+            registry=registry,
+        ).set_function(lambda: len(self.insert_lane))
+        self._waiting = Gauge(
+            "apexrl_replay_waiting_calls",
+            "Calls held back by the rate limiter or the minimum size, waiting for the table to change",
+            ["call"],
+            registry=registry,
+        )
         for call in ("insert", "sample"):
             self._waiting.labels(call)
 
@@ -88,8 +103,14 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         self._metrics.errors.labels(method, err.code.name).inc()
         await context.abort(err.code, str(err))
 
-    async def _when_ready(self, attempt: Callable[[], T], context: grpc.aio.ServicerContext, what: str,
-                          lane: Lane | None = None, held_bytes: Callable[[], int] = lambda: 0) -> T:
+    async def _when_ready(
+        self,
+        attempt: Callable[[], T],
+        context: grpc.aio.ServicerContext,
+        what: str,
+        lane: Lane | None = None,
+        held_bytes: Callable[[], int] = lambda: 0,
+    ) -> T:
         """attempt() (in `lane`'s turn when given) until it does not raise DeadlineExceededError (not ready yet),
         waiting for table changes in between, up to the call's deadline or the shard's max_wait_seconds, whichever
         comes first; then DeadlineExceededError naming what held it back. While it waits the call counts against
@@ -101,8 +122,9 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         with self.quotas.waiting_call(held_bytes()):
             return await self._wait_until_ready(attempt, context, what, lane)
 
-    async def _wait_until_ready(self, attempt: Callable[[], T], context: grpc.aio.ServicerContext, what: str,
-                                lane: Lane | None) -> T:
+    async def _wait_until_ready(
+        self, attempt: Callable[[], T], context: grpc.aio.ServicerContext, what: str, lane: Lane | None
+    ) -> T:
         loop = asyncio.get_running_loop()
         remaining = context.time_remaining()
         longest = self.quotas.settings.max_wait_seconds
@@ -111,8 +133,10 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             if self._closing:
                 raise UnavailableError("replay shard is shutting down")
             if loop.time() >= deadline:
-                raise DeadlineExceededError(f"{what} waited until its deadline (at most max_wait_seconds "
-                                            f"{longest:g}): {self.table.not_ready_reason()}")
+                raise DeadlineExceededError(
+                    f"{what} waited until its deadline (at most max_wait_seconds "
+                    f"{longest:g}): {self.table.not_ready_reason()}"
+                )
             if context.done():
                 raise DeadlineExceededError(f"{what} abandoned: the caller went away")
             with self._waiting.labels(what).track_inprogress():
@@ -132,7 +156,9 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 async with contextlib.aclosing(self._insert_stream(request_iterator, context)) as acks:
                     async for ack in acks:
                         yield ack
-        except ResourceExhaustedError as err:  # the connection's quota: batches are answered one by one in acks
+        except (
+            ResourceExhaustedError
+        ) as err:  # the connection's quota: batches are answered one by one in acks
             await self._abort(context, "Insert", err)
 
     async def _insert_stream(self, request_iterator, context) -> AsyncIterator[replay_pb2.InsertAck]:
@@ -155,7 +181,13 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                         acks = await self._insert_request(request, writer, context)
                     for ack in acks:
                         # A duplicate may have been stored by a stream whose ack is still waiting: wait for all.
-                        key = ack.first_key + ack.rows if ack.rows else self.table.next_key if ack.duplicate else 0
+                        key = (
+                            ack.first_key + ack.rows
+                            if ack.rows
+                            else self.table.next_key
+                            if ack.duplicate
+                            else 0
+                        )
                         await stored.put((ack, key))
             except asyncio.CancelledError:  # the stream is over: nobody reads the queue any more
                 raise
@@ -189,27 +221,39 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         if error is None:
             return ack
         self._metrics.errors.labels("Insert", "UNAVAILABLE").inc()
-        return wire.encode_ack(ack.sequence, ack.incarnation, error_code=UnavailableError.code.value[0],
-                               error_message=f"the write-ahead log failed ({error}): not acknowledged",
-                               batches=ack.batches)
+        return wire.encode_ack(
+            ack.sequence,
+            ack.incarnation,
+            error_code=UnavailableError.code.value[0],
+            error_message=f"the write-ahead log failed ({error}): not acknowledged",
+            batches=ack.batches,
+        )
 
-    async def _insert_request(self, request: replay_pb2.InsertRequest, writer: Writer,
-                              context) -> list[replay_pb2.InsertAck]:
+    async def _insert_request(
+        self, request: replay_pb2.InsertRequest, writer: Writer, context
+    ) -> list[replay_pb2.InsertAck]:
         """The acks of one InsertRequest: one for a one-batch request, one per run of same-outcome batches for a
         merged one (replay.proto, InsertRequest.batch_rows)."""
         if not request.batch_rows:
             return [await self._insert_one(request, writer, context)]
         return await self._insert_merged(request, writer, context)
 
-    def _rejected(self, request: replay_pb2.InsertRequest, sequence: int, err: ApexError,
-                  batches: int = 1) -> replay_pb2.InsertAck:
+    def _rejected(
+        self, request: replay_pb2.InsertRequest, sequence: int, err: ApexError, batches: int = 1
+    ) -> replay_pb2.InsertAck:
         self._metrics.errors.labels("Insert", err.code.name).inc()
         log.debug("rejected batch %s/%d: %s", request.writer_id, sequence, err)
-        return wire.encode_ack(sequence, self.table.incarnation, error_code=err.code.value[0],
-                               error_message=str(err), batches=batches)
+        return wire.encode_ack(
+            sequence,
+            self.table.incarnation,
+            error_code=err.code.value[0],
+            error_message=str(err),
+            batches=batches,
+        )
 
-    async def _insert_one(self, request: replay_pb2.InsertRequest, writer: Writer,
-                          context) -> replay_pb2.InsertAck:
+    async def _insert_one(
+        self, request: replay_pb2.InsertRequest, writer: Writer, context
+    ) -> replay_pb2.InsertAck:
         decoded: tuple | None = None
 
         def attempt():
@@ -218,20 +262,27 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
                 decoded = wire.decode_insert(request)
             columns, priorities = decoded
             writer.check_may_fix_signature(self.table)
-            return self.table.insert(columns, priorities, writer_id=writer.qualified(request.writer_id),
-                                     sequence=request.sequence, timeout=0)
+            return self.table.insert(
+                columns,
+                priorities,
+                writer_id=writer.qualified(request.writer_id),
+                sequence=request.sequence,
+                timeout=0,
+            )
 
         try:
-            result = await self._when_ready(attempt, context, "insert", self.insert_lane,
-                                            held_bytes=lambda: batch_nbytes(decoded))
+            result = await self._when_ready(
+                attempt, context, "insert", self.insert_lane, held_bytes=lambda: batch_nbytes(decoded)
+            )
         except ApexError as err:
             return self._rejected(request, request.sequence, err)
         if not result.duplicate:
             self._changes.notify()
         return wire.encode_ack(request.sequence, self.table.incarnation, result)
 
-    async def _insert_merged(self, request: replay_pb2.InsertRequest, writer: Writer,
-                             context) -> list[replay_pb2.InsertAck]:
+    async def _insert_merged(
+        self, request: replay_pb2.InsertRequest, writer: Writer, context
+    ) -> list[replay_pb2.InsertAck]:
         """Store the batches of a merged request as if each had come alone, in order, in as few table calls as
         exactly-once allows.
 
@@ -256,12 +307,18 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             """One table call for batches first .. end - 1, numbered with the last one's sequence."""
             lo, hi = offsets[first], offsets[end]
             writer.check_may_fix_signature(self.table)
-            return self.table.insert({name: take_rows(column, slice(lo, hi)) for name, column in columns.items()},
-                                     None if priorities is None else priorities[lo:hi], writer_id=writer_id,
-                                     sequence=request.sequence + end - 1, timeout=0)
+            return self.table.insert(
+                {name: take_rows(column, slice(lo, hi)) for name, column in columns.items()},
+                None if priorities is None else priorities[lo:hi],
+                writer_id=writer_id,
+                sequence=request.sequence + end - 1,
+                timeout=0,
+            )
 
         while i < batches:
-            alone, rest = await self._store_alone_then_rest(store, i, batches if merge else i + 1, held, context)
+            alone, rest = await self._store_alone_then_rest(
+                store, i, batches if merge else i + 1, held, context
+            )
             if isinstance(alone, ApexError):
                 acks.append(self._rejected(request, request.sequence + i, alone))
                 i += 1
@@ -277,9 +334,14 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             self._changes.notify()
         return acks
 
-    async def _store_alone_then_rest(self, store: Callable[[int, int], InsertResult], i: int, end: int,
-                                     held: int, context,
-                                     ) -> tuple[InsertResult | ApexError, InsertResult | ApexError | None]:
+    async def _store_alone_then_rest(
+        self,
+        store: Callable[[int, int], InsertResult],
+        i: int,
+        end: int,
+        held: int,
+        context,
+    ) -> tuple[InsertResult | ApexError, InsertResult | ApexError | None]:
         """Batch i alone, then, if that stored it, batches i + 1 .. end - 1 in one call (none when end <= i + 1),
         in one turn of the insert lane unless the rate limiter holds the second call back. Failures come back as
         the ApexError of the call that failed."""
@@ -299,13 +361,18 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             return (err, None) if alone is None else (alone, err)
         return alone, rest
 
-    def _add_result(self, acks: list[replay_pb2.InsertAck], sequence: int, batches: int,
-                    result: InsertResult) -> None:
+    def _add_result(
+        self, acks: list[replay_pb2.InsertAck], sequence: int, batches: int, result: InsertResult
+    ) -> None:
         """Answer `batches` batches ending with `sequence` that had `result`: by extending the last ack when it
         answered the batches just before with the same outcome (stored right before these rows, or duplicates)."""
         last = acks[-1] if acks else None
-        if (last is not None and not last.error_code and last.duplicate == result.duplicate
-                and (result.duplicate or last.first_key + last.rows == result.first_key)):
+        if (
+            last is not None
+            and not last.error_code
+            and last.duplicate == result.duplicate
+            and (result.duplicate or last.first_key + last.rows == result.first_key)
+        ):
             last.sequence, last.batches, last.rows = sequence, last.batches + batches, last.rows + result.rows
         else:
             acks.append(wire.encode_ack(sequence, self.table.incarnation, result, batches=batches))
@@ -323,7 +390,9 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     async def _sample(self, request, context):
         if request.no_wait:
             return self.table.sample(request.batch_size, wait=False)
-        return await self._when_ready(lambda: self.table.sample(request.batch_size, timeout=0), context, "sample")
+        return await self._when_ready(
+            lambda: self.table.sample(request.batch_size, timeout=0), context, "sample"
+        )
 
     def _update(self, request: replay_pb2.UpdatePrioritiesRequest) -> replay_pb2.UpdatePrioritiesResponse:
         keys, priorities, incarnation = wire.decode_update(request)
@@ -359,12 +428,16 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         with self._metrics.time("Checkpoint"):
             try:
                 if self.checkpointer is None:
-                    raise FailedPreconditionError("this shard has no checkpoint directory (setting checkpoint_dir)")
+                    raise FailedPreconditionError(
+                        "this shard has no checkpoint directory (setting checkpoint_dir)"
+                    )
                 result = await asyncio.wrap_future(self.checkpointer.request())
             except ApexError as err:
                 await self._abort(context, "Checkpoint", err)
             except OSError as err:
-                await self._abort(context, "Checkpoint", InternalError(f"checkpoint could not be written: {err}"))
+                await self._abort(
+                    context, "Checkpoint", InternalError(f"checkpoint could not be written: {err}")
+                )
             return wire.encode_checkpoint(result)
 
     def close(self) -> None:
@@ -387,23 +460,41 @@ class TableCollector:
         info = self._table.info()
         for name, doc, value in (
             ("inserted_rows", "Rows stored (resent duplicates not counted)", info.inserted_total),
-            ("inserted_bytes", "Bytes of row data stored (compressed fields as their frames)",
-             info.inserted_bytes_total),
+            (
+                "inserted_bytes",
+                "Bytes of row data stored (compressed fields as their frames)",
+                info.inserted_bytes_total,
+            ),
             ("evicted_rows", "Rows overwritten by FIFO eviction", info.evicted_total),
             ("sampled_rows", "Rows returned by Sample", info.sampled_total),
             ("priority_updates", "Priority updates applied", info.updated_total),
-            ("stale_priority_updates", "Priority updates ignored: key evicted, unknown or of another incarnation",
-             info.stale_updates_total),
-            ("duplicate_batches", "Resent batches acknowledged without storing", info.duplicate_batches_total),
+            (
+                "stale_priority_updates",
+                "Priority updates ignored: key evicted, unknown or of another incarnation",
+                info.stale_updates_total,
+            ),
+            (
+                "duplicate_batches",
+                "Resent batches acknowledged without storing",
+                info.duplicate_batches_total,
+            ),
         ):
             yield CounterMetricFamily(f"apexrl_replay_{name}", doc, value=value)
         for name, doc, value in (
             ("size_rows", "Rows held", info.size),
             ("capacity_rows", "Rows the table can hold", info.capacity),
-            ("stored_bytes", "Bytes of row data held, compressed fields as stored (divided by size_rows: bytes per "
-             "stored row)", info.stored_bytes),
-            ("max_bytes", "Bytes of row data the table holds at most (setting max_bytes; 0: no limit but the "
-             "capacity in rows)", info.max_bytes),
+            (
+                "stored_bytes",
+                "Bytes of row data held, compressed fields as stored (divided by size_rows: bytes per "
+                "stored row)",
+                info.stored_bytes,
+            ),
+            (
+                "max_bytes",
+                "Bytes of row data the table holds at most (setting max_bytes; 0: no limit but the "
+                "capacity in rows)",
+                info.max_bytes,
+            ),
             ("total_priority", "Sum of stored priorities (p**alpha)", info.total_priority),
             ("min_priority", "Smallest positive stored priority (p**alpha)", info.min_priority),
             ("max_priority", "Largest raw priority seen", info.max_priority),
@@ -449,17 +540,27 @@ def create_replay_server(
     async def close() -> None:
         servicer.close()
 
-    server = AioServerThread(lambda s: replay_pb2_grpc.add_ReplayServiceServicer_to_server(servicer, s),
-                             [wire.SERVICE_NAME], max_message_bytes=max_message_bytes, access=access,
-                             options=(connections or ConnectionPolicy()).server_options(), tls=tls,
-                             health_address=health_address, serving=serving, on_stop=close)
+    server = AioServerThread(
+        lambda s: replay_pb2_grpc.add_ReplayServiceServicer_to_server(servicer, s),
+        [wire.SERVICE_NAME],
+        max_message_bytes=max_message_bytes,
+        access=access,
+        options=(connections or ConnectionPolicy()).server_options(),
+        tls=tls,
+        health_address=health_address,
+        serving=serving,
+        on_stop=close,
+    )
     port = server.start(address)
     if wal is not None:
+
         def not_serving(error: BaseException) -> None:
             # The log refuses every insert from now on: leave the load balancers' rotation until a restart. This
             # runs under the table lock, maybe on the server's own loop, and reporting waits on that loop.
             log.error("the write-ahead log failed (%s): health NOT_SERVING until the shard restarts", error)
-            threading.Thread(target=server.enter_graceful_shutdown, name="apexrl-wal-failed", daemon=True).start()
+            threading.Thread(
+                target=server.enter_graceful_shutdown, name="apexrl-wal-failed", daemon=True
+            ).start()
 
         wal.on_failure(not_serving)
     return server, port, server, registry

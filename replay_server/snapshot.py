@@ -43,13 +43,15 @@ class TableState:
     signature: Signature
     capacity: int
     alpha: float
-    next_key: int              # keys held: [next_key - size, next_key)
+    next_key: int  # keys held: [next_key - size, next_key)
     size: int
     max_priority: float
     incarnation: int
     aliases: dict[int, int] = field(default_factory=dict)
-    writers: tuple[tuple[str, int], ...] = ()   # (writer id, last stored sequence), least recently used first
-    counters: dict[str, int] = field(default_factory=dict)  # evicted, sampled, updated, stale, duplicates, bytes
+    writers: tuple[tuple[str, int], ...] = ()  # (writer id, last stored sequence), least recently used first
+    counters: dict[str, int] = field(
+        default_factory=dict
+    )  # evicted, sampled, updated, stale, duplicates, bytes
     # Random, drawn when a table starts empty (or is made by resharding) and carried on by every restore: a
     # write-ahead log replays only onto the lineage it was written for.
     lineage: int = 0
@@ -81,8 +83,15 @@ class Snapshot:
     """The consistent copy of one table (see the module docstring). Made by `ReplayTable.begin_snapshot`;
     iterate `chunks()` once, then `close()` (or use it as a context manager) so inserts stop checking it."""
 
-    def __init__(self, state: TableState, leaves: np.ndarray, storage: dict[str, np.ndarray],
-                 lock: threading.Condition, chunk_rows: int, on_close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        state: TableState,
+        leaves: np.ndarray,
+        storage: dict[str, np.ndarray],
+        lock: threading.Condition,
+        chunk_rows: int,
+        on_close: Callable[[], None],
+    ) -> None:
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows ({chunk_rows}) must be a positive integer")
         self.state = state
@@ -114,13 +123,14 @@ class Snapshot:
                     continue
                 lo, hi = max(a, j * size), min(b, (j + 1) * size)
                 mask = self._saved_mask.setdefault(j, np.zeros(self._slots(j)[1] - j * size, dtype=bool))
-                offsets = np.flatnonzero(~mask[lo - j * size:hi - j * size]) + (lo - j * size)
+                offsets = np.flatnonzero(~mask[lo - j * size : hi - j * size]) + (lo - j * size)
                 if offsets.size == 0:
                     continue
                 mask[offsets] = True
                 slots = offsets + j * size
                 self._patches.setdefault(j, []).append(
-                    (offsets, {name: column[slots] for name, column in self._storage.items()}))
+                    (offsets, {name: column[slots] for name, column in self._storage.items()})
+                )
                 self.saved_rows += offsets.size
 
     def chunks(self) -> Iterator[tuple[int, dict[str, np.ndarray], np.ndarray]]:

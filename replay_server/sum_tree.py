@@ -157,11 +157,11 @@ class SumTree:
         _check_finite_nonnegative(vals, "leaf value")
         nodes, leaf0 = self._nodes, self._leaf0
         nodes[leaf0:] = (0.0, math.inf)
-        nodes[leaf0:leaf0 + self.capacity, 0] = vals
-        nodes[leaf0:leaf0 + self.capacity, 1] = np.where(vals > 0.0, vals, math.inf)
+        nodes[leaf0 : leaf0 + self.capacity, 0] = vals
+        nodes[leaf0 : leaf0 + self.capacity, 1] = np.where(vals > 0.0, vals, math.inf)
         width = leaf0
         while width > self._top0:  # level `width` (nodes width..2*width-1) -> its parents width/2..width-1
-            children = nodes[width:2 * width]
+            children = nodes[width : 2 * width]
             half = width // 2
             np.add(children[0::2, 0], children[1::2, 0], out=nodes[half:width, 0])
             np.minimum(children[0::2, 1], children[1::2, 1], out=nodes[half:width, 1])
@@ -173,7 +173,7 @@ class SumTree:
         stop = self.capacity if stop is None else stop
         if not 0 <= start <= stop <= self.capacity:
             raise ValueError(f"leaf range [{start}, {stop}) is not within [0, {self.capacity}]")
-        return self._sum[self._leaf0 + start:self._leaf0 + stop].copy()
+        return self._sum[self._leaf0 + start : self._leaf0 + stop].copy()
 
     def _write(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Write validated leaves, then recompute their ancestors up to the top level, four numpy calls a level.

@@ -66,28 +66,47 @@ class TableConfig:
         seed: seed for sampling; None draws one from the OS.
     """
 
-    capacity: int = setting(1_000_000, "rows the shard keeps; the oldest is evicted first",
-                            wiring="[fleet] replay_capacity / number of shards")
+    capacity: int = setting(
+        1_000_000,
+        "rows the shard keeps; the oldest is evicted first",
+        wiring="[fleet] replay_capacity / number of shards",
+    )
     max_bytes: int | None = setting(
-        None, "bytes of row data the shard keeps besides --capacity rows (compressed fields counted as stored, "
-              "apexrl_replay_stored_bytes); an insert that would exceed it evicts the oldest rows first; none: rows "
-              "only")
+        None,
+        "bytes of row data the shard keeps besides --capacity rows (compressed fields counted as stored, "
+        "apexrl_replay_stored_bytes); an insert that would exceed it evicts the oldest rows first; none: rows "
+        "only",
+    )
     alpha: float = setting(0.6, "priority exponent: rows are sampled with probability p**alpha / sum")
     signature: Signature | None = setting(
-        None, "fields of every row, e.g. 'obs:float32[4],action:int64[],reward:float32[]'; none: the first "
-              "insert fixes them", metavar="SIGNATURE")
+        None,
+        "fields of every row, e.g. 'obs:float32[4],action:int64[],reward:float32[]'; none: the first "
+        "insert fixes them",
+        metavar="SIGNATURE",
+    )
     # Rate limiting
-    min_size_to_sample: int = setting(1, "rows the shard must hold before Sample answers",
-                                      wiring="[fleet] min_replay_size / number of shards")
-    samples_per_insert: float = setting(0.0, "target ratio of sampled to inserted rows; 0 turns the ratio limiter "
-                                             "off", wiring="[fleet] samples_per_insert")
+    min_size_to_sample: int = setting(
+        1,
+        "rows the shard must hold before Sample answers",
+        wiring="[fleet] min_replay_size / number of shards",
+    )
+    samples_per_insert: float = setting(
+        0.0,
+        "target ratio of sampled to inserted rows; 0 turns the ratio limiter off",
+        wiring="[fleet] samples_per_insert",
+    )
     samples_per_insert_tolerance: float = setting(
-        10_000.0, "sampled rows the ratio may run ahead or behind before a side blocks",
-        wiring="the shard's minimum size (4x, at least 1024)")
+        10_000.0,
+        "sampled rows the ratio may run ahead or behind before a side blocks",
+        wiring="the shard's minimum size (4x, at least 1024)",
+    )
     # Limits
     max_sample_batch_size: int = setting(4096, "largest batch one Sample may ask for")
-    max_tracked_writers: int = setting(100_000, "writers whose last sequence number the shard remembers for "
-                                                "de-duplication (least recently used forgotten first)")
+    max_tracked_writers: int = setting(
+        100_000,
+        "writers whose last sequence number the shard remembers for "
+        "de-duplication (least recently used forgotten first)",
+    )
     seed: int | None = setting(None, "sampling seed (none: from the OS)", wiring="[fleet] seed + shard index")
 
     def __post_init__(self) -> None:
@@ -100,13 +119,19 @@ class TableConfig:
         if self.min_size_to_sample < 1:
             raise ValueError(f"min_size_to_sample ({self.min_size_to_sample}) must be a positive integer")
         if self.min_size_to_sample > self.capacity:
-            raise ValueError(f"min_size_to_sample ({self.min_size_to_sample}) exceeds capacity ({self.capacity})")
+            raise ValueError(
+                f"min_size_to_sample ({self.min_size_to_sample}) exceeds capacity ({self.capacity})"
+            )
         if not (math.isfinite(self.samples_per_insert) and self.samples_per_insert >= 0):
             raise ValueError(f"samples_per_insert ({self.samples_per_insert}) must be finite and >= 0")
         if not self.samples_per_insert_tolerance > 0:
-            raise ValueError(f"samples_per_insert_tolerance ({self.samples_per_insert_tolerance}) must be > 0")
+            raise ValueError(
+                f"samples_per_insert_tolerance ({self.samples_per_insert_tolerance}) must be > 0"
+            )
         if self.max_sample_batch_size < 1:
-            raise ValueError(f"max_sample_batch_size ({self.max_sample_batch_size}) must be a positive integer")
+            raise ValueError(
+                f"max_sample_batch_size ({self.max_sample_batch_size}) must be a positive integer"
+            )
         if self.max_tracked_writers < 1:
             raise ValueError(f"max_tracked_writers ({self.max_tracked_writers}) must be a positive integer")
 
@@ -199,12 +224,15 @@ class ReplayTable:
         signature = self._signature or Signature.from_batch(columns)
         rows = signature.check_batch(columns)
         if rows > self.config.capacity:
-            raise InvalidArgumentError(f"batch of {rows} rows exceeds the table capacity ({self.config.capacity})")
+            raise InvalidArgumentError(
+                f"batch of {rows} rows exceeds the table capacity ({self.config.capacity})"
+            )
         if self.config.max_bytes is not None:
             nbytes = sum(column_nbytes(c) for c in columns.values())
             if nbytes > self.config.max_bytes:
-                raise InvalidArgumentError(f"batch of {nbytes} bytes exceeds the table's max_bytes "
-                                           f"({self.config.max_bytes})")
+                raise InvalidArgumentError(
+                    f"batch of {nbytes} bytes exceeds the table's max_bytes ({self.config.max_bytes})"
+                )
         values = None if priorities is None else check_priorities(priorities, rows)
         with self._cond:
             self.check_available()
@@ -234,8 +262,10 @@ class ReplayTable:
                 self._remember_writer(writer_id, sequence)
             except BaseException:
                 if self._journal is not None:  # the log holds keys the table does not: later keys would clash
-                    self._journal_broken = (f"an insert failed after its batch was journalled at key {first_key}: "
-                                            f"inserts are refused until the shard restarts (and replays the log)")
+                    self._journal_broken = (
+                        f"an insert failed after its batch was journalled at key {first_key}: "
+                        f"inserts are refused until the shard restarts (and replays the log)"
+                    )
                 raise
             self._cond.notify_all()
         return InsertResult(first_key=first_key, rows=rows, duplicate=False)
@@ -258,11 +288,20 @@ class ReplayTable:
         # storage and the largest sampled batch before adopting the signature (a first batch may be hostile).
         rows = max(cap, self.config.max_sample_batch_size)
         for f in signature.fields:
-            if f.compression is None and math.prod(d for d in (rows, *f.shape) if d) * f.dtype.itemsize >= 1 << 63:
-                raise InvalidArgumentError(f"field {f} cannot be stored: {rows} rows of it exceed numpy's limits")
+            if (
+                f.compression is None
+                and math.prod(d for d in (rows, *f.shape) if d) * f.dtype.itemsize >= 1 << 63
+            ):
+                raise InvalidArgumentError(
+                    f"field {f} cannot be stored: {rows} rows of it exceed numpy's limits"
+                )
         try:
-            storage = {f.name: np.zeros((cap, *f.shape), dtype=f.dtype) if f.compression is None
-                       else np.full(cap, None, dtype=object) for f in signature.fields}
+            storage = {
+                f.name: np.zeros((cap, *f.shape), dtype=f.dtype)
+                if f.compression is None
+                else np.full(cap, None, dtype=object)
+                for f in signature.fields
+            }
             if not signature.compressed:
                 return storage, None, None
             return storage, np.zeros(cap, dtype=np.int64), np.full(cap, None, dtype=object)
@@ -274,8 +313,13 @@ class ReplayTable:
         self._signature = signature
         self._frame_bytes = 0
 
-    def _store(self, columns: Mapping[str, np.ndarray | CompressedColumn], values: np.ndarray, rows: int,
-               writer_id: str) -> None:
+    def _store(
+        self,
+        columns: Mapping[str, np.ndarray | CompressedColumn],
+        values: np.ndarray,
+        rows: int,
+        writer_id: str,
+    ) -> None:
         """Store a checked batch with its raw priorities at the next keys (evicting the oldest rows beyond
         max_bytes)."""
         cap = self.config.capacity
@@ -293,8 +337,14 @@ class ReplayTable:
         self._enforce_max_bytes()
         self._limiter.inserted(rows, self._size)
 
-    def _write_rows(self, start: int, columns: Mapping[str, np.ndarray | CompressedColumn], rows: int,
-                    offset: int = 0, writers: str | np.ndarray | None = None) -> np.ndarray:
+    def _write_rows(
+        self,
+        start: int,
+        columns: Mapping[str, np.ndarray | CompressedColumn],
+        rows: int,
+        offset: int = 0,
+        writers: str | np.ndarray | None = None,
+    ) -> np.ndarray:
         """Copy rows offset .. offset + rows - 1 of `columns` into the slots from `start` on (wrapping); return
         the slots. A table with compressed fields also records each row's frame bytes and writer (`writers`: one
         id for all rows, or one per row of `columns`)."""
@@ -306,15 +356,16 @@ class ReplayTable:
             if isinstance(src, CompressedColumn):
                 dest[slots] = _object_array(src.frames(offset, offset + rows))
                 continue
-            dest[start:start + first] = src[offset:offset + first]
+            dest[start : start + first] = src[offset : offset + first]
             if first < rows:
-                dest[: rows - first] = src[offset + first:offset + rows]
+                dest[: rows - first] = src[offset + first : offset + rows]
         if self._row_bytes is not None:
-            sizes = sum(columns[f.name].lengths[offset:offset + rows] for f in self._signature.compressed)
+            sizes = sum(columns[f.name].lengths[offset : offset + rows] for f in self._signature.compressed)
             self._frame_bytes += int(sizes.sum()) - int(self._row_bytes[slots].sum())
             self._row_bytes[slots] = sizes
-            self._row_writers[slots] = writers[offset:offset + rows] if isinstance(writers, np.ndarray) \
-                else (writers or "")
+            self._row_writers[slots] = (
+                writers[offset : offset + rows] if isinstance(writers, np.ndarray) else (writers or "")
+            )
         return slots
 
     @property
@@ -330,10 +381,16 @@ class ReplayTable:
             return
         cap, fixed = self.config.capacity, self._signature.fixed_row_nbytes
         oldest, count, covered, window = self._oldest_slot(), 0, 0, 256
-        while covered < excess and count < self._size:  # walk from the oldest row until enough bytes are covered
+        while (
+            covered < excess and count < self._size
+        ):  # walk from the oldest row until enough bytes are covered
             w = min(window, self._size - count)
             slots = (oldest + count + np.arange(w)) % cap
-            sizes = np.full(w, fixed, dtype=np.int64) if self._row_bytes is None else fixed + self._row_bytes[slots]
+            sizes = (
+                np.full(w, fixed, dtype=np.int64)
+                if self._row_bytes is None
+                else fixed + self._row_bytes[slots]
+            )
             cumulative = covered + np.cumsum(sizes)
             k = int(np.searchsorted(cumulative, excess))  # the first row whose eviction covers the excess
             if k < w:
@@ -393,7 +450,9 @@ class ReplayTable:
             writers: tuple[str, ...] = ()
             if self._row_writers is not None:
                 for f in self._signature.compressed:
-                    columns[f.name] = CompressedColumn.from_frames(f.compression, f.dtype, f.shape, columns[f.name])
+                    columns[f.name] = CompressedColumn.from_frames(
+                        f.compression, f.dtype, f.shape, columns[f.name]
+                    )
                 writers = tuple(self._row_writers[slots].tolist())
             newest = self._next_key - 1
             keys = (newest - (newest - slots) % self.config.capacity).astype(np.uint64)
@@ -429,7 +488,9 @@ class ReplayTable:
         return f"rate limiter: {self._limiter.describe()}"
 
     # ---------------------------------------------------------------------------------------- priorities
-    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray, incarnation: int = 0) -> UpdateResult:
+    def update_priorities(
+        self, keys: np.ndarray, priorities: np.ndarray, incarnation: int = 0
+    ) -> UpdateResult:
         """Set new raw priorities. Stale and unknown keys are ignored and counted. When a key appears more than
         once, the last value wins (and `applied` counts each entry)."""
         if keys.ndim != 1:
@@ -440,7 +501,9 @@ class ReplayTable:
         n = int(keys.shape[0])
         with self._cond:
             self.check_available()
-            limit = self._next_key if incarnation in (0, self.incarnation) else self._aliases.get(incarnation, 0)
+            limit = (
+                self._next_key if incarnation in (0, self.incarnation) else self._aliases.get(incarnation, 0)
+            )
             keys = keys.astype(np.int64, copy=False)  # keys above 2**63 cannot be valid and become negative
             valid = (keys >= self._next_key - self._size) & (keys < limit)
             applied = int(valid.sum())
@@ -464,25 +527,42 @@ class ReplayTable:
             if self._signature is None:
                 raise FailedPreconditionError("the table has no signature yet (nothing was ever inserted)")
             state = TableState(
-                signature=self._signature, capacity=self.config.capacity, alpha=self.config.alpha,
-                next_key=self._next_key, size=self._size, max_priority=self._max_priority,
-                incarnation=self.incarnation, aliases=dict(self._aliases), writers=tuple(self._writers.items()),
-                counters={"evicted": self._evicted, "sampled": self._sampled, "updated": self._updated,
-                          "stale": self._stale, "duplicates": self._duplicates,
-                          "inserted_bytes": self._inserted_bytes},
+                signature=self._signature,
+                capacity=self.config.capacity,
+                alpha=self.config.alpha,
+                next_key=self._next_key,
+                size=self._size,
+                max_priority=self._max_priority,
+                incarnation=self.incarnation,
+                aliases=dict(self._aliases),
+                writers=tuple(self._writers.items()),
+                counters={
+                    "evicted": self._evicted,
+                    "sampled": self._sampled,
+                    "updated": self._updated,
+                    "stale": self._stale,
+                    "duplicates": self._duplicates,
+                    "inserted_bytes": self._inserted_bytes,
+                },
                 lineage=self.lineage,
             )
-            storage = self._storage if self._row_writers is None else {**self._storage,
-                                                                       ROW_WRITER: self._row_writers}
-            self._snapshot = Snapshot(state, self._tree.leaf_values(), storage, self._cond, chunk_rows,
-                                      self._end_snapshot)
+            storage = (
+                self._storage
+                if self._row_writers is None
+                else {**self._storage, ROW_WRITER: self._row_writers}
+            )
+            self._snapshot = Snapshot(
+                state, self._tree.leaf_values(), storage, self._cond, chunk_rows, self._end_snapshot
+            )
             return self._snapshot
 
     def _end_snapshot(self) -> None:
         with self._cond:
             self._snapshot = None
 
-    def restore(self, state: TableState, blocks: Iterable[tuple[int, Mapping[str, np.ndarray], np.ndarray]]) -> int:
+    def restore(
+        self, state: TableState, blocks: Iterable[tuple[int, Mapping[str, np.ndarray], np.ndarray]]
+    ) -> int:
         """Load a saved state into this table, which must be empty and refusing calls (`refuse_calls`): `blocks`
         are (first key, columns, leaves p**alpha) in key order covering the state's keys (with compressed fields,
         the columns may hold each row's writer id under ROW_WRITER). Rows keep their keys and priorities; with a
@@ -492,14 +572,17 @@ class ReplayTable:
         refuses) leaves the table as it was before, empty and without a signature unless the config declares one,
         ready for another restore. Returns the rows restored."""
         if self.config.signature is not None and state.signature != self.config.signature:
-            raise InvalidArgumentError(f"saved signature {state.signature} differs from the table's "
-                                       f"{self.config.signature}")
+            raise InvalidArgumentError(
+                f"saved signature {state.signature} differs from the table's {self.config.signature}"
+            )
         cap = self.config.capacity
         keep = min(state.size, cap)
         lowest = state.next_key - keep
         with self._cond:
             if self._next_key or self._unavailable is None:
-                raise FailedPreconditionError("restore needs an empty table that refuses calls (refuse_calls)")
+                raise FailedPreconditionError(
+                    "restore needs an empty table that refuses calls (refuse_calls)"
+                )
             if self._signature != state.signature:
                 self._allocate(state.signature)
         leaves = np.zeros(cap, dtype=np.float64)
@@ -509,8 +592,9 @@ class ReplayTable:
                 rows = len(block_leaves) - skip
                 if rows <= 0:
                     continue
-                slots = self._write_rows((first_key + skip) % cap, columns, rows, offset=skip,
-                                         writers=columns.get(ROW_WRITER))
+                slots = self._write_rows(
+                    (first_key + skip) % cap, columns, rows, offset=skip, writers=columns.get(ROW_WRITER)
+                )
                 leaves[slots] = block_leaves[skip:]
             with self._cond:
                 self._tree.load_leaves(leaves)
@@ -523,7 +607,11 @@ class ReplayTable:
             self._writers = OrderedDict(state.writers)
             c = state.counters
             self._evicted = c.get("evicted", 0) + state.size - keep
-            self._sampled, self._updated, self._stale = c.get("sampled", 0), c.get("updated", 0), c.get("stale", 0)
+            self._sampled, self._updated, self._stale = (
+                c.get("sampled", 0),
+                c.get("updated", 0),
+                c.get("stale", 0),
+            )
             self._duplicates, self._inserted_bytes = c.get("duplicates", 0), c.get("inserted_bytes", 0)
             aliases = dict(state.aliases)
             if state.incarnation:
@@ -545,8 +633,15 @@ class ReplayTable:
                 self._row_bytes[:] = 0
             self._frame_bytes = 0
 
-    def replay_insert(self, first_key: int, columns: Mapping[str, np.ndarray], priorities: np.ndarray,
-                      writer_id: str, sequence: int, incarnation: int) -> bool:
+    def replay_insert(
+        self,
+        first_key: int,
+        columns: Mapping[str, np.ndarray],
+        priorities: np.ndarray,
+        writer_id: str,
+        sequence: int,
+        incarnation: int,
+    ) -> bool:
         """Store a batch read back from the write-ahead log with its original keys and raw priorities; a batch
         below the next key is already held and skipped (False). The incarnation that wrote it becomes an alias
         up to the batch's last key: those keys name the same rows here."""
@@ -558,7 +653,9 @@ class ReplayTable:
             if self._signature is None:
                 self._allocate(signature)
             if first_key != self._next_key:
-                raise FailedPreconditionError(f"log batch at key {first_key} does not follow key {self._next_key}")
+                raise FailedPreconditionError(
+                    f"log batch at key {first_key} does not follow key {self._next_key}"
+                )
             self._store(columns, check_priorities(priorities, rows), rows, writer_id)
             self._remember_writer(writer_id, sequence)
             if incarnation and incarnation != self.incarnation:
@@ -572,9 +669,11 @@ class ReplayTable:
         are served again: rows restored or replayed from the log earn no samples."""
         with self._cond:
             if reason is None and self._unavailable is not None:
-                self._limiter = RateLimiter(min_size=self.config.min_size_to_sample,
-                                            samples_per_insert=self.config.samples_per_insert,
-                                            tolerance=self.config.samples_per_insert_tolerance)
+                self._limiter = RateLimiter(
+                    min_size=self.config.min_size_to_sample,
+                    samples_per_insert=self.config.samples_per_insert,
+                    tolerance=self.config.samples_per_insert_tolerance,
+                )
             self._unavailable = reason
             self._cond.notify_all()
 
@@ -583,8 +682,10 @@ class ReplayTable:
         if self._unavailable is not None:
             raise UnavailableError(self._unavailable)
 
-    def set_journal(self, journal: Callable[[int, Mapping[str, np.ndarray], np.ndarray, str, int], None] | None,
-                    ) -> None:
+    def set_journal(
+        self,
+        journal: Callable[[int, Mapping[str, np.ndarray], np.ndarray, str, int], None] | None,
+    ) -> None:
         """Call `journal(first_key, columns, raw priorities, writer_id, sequence)` for each batch about to be
         stored, under the table lock, in key order (the write-ahead log). It runs before the table changes: when
         it raises, the insert raises that exception and the table is exactly as before (no key, row, counter or

@@ -58,8 +58,8 @@ log = logging.getLogger("apexrl.replay.wal")
 _MAGIC = b"APXRLWAL"
 _VERSION = 1
 _SEGMENT = struct.Struct("<8sIIQQI")  # magic, version, 0, lineage, first key, signature length
-_RECORD = struct.Struct("<II")        # payload length, CRC32
-_PAYLOAD = struct.Struct("<QIQQH")    # first key, rows, incarnation, sequence, writer id length
+_RECORD = struct.Struct("<II")  # payload length, CRC32
+_PAYLOAD = struct.Struct("<QIQQH")  # first key, rows, incarnation, sequence, writer id length
 _NAME = re.compile(r"wal-(\d{20})\.log")
 _LENGTH_DTYPE = np.dtype("<u4")
 
@@ -73,11 +73,11 @@ class WriteAheadLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.stats = stats if stats is not None else DurabilityStats()
         self._cond = threading.Condition()
-        self._queue: list[tuple[int, bytes, int]] = []   # (end key, record, first key) not yet written
+        self._queue: list[tuple[int, bytes, int]] = []  # (end key, record, first key) not yet written
         self._waiters: list[tuple[int, Callable[[BaseException | None], None]]] = []
-        self._durable = 0                                 # every key below this is durable
-        self._error: BaseException | None = None          # why appends are refused: the failure, or closed
-        self._failure: BaseException | None = None        # the failure (not set by close)
+        self._durable = 0  # every key below this is durable
+        self._error: BaseException | None = None  # why appends are refused: the failure, or closed
+        self._failure: BaseException | None = None  # the failure (not set by close)
         self._on_failure: list[Callable[[BaseException], None]] = []
         self._closing = False
         self._rotate = False
@@ -89,7 +89,9 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------------------------------------------ replay
     def segments(self) -> list[tuple[int, Path]]:
-        return sorted((int(m.group(1)), p) for p in self.directory.iterdir() if (m := _NAME.fullmatch(p.name)))
+        return sorted(
+            (int(m.group(1)), p) for p in self.directory.iterdir() if (m := _NAME.fullmatch(p.name))
+        )
 
     def replay(self, table: ReplayTable, restored: bool) -> int:
         """Store every logged batch past the table's keys (the restored checkpoint's, or none when `restored`
@@ -105,13 +107,21 @@ class WriteAheadLog:
         replayed, gap = 0, False
         for first, path, seg_lineage, signature in segments:
             if seg_lineage != lineage:
-                log.warning("write-ahead log segment %s belongs to another history (lineage %x, not %x): never "
-                            "replayed, renamed %s.orphan", path, seg_lineage, lineage, path.name)
+                log.warning(
+                    "write-ahead log segment %s belongs to another history (lineage %x, not %x): never "
+                    "replayed, renamed %s.orphan",
+                    path,
+                    seg_lineage,
+                    lineage,
+                    path.name,
+                )
                 path.rename(path.with_name(path.name + ".orphan"))
                 continue
             if not gap and first > table.next_key:
-                self._gap(f"segment {path} starts at key {first}, after key {table.next_key}: rows "
-                          f"{table.next_key}..{first - 1} are lost; it and later segments are renamed *.orphan")
+                self._gap(
+                    f"segment {path} starts at key {first}, after key {table.next_key}: rows "
+                    f"{table.next_key}..{first - 1} are lost; it and later segments are renamed *.orphan"
+                )
                 gap = True
             if gap:
                 path.rename(path.with_name(path.name + ".orphan"))
@@ -122,14 +132,18 @@ class WriteAheadLog:
                 offset, why = bad
                 aside = path.with_name(f"{path.name}.from-byte-{offset}.orphan")
                 _cut(path, offset, aside)
-                self._gap(f"{path}: the record at byte {offset} cannot be replayed ({why}): the rows from key "
-                          f"{table.next_key} on are lost; the segment is cut there (the rest kept as {aside.name}) "
-                          f"and later segments are renamed *.orphan")
+                self._gap(
+                    f"{path}: the record at byte {offset} cannot be replayed ({why}): the rows from key "
+                    f"{table.next_key} on are lost; the segment is cut there (the rest kept as {aside.name}) "
+                    f"and later segments are renamed *.orphan"
+                )
                 gap = True
         table.lineage = lineage
         self.stats.wal_replayed_rows = replayed
         if replayed:
-            log.info("replayed %d rows from the write-ahead log (keys up to %d)", replayed, table.next_key - 1)
+            log.info(
+                "replayed %d rows from the write-ahead log (keys up to %d)", replayed, table.next_key - 1
+            )
         return replayed
 
     def _gap(self, message: str) -> None:
@@ -147,8 +161,14 @@ class WriteAheadLog:
         self._thread.start()
         table.set_journal(self.append)
 
-    def append(self, first_key: int, columns: Mapping[str, np.ndarray], priorities: np.ndarray, writer_id: str,
-               sequence: int) -> None:
+    def append(
+        self,
+        first_key: int,
+        columns: Mapping[str, np.ndarray],
+        priorities: np.ndarray,
+        writer_id: str,
+        sequence: int,
+    ) -> None:
         """Queue one batch the table is about to store (its journal hook: called under its lock, in key order).
         UnavailableError when the log has failed or fails now (see the module docstring): then the table stores
         nothing."""
@@ -158,12 +178,20 @@ class WriteAheadLog:
             try:
                 record = self._record(first_key, columns, priorities, writer_id, sequence)
             except Exception as err:  # a batch the log cannot hold: fail closed rather than store it unlogged
-                log.error("write-ahead log failed to append the batch at key %d (writer %.64r, sequence %d): %r; "
-                          "inserts are refused until the shard restarts", first_key, writer_id, sequence, err)
+                log.error(
+                    "write-ahead log failed to append the batch at key %d (writer %.64r, sequence %d): %r; "
+                    "inserts are refused until the shard restarts",
+                    first_key,
+                    writer_id,
+                    sequence,
+                    err,
+                )
                 self._fail(err)
                 self._count_failure()
-                raise UnavailableError(f"the write-ahead log could not append this batch ({err!r}): not stored; "
-                                       f"inserts are refused until the shard restarts") from err
+                raise UnavailableError(
+                    f"the write-ahead log could not append this batch ({err!r}): not stored; "
+                    f"inserts are refused until the shard restarts"
+                ) from err
             with self._cond:
                 error = self._error
                 if error is None:
@@ -173,15 +201,25 @@ class WriteAheadLog:
                     self._cond.notify_all()
                     return
         self._count_failure()
-        raise UnavailableError(f"the write-ahead log failed ({error}): not stored; inserts are refused until the "
-                               f"shard restarts")
+        raise UnavailableError(
+            f"the write-ahead log failed ({error}): not stored; inserts are refused until the shard restarts"
+        )
 
-    def _record(self, first_key: int, columns: Mapping[str, np.ndarray], priorities: np.ndarray, writer_id: str,
-                sequence: int) -> bytes:
+    def _record(
+        self,
+        first_key: int,
+        columns: Mapping[str, np.ndarray],
+        priorities: np.ndarray,
+        writer_id: str,
+        sequence: int,
+    ) -> bytes:
         writer = writer_id.encode()
         rows = len(priorities)
-        parts = [_PAYLOAD.pack(first_key, rows, self._incarnation, sequence, len(writer)), writer,
-                 np.ascontiguousarray(priorities, dtype="<f8").tobytes()]
+        parts = [
+            _PAYLOAD.pack(first_key, rows, self._incarnation, sequence, len(writer)),
+            writer,
+            np.ascontiguousarray(priorities, dtype="<f8").tobytes(),
+        ]
         for column in columns.values():
             if isinstance(column, CompressedColumn):
                 parts += [column.lengths.astype(_LENGTH_DTYPE).tobytes(), column.data]
@@ -238,8 +276,11 @@ class WriteAheadLog:
                 _write_all(self._file, data)
                 os.fsync(self._file)
             except Exception as err:  # OSError (a full disk) or worse: never leave the waiters waiting
-                log.error("write-ahead log failed (%r): the batches waiting for it are not acknowledged and inserts "
-                          "are refused until the shard restarts", err)
+                log.error(
+                    "write-ahead log failed (%r): the batches waiting for it are not acknowledged and inserts "
+                    "are refused until the shard restarts",
+                    err,
+                )
                 self._fail(err)
                 self._count_failure()  # the failed write, however many batches it held
                 return
@@ -281,8 +322,10 @@ class WriteAheadLog:
             path.rename(path.with_name(path.name + ".orphan"))
         self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, PRIVATE)
         signature = str(self._signature).encode()
-        _write_all(self._file, _SEGMENT.pack(_MAGIC, _VERSION, 0, self._lineage, first_key, len(signature))
-                   + signature)
+        _write_all(
+            self._file,
+            _SEGMENT.pack(_MAGIC, _VERSION, 0, self._lineage, first_key, len(signature)) + signature,
+        )
         os.fsync(self._file)
         fsync_directory(self.directory)
 
@@ -313,7 +356,7 @@ class WriteAheadLog:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _read_header(path: Path) -> tuple[int, Signature] | None:
@@ -327,7 +370,9 @@ def _read_header(path: Path) -> tuple[int, Signature] | None:
         return None
 
 
-def _replay_segment(table: ReplayTable, path: Path, signature: Signature) -> tuple[int, tuple[int, str] | None]:
+def _replay_segment(
+    table: ReplayTable, path: Path, signature: Signature
+) -> tuple[int, tuple[int, str] | None]:
     """Replay one segment's records into the table: the rows stored, and (byte offset, why) of a record whose
     checksum holds but which cannot be replayed (None when the segment was replayed to its end or to a torn tail)."""
     replayed = 0
@@ -367,13 +412,18 @@ def _payloads(path: Path) -> Iterator[tuple[int, bytes]]:
     offset = _SEGMENT.size + struct.unpack_from("<I", data, _SEGMENT.size - 4)[0]
     while offset < len(data):
         if offset + _RECORD.size > len(data):
-            log.warning("write-ahead log %s ends in a torn record at byte %d (never acknowledged)", path, offset)
+            log.warning(
+                "write-ahead log %s ends in a torn record at byte %d (never acknowledged)", path, offset
+            )
             return
         length, crc = _RECORD.unpack_from(data, offset)
-        payload = data[offset + _RECORD.size:offset + _RECORD.size + length]
+        payload = data[offset + _RECORD.size : offset + _RECORD.size + length]
         if len(payload) != length or zlib.crc32(payload) != crc:
-            log.warning("write-ahead log %s: torn or corrupt record at byte %d; replay of this segment stops "
-                        "there", path, offset)
+            log.warning(
+                "write-ahead log %s: torn or corrupt record at byte %d; replay of this segment stops there",
+                path,
+                offset,
+            )
             return
         yield offset, payload
         offset += _RECORD.size + length
@@ -384,7 +434,7 @@ def _parse(payload: bytes, signature: Signature) -> tuple:
     struct.error, UnicodeDecodeError) when its parts do not add up to exactly its bytes."""
     first_key, rows, incarnation, sequence, writer_len = _PAYLOAD.unpack_from(payload)
     at = _PAYLOAD.size
-    writer = payload[at:at + writer_len].decode()
+    writer = payload[at : at + writer_len].decode()
     at += writer_len
     priorities = np.frombuffer(payload, "<f8", rows, at)
     at += 8 * rows
@@ -394,13 +444,15 @@ def _parse(payload: bytes, signature: Signature) -> tuple:
             lengths = np.frombuffer(payload, _LENGTH_DTYPE, rows, at).astype(np.int64)
             at += rows * _LENGTH_DTYPE.itemsize
             n = int(lengths.sum())
-            columns[field.name] = CompressedColumn(field.compression, field.dtype, field.shape,
-                                                   payload[at:at + n], lengths)
+            columns[field.name] = CompressedColumn(
+                field.compression, field.dtype, field.shape, payload[at : at + n], lengths
+            )
             at += n
             continue
         n = rows * field.row_nbytes
         columns[field.name] = np.frombuffer(payload, field.dtype, rows * math.prod(field.shape), at).reshape(
-            rows, *field.shape)
+            rows, *field.shape
+        )
         at += n
     if at != len(payload):
         raise ValueError(f"its parts end at byte {at} of its {len(payload)}")

@@ -25,25 +25,25 @@ class ShardTotals:
     """What a sampler needs to know of a shard to weigh it against the others (carried by every Sample answer)."""
 
     total_priority: float  # sum of stored priorities p**alpha
-    size: int              # rows held
-    min_priority: float    # smallest positive stored priority (0 when none is positive)
-    incarnation: int       # random per shard process; keys of another incarnation are stale
+    size: int  # rows held
+    min_priority: float  # smallest positive stored priority (0 when none is positive)
+    incarnation: int  # random per shard process; keys of another incarnation are stale
 
 
 @dataclass(frozen=True)
 class ShardInfo:
     """A snapshot of one shard's state and counters: the InfoResponse message (same field names)."""
 
-    signature: Signature | None   # None until declared or fixed by the first insert
+    signature: Signature | None  # None until declared or fixed by the first insert
     capacity: int
     size: int
-    total_priority: float         # sum of stored priorities p**alpha
-    min_priority: float           # smallest positive stored priority (0 when none is positive)
-    max_priority: float           # largest raw priority seen; rows inserted without priorities get it
+    total_priority: float  # sum of stored priorities p**alpha
+    min_priority: float  # smallest positive stored priority (0 when none is positive)
+    max_priority: float  # largest raw priority seen; rows inserted without priorities get it
     alpha: float
     incarnation: int
-    inserted_total: int           # rows stored since start (resent duplicates not counted)
-    inserted_bytes_total: int     # bytes of row data stored since start (compressed fields as their frames)
+    inserted_total: int  # rows stored since start (resent duplicates not counted)
+    inserted_bytes_total: int  # bytes of row data stored since start (compressed fields as their frames)
     evicted_total: int
     sampled_total: int
     updated_total: int
@@ -52,8 +52,8 @@ class ShardInfo:
     min_size_to_sample: int
     samples_per_insert: float
     max_sample_batch_size: int
-    stored_bytes: int = 0         # bytes of row data held now (stored_bytes / size: bytes per stored row)
-    max_bytes: int = 0            # the most bytes of row data held (0: no limit but the capacity)
+    stored_bytes: int = 0  # bytes of row data held now (stored_bytes / size: bytes per stored row)
+    max_bytes: int = 0  # the most bytes of row data held (0: no limit but the capacity)
 
     @property
     def totals(self) -> ShardTotals:
@@ -69,12 +69,12 @@ class SampledBatch:
     """Rows drawn from one shard (the SampleResponse message), with what a sampler needs to weight them and to
     send their new priorities back."""
 
-    keys: np.ndarray              # uint64 [B]
-    priorities: np.ndarray        # float64 [B]: stored priorities p**alpha
+    keys: np.ndarray  # uint64 [B]
+    priorities: np.ndarray  # float64 [B]: stored priorities p**alpha
     columns: dict[str, np.ndarray | CompressedColumn]  # compressed fields as their frames, never decompressed
-    total_priority: float         # the shard's sum of stored priorities when the batch was drawn
-    size: int                     # the shard's rows when the batch was drawn
-    min_priority: float           # the shard's smallest positive stored priority
+    total_priority: float  # the shard's sum of stored priorities when the batch was drawn
+    size: int  # the shard's rows when the batch was drawn
+    min_priority: float  # the shard's smallest positive stored priority
     incarnation: int
     # Tables with compressed fields only (else empty): the writer id that stored each row, so a reader that finds
     # a frame that does not decompress can name who wrote it.
@@ -97,8 +97,8 @@ class SampledBatch:
 class InsertResult:
     """What the shard reports for one stored (or recognised duplicate) batch: the InsertAck's payload."""
 
-    first_key: int   # key of the first stored row; 0 for a duplicate
-    rows: int        # rows stored by this batch; 0 for a duplicate
+    first_key: int  # key of the first stored row; 0 for a duplicate
+    rows: int  # rows stored by this batch; 0 for a duplicate
     duplicate: bool
 
 
@@ -118,9 +118,11 @@ class CheckpointResult:
 
     path: str
     rows: int
-    inserted_total: int   # the insert counter at the checkpoint's instant: every lower key is in it (or evicted)
+    inserted_total: (
+        int  # the insert counter at the checkpoint's instant: every lower key is in it (or evicted)
+    )
     bytes: int
-    seconds: float        # from the checkpoint's instant until durable
+    seconds: float  # from the checkpoint's instant until durable
     incarnation: int
 
 
@@ -129,7 +131,9 @@ class CheckpointResult:
 
 def encode_sample(batch: SampledBatch) -> replay_pb2.SampleResponse:
     response = replay_pb2.SampleResponse(
-        total_priority=batch.total_priority, size=batch.size, min_priority=batch.min_priority,
+        total_priority=batch.total_priority,
+        size=batch.size,
+        min_priority=batch.min_priority,
         incarnation=batch.incarnation,
     )
     codec.encode_tensor(batch.keys, response.keys)
@@ -155,7 +159,9 @@ def decode_sample(response: replay_pb2.SampleResponse) -> SampledBatch:
 # --- UpdatePriorities ----------------------------------------------------------------------------------------------
 
 
-def encode_update(keys: np.ndarray, priorities: np.ndarray, incarnation: int) -> replay_pb2.UpdatePrioritiesRequest:
+def encode_update(
+    keys: np.ndarray, priorities: np.ndarray, incarnation: int
+) -> replay_pb2.UpdatePrioritiesRequest:
     request = replay_pb2.UpdatePrioritiesRequest(incarnation=incarnation)
     codec.encode_tensor(np.asarray(keys, dtype=np.uint64), request.keys)
     codec.encode_tensor(np.asarray(priorities, dtype=np.float64), request.priorities)
@@ -164,15 +170,23 @@ def encode_update(keys: np.ndarray, priorities: np.ndarray, incarnation: int) ->
 
 def decode_update(request: replay_pb2.UpdatePrioritiesRequest) -> tuple[np.ndarray, np.ndarray, int]:
     """(keys, priorities, incarnation); InvalidArgumentError for a bad tensor. Shapes are checked by the table."""
-    return (codec.decode_tensor(request.keys, "keys"), codec.decode_tensor(request.priorities, "priorities"),
-            request.incarnation)
+    return (
+        codec.decode_tensor(request.keys, "keys"),
+        codec.decode_tensor(request.priorities, "priorities"),
+        request.incarnation,
+    )
 
 
 def encode_update_result(result: UpdateResult) -> replay_pb2.UpdatePrioritiesResponse:
     t = result.totals
-    return replay_pb2.UpdatePrioritiesResponse(applied=result.applied, stale=result.stale,
-                                               total_priority=t.total_priority, size=t.size,
-                                               min_priority=t.min_priority, incarnation=t.incarnation)
+    return replay_pb2.UpdatePrioritiesResponse(
+        applied=result.applied,
+        stale=result.stale,
+        total_priority=t.total_priority,
+        size=t.size,
+        min_priority=t.min_priority,
+        incarnation=t.incarnation,
+    )
 
 
 def decode_update_result(response: replay_pb2.UpdatePrioritiesResponse) -> UpdateResult:
@@ -191,8 +205,10 @@ def encode_info(info: ShardInfo) -> replay_pb2.InfoResponse:
 
 
 def decode_info(response: replay_pb2.InfoResponse) -> ShardInfo:
-    return ShardInfo(signature=codec.decode_signature(response.signature),
-                     **{name: getattr(response, name) for name in _INFO_SCALARS})
+    return ShardInfo(
+        signature=codec.decode_signature(response.signature),
+        **{name: getattr(response, name) for name in _INFO_SCALARS},
+    )
 
 
 # --- Insert --------------------------------------------------------------------------------------------------------
@@ -205,8 +221,9 @@ MAX_MERGED_BATCHES = 4096
 MAX_WRITER_ID_BYTES = 256
 
 
-def encode_insert(columns, priorities: np.ndarray | None, writer_id: str,
-                  batch_rows: Sequence[int] = ()) -> replay_pb2.InsertRequest:
+def encode_insert(
+    columns, priorities: np.ndarray | None, writer_id: str, batch_rows: Sequence[int] = ()
+) -> replay_pb2.InsertRequest:
     """An InsertRequest without its sequence number (the client numbers a batch when it queues it). With
     `batch_rows` of two or more entries, the rows are that many merged batches, back to back."""
     request = replay_pb2.InsertRequest(writer_id=writer_id)
@@ -223,15 +240,19 @@ def decode_insert(request: replay_pb2.InsertRequest) -> tuple[dict[str, np.ndarr
     tensor. The table checks the signature."""
     writer_bytes = len(request.writer_id.encode())
     if writer_bytes > MAX_WRITER_ID_BYTES:
-        raise InvalidArgumentError(f"writer_id is {writer_bytes} bytes (UTF-8), over the limit of "
-                                   f"{MAX_WRITER_ID_BYTES} bytes")
+        raise InvalidArgumentError(
+            f"writer_id is {writer_bytes} bytes (UTF-8), over the limit of {MAX_WRITER_ID_BYTES} bytes"
+        )
     columns = codec.decode_batch(request.batch)
-    priorities = codec.decode_tensor(request.priorities, "priorities") if request.HasField("priorities") else None
+    priorities = (
+        codec.decode_tensor(request.priorities, "priorities") if request.HasField("priorities") else None
+    )
     return columns, priorities
 
 
-def merged_batch_offsets(request: replay_pb2.InsertRequest, columns: Mapping[str, object],
-                         priorities: np.ndarray | None) -> list[int] | None:
+def merged_batch_offsets(
+    request: replay_pb2.InsertRequest, columns: Mapping[str, object], priorities: np.ndarray | None
+) -> list[int] | None:
     """The first row of each batch of a merged request, and the end of the last (len(batch_rows) + 1 offsets);
     None for a one-batch request. InvalidArgumentError when batch_rows do not fit the decoded columns: then the
     whole request is refused (replay.proto, InsertRequest.batch_rows)."""
@@ -260,12 +281,23 @@ def merged_batch_offsets(request: replay_pb2.InsertRequest, columns: Mapping[str
     return offsets
 
 
-def encode_ack(sequence: int, incarnation: int, result: InsertResult | None = None,
-               error_code: int = 0, error_message: str = "", batches: int = 1) -> replay_pb2.InsertAck:
+def encode_ack(
+    sequence: int,
+    incarnation: int,
+    result: InsertResult | None = None,
+    error_code: int = 0,
+    error_message: str = "",
+    batches: int = 1,
+) -> replay_pb2.InsertAck:
     """The InsertAck for `batches` batches ending with `sequence` (one, but for a run of a merged request): their
     result, or the status code (an int) and message that rejected them."""
-    ack = replay_pb2.InsertAck(sequence=sequence, incarnation=incarnation, error_code=error_code,
-                               error_message=error_message, batches=batches)
+    ack = replay_pb2.InsertAck(
+        sequence=sequence,
+        incarnation=incarnation,
+        error_code=error_code,
+        error_message=error_message,
+        batches=batches,
+    )
     if result is not None:
         ack.duplicate = result.duplicate
         ack.first_key = result.first_key
@@ -277,7 +309,9 @@ def encode_ack(sequence: int, incarnation: int, result: InsertResult | None = No
 
 
 def encode_checkpoint(result: CheckpointResult) -> replay_pb2.CheckpointResponse:
-    return replay_pb2.CheckpointResponse(**{f.name: getattr(result, f.name) for f in fields(CheckpointResult)})
+    return replay_pb2.CheckpointResponse(
+        **{f.name: getattr(result, f.name) for f in fields(CheckpointResult)}
+    )
 
 
 def decode_checkpoint(response: replay_pb2.CheckpointResponse) -> CheckpointResult:

@@ -38,4 +38,5 @@ class Writer:
         if table.signature is None and self.identity.role not in SIGNATURE_ROLES:
             raise PermissionDeniedError(
                 f"{self.identity} may not fix the columns of this table by a first insert (it has no --signature): "
-                f"start the shard with --signature, or let the learner or an operator make the first insert")
+                f"start the shard with --signature, or let the learner or an operator make the first insert"
+            )

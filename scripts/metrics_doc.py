@@ -37,7 +37,9 @@ def replay_registry() -> CollectorRegistry:
     from apexrl.replay_server.table import ReplayTable, TableConfig
 
     table = ReplayTable(TableConfig(capacity=1))
-    server, _port, _health, registry = create_replay_server(table, "127.0.0.1:0", registry=metrics_registry(table))
+    server, _port, _health, registry = create_replay_server(
+        table, "127.0.0.1:0", registry=metrics_registry(table)
+    )
     server.stop(0).wait(10)
     return registry
 
@@ -110,9 +112,16 @@ class MetricDoc:
     @property
     def unit(self) -> str:
         name = self.family
-        for suffix, unit in (("_seconds", "seconds"), ("_bytes", "bytes"), ("_rows", "rows"),
-                             ("_batches", "batches"), ("_per_second", "1/s"), ("_version", "version number"),
-                             ("_versions", "versions"), ("_priority", "priority")):
+        for suffix, unit in (
+            ("_seconds", "seconds"),
+            ("_bytes", "bytes"),
+            ("_rows", "rows"),
+            ("_batches", "batches"),
+            ("_per_second", "1/s"),
+            ("_version", "version number"),
+            ("_versions", "versions"),
+            ("_priority", "priority"),
+        ):
             if name.endswith(suffix):
                 return unit
         if "_return" in name:
@@ -127,7 +136,9 @@ def declared_labels(registry: CollectorRegistry) -> dict[str, set[str]]:
     for collector in list(registry._collector_to_names):  # noqa: SLF001 (no public listing of collectors)
         if isinstance(collector, MetricWrapperBase):
             found.setdefault(collector._name, set()).update(collector._labelnames)  # noqa: SLF001
-        elif hasattr(collector, "label_names"):  # a custom collector that may have no sample yet (TlsExpiryCollector)
+        elif hasattr(
+            collector, "label_names"
+        ):  # a custom collector that may have no sample yet (TlsExpiryCollector)
             found.setdefault(collector.name, set()).update(collector.label_names)
     return found
 
@@ -177,7 +188,9 @@ def render() -> str:
         "",
         "| label | values | set by |",
         "|---|---|---|",
-        "| job | " + ", ".join(f"`{job}`" for job in JOBS) + " | the file-SD file `apexrl launch` writes (Kubernetes: "
+        "| job | "
+        + ", ".join(f"`{job}`" for job in JOBS)
+        + " | the file-SD file `apexrl launch` writes (Kubernetes: "
         "the ServiceMonitor/PodMonitor relabelling) |",
         "| role | `shard-0`.., `learner`, `actor-0`.., `evaluator` | the same |",
         "| host | the fleet file's machine name (`local` for the local fleet) | the same |",
@@ -192,8 +205,14 @@ def render() -> str:
         if not members:
             continue
         jobs = sorted({job for d in members for job in d.jobs}, key=list(JOBS).index)
-        lines += [f"## {title}", "", f"Exported by job {', '.join(f'`{j}`' for j in jobs)}.", "",
-                  "| name | type | unit | labels | meaning |", "|---|---|---|---|---|"]
+        lines += [
+            f"## {title}",
+            "",
+            f"Exported by job {', '.join(f'`{j}`' for j in jobs)}.",
+            "",
+            "| name | type | unit | labels | meaning |",
+            "|---|---|---|---|---|",
+        ]
         for d in members:
             name = "<br>".join(f"`{s}`" for s in d.series)
             labels = ", ".join(f"`{label}`" for label in sorted(d.labels)) or "-"
@@ -209,17 +228,32 @@ def render() -> str:
 def render_rules() -> list[str]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    lines = ["## Recording rules (monitoring/prometheus/rules.yml)", "", "| series | expression |", "|---|---|"]
+    lines = [
+        "## Recording rules (monitoring/prometheus/rules.yml)",
+        "",
+        "| series | expression |",
+        "|---|---|",
+    ]
     lines += [f"| `{r['record']}` | `{_cell(r['expr'])}` |" for r in rules if "record" in r]
-    lines += ["", "## Alerts (monitoring/prometheus/rules.yml)", "",
-              "| alert | severity | fires when | for |", "|---|---|---|---|"]
-    lines += [f"| {r['alert']} | {r['labels']['severity']} | `{_cell(r['expr'])}` | {r.get('for', '0s')} |"
-              for r in rules if "alert" in r]
+    lines += [
+        "",
+        "## Alerts (monitoring/prometheus/rules.yml)",
+        "",
+        "| alert | severity | fires when | for |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['alert']} | {r['labels']['severity']} | `{_cell(r['expr'])}` | {r.get('for', '0s')} |"
+        for r in rules
+        if "alert" in r
+    ]
     return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="fail when docs/metrics.md is out of date")
     args = parser.parse_args(argv)
     return write_or_check(OUT, render(), check=args.check, regenerate="python scripts/metrics_doc.py")

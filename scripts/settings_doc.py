@@ -48,8 +48,12 @@ def render() -> str:
         "",
     ]
     for command, cls, table, placement in ROLES:
-        lines += [f"## `{command}` ({cls.__module__.replace('apexrl.', '')}.{cls.__name__})", "",
-                  "| setting | flag | fleet key | default | meaning |", "|---|---|---|---|---|"]
+        lines += [
+            f"## `{command}` ({cls.__module__.replace('apexrl.', '')}.{cls.__name__})",
+            "",
+            "| setting | flag | fleet key | default | meaning |",
+            "|---|---|---|---|---|",
+        ]
         for s in settings_of(cls):
             flag = s.metavar if s.positional else s.flag
             if table is None:
@@ -60,14 +64,18 @@ def render() -> str:
                 key = f"{table} (placement: the machine)" if s.name == "host" else f"{table} {s.name}"
             else:
                 key = f"{table} `{s.name}`"
-            default = "required" if s.required else ("none" if s.default is None else f"`{s.format(s.default)}`")
+            default = (
+                "required" if s.required else ("none" if s.default is None else f"`{s.format(s.default)}`")
+            )
             lines.append(f"| {s.name} | `{flag}` | {key} | {default} | {s.help.replace('|', '/')} |")
         lines.append("")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="fail when docs/settings.md is out of date")
     args = parser.parse_args(argv)
     return write_or_check(OUT, render(), check=args.check, regenerate="python scripts/settings_doc.py")

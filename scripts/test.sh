@@ -16,5 +16,7 @@ echo "== generated metrics reference (docs/metrics.md)"
 "$VENV/bin/python" scripts/metrics_doc.py --check
 echo "== ruff"
 "$VENV/bin/ruff" check .
+echo "== ruff format"
+"$VENV/bin/ruff" format --check .
 echo "== pytest"
 exec "$VENV/bin/python" -m pytest "$@"

@@ -82,7 +82,7 @@ def pixel_frames(ids, shape: tuple[int, ...] = (2, 16, 16)) -> np.ndarray:
     flat = out.reshape(len(ids), -1)
     flat[:, 0], flat[:, 1] = ids % 256, ids // 256 % 256
     for i, row in zip(ids.tolist(), flat, strict=True):
-        row[8 + i % 64:12 + i % 64] = 236
+        row[8 + i % 64 : 12 + i % 64] = 236
     return out
 
 
@@ -124,9 +124,24 @@ def start_shard_process(tmp_path: Path, name: str, *extra: str, host: str = "127
     port_file = tmp_path / f"{name}.port"
     log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (kept open for the child's lifetime)
     process = subprocess.Popen(
-        [sys.executable, "-m", "apexrl.launcher", "replay", "--host", host, "--port", "0",
-         "--metrics-port", "-1", "--port-file", str(port_file), *extra],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "replay",
+            "--host",
+            host,
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--port-file",
+            str(port_file),
+            *extra,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     deadline = time.monotonic() + 30
     while not port_file.exists():

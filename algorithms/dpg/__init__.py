@@ -15,12 +15,25 @@ ALGORITHM = Algorithm(
     learning_module="apexrl.algorithms.dpg.learning",
     defaults={
         "fleet": {"samples_per_insert": 64.0, "replay_capacity": 100_000},
-        "learner": {"learning_rate": 1e-3, "target_update_period": 1, "target_tau": 0.005, "twin_critics": True,
-                    "policy_delay": 2, "target_noise": 0.2, "target_noise_clip": 0.5},
+        "learner": {
+            "learning_rate": 1e-3,
+            "target_update_period": 1,
+            "target_tau": 0.005,
+            "twin_critics": True,
+            "policy_delay": 2,
+            "target_noise": 0.2,
+            "target_noise_clip": 0.5,
+        },
         "actor": {"random_steps": 1_000},
     },
     own_settings={
-        "learner": ("policy_learning_rate", "twin_critics", "policy_delay", "target_noise", "target_noise_clip"),
+        "learner": (
+            "policy_learning_rate",
+            "twin_critics",
+            "policy_delay",
+            "target_noise",
+            "target_noise_clip",
+        ),
         "actor": ("noise_scale", "random_steps"),
     },
 )

@@ -64,11 +64,13 @@ class DPGPolicy:
         both = np.concatenate([obs, next_obs])
         actions = np.concatenate([np.asarray(columns["action"], np.float32), self.greedy(next_obs)])
         q = self.q(both, actions)
-        target = columns["reward"] + columns["discount"] * q[len(obs):]
+        target = columns["reward"] + columns["discount"] * q[len(obs) :]
         return np.abs(target - q[: len(obs)]).astype(np.float64)
 
     def _unit(self, action: np.ndarray) -> np.ndarray:
-        return ((np.asarray(action, np.float32) - self.low) / (self.high - self.low) * 2.0 - 1.0).astype(np.float32)
+        return ((np.asarray(action, np.float32) - self.low) / (self.high - self.low) * 2.0 - 1.0).astype(
+            np.float32
+        )
 
     def _squash(self, x: np.ndarray) -> np.ndarray:
         return (self.low + (np.tanh(x) + 1.0) * 0.5 * (self.high - self.low)).astype(np.float32)
@@ -110,8 +112,9 @@ class GaussianNoise:
 
     name = "noise_scale"
 
-    def __init__(self, scale: float, low: np.ndarray, high: np.ndarray, rng: np.random.Generator,
-                 random_steps: int = 0) -> None:
+    def __init__(
+        self, scale: float, low: np.ndarray, high: np.ndarray, rng: np.random.Generator, random_steps: int = 0
+    ) -> None:
         if not scale >= 0:
             raise ValueError(f"noise scale ({scale!r}) must be >= 0")
         if random_steps < 0:
@@ -141,6 +144,9 @@ def make_explorer(settings: ActorSettings, spaces: EnvSpaces, rng: np.random.Gen
     low, high = np.asarray(spaces.action_low), np.asarray(spaces.action_high)
     if settings.evaluate:
         return GaussianNoise(settings.noise_scale or 0.0, low, high, rng)
-    scale = settings.noise_scale if settings.noise_scale is not None \
+    scale = (
+        settings.noise_scale
+        if settings.noise_scale is not None
         else apex_noise_scale(settings.actor_index, settings.num_actors)
+    )
     return GaussianNoise(scale, low, high, rng, random_steps=settings.random_steps or 0)

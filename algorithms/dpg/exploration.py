@@ -19,23 +19,30 @@ SIGMA_MAX = 0.5
 SIGMA_MIN = 0.05
 
 
-def apex_noise_scale(actor_index: int, num_actors: int, sigma_max: float = SIGMA_MAX,
-                     sigma_min: float = SIGMA_MIN) -> float:
+def apex_noise_scale(
+    actor_index: int, num_actors: int, sigma_max: float = SIGMA_MAX, sigma_min: float = SIGMA_MIN
+) -> float:
     """sigma_i = sigma_max * (sigma_min / sigma_max) ** (i / (N - 1)); N = 1: sqrt(sigma_max * sigma_min)."""
     if isinstance(num_actors, bool) or not isinstance(num_actors, (int, np.integer)) or num_actors < 1:
         raise ValueError(f"num_actors ({num_actors!r}) must be a positive integer")
-    if isinstance(actor_index, bool) or not isinstance(actor_index, (int, np.integer)) or \
-            not 0 <= actor_index < num_actors:
+    if (
+        isinstance(actor_index, bool)
+        or not isinstance(actor_index, (int, np.integer))
+        or not 0 <= actor_index < num_actors
+    ):
         raise ValueError(f"actor_index ({actor_index!r}) must be an integer in [0, num_actors={num_actors})")
     if not 0 < sigma_min <= sigma_max:
-        raise ValueError(f"sigma_min ({sigma_min!r}) and sigma_max ({sigma_max!r}) must satisfy 0 < min <= max")
+        raise ValueError(
+            f"sigma_min ({sigma_min!r}) and sigma_max ({sigma_max!r}) must satisfy 0 < min <= max"
+        )
     if num_actors == 1:
         return math.sqrt(sigma_max * sigma_min)
     return float(sigma_max * (sigma_min / sigma_max) ** (actor_index / (num_actors - 1)))
 
 
-def gaussian_actions(greedy: np.ndarray, sigma: float, low: np.ndarray, high: np.ndarray,
-                     rng: np.random.Generator) -> np.ndarray:
+def gaussian_actions(
+    greedy: np.ndarray, sigma: float, low: np.ndarray, high: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
     """clip(greedy + sigma * (high - low) / 2 * N(0, I), low, high), float32 [batch, action_dim]."""
     greedy = np.asarray(greedy, dtype=np.float64)
     noisy = greedy + sigma * (high - low) * 0.5 * rng.standard_normal(greedy.shape)

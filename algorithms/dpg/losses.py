@@ -19,9 +19,16 @@ import torch
 from torch import nn
 
 
-def critic_target(target_policy: nn.Module, target_critics: Sequence[nn.Module], reward: torch.Tensor,
-                  discount: torch.Tensor, next_obs: torch.Tensor, *, target_noise: float = 0.0,
-                  noise_clip: float = 0.5) -> torch.Tensor:
+def critic_target(
+    target_policy: nn.Module,
+    target_critics: Sequence[nn.Module],
+    reward: torch.Tensor,
+    discount: torch.Tensor,
+    next_obs: torch.Tensor,
+    *,
+    target_noise: float = 0.0,
+    noise_clip: float = 0.5,
+) -> torch.Tensor:
     """y = reward + discount * min_j Q_target_j(next_obs, a'), without gradient (see the module docstring)."""
     with torch.no_grad():
         next_action = target_policy(next_obs)
@@ -34,8 +41,13 @@ def critic_target(target_policy: nn.Module, target_critics: Sequence[nn.Module],
         return reward + discount * next_q
 
 
-def critic_loss(critics: Sequence[nn.Module], obs: torch.Tensor, action: torch.Tensor, target: torch.Tensor,
-                weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def critic_loss(
+    critics: Sequence[nn.Module],
+    obs: torch.Tensor,
+    action: torch.Tensor,
+    target: torch.Tensor,
+    weights: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The importance-weighted squared TD error summed over the critics, and |TD error| of the first critic
     (detached): the rows' new priorities."""
     q = [critic(obs, action) for critic in critics]

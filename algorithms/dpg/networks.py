@@ -50,8 +50,13 @@ class _Features(nn.Module):
 
 def _bounds(spaces: EnvSpaces) -> tuple[torch.Tensor, torch.Tensor]:
     if not spaces.action_dim:
-        raise ValueError(f"DPG needs a Box action space; these spaces have {spaces.num_actions} discrete actions")
-    return (torch.tensor(spaces.action_low, dtype=torch.float32), torch.tensor(spaces.action_high, dtype=torch.float32))
+        raise ValueError(
+            f"DPG needs a Box action space; these spaces have {spaces.num_actions} discrete actions"
+        )
+    return (
+        torch.tensor(spaces.action_low, dtype=torch.float32),
+        torch.tensor(spaces.action_high, dtype=torch.float32),
+    )
 
 
 class DeterministicPolicy(_Features):
@@ -89,8 +94,9 @@ class Critic(_Features):
         return self.out(self.torso(torch.cat([self.features(obs), unit], dim=1))).squeeze(1)
 
 
-def build_networks(name: str, spaces: EnvSpaces, hidden_sizes: Sequence[int] | None, critics: int
-                   ) -> tuple[str, tuple[int, ...], DeterministicPolicy, list[Critic]]:
+def build_networks(
+    name: str, spaces: EnvSpaces, hidden_sizes: Sequence[int] | None, critics: int
+) -> tuple[str, tuple[int, ...], DeterministicPolicy, list[Critic]]:
     """The torso `name` resolves to, the hidden sizes used, the policy and `critics` critics (2 for TD3's
     clipped double-Q)."""
     kind = resolve_network(name, spaces)

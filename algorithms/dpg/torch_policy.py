@@ -19,7 +19,9 @@ class DPGHead(nn.Module):
     """The `PREFIX` network's torso and output layer; `forward(features)` its raw output. The policy's output is
     squashed into the bounds by its caller; the critic reads observations with the action rescaled to [-1, 1]."""
 
-    def __init__(self, weights: Mapping[str, np.ndarray], prefix: str, layout: str, input_scale: float) -> None:
+    def __init__(
+        self, weights: Mapping[str, np.ndarray], prefix: str, layout: str, input_scale: float
+    ) -> None:
         super().__init__()
         self.conv = ConvTorso(weights, prefix, layout, input_scale)
         self.torso = DenseStack(weights, f"{prefix}torso")
@@ -45,7 +47,9 @@ class GreedyDPG(nn.Module):
 
 
 class TorchDPGPolicy(DPGPolicy):
-    def __init__(self, weights: Mapping[str, np.ndarray], layout: str = CHW, input_scale: float = 1.0) -> None:
+    def __init__(
+        self, weights: Mapping[str, np.ndarray], layout: str = CHW, input_scale: float = 1.0
+    ) -> None:
         try:
             self.policy = DPGHead(weights, "policy.", layout, input_scale)
             self.critic = DPGHead(weights, "critic.", layout, input_scale)
@@ -68,7 +72,9 @@ class TorchDPGPolicy(DPGPolicy):
             return c.out(x)[:, 0].numpy()
 
 
-def greedy_module(weights: Mapping[str, np.ndarray], layout: str, input_scale: float, one_hot: int = 0) -> GreedyDPG:
+def greedy_module(
+    weights: Mapping[str, np.ndarray], layout: str, input_scale: float, one_hot: int = 0
+) -> GreedyDPG:
     """The policy of these weights as a module (`GreedyDPG`)."""
     try:
         policy = DPGHead(weights, "policy.", layout, input_scale)

@@ -38,7 +38,9 @@ def make_greedy_module(weights: Mapping[str, np.ndarray], spaces: EnvSpaces) -> 
     from apexrl.algorithms.dqn.torch_policy import DuelingQModule, GreedyQ
 
     one_hot = spaces.obs_dim if spaces.obs_one_hot else 0
-    return GreedyQ(DuelingQModule(weights, layout=spaces.layout, input_scale=spaces.input_scale), one_hot).eval()
+    return GreedyQ(
+        DuelingQModule(weights, layout=spaces.layout, input_scale=spaces.input_scale), one_hot
+    ).eval()
 
 
 class QPolicy:
@@ -60,7 +62,7 @@ class QPolicy:
         q = self.q_values(np.concatenate([obs, next_obs]))  # one forward pass for both
         rows = np.arange(len(obs))
         taken = q[rows, np.asarray(columns["action"])]
-        target = columns["reward"] + columns["discount"] * q[len(obs):].max(axis=1)
+        target = columns["reward"] + columns["discount"] * q[len(obs) :].max(axis=1)
         return np.abs(target - taken).astype(np.float64)
 
 

@@ -30,15 +30,28 @@ class DQNLearning:
         self.target.load_state_dict(self.online.state_dict())
         self.learning_rate = settings.learning_rate or DEFAULT_LEARNING_RATE[self.network]
         # Fused: one kernel for every parameter's update (0.59 -> 0.25 ms of a 4.3 ms CartPole update on a CPU).
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=self.learning_rate,
-                                          fused=device.type in ("cpu", "cuda"))
-        self.architecture = {"network": self.network, "hidden_sizes": list(self.hidden_sizes),
-                             "obs_dim": spaces.obs_dim, "num_actions": spaces.num_actions}
+        self.optimizer = torch.optim.Adam(
+            self.online.parameters(), lr=self.learning_rate, fused=device.type in ("cpu", "cuda")
+        )
+        self.architecture = {
+            "network": self.network,
+            "hidden_sizes": list(self.hidden_sizes),
+            "obs_dim": spaces.obs_dim,
+            "num_actions": spaces.num_actions,
+        }
 
     def update(self, batch: Mapping[str, torch.Tensor], weights: torch.Tensor, step: int) -> UpdateResult:
         s = self.settings
-        loss, td_abs = double_dqn_loss(self.online, self.target, batch["obs"], batch["action"], batch["reward"],
-                                       batch["discount"], batch["next_obs"], weights)
+        loss, td_abs = double_dqn_loss(
+            self.online,
+            self.target,
+            batch["obs"],
+            batch["action"],
+            batch["reward"],
+            batch["discount"],
+            batch["next_obs"],
+            weights,
+        )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.online.parameters(), s.max_grad_norm)
@@ -55,8 +68,11 @@ class DQNLearning:
         return {"mean_q": float(self.online(batch["obs"]).mean())}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"online": self.online.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
+        return {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.online.load_state_dict(state["online"])
@@ -65,7 +81,9 @@ class DQNLearning:
             self.optimizer.load_state_dict(state["optimizer"])
 
     def describe(self) -> str:
-        return f"dueling double DQN, {self.network} torso, hidden {self.hidden_sizes}, lr {self.learning_rate:g}"
+        return (
+            f"dueling double DQN, {self.network} torso, hidden {self.hidden_sizes}, lr {self.learning_rate:g}"
+        )
 
 
 def make_learning(settings: Any, spaces: EnvSpaces, device: torch.device) -> DQNLearning:

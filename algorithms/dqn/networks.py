@@ -32,8 +32,14 @@ def build_network(name: str, spaces: EnvSpaces, hidden_sizes: Sequence[int] | No
     hidden = tuple(hidden_sizes) if hidden_sizes is not None else DEFAULT_HIDDEN[kind]
     if kind == "mlp":
         return DuelingQNetwork(spaces.obs_dim, spaces.num_actions, hidden, input_scale=spaces.input_scale)
-    return ConvDuelingQNetwork(spaces.image_shape, spaces.num_actions, CONV_LAYERS[kind], hidden,
-                               layout=spaces.layout, input_scale=spaces.input_scale)
+    return ConvDuelingQNetwork(
+        spaces.image_shape,
+        spaces.num_actions,
+        CONV_LAYERS[kind],
+        hidden,
+        layout=spaces.layout,
+        input_scale=spaces.input_scale,
+    )
 
 
 def dueling_q(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
@@ -48,7 +54,10 @@ class DuelingQNetwork(nn.Module):
     """
 
     def __init__(
-        self, obs_dim: int, num_actions: int, hidden_sizes: tuple[int, ...] = DEFAULT_HIDDEN_SIZES,
+        self,
+        obs_dim: int,
+        num_actions: int,
+        hidden_sizes: tuple[int, ...] = DEFAULT_HIDDEN_SIZES,
         input_scale: float = 1.0,
     ) -> None:
         super().__init__()
@@ -78,9 +87,15 @@ class ConvDuelingQNetwork(nn.Module):
     HWC, or HW for none); the network moves it first and multiplies by `input_scale` after casting to float32.
     """
 
-    def __init__(self, image_shape: tuple[int, int, int], num_actions: int,
-                 conv_layers: Sequence[tuple[int, int, int]], hidden_sizes: Sequence[int],
-                 layout: str = CHW, input_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        image_shape: tuple[int, int, int],
+        num_actions: int,
+        conv_layers: Sequence[tuple[int, int, int]],
+        hidden_sizes: Sequence[int],
+        layout: str = CHW,
+        input_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         if num_actions < 1:
             raise ValueError(f"num_actions ({num_actions}) must be positive")

@@ -23,7 +23,9 @@ from apexrl.common.spaces import CHW
 class DuelingQModule(nn.Module):
     """Q(s, .) [batch, num_actions] of a (convolutional) dueling Q-network's named weights."""
 
-    def __init__(self, weights: Mapping[str, np.ndarray], layout: str = CHW, input_scale: float = 1.0) -> None:
+    def __init__(
+        self, weights: Mapping[str, np.ndarray], layout: str = CHW, input_scale: float = 1.0
+    ) -> None:
         super().__init__()
         try:
             self.conv = ConvTorso(weights, "", layout, input_scale)
@@ -60,7 +62,9 @@ class TorchDuelingPolicy(QPolicy):
     the factor applied after casting to float32 (1/255 for uint8 pixels).
     """
 
-    def __init__(self, weights: Mapping[str, np.ndarray], layout: str = CHW, input_scale: float = 1.0) -> None:
+    def __init__(
+        self, weights: Mapping[str, np.ndarray], layout: str = CHW, input_scale: float = 1.0
+    ) -> None:
         self.net = DuelingQModule(weights, layout, input_scale)
         self.layout = layout
         self.input_scale = float(input_scale)

@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def describe(ref: str) -> str:
     """The abbreviated commit `ref` names (ValueError when it names none)."""
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "--verify", f"{ref}^{{commit}}"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "--verify", f"{ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise ValueError(f"--baseline {ref!r} names no commit of {ROOT}: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -30,8 +33,9 @@ def describe(ref: str) -> str:
 
 def baseline_pythonpath(ref: str, workdir: Path) -> str:
     """Unpack commit `ref` under `workdir`; return the directory to put first on a child's PYTHONPATH."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", describe(ref)],
-                             capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", describe(ref)], capture_output=True, check=True
+    ).stdout
     source = workdir / "source"
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(source, filter="data")
@@ -48,6 +52,12 @@ def baseline_pythonpath(ref: str, workdir: Path) -> str:
 
 def imported_from(module: str, env: dict[str, str], cwd: str) -> Path:
     """The file a child started with `env` in `cwd` imports for `module` (to check which code a server runs)."""
-    done = subprocess.run([sys.executable, "-c", f"import {module} as m; print(m.__file__)"], env=env, cwd=cwd,
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module} as m; print(m.__file__)"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return Path(done.stdout.strip())

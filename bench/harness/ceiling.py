@@ -59,8 +59,15 @@ class CeilingClient:
         """Unary futures, `window` in flight."""
         message = sized_request(request_bytes, reply_bytes)
         t = self.timing
-        return with_cpu(self.pid, measure_window, lambda: self._unary.future(message), lambda f: f.result(),
-                        window, t.seconds, t.warmup)
+        return with_cpu(
+            self.pid,
+            measure_window,
+            lambda: self._unary.future(message),
+            lambda f: f.result(),
+            window,
+            t.seconds,
+            t.warmup,
+        )
 
     def _client_stream(self, message: bytes) -> tuple[int, float]:
         self._one_stream(message, self.timing.warmup)
@@ -83,8 +90,9 @@ class CeilingClient:
         elapsed = time.perf_counter() - t0
         received, nbytes = struct.unpack("<QQ", reply)
         if received != sent or nbytes != sent * len(message):
-            raise RuntimeError(f"ceiling server counted {received} messages / {nbytes} bytes, "
-                               f"client sent {sent}")
+            raise RuntimeError(
+                f"ceiling server counted {received} messages / {nbytes} bytes, client sent {sent}"
+            )
         return received, elapsed
 
     def close(self) -> None:

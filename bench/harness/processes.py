@@ -16,14 +16,24 @@ class Child:
     """A server process we started: waits for its port file; stopped by its pid with SIGTERM (then
     SIGKILL)."""
 
-    def __init__(self, name: str, argv: list[str], workdir: str, env: dict[str, str] | None = None,
-                 cwd: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        workdir: str,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> None:
         self.name = name
         self.port_file = os.path.join(workdir, f"{name}.port")
         self.log_path = os.path.join(workdir, f"{name}.log")
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (open while the child runs)
         self.proc = subprocess.Popen(
-            [*argv, "--port-file", self.port_file], stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=cwd
+            [*argv, "--port-file", self.port_file],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
         )
         self.port: int | None = None
 
@@ -96,9 +106,24 @@ class Children:
 
 
 def shard_argv(capacity: int, *, seed: int, alpha: float | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "apexrl.launcher", "--log-level", "WARNING", "replay",
-            "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1",
-            "--capacity", str(capacity), "--seed", str(seed)]
+    argv = [
+        sys.executable,
+        "-m",
+        "apexrl.launcher",
+        "--log-level",
+        "WARNING",
+        "replay",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--metrics-port",
+        "-1",
+        "--capacity",
+        str(capacity),
+        "--seed",
+        str(seed),
+    ]
     return argv if alpha is None else [*argv, "--alpha", str(alpha)]
 
 

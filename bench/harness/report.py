@@ -34,8 +34,9 @@ def render_table(headers: Sequence[str], lines: Sequence[Sequence[str] | str], l
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
 
     def fmt(row: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+        return "  ".join(
+            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
 
     out = [fmt(headers), "  ".join("-" * w for w in widths)]
     out += [line if isinstance(line, str) else fmt(line) for line in lines]
@@ -55,14 +56,17 @@ def autogroup() -> str | None:
         return None
 
 
-def load_line(before: float, after: float, *, show_autogroup: bool = False,
-              nice_label: str = "niceness") -> str:
+def load_line(
+    before: float, after: float, *, show_autogroup: bool = False, nice_label: str = "niceness"
+) -> str:
     """The footer line with the 1-minute load average before and after the run, flagging a busy machine."""
     group = autogroup() if show_autogroup else None
-    return (f"Load average (1 min) before / after: {before:.2f} / {after:.2f} on {os.cpu_count()} CPUs"
-            + ("  ** other processes were busy: figures are disturbed **" if max(before, after) > 1.5 else "")
-            + (f"; {nice_label} {os.nice(0)}" if os.nice(0) else "")
-            + (f"; scheduler autogroup {group}" if group else ""))
+    return (
+        f"Load average (1 min) before / after: {before:.2f} / {after:.2f} on {os.cpu_count()} CPUs"
+        + ("  ** other processes were busy: figures are disturbed **" if max(before, after) > 1.5 else "")
+        + (f"; {nice_label} {os.nice(0)}" if os.nice(0) else "")
+        + (f"; scheduler autogroup {group}" if group else "")
+    )
 
 
 def metadata(args: argparse.Namespace) -> dict:
@@ -88,7 +92,8 @@ def metadata(args: argparse.Namespace) -> dict:
     with contextlib.suppress(OSError):
         meta["git"] = subprocess.run(
             ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     return meta
 

@@ -11,8 +11,18 @@ from harness.report import format_rate, progress, render_table
 from harness.timing import Measurement
 
 CEILING_SECTION = "raw gRPC ceilings (bytes-only server, same message sizes)"
-HEADERS = ("figure", "value", "unit", "MB/s", "ceiling", "ratio", "target", "met", "cores cli+srv",
-           "CPU us/call cli/srv")
+HEADERS = (
+    "figure",
+    "value",
+    "unit",
+    "MB/s",
+    "ceiling",
+    "ratio",
+    "target",
+    "met",
+    "cores cli+srv",
+    "CPU us/call cli/srv",
+)
 
 
 @dataclass
@@ -34,8 +44,13 @@ class Row:
     server_cpu: float | None = None  # cores used by the server process during the figure
     note: str = ""
 
-    def compare(self, ceiling: float | None, ceiling_name: str | None = None, target: float | None = None,
-                target_text: str | None = None) -> None:
+    def compare(
+        self,
+        ceiling: float | None,
+        ceiling_name: str | None = None,
+        target: float | None = None,
+        target_text: str | None = None,
+    ) -> None:
         """Set the ceiling (and ratio) and the target (and whether it is met)."""
         if ceiling:
             self.ceiling, self.ceiling_name, self.ratio = ceiling, ceiling_name, self.value / ceiling
@@ -49,21 +64,44 @@ class Results:
         self.rows: list[Row] = []
         self.by_key: dict[str, Row] = {}
 
-    def figure(self, key: str, section: str, name: str, m: Measurement, unit: str, *, per_call: int = 1,
-               row_bytes: int | None = None, ceiling: float | None = None, ceiling_name: str | None = None,
-               target: float | None = None, note: str = "") -> Row:
+    def figure(
+        self,
+        key: str,
+        section: str,
+        name: str,
+        m: Measurement,
+        unit: str,
+        *,
+        per_call: int = 1,
+        row_bytes: int | None = None,
+        ceiling: float | None = None,
+        ceiling_name: str | None = None,
+        target: float | None = None,
+        note: str = "",
+    ) -> Row:
         """Add a figure measured as `m`: value = calls/s x `per_call` (rows per call for transitions/s)."""
         value = m.rate * per_call
         mb_per_s = None if row_bytes is None else value * row_bytes / 1e6
-        row = Row(section, name, value, unit, mb_per_s=mb_per_s, calls=m.calls, seconds=m.seconds,
-                  client_cpu=m.client_cpu, server_cpu=m.server_cpu, note=note)
+        row = Row(
+            section,
+            name,
+            value,
+            unit,
+            mb_per_s=mb_per_s,
+            calls=m.calls,
+            seconds=m.seconds,
+            client_cpu=m.client_cpu,
+            server_cpu=m.server_cpu,
+            note=note,
+        )
         row.compare(ceiling, ceiling_name, target)
         return self.add(key, row)
 
     def ceiling(self, key: str, name: str, m: Measurement, unit: str, message_bytes: int) -> float:
         """Add a raw gRPC ceiling row; return its rate (messages or calls per second)."""
-        self.figure(key, CEILING_SECTION, name, m, unit, row_bytes=message_bytes,
-                    note=f"message {message_bytes:,} B")
+        self.figure(
+            key, CEILING_SECTION, name, m, unit, row_bytes=message_bytes, note=f"message {message_bytes:,} B"
+        )
         return m.rate
 
     def add(self, key: str, row: Row) -> Row:
@@ -85,8 +123,18 @@ def _cells(row: Row) -> list[str]:
     mb_per_s = "" if row.mb_per_s is None else f"{row.mb_per_s:,.1f}"
     ratio = "" if row.ratio is None else f"{row.ratio:.2f}"
     met = "" if row.met is None else ("yes" if row.met else "NO")
-    return [row.name, format_rate(row.value), row.unit, mb_per_s, format_rate(row.ceiling), ratio,
-            row.target_text or "", met, cpu, per_call]
+    return [
+        row.name,
+        format_rate(row.value),
+        row.unit,
+        mb_per_s,
+        format_rate(row.ceiling),
+        ratio,
+        row.target_text or "",
+        met,
+        cpu,
+        per_call,
+    ]
 
 
 def print_rows(results: Results, file=sys.stdout) -> None:

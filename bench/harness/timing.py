@@ -128,8 +128,9 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def with_cpu(server_pid: int | None, measure: Callable[..., tuple[int, float]], *args,
-             **kwargs) -> Measurement:
+def with_cpu(
+    server_pid: int | None, measure: Callable[..., tuple[int, float]], *args, **kwargs
+) -> Measurement:
     """Run one measurement (a function returning (calls, seconds)) and note the cores this process and the
     server process (when given) used meanwhile, warm-up included."""
     t0, c0 = time.perf_counter(), time.process_time()

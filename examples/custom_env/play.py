@@ -35,7 +35,9 @@ def main() -> int:
         returns.append(total)
         print(f"episode {episode}: return {total:.2f}")
     env.close()
-    print(f"mean return {sum(returns) / len(returns):.2f} over {len(returns)} episodes of {policy.env.describe()}")
+    print(
+        f"mean return {sum(returns) / len(returns):.2f} over {len(returns)} episodes of {policy.env.describe()}"
+    )
     return 0
 
 

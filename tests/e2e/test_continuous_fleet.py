@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ACTOR_STOPPED = re.compile(r"actor (\d+) stopped after (\d+) env steps, (\d+) episodes \(weights version (\d+)\)")
+ACTOR_STOPPED = re.compile(
+    r"actor (\d+) stopped after (\d+) env steps, (\d+) episodes \(weights version (\d+)\)"
+)
 SHARD_STOPPED = re.compile(r"replay shard stopped: (\d+) rows held, .*signature (\S+)")
 
 
@@ -35,12 +37,35 @@ def test_a_pendulum_fleet_runs_dpg_stores_box_actions_trains_and_actors_pull_new
     run_dir = tmp_path / "run"
     out, err = open(tmp_path / "launch.out", "w"), open(tmp_path / "launch.err", "w")  # noqa: SIM115
     process = subprocess.Popen(
-        [sys.executable, "-m", "apexrl.launcher", "launch", "--env", "Pendulum-v1", "--seed", "0", "--num-actors",
-         "2", "--max-seconds", "300", "--progress-seconds", "2", "--target-return", "1000000",
-         "--run-dir", str(run_dir)], stdout=out, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "launch",
+            "--env",
+            "Pendulum-v1",
+            "--seed",
+            "0",
+            "--num-actors",
+            "2",
+            "--max-seconds",
+            "300",
+            "--progress-seconds",
+            "2",
+            "--target-return",
+            "1000000",
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=out,
+        stderr=err,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         deadline = time.monotonic() + 300
-        while True:  # a condition, not a time: enough updates and versions for actors to have pulled newer ones
+        while (
+            True
+        ):  # a condition, not a time: enough updates and versions for actors to have pulled newer ones
             assert process.poll() is None, (tmp_path / "launch.err").read_text()[-3000:]
             row = last_progress(run_dir)
             if row and int(row["updates"]) >= 300 and int(row["weight_version"]) >= 20:
@@ -56,7 +81,12 @@ def test_a_pendulum_fleet_runs_dpg_stores_box_actions_trains_and_actors_pull_new
         out.close()
         err.close()
     result = json.loads((tmp_path / "launch.out").read_text().strip().splitlines()[-1])
-    assert result["reason"] == "signal" and not result["solved"] and result["restarts"] == 0 and result["updates"] >= 300, result
+    assert (
+        result["reason"] == "signal"
+        and not result["solved"]
+        and result["restarts"] == 0
+        and result["updates"] >= 300
+    ), result
     logs = {p.stem: p.read_text(errors="replace") for p in (run_dir / "logs").glob("*.log")}
     for name, text in logs.items():
         assert "Traceback" not in text, f"{name}:\n{text[-3000:]}"
@@ -72,8 +102,12 @@ def test_a_pendulum_fleet_runs_dpg_stores_box_actions_trains_and_actors_pull_new
         assert "action:float32[1]" in stopped[2] and "obs:float32[3]" in stopped[2], stopped[2]
     # The evaluator's greedy episodes and the learner's checkpoint, which `apexrl evaluate` plays.
     assert (run_dir / "checkpoints" / "checkpoint.pt").is_file()
-    played = subprocess.run([sys.executable, "-m", "apexrl.launcher", "evaluate", str(run_dir), "--episodes", "2",
-                             "--seed", "0"], capture_output=True, text=True, timeout=120)
+    played = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "evaluate", str(run_dir), "--episodes", "2", "--seed", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert played.returncode == 0, played.stderr
     summary = json.loads(played.stdout.strip().splitlines()[-1])
     assert summary["episodes"] == 2 and -2000 < summary["mean_return"] <= 0

@@ -19,10 +19,14 @@ BUDGET_SECONDS = 300
 def explain(result: dict, launch: subprocess.CompletedProcess, run_dir) -> str:
     """Why the run did not solve: its reason first (CI shows only the end of the output), then the launcher's
     stderr and the end of every role's log."""
-    logs = "\n".join(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-12:])
-                     for path in sorted((run_dir / "logs").glob("*.log")))
-    return (f"not solved: reason={result.get('reason')} exit={launch.returncode} {json.dumps(result)}\n"
-            f"--- launcher stderr (end)\n{launch.stderr[-2500:]}\n{logs}")
+    logs = "\n".join(
+        f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-12:])
+        for path in sorted((run_dir / "logs").glob("*.log"))
+    )
+    return (
+        f"not solved: reason={result.get('reason')} exit={launch.returncode} {json.dumps(result)}\n"
+        f"--- launcher stderr (end)\n{launch.stderr[-2500:]}\n{logs}"
+    )
 
 
 @pytest.mark.slow
@@ -30,10 +34,27 @@ def explain(result: dict, launch: subprocess.CompletedProcess, run_dir) -> str:
 def test_local_fleet_learns_cartpole_and_leaves_a_usable_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     launch = subprocess.run(
-        [sys.executable, "-m", "apexrl.launcher", "launch", "--num-actors", "2", "--seed", "0",
-         "--target-return", str(TARGET), "--max-seconds", str(BUDGET_SECONDS), "--run-dir", str(run_dir),
-         "--progress-seconds", "10"],
-        capture_output=True, text=True, timeout=BUDGET_SECONDS + 90,
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "launch",
+            "--num-actors",
+            "2",
+            "--seed",
+            "0",
+            "--target-return",
+            str(TARGET),
+            "--max-seconds",
+            str(BUDGET_SECONDS),
+            "--run-dir",
+            str(run_dir),
+            "--progress-seconds",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=BUDGET_SECONDS + 90,
     )
     lines = launch.stdout.strip().splitlines()
     assert lines, launch.stderr[-3000:]
@@ -59,7 +80,10 @@ def test_local_fleet_learns_cartpole_and_leaves_a_usable_run_directory(tmp_path)
     # The checkpoint plays the learned policy.
     played = subprocess.run(
         [sys.executable, "-m", "apexrl.launcher", "evaluate", str(run_dir), "--episodes", "5", "--seed", "1"],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     summary = json.loads(played.stdout.strip().splitlines()[-1])
     assert summary["episodes"] == 5 and summary["mean_return"] > 50  # random play: ~22

@@ -26,10 +26,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 DEADLINE_SECONDS = 300  # to meet the conditions; a fleet on an idle 2-core machine needs about 40
 STOP_SECONDS = 90  # from SIGTERM to the launcher's exit
-RAW_PONG_ROW_BYTES = 2 * 4 * 84 * 84 + 8 + 4 + 4 + 8  # obs, next_obs, action, reward, discount, weight_version
-SHARD_STOPPED = re.compile(r"replay shard stopped: (\d+) rows held, (\d+) inserted.*\((\d+) per row\), "
-                           r"signature (\S+)")
-ACTOR_STOPPED = re.compile(r"actor (\d+) stopped after (\d+) env steps, (\d+) episodes \(weights version (\d+)\)")
+RAW_PONG_ROW_BYTES = (
+    2 * 4 * 84 * 84 + 8 + 4 + 4 + 8
+)  # obs, next_obs, action, reward, discount, weight_version
+SHARD_STOPPED = re.compile(
+    r"replay shard stopped: (\d+) rows held, (\d+) inserted.*\((\d+) per row\), "
+    r"signature (\S+)"
+)
+ACTOR_STOPPED = re.compile(
+    r"actor (\d+) stopped after (\d+) env steps, (\d+) episodes \(weights version (\d+)\)"
+)
 
 
 def last_progress(run_dir: Path) -> dict[str, float]:
@@ -56,13 +62,18 @@ def actor_weight_versions(run_dir: Path) -> list[float]:
             text = urllib.request.urlopen(f"http://{group['targets'][0]}/metrics", timeout=5).read().decode()
         except OSError:
             return []  # not serving yet
-        versions += [s.value for f in text_string_to_metric_families(text) for s in f.samples
-                     if s.name == "apexrl_actor_weight_version"]
+        versions += [
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "apexrl_actor_weight_version"
+        ]
     return versions
 
 
-def launch_until(run_dir: Path, env_id: str, ready: Callable[[dict[str, float]], bool], what: str,
-                 *flags: str) -> tuple[dict, dict[str, str], str]:
+def launch_until(
+    run_dir: Path, env_id: str, ready: Callable[[dict[str, float]], bool], what: str, *flags: str
+) -> tuple[dict, dict[str, str], str]:
     """Run `apexrl launch` until `ready(its latest progress row, with the actors' weight versions under
     "actor_versions")` holds, then SIGTERM it: its final JSON, every role's log by name, and their tails (for
     failure messages). Fails when `what` is not reached by the deadline, or unless the fleet then stopped cleanly
@@ -70,19 +81,40 @@ def launch_until(run_dir: Path, env_id: str, ready: Callable[[dict[str, float]],
     out, err = run_dir.parent / "launch.out", run_dir.parent / "launch.err"
     with open(out, "w") as stdout, open(err, "w") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "apexrl.launcher", "launch", "--env", env_id, "--seed", "0", "--max-seconds",
-             str(DEADLINE_SECONDS + 60), "--run-dir", str(run_dir), "--progress-seconds", "1", *flags],
-            stdout=stdout, stderr=stderr, text=True)
+            [
+                sys.executable,
+                "-m",
+                "apexrl.launcher",
+                "launch",
+                "--env",
+                env_id,
+                "--seed",
+                "0",
+                "--max-seconds",
+                str(DEADLINE_SECONDS + 60),
+                "--run-dir",
+                str(run_dir),
+                "--progress-seconds",
+                "1",
+                *flags,
+            ],
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+        )
     try:
         deadline = time.monotonic() + DEADLINE_SECONDS
         row: dict = {}
         while True:
-            assert process.poll() is None, f"the launcher exited ({process.returncode}):\n{err.read_text()[-2500:]}"
+            assert process.poll() is None, (
+                f"the launcher exited ({process.returncode}):\n{err.read_text()[-2500:]}"
+            )
             row = {**last_progress(run_dir), "actor_versions": actor_weight_versions(run_dir)}
             if ready(row):
                 break
             assert time.monotonic() < deadline, (
-                f"{what} not reached within {DEADLINE_SECONDS}s: {row}\n{err.read_text()[-2500:]}")
+                f"{what} not reached within {DEADLINE_SECONDS}s: {row}\n{err.read_text()[-2500:]}"
+            )
             time.sleep(1)
         process.send_signal(signal.SIGTERM)
         process.wait(STOP_SECONDS)
@@ -91,7 +123,9 @@ def launch_until(run_dir: Path, env_id: str, ready: Callable[[dict[str, float]],
             process.kill()
             process.wait(10)
     logs = {path.stem: path.read_text(errors="replace") for path in (run_dir / "logs").glob("*.log")}
-    tails = "\n".join(f"--- {name}\n" + "\n".join(text.splitlines()[-10:]) for name, text in sorted(logs.items()))
+    tails = "\n".join(
+        f"--- {name}\n" + "\n".join(text.splitlines()[-10:]) for name, text in sorted(logs.items())
+    )
     lines = out.read_text().strip().splitlines()
     assert lines, f"{err.read_text()[-2500:]}\n{tails}"
     result = json.loads(lines[-1])
@@ -121,16 +155,24 @@ def assert_no_failure(logs: dict[str, str]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(DEADLINE_SECONDS + STOP_SECONDS + 60)
 def test_a_minatar_fleet_inserts_compressed_rows_and_trains_on_them(tmp_path):
-    importlib.import_module("minatar")  # the [atari] extra (scripts/setup.sh installs it): missing is a failure
+    importlib.import_module(
+        "minatar"
+    )  # the [atari] extra (scripts/setup.sh installs it): missing is a failure
     result, logs, tails = launch_until(
-        tmp_path / "run", "MinAtar/Breakout-v1",
-        lambda row: row.get("updates", 0) > 0 and row.get("env_steps", 0) > 1000, "updates and 1000 env steps")
+        tmp_path / "run",
+        "MinAtar/Breakout-v1",
+        lambda row: row.get("updates", 0) > 0 and row.get("env_steps", 0) > 1000,
+        "updates and 1000 env steps",
+    )
     assert result["env_steps"] > 1000, json.dumps(result)
 
     # The shards stored the actors' frames as sent: a compressed signature, a few dozen bytes per row.
     for rows, per_row, signature in shard_stops(logs, tails):
-        assert rows > 0 and signature.startswith("obs:bool[10,10,4]@zstd,") and "next_obs:bool[10,10,4]@zstd" \
-            in signature
+        assert (
+            rows > 0
+            and signature.startswith("obs:bool[10,10,4]@zstd,")
+            and "next_obs:bool[10,10,4]@zstd" in signature
+        )
         assert per_row < 200  # raw: 2 x 400 bytes of planes + 28 of scalars
     assert_no_failure(logs)
 
@@ -138,23 +180,39 @@ def test_a_minatar_fleet_inserts_compressed_rows_and_trains_on_them(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(DEADLINE_SECONDS + STOP_SECONDS + 60)
 def test_a_pong_fleet_stores_compressed_frames_trains_and_actors_pull_newer_weights(tmp_path):
-    importlib.import_module("ale_py")  # the [atari] extra (scripts/setup.sh installs it): missing is a failure
+    importlib.import_module(
+        "ale_py"
+    )  # the [atari] extra (scripts/setup.sh installs it): missing is a failure
     # 2 actors and a 1-episode evaluator leave the learner CPU; batch 32 (~16 updates/s on one CPU thread, against
     # ~2 at 256), 256 rows before training, a version every 2 updates and pulls every 25 steps.
     result, logs, tails = launch_until(
-        tmp_path / "run", "ALE/Pong-v5",
-        lambda row: (row.get("updates", 0) > 0 and row.get("env_steps", 0) > 256
-                     and len(row["actor_versions"]) == 2 and min(row["actor_versions"]) > 1),
+        tmp_path / "run",
+        "ALE/Pong-v5",
+        lambda row: (
+            row.get("updates", 0) > 0
+            and row.get("env_steps", 0) > 256
+            and len(row["actor_versions"]) == 2
+            and min(row["actor_versions"]) > 1
+        ),
         "updates, 256 env steps and both actors acting with weights newer than the first version",
-        "--num-actors", "2", "--evaluation-episodes", "1", "--min-replay-size", "256",
-        "--learner-arg=--batch-size 32 --publish-every 2", "--actor-arg=--pull-every 25",
+        "--num-actors",
+        "2",
+        "--evaluation-episodes",
+        "1",
+        "--min-replay-size",
+        "256",
+        "--learner-arg=--batch-size 32 --publish-every 2",
+        "--actor-arg=--pull-every 25",
     )
     assert result["env_steps"] > 256, json.dumps(result)
 
     # Rows went in compressed and stayed so: zstd frames in the signature, ~600 B per row (raw: 56,472).
     for rows, per_row, signature in shard_stops(logs, tails):
-        assert rows > 0 and signature.startswith("obs:uint8[4,84,84]@zstd,") and "next_obs:uint8[4,84,84]@zstd" \
-            in signature
+        assert (
+            rows > 0
+            and signature.startswith("obs:uint8[4,84,84]@zstd,")
+            and "next_obs:uint8[4,84,84]@zstd" in signature
+        )
         assert per_row < 2_000 < RAW_PONG_ROW_BYTES  # the issue's target
     # Every exploring actor acted with weights newer than the first version the learner published.
     actors = [ACTOR_STOPPED.search(text) for name, text in logs.items() if name.startswith("actor")]

@@ -33,8 +33,11 @@ BUDGET_SECONDS = 90
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(PROMETHEUS is None, reason="the prometheus binary is missing: install Debian's prometheus "
-                                                  "package (scripts/setup.sh does, as root)"),
+    pytest.mark.skipif(
+        PROMETHEUS is None,
+        reason="the prometheus binary is missing: install Debian's prometheus "
+        "package (scripts/setup.sh does, as root)",
+    ),
 ]
 
 
@@ -76,9 +79,16 @@ class Prometheus:
         self.log_path = tmp_path / "prometheus.log"
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address={self.url[7:]}",
-                 "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
+                [
+                    PROMETHEUS,
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address={self.url[7:]}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def alive(self) -> None:
         assert self.process.poll() is None, f"prometheus exited: {self.log_path.read_text()[-3000:]}"
@@ -112,8 +122,11 @@ class Prometheus:
 
 def running_roles(run_dir: Path) -> list[str]:
     """Roles whose exact command line (config.json records them) is still a running process."""
-    commands = {r["name"]: "\0".join(r["command"]).encode() + b"\0"
-                for r in json.loads((run_dir / "config.json").read_text())["roles"] if r["command"]}
+    commands = {
+        r["name"]: "\0".join(r["command"]).encode() + b"\0"
+        for r in json.loads((run_dir / "config.json").read_text())["roles"]
+        if r["command"]
+    }
     running = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -137,25 +150,57 @@ def scalar_tags(logdir: Path) -> set[str]:
 
 # Each dashboard against the fleet it is for: the fleet dashboard on CartPole (Ape-X DQN), the continuous-control
 # one on Pendulum (Ape-X DPG); the rules hold for both.
-FLEETS = [("CartPole-v1", "apexrl-fleet.json", set()), ("Pendulum-v1", "apexrl-dpg.json", {"learner/policy_loss"})]
+FLEETS = [
+    ("CartPole-v1", "apexrl-fleet.json", set()),
+    ("Pendulum-v1", "apexrl-dpg.json", {"learner/policy_loss"}),
+]
 
 
 @pytest.mark.timeout(BUDGET_SECONDS + 60)
 @pytest.mark.parametrize(("env_id", "dashboard", "learner_curves"), FLEETS, ids=[f[0] for f in FLEETS])
 def test_prometheus_scrapes_every_process_and_every_dashboard_and_rule_expression_returns_data(
-        tmp_path, env_id, dashboard, learner_curves):
+    tmp_path, env_id, dashboard, learner_curves
+):
     deadline = Deadline(BUDGET_SECONDS)
     run_dir = tmp_path / "run"
     certs = make_certs(tmp_path / "certs")
     out, err = tmp_path / "launch.out", tmp_path / "launch.err"
     with open(out, "w") as stdout, open(err, "w") as stderr:
         launch = subprocess.Popen(
-            [sys.executable, "-m", "apexrl.launcher", "launch", "--env", env_id, "--num-shards", "2",
-             "--num-actors", "2", "--seed", "0", "--min-replay-size", "200", "--target-return", "1000",
-             "--max-seconds", "150",
-             "--progress-seconds", "2", "--run-dir", str(run_dir),
-             "--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-ca", certs.ca],
-            stdout=stdout, stderr=stderr, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            [
+                sys.executable,
+                "-m",
+                "apexrl.launcher",
+                "launch",
+                "--env",
+                env_id,
+                "--num-shards",
+                "2",
+                "--num-actors",
+                "2",
+                "--seed",
+                "0",
+                "--min-replay-size",
+                "200",
+                "--target-return",
+                "1000",
+                "--max-seconds",
+                "150",
+                "--progress-seconds",
+                "2",
+                "--run-dir",
+                str(run_dir),
+                "--tls-cert",
+                certs.cert,
+                "--tls-key",
+                certs.key,
+                "--tls-ca",
+                certs.ca,
+            ],
+            stdout=stdout,
+            stderr=stderr,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     prometheus = None
 
     def fleet_alive() -> None:
@@ -166,7 +211,13 @@ def test_prometheus_scrapes_every_process_and_every_dashboard_and_rule_expressio
         deadline.poll(targets_file.exists, "the launcher wrote its targets file", alive=fleet_alive)
         groups = json.loads(targets_file.read_text())
         assert sorted(g["labels"]["role"] for g in groups) == [
-            "actor-0", "actor-1", "evaluator", "learner", "shard-0", "shard-1"]
+            "actor-0",
+            "actor-1",
+            "evaluator",
+            "learner",
+            "shard-0",
+            "shard-1",
+        ]
         assert "file_sd_configs" in err.read_text()  # the launcher said how to point Prometheus at it
 
         prometheus = Prometheus(tmp_path, targets_file)
@@ -179,21 +230,28 @@ def test_prometheus_scrapes_every_process_and_every_dashboard_and_rule_expressio
 
         active = deadline.poll(all_up, "every target is scraped and up", alive=prometheus.alive)
         assert sorted((t["labels"]["job"], t["labels"]["role"], t["scrapeUrl"]) for t in active) == sorted(
-            (g["labels"]["job"], g["labels"]["role"], f"http://{g['targets'][0]}/metrics") for g in groups)
+            (g["labels"]["job"], g["labels"]["role"], f"http://{g['targets'][0]}/metrics") for g in groups
+        )
         up = prometheus.query('up{job=~"apexrl-.+"}')
         assert len(up) == len(groups) and all(sample["value"][1] == "1" for sample in up)
 
         # The key series move: environment steps, inserts, learner updates.
-        for series in ('apexrl_actor_env_steps_total{job="apexrl-actor"}',
-                       'apexrl_replay_inserted_rows_total{job="apexrl-replay"}',
-                       'apexrl_learner_updates_total{job="apexrl-learner"}'):
+        for series in (
+            'apexrl_actor_env_steps_total{job="apexrl-actor"}',
+            'apexrl_replay_inserted_rows_total{job="apexrl-replay"}',
+            'apexrl_learner_updates_total{job="apexrl-learner"}',
+        ):
             first = prometheus.total(series)
-            deadline.poll(lambda s=series, f=first: prometheus.total(s) > f, f"{series} increases",
-                          alive=fleet_alive)
+            deadline.poll(
+                lambda s=series, f=first: prometheus.total(s) > f, f"{series} increases", alive=fleet_alive
+            )
 
         # Every expression of the dashboards and the rules returns data (alerts: without their comparison).
-        expressions = [e for e in all_expressions()
-                       if not e.where.startswith("dashboard ") or e.where.startswith(f"dashboard {dashboard} ")]
+        expressions = [
+            e
+            for e in all_expressions()
+            if not e.where.startswith("dashboard ") or e.where.startswith(f"dashboard {dashboard} ")
+        ]
         assert any(e.where.startswith(f"dashboard {dashboard} ") for e in expressions)
         pending = {e.where: e for e in expressions}
 
@@ -206,12 +264,16 @@ def test_prometheus_scrapes_every_process_and_every_dashboard_and_rule_expressio
         try:
             deadline.poll(all_answer, "every expression returns data", alive=fleet_alive, every=1.0)
         except AssertionError:
-            raise AssertionError(f"no data for {len(pending)} of {len(expressions)} expressions: "
-                                 + "; ".join(f"{w}: {e.query}" for w, e in pending.items())) from None
-        print(f"\n{len(expressions)} of {len(expressions)} expressions returned data "
-              f"({sum(e.where.startswith('dashboard') for e in expressions)} dashboard, "
-              f"{sum(not e.where.startswith('dashboard') for e in expressions)} rule); "
-              f"targets scraped: {', '.join(sorted(t['labels']['role'] for t in active))}")
+            raise AssertionError(
+                f"no data for {len(pending)} of {len(expressions)} expressions: "
+                + "; ".join(f"{w}: {e.query}" for w, e in pending.items())
+            ) from None
+        print(
+            f"\n{len(expressions)} of {len(expressions)} expressions returned data "
+            f"({sum(e.where.startswith('dashboard') for e in expressions)} dashboard, "
+            f"{sum(not e.where.startswith('dashboard') for e in expressions)} rule); "
+            f"targets scraped: {', '.join(sorted(t['labels']['role'] for t in active))}"
+        )
 
         # Every rule evaluates without error, and the recorded series exist.
         def rules_healthy():
@@ -224,23 +286,41 @@ def test_prometheus_scrapes_every_process_and_every_dashboard_and_rule_expressio
         # A recorded series appears at the rule group's next evaluation after its expression has data.
         for rule in rules():
             if "record" in rule:
-                deadline.poll(lambda r=rule["record"]: prometheus.query(r), f"recorded series {rule['record']}",
-                              alive=prometheus.alive)
+                deadline.poll(
+                    lambda r=rule["record"]: prometheus.query(r),
+                    f"recorded series {rule['record']}",
+                    alive=prometheus.alive,
+                )
 
         # Every apexrl series the fleet exports is in the generated metrics reference.
         reference = METRICS_DOC.read_text()
-        scraped = {name for name in prometheus.get("/api/v1/label/__name__/values")["data"]
-                   if name.startswith("apexrl_") and not name.endswith("_created")}
+        scraped = {
+            name
+            for name in prometheus.get("/api/v1/label/__name__/values")["data"]
+            if name.startswith("apexrl_") and not name.endswith("_created")
+        }
         assert len(scraped) >= 40 and not {n for n in scraped if f"`{n}`" not in reference}
 
         # TensorBoard curves, flushed while the fleet runs.
         tensorboard = run_dir / "tensorboard"
-        deadline.poll(lambda: {"learner/loss", "learner/mean_q", "learner/updates_per_second", *learner_curves}
-                      <= scalar_tags(tensorboard / "learner"), "the learner's curves are on disk",
-                      alive=fleet_alive, every=1.0)
-        deadline.poll(lambda: {"return/evaluation_mean_100", "return/exploration_mean_100"}
-                      <= scalar_tags(tensorboard / "episodes"), "the launcher's return curves are on disk",
-                      alive=fleet_alive, every=1.0)
+        deadline.poll(
+            lambda: (
+                {"learner/loss", "learner/mean_q", "learner/updates_per_second", *learner_curves}
+                <= scalar_tags(tensorboard / "learner")
+            ),
+            "the learner's curves are on disk",
+            alive=fleet_alive,
+            every=1.0,
+        )
+        deadline.poll(
+            lambda: (
+                {"return/evaluation_mean_100", "return/exploration_mean_100"}
+                <= scalar_tags(tensorboard / "episodes")
+            ),
+            "the launcher's return curves are on disk",
+            alive=fleet_alive,
+            every=1.0,
+        )
     finally:
         if launch.poll() is None:
             launch.send_signal(signal.SIGTERM)

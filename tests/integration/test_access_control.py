@@ -29,8 +29,13 @@ from apexrl.replay_server.table import TableConfig
 from tests.conftest import cartpole_batch, start_shard_process, wait_until
 from tests.integration.launcher.test_main import Launch
 
-TOKENS = {"actor.m1": "t-actor-m1", "actor.evil": "t-actor-evil", "learner": "t-learner",
-          "evaluator": "t-evaluator", "operator": "t-operator"}
+TOKENS = {
+    "actor.m1": "t-actor-m1",
+    "actor.evil": "t-actor-evil",
+    "learner": "t-learner",
+    "evaluator": "t-evaluator",
+    "operator": "t-operator",
+}
 
 
 @pytest.fixture
@@ -52,6 +57,7 @@ def role_shard(make_shard, tokens_dir):
     def make(*, pinned: bool = True):
         config = TableConfig(capacity=1000, seed=0, signature=Signature.parse(CARTPOLE) if pinned else None)
         return make_shard(config, access=AccessPolicy.from_settings(None, str(tokens_dir), False))
+
     return make
 
 
@@ -82,8 +88,10 @@ def test_an_actor_cannot_sample_update_priorities_or_checkpoint_and_nothing_chan
     with client(shard.address, "actor.m1") as actor:
         denied(lambda: actor.sample(256), "Sample")
         # One key at 1e25 would make every later Sample(256) return that row 256 times.
-        denied(lambda: actor.update_priorities(batch.keys[:1], np.array([1e25]), incarnation=batch.incarnation),
-               "UpdatePriorities")
+        denied(
+            lambda: actor.update_priorities(batch.keys[:1], np.array([1e25]), incarnation=batch.incarnation),
+            "UpdatePriorities",
+        )
         stream = actor.priority_stream()
         try:
             assert stream.send(batch.keys[:1], np.array([1e25]), incarnation=batch.incarnation)
@@ -94,11 +102,18 @@ def test_an_actor_cannot_sample_update_priorities_or_checkpoint_and_nothing_chan
         assert actor.info().size == 64  # what it needs still works
     with client(shard.address, "learner") as learner:
         after = learner.info()
-    assert (after.sampled_total, after.total_priority, after.max_priority, after.updated_total) == \
-        (before.sampled_total, before.total_priority, before.max_priority, before.updated_total)
-    refused = [r.getMessage() for r in caplog.records if r.name == "apexrl.audit" and "refused" in r.getMessage()]
-    assert any("refused ReplayService/Sample from ipv4:127.0.0.1:" in line and "actor.m1" in line
-               for line in refused), refused
+    assert (after.sampled_total, after.total_priority, after.max_priority, after.updated_total) == (
+        before.sampled_total,
+        before.total_priority,
+        before.max_priority,
+        before.updated_total,
+    )
+    refused = [
+        r.getMessage() for r in caplog.records if r.name == "apexrl.audit" and "refused" in r.getMessage()
+    ]
+    assert any(
+        "refused ReplayService/Sample from ipv4:127.0.0.1:" in line and "actor.m1" in line for line in refused
+    ), refused
     assert any("refused ReplayService/Checkpoint" in line for line in refused), refused
 
 
@@ -121,8 +136,10 @@ def test_the_learner_cannot_checkpoint_and_the_evaluator_cannot_write(role_shard
 
 def test_an_unknown_token_is_unauthenticated_and_health_stays_open(role_shard):
     shard = role_shard()
-    with ReplayClient(shard.address, token="t-guess", timeout=5.0) as stranger, \
-            pytest.raises(UnauthenticatedError):
+    with (
+        ReplayClient(shard.address, token="t-guess", timeout=5.0) as stranger,
+        pytest.raises(UnauthenticatedError),
+    ):
         stranger.info()
     with ReplayClient(shard.address, timeout=5.0) as anonymous, pytest.raises(UnauthenticatedError):
         anonymous.info()
@@ -181,8 +198,11 @@ def role_certs(tmp_path_factory) -> dict[str, TlsFiles]:
 
 
 def test_under_mutual_tls_the_certificates_common_name_names_the_role(make_shard, role_certs):
-    shard = make_shard(TableConfig(capacity=1000, seed=0), tls=role_certs["server"],
-                       access=AccessPolicy(certificate_roles=True))
+    shard = make_shard(
+        TableConfig(capacity=1000, seed=0),
+        tls=role_certs["server"],
+        access=AccessPolicy(certificate_roles=True),
+    )
     with ReplayClient(shard.address, tls=role_certs["actor.pod-3"], writer_id="w", timeout=10.0) as actor:
         actor.insert(cartpole_batch(16), priorities=np.ones(16))
         with pytest.raises(PermissionDeniedError, match="may not fix the columns"):
@@ -193,8 +213,10 @@ def test_under_mutual_tls_the_certificates_common_name_names_the_role(make_shard
         assert len(learner.sample(4).keys) == 4
     with ReplayClient(shard.address, tls=role_certs["actor.pod-3"], timeout=10.0) as actor:
         denied(lambda: actor.sample(4), "Sample", "actor.pod-3 (role actor)")
-    with ReplayClient(shard.address, tls=role_certs["robot"], timeout=10.0) as robot, \
-            pytest.raises(PermissionDeniedError, match="common name 'robot' names no role"):
+    with (
+        ReplayClient(shard.address, tls=role_certs["robot"], timeout=10.0) as robot,
+        pytest.raises(PermissionDeniedError, match="common name 'robot' names no role"),
+    ):
         robot.info()
 
 
@@ -213,11 +235,17 @@ def test_a_shard_process_serves_role_tokens_and_audits_refusals(tmp_path, tokens
 
 
 def test_a_fleet_token_beside_role_tokens_is_refused_in_one_line(tmp_path, tokens_dir):
-    done = subprocess.run([sys.executable, "-m", "apexrl.launcher", "replay", "--port", "0", "--role-tokens",
-                           str(tokens_dir)], env={"APEXRL_TOKEN": "s3cret", "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "replay", "--port", "0", "--role-tokens", str(tokens_dir)],
+        env={"APEXRL_TOKEN": "s3cret", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
-    assert "--token and --role-tokens" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "--token and --role-tokens" in done.stderr and len(done.stderr.strip().splitlines()) == 1, (
+        done.stderr
+    )
 
 
 # ----------------------------------------------------------------------------------- the parameter service
@@ -227,7 +255,8 @@ WEIGHTS = {"w": np.arange(6, dtype=np.float32)}
 @pytest.fixture
 def role_params(tokens_dir):
     server, port, _store, _health = create_parameter_server(
-        "127.0.0.1:0", access=AccessPolicy.from_settings(None, str(tokens_dir), False))
+        "127.0.0.1:0", access=AccessPolicy.from_settings(None, str(tokens_dir), False)
+    )
     yield f"127.0.0.1:{port}"
     server.stop(0).wait(10)
 
@@ -240,17 +269,24 @@ def test_only_the_learner_publishes_weights(role_params, caplog):
         # With any credential, a publish once made every actor fetch the attacker's weights (at version 2^64-1,
         # every later publish of the learner failed too). Versions are bounded now; publishing is the learner's.
         for version in (None, 2, 1 << 20):
-            with pytest.raises(PermissionDeniedError, match=r"actor.evil \(role actor\) may not call "
-                                                            r"ParameterService/Publish \(allowed: learner\)"):
+            with pytest.raises(
+                PermissionDeniedError,
+                match=r"actor.evil \(role actor\) may not call "
+                r"ParameterService/Publish \(allowed: learner\)",
+            ):
                 actor.publish({"w": np.zeros(6, dtype=np.float32)}, version=version)
         version, weights = actor.fetch(0)  # what actors need still works, and it is the learner's
     assert version == 1 and np.array_equal(weights["w"], WEIGHTS["w"])
     with ParameterClient(role_params, token=TOKENS["evaluator"]) as evaluator:
         assert evaluator.version() == 1
     lines = [r.getMessage() for r in caplog.records if r.name == "apexrl.audit"]
-    assert any(line.startswith("allowed ParameterService/Publish from ipv4:127.0.0.1:") and "learner" in line
-               for line in lines), lines
-    assert any(line.startswith("refused ParameterService/Publish") and "actor.evil" in line for line in lines), lines
+    assert any(
+        line.startswith("allowed ParameterService/Publish from ipv4:127.0.0.1:") and "learner" in line
+        for line in lines
+    ), lines
+    assert any(
+        line.startswith("refused ParameterService/Publish") and "actor.evil" in line for line in lines
+    ), lines
 
 
 def test_a_learner_hosting_the_service_with_role_tokens_refuses_an_actors_publish(tmp_path, tokens_dir):
@@ -258,10 +294,29 @@ def test_a_learner_hosting_the_service_with_role_tokens_refuses_an_actors_publis
     log = tmp_path / "learner.log"
     with open(log, "w") as out:
         learner = subprocess.Popen(
-            [sys.executable, "-m", "apexrl.launcher", "learner", "--replay", "127.0.0.1:1", "--port", "0",
-             "--port-file", str(port_file), "--metrics-port", "-1", "--role-tokens", str(tokens_dir),
-             "--token-file", str(tokens_dir / "learner"), "--run-dir", str(tmp_path / "run")],
-            stdout=out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "apexrl.launcher",
+                "learner",
+                "--replay",
+                "127.0.0.1:1",
+                "--port",
+                "0",
+                "--port-file",
+                str(port_file),
+                "--metrics-port",
+                "-1",
+                "--role-tokens",
+                str(tokens_dir),
+                "--token-file",
+                str(tokens_dir / "learner"),
+                "--run-dir",
+                str(tmp_path / "run"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 120
         while not port_file.exists():
@@ -287,16 +342,29 @@ def test_a_launched_fleet_trains_with_role_tokens_and_each_role_holds_only_its_o
     run = Launch(tmp_path, "--role-tokens", str(tokens_dir))
     try:
         pids = run.wait_running(timeout=180)
-        held = {name: dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                           if b"=" in v).get(TOKEN_VARIABLE.encode()) for name, pid in pids.items()}
-        assert held == {"shard-0": None, "learner": b"t-learner", "actor-0": b"t-actor-0",
-                        "evaluator": b"t-evaluator"}, held
+        held = {
+            name: dict(
+                v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v
+            ).get(TOKEN_VARIABLE.encode())
+            for name, pid in pids.items()
+        }
+        assert held == {
+            "shard-0": None,
+            "learner": b"t-learner",
+            "actor-0": b"t-actor-0",
+            "evaluator": b"t-evaluator",
+        }, held
         ports = {r["name"]: r["port"] for r in run.config()["roles"]}
         shard = f"127.0.0.1:{ports['shard-0']}"
         with ReplayClient(shard, timeout=10, token=TOKENS["operator"]) as operator:
-            wait_until(lambda: operator.info().sampled_total > 0, "the learner sampled what the actor inserted",
-                       timeout=150)  # every role could do its job with its own token
-        with ParameterClient(f"127.0.0.1:{ports['learner']}", token=TOKENS["evaluator"], timeout=10) as reader:
+            wait_until(
+                lambda: operator.info().sampled_total > 0,
+                "the learner sampled what the actor inserted",
+                timeout=150,
+            )  # every role could do its job with its own token
+        with ParameterClient(
+            f"127.0.0.1:{ports['learner']}", token=TOKENS["evaluator"], timeout=10
+        ) as reader:
             wait_until(lambda: reader.version() > 1, "the learner published new weights", timeout=150)
         with client(shard, "actor.m1") as actor:
             denied(lambda: actor.sample(4), "Sample")
@@ -317,10 +385,26 @@ def test_a_role_token_directory_missing_a_roles_token_is_refused_before_anything
     directory = tmp_path / "tokens"
     directory.mkdir()
     (directory / "learner").write_text("t-learner")
-    done = subprocess.run([sys.executable, "-m", "apexrl.launcher", "launch", "--num-actors", "1", "--role-tokens",
-                           str(directory), "--run-dir", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "launch",
+            "--num-actors",
+            "1",
+            "--role-tokens",
+            str(directory),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
-    assert f"{directory} has no token for evaluator" in done.stderr or \
-        f"{directory} has no token for actor 0" in done.stderr, done.stderr
+    assert (
+        f"{directory} has no token for evaluator" in done.stderr
+        or f"{directory} has no token for actor 0" in done.stderr
+    ), done.stderr
     assert not (tmp_path / "run").exists()

@@ -25,21 +25,37 @@ COMPARED = {
 # Pixel figures (real Pong frames): bytes per stored transition are read from the shards, not timed.
 PIXEL_BYTES = {f"pixels_bytes_{kind}" for kind in ("raw", "zstd", "lz4")}
 PIXEL_FIGURES = {
-    "pixels_compress_zstd", "pixels_compress_lz4", "pixels_decompress_256", "pixels_data_path_raw",
-    "pixels_data_path_zstd", *(f"pixels_insert_{kind}_{rows}" for kind in ("raw", "zstd") for rows in (64, 256)),
+    "pixels_compress_zstd",
+    "pixels_compress_lz4",
+    "pixels_decompress_256",
+    "pixels_data_path_raw",
+    "pixels_data_path_zstd",
+    *(f"pixels_insert_{kind}_{rows}" for kind in ("raw", "zstd") for rows in (64, 256)),
     *PIXEL_BYTES,
 }
 REPLAY_FIGURES = {
-    *COMPARED, *COMPARED.values(), *(f"ceiling_acked_{s}" for s in INSERT_SHAPES), "grpc_cycle",
-    "tree_update", "tree_sample", "table_sample", "table_update", "table_cycle",
-    *(f"table_insert_{s}" for s in INSERT_SHAPES), *PIXEL_FIGURES,
+    *COMPARED,
+    *COMPARED.values(),
+    *(f"ceiling_acked_{s}" for s in INSERT_SHAPES),
+    "grpc_cycle",
+    "tree_update",
+    "tree_sample",
+    "table_sample",
+    "table_update",
+    "table_cycle",
+    *(f"table_insert_{s}" for s in INSERT_SHAPES),
+    *PIXEL_FIGURES,
 }
 
 
 def run_quick(script: str, tmp_path: Path) -> dict:
     out = tmp_path / f"{script}.json"
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", "--json", str(out)], timeout=120,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", "--json", str(out)],
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -77,7 +93,9 @@ def test_learner_bench_quick_mode_reports_every_figure(tmp_path):
         assert p["updates"] > 0 and p["updates_per_s"] > 0 and p["seconds"] > 0, p["mode"]
         assert p["train_step_ms"] > 0 and p["learner_cpu_s"] > 0, p["mode"]
         assert len(p["shard_cpu_s"]) == 2
-    assert all(cpu > 0 for p in phases[:2] for cpu in p["shard_cpu_s"])  # the gRPC phases kept both shards busy
+    assert all(
+        cpu > 0 for p in phases[:2] for cpu in p["shard_cpu_s"]
+    )  # the gRPC phases kept both shards busy
     summary = data["summary"]
     assert set(summary["per_mode"]) == {"grpc", "grpc-thread", "inprocess", "reference"}
     for mode, m in summary["per_mode"].items():
@@ -90,8 +108,22 @@ def test_learner_bench_quick_mode_reports_every_figure(tmp_path):
 @pytest.mark.timeout(120)
 def test_writers_bench_reports_throughput_and_latency_per_writer_count(tmp_path):
     out = tmp_path / "writers.json"
-    proc = subprocess.run([sys.executable, str(BENCH / "writers_bench.py"), "--writers", "1", "8", "--seconds", "1",
-                           "--json", str(out)], timeout=100, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "writers_bench.py"),
+            "--writers",
+            "1",
+            "8",
+            "--seconds",
+            "1",
+            "--json",
+            str(out),
+        ],
+        timeout=100,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     assert [r["writers"] for r in results] == [1, 8]
@@ -105,8 +137,12 @@ def test_writers_bench_reports_throughput_and_latency_per_writer_count(tmp_path)
 def test_solve_race_quick_mode_times_the_default_launch(tmp_path):
     """The apexrl half of bench/solve_race.py (the SB3 half needs its own venv, ~30 s to create: run by hand)."""
     out = tmp_path / "race.json"
-    proc = subprocess.run([sys.executable, str(BENCH / "solve_race.py"), "--quick", "--systems", "apexrl",
-                           "--json", str(out)], timeout=220, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "solve_race.py"), "--quick", "--systems", "apexrl", "--json", str(out)],
+        timeout=220,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     (run,) = data["runs"]
@@ -126,8 +162,9 @@ def test_checkpoint_bench_quick_mode_reports_every_figure(tmp_path):
             assert figures["insert_rows_per_s"] > 0 and figures["insert_max_ack_gap_ms"] > 0, phase
             for call in ("insert", "sample", "update"):
                 assert figures[f"{call}_calls"] > 0 and figures[f"{call}_max_ms"] > 0, (phase, call)
-        assert part["checkpoints"] and all(c["bytes"] > 0 and c["rows"] == data["capacity"]
-                                           for c in part["checkpoints"])
+        assert part["checkpoints"] and all(
+            c["bytes"] > 0 and c["rows"] == data["capacity"] for c in part["checkpoints"]
+        )
     assert data["restore"]["rows"] == data["capacity"] and data["restore"]["restore_s"] >= 0
     assert data["wal"]["with_rows_per_s"] > 0 and data["wal"]["without_rows_per_s"] > 0
 
@@ -135,8 +172,12 @@ def test_checkpoint_bench_quick_mode_reports_every_figure(tmp_path):
 @pytest.mark.timeout(150)
 def test_scaling_model_quick_mode_measures_every_cost_and_models_every_shard_count(tmp_path):
     out = tmp_path / "scaling.json"
-    proc = subprocess.run([sys.executable, str(BENCH / "scaling_model.py"), "--quick", "--json", str(out)],
-                          timeout=120, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "scaling_model.py"), "--quick", "--json", str(out)],
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     costs = data["costs"]
@@ -152,8 +193,12 @@ def test_scaling_model_quick_mode_measures_every_cost_and_models_every_shard_cou
 
 def test_the_dqn_digest_runs_and_is_reproducible():
     """bench/dqn_digest.py compares checkouts bit for bit: it must run, and give the same lines twice."""
-    runs = [subprocess.run([sys.executable, str(BENCH / "dqn_digest.py")], timeout=120, capture_output=True,
-                           text=True) for _ in range(2)]
+    runs = [
+        subprocess.run(
+            [sys.executable, str(BENCH / "dqn_digest.py")], timeout=120, capture_output=True, text=True
+        )
+        for _ in range(2)
+    ]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-3000:]
     lines = runs[0].stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["learner", "actor"] and runs[1].stdout == runs[0].stdout

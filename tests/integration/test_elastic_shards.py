@@ -45,16 +45,50 @@ def test_learner_and_actor_follow_the_shards_a_headless_service_name_resolves_to
             start(name, name, "replay", "--host", "0.0.0.0", "--port", str(PORT), "--metrics-port", "-1")
         wait_until(lambda: all(_serving(c) for c in clients.values()), "the shards serve", timeout=60)
         target = f"dns:///{NAME}:{PORT}"
-        start("fleet", "learner", "learner", "--replay", target, "--replay-resolve-seconds", str(RESOLVE_SECONDS),
-              "--host", "127.0.0.1", "--port", "7100", "--metrics-port", "-1", "--min-replay-size", "200",
-              "--batch-size", "32", "--seed", "0")
-        start("fleet", "actor", "actor", "--params", "127.0.0.1:7100", "--replay", target,
-              "--replay-resolve-seconds", str(RESOLVE_SECONDS), "--metrics-port", "-1",
-              "--max-steps-per-second", "1500", "--seed", "1")
+        start(
+            "fleet",
+            "learner",
+            "learner",
+            "--replay",
+            target,
+            "--replay-resolve-seconds",
+            str(RESOLVE_SECONDS),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "7100",
+            "--metrics-port",
+            "-1",
+            "--min-replay-size",
+            "200",
+            "--batch-size",
+            "32",
+            "--seed",
+            "0",
+        )
+        start(
+            "fleet",
+            "actor",
+            "actor",
+            "--params",
+            "127.0.0.1:7100",
+            "--replay",
+            target,
+            "--replay-resolve-seconds",
+            str(RESOLVE_SECONDS),
+            "--metrics-port",
+            "-1",
+            "--max-steps-per-second",
+            "1500",
+            "--seed",
+            "1",
+        )
 
         def info(name: str):
             for role, process in processes.items():
-                assert process.poll() is None, f"{role} exited: {(tmp_path / f'{role}.log').read_text()[-2000:]}"
+                assert process.poll() is None, (
+                    f"{role} exited: {(tmp_path / f'{role}.log').read_text()[-2000:]}"
+                )
             return clients[name].info()
 
         def used(name: str, inserted: int = 0, sampled: int = 0) -> bool:
@@ -65,18 +99,27 @@ def test_learner_and_actor_follow_the_shards_a_headless_service_name_resolves_to
         assert info("s3").inserted_total == 0 and info("s3").sampled_total == 0  # not in the name yet
 
         network.set_hosts({NAME: list(shards.values())}, only=["fleet"])  # scaled up to 3
-        wait_until(lambda: used("s3"), "the fleet writes to and samples s3 once the name resolves to it",
-                   timeout=30)
+        wait_until(
+            lambda: used("s3"), "the fleet writes to and samples s3 once the name resolves to it", timeout=30
+        )
 
         network.set_hosts({NAME: [shards["s1"], shards["s3"]]}, only=["fleet"])  # s2 removed
         # Within a resolution period (plus calls already in flight), s2 is no longer used.
-        wait_until(lambda: _quiet(info, "s2", RESOLVE_SECONDS * 2), "s2 no longer used after leaving the name",
-                   timeout=30)
+        wait_until(
+            lambda: _quiet(info, "s2", RESOLVE_SECONDS * 2),
+            "s2 no longer used after leaving the name",
+            timeout=30,
+        )
         left = info("s2")
         s1, s3 = info("s1"), info("s3")
-        wait_until(lambda: used("s1", s1.inserted_total + 500, s1.sampled_total + 500)
-                   and used("s3", s3.inserted_total + 500, s3.sampled_total + 500),
-                   "the fleet goes on with s1 and s3", timeout=60)
+        wait_until(
+            lambda: (
+                used("s1", s1.inserted_total + 500, s1.sampled_total + 500)
+                and used("s3", s3.inserted_total + 500, s3.sampled_total + 500)
+            ),
+            "the fleet goes on with s1 and s3",
+            timeout=60,
+        )
         assert _same_counts(left, info("s2")), "s2 was used after it left the name"
     finally:
         for client in clients.values():
@@ -99,8 +142,11 @@ def _serving(client: ReplayClient) -> bool:
 
 
 def _same_counts(a, b) -> bool:
-    return (a.inserted_total, a.sampled_total, a.updated_total) == (b.inserted_total, b.sampled_total,
-                                                                     b.updated_total)
+    return (a.inserted_total, a.sampled_total, a.updated_total) == (
+        b.inserted_total,
+        b.sampled_total,
+        b.updated_total,
+    )
 
 
 def _quiet(info, name: str, seconds: float) -> bool:

@@ -22,9 +22,22 @@ def test_custom_actor_example_fills_a_shard_and_pulls_weights(shard):
     try:
         store.publish({"w": np.zeros(3, np.float32)})
         out = subprocess.run(
-            [sys.executable, str(EXAMPLE), "--replay", shard.address, "--params", f"127.0.0.1:{port}",
-             "--steps", "640", "--batch-size", "64"],
-            capture_output=True, text=True, timeout=120, check=True,
+            [
+                sys.executable,
+                str(EXAMPLE),
+                "--replay",
+                shard.address,
+                "--params",
+                f"127.0.0.1:{port}",
+                "--steps",
+                "640",
+                "--batch-size",
+                "64",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
         )
     finally:
         server.stop(0)
@@ -45,17 +58,56 @@ def test_custom_env_example_trains_plays_and_exports(tmp_path):
     policy played through apexrl.load_policy and exported."""
     apexrl = [sys.executable, "-m", "apexrl.launcher"]
     run = tmp_path / "run"
-    done = subprocess.run([*apexrl, "launch", "--env-module", "corridor", "--env", "Corridor-v0", "--env-kwargs",
-                           '{"length": 6}', "--num-shards", "1", "--num-actors", "2", "--max-seconds", "150",
-                           "--run-dir", str(run)], cwd=CUSTOM_ENV, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [
+            *apexrl,
+            "launch",
+            "--env-module",
+            "corridor",
+            "--env",
+            "Corridor-v0",
+            "--env-kwargs",
+            '{"length": 6}',
+            "--num-shards",
+            "1",
+            "--num-actors",
+            "2",
+            "--max-seconds",
+            "150",
+            "--run-dir",
+            str(run),
+        ],
+        cwd=CUSTOM_ENV,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert done.returncode == 0 and result["solved"] and result["target_return"] == 1.0, done.stdout + done.stderr
-    played = subprocess.run([sys.executable, str(CUSTOM_ENV / "play.py"), str(run), "--episodes", "3"],
-                            capture_output=True, text=True, timeout=120, check=True)
+    assert done.returncode == 0 and result["solved"] and result["target_return"] == 1.0, (
+        done.stdout + done.stderr
+    )
+    played = subprocess.run(
+        [sys.executable, str(CUSTOM_ENV / "play.py"), str(run), "--episodes", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert 'mean return 1.00 over 3 episodes of Corridor-v0 {"length": 6}' in played.stdout
-    evaluated = subprocess.run([*apexrl, "evaluate", str(run), "--episodes", "3"], cwd=CUSTOM_ENV,
-                               capture_output=True, text=True, timeout=120, check=True)
+    evaluated = subprocess.run(
+        [*apexrl, "evaluate", str(run), "--episodes", "3"],
+        cwd=CUSTOM_ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["mean_return"] == 1.0
-    exported = subprocess.run([*apexrl, "export", str(run), "--format", "torchscript"], capture_output=True,
-                              text=True, timeout=120, check=True)
+    exported = subprocess.run(
+        [*apexrl, "export", str(run), "--format", "torchscript"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert json.loads(exported.stdout.strip().splitlines()[-1])["checked"] is True

@@ -117,9 +117,15 @@ TALLY = Tally()
 
 
 def fuzz_settings(max_examples: int):
-    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-                    phases=[Phase.explicit, Phase.generate], print_blob=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    return settings(
+        max_examples=max_examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        print_blob=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 # --- the servers under test ----------------------------------------------------------------------------------------
@@ -144,15 +150,23 @@ class Target:
     def shard_state(self) -> replay.ShardState:
         if self.table is not None:
             return replay.exact_state(self.table)
-        info = replay_pb2_grpc.ReplayServiceStub(self.raw.channel).Info(replay_pb2.InfoRequest(), timeout=CALL_TIMEOUT)
+        info = replay_pb2_grpc.ReplayServiceStub(self.raw.channel).Info(
+            replay_pb2.InfoRequest(), timeout=CALL_TIMEOUT
+        )
         return replay.ShardState(replay.info_scalars(info))
 
     def params_state(self) -> params.StoreState:
-        return params.exact_state(self.store) if self.store is not None else params.fetched_state(self.raw.channel)
+        return (
+            params.exact_state(self.store)
+            if self.store is not None
+            else params.fetched_state(self.raw.channel)
+        )
 
     def check_alive(self, context: str) -> None:
         if self.process is not None:
-            assert self.process.poll() is None, f"{self.name} exited with {self.process.returncode}: {context}"
+            assert self.process.poll() is None, (
+                f"{self.name} exited with {self.process.returncode}: {context}"
+            )
         assert self.raw.serving() == "SERVING/SERVING", f"{self.name} not serving: {context}"
 
 
@@ -165,10 +179,19 @@ def fill(address: str, rows: int = 64) -> None:
 
 @pytest.fixture(scope="module")
 def shard():
-    table = ReplayTable(TableConfig(capacity=replay.CAPACITY, alpha=1.0, signature=replay.SIGNATURE, seed=0,
-                                    max_sample_batch_size=replay.MAX_SAMPLE_BATCH))
+    table = ReplayTable(
+        TableConfig(
+            capacity=replay.CAPACITY,
+            alpha=1.0,
+            signature=replay.SIGNATURE,
+            seed=0,
+            max_sample_batch_size=replay.MAX_SAMPLE_BATCH,
+        )
+    )
     server, port, _, _ = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT)
-    target = Target("in-process shard", RawClient(f"127.0.0.1:{port}", replay.SERVICE), SHARD_LIMIT, table=table)
+    target = Target(
+        "in-process shard", RawClient(f"127.0.0.1:{port}", replay.SERVICE), SHARD_LIMIT, table=table
+    )
     fill(target.raw.address)
     yield target
     target.raw.close()
@@ -178,10 +201,13 @@ def shard():
 
 @pytest.fixture(scope="module")
 def parameter_service():
-    server, port, store, _ = create_parameter_server("127.0.0.1:0", chunk_bytes=PARAMS_CHUNK,
-                                                     max_message_bytes=PARAMS_LIMIT)
+    server, port, store, _ = create_parameter_server(
+        "127.0.0.1:0", chunk_bytes=PARAMS_CHUNK, max_message_bytes=PARAMS_LIMIT
+    )
     store.publish({"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
-    target = Target("in-process params", RawClient(f"127.0.0.1:{port}", params.SERVICE), PARAMS_LIMIT, store=store)
+    target = Target(
+        "in-process params", RawClient(f"127.0.0.1:{port}", params.SERVICE), PARAMS_LIMIT, store=store
+    )
     yield target
     target.raw.close()
     server.stop(0).wait(10)
@@ -190,10 +216,21 @@ def parameter_service():
 @pytest.fixture(scope="module")
 def shard_process(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzzed-shard")
-    proc = start_shard_process(tmp, "shard", "--capacity", str(replay.CAPACITY), "--signature", str(replay.SIGNATURE),
-                               "--max-message-bytes", str(SHARD_LIMIT), "--seed", "0")
-    target = Target("apexrl replay process", RawClient(proc.address, replay.SERVICE), SHARD_LIMIT,
-                    process=proc.process)
+    proc = start_shard_process(
+        tmp,
+        "shard",
+        "--capacity",
+        str(replay.CAPACITY),
+        "--signature",
+        str(replay.SIGNATURE),
+        "--max-message-bytes",
+        str(SHARD_LIMIT),
+        "--seed",
+        "0",
+    )
+    target = Target(
+        "apexrl replay process", RawClient(proc.address, replay.SERVICE), SHARD_LIMIT, process=proc.process
+    )
     try:
         fill(proc.address)
         yield target
@@ -208,10 +245,28 @@ def params_process(tmp_path_factory):
     port_file, log_path = tmp / "params.port", tmp / "params.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "apexrl.launcher", "params", "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", "-1", "--port-file", str(port_file), "--max-message-bytes", str(PARAMS_LIMIT),
-             "--chunk-bytes", str(PARAMS_CHUNK)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            [
+                sys.executable,
+                "-m",
+                "apexrl.launcher",
+                "params",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--metrics-port",
+                "-1",
+                "--port-file",
+                str(port_file),
+                "--max-message-bytes",
+                str(PARAMS_LIMIT),
+                "--chunk-bytes",
+                str(PARAMS_CHUNK),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     try:
         deadline = time.monotonic() + 30
         while not port_file.exists():
@@ -219,7 +274,9 @@ def params_process(tmp_path_factory):
             time.sleep(0.05)
         address = f"127.0.0.1:{int(port_file.read_text())}"
         wait_for_health(address, timeout=20)
-        target = Target("apexrl params process", RawClient(address, params.SERVICE), PARAMS_LIMIT, process=process)
+        target = Target(
+            "apexrl params process", RawClient(address, params.SERVICE), PARAMS_LIMIT, process=process
+        )
         yield target
         target.raw.close()
     finally:
@@ -245,8 +302,12 @@ def settle(target: Target, rpc: str, outcome: Outcome, allowed: set[grpc.StatusC
     """Count the call and check what holds for every call; return a description of it for later messages."""
     TALLY.example(target.name, rpc)
     TALLY.add(target.name, rpc, outcome.code.name)
-    context = f"{target.name} {rpc} [{', '.join(log) or 'valid'}] -> {outcome.code.name}: {outcome.details[:300]}"
-    assert outcome.code != grpc.StatusCode.DEADLINE_EXCEEDED and outcome.seconds < CALL_TIMEOUT, f"hang: {context}"
+    context = (
+        f"{target.name} {rpc} [{', '.join(log) or 'valid'}] -> {outcome.code.name}: {outcome.details[:300]}"
+    )
+    assert outcome.code != grpc.StatusCode.DEADLINE_EXCEEDED and outcome.seconds < CALL_TIMEOUT, (
+        f"hang: {context}"
+    )
     assert outcome.code in allowed, f"status not allowed for {rpc}: {context}"
     target.check_alive(context)
     return context
@@ -260,7 +321,11 @@ def fuzz_insert(target: Target, data) -> None:
     context = settle(target, "Insert", outcome, replay.ALLOWED["Insert"], log)
     acks = [replay_pb2.InsertAck.FromString(r) for r in outcome.responses]
     for ack in acks:
-        TALLY.add(target.name, "Insert ack", "duplicate" if ack.duplicate else status_code_from_int(ack.error_code).name)
+        TALLY.add(
+            target.name,
+            "Insert ack",
+            "duplicate" if ack.duplicate else status_code_from_int(ack.error_code).name,
+        )
         if ack.batches > 1:  # one ack for several batches of a merged request
             TALLY.add(target.name, "Insert ack", "for several batches")
     expected = replay.expect_insert(before, requests, outcome, oversize, acks, context)
@@ -273,7 +338,9 @@ def fuzz_sample(target: Target, data) -> None:
     before = target.shard_state()
     outcome = target.raw.call("Sample", request)
     context = settle(target, "Sample", outcome, replay.ALLOWED["Sample"], log)
-    replay.assert_state(target.shard_state(), replay.expect_sample(before, request, oversize, outcome, context), context)
+    replay.assert_state(
+        target.shard_state(), replay.expect_sample(before, request, oversize, outcome, context), context
+    )
 
 
 def _update_requests(target: Target, data, before: replay.ShardState, count: int, log: list[str]):
@@ -331,8 +398,10 @@ def fuzz_publish(target: Target, data, far: bool = False) -> None:
         # (parameters.proto: such a version is stored whole or not at all). Whole, then: exactly the stream sent.
         TALLY.add(target.name, "Publish oversize at end", "stored whole")
         expected = params.published(before, messages[:-1], context)
-    assert after == expected, f"published state {after.version} / {len(after.payload)} B, expected " \
-                              f"{expected.version} / {len(expected.payload)} B: {context}"
+    assert after == expected, (
+        f"published state {after.version} / {len(after.payload)} B, expected "
+        f"{expected.version} / {len(expected.payload)} B: {context}"
+    )
 
 
 def fuzz_fetch(target: Target, data) -> None:
@@ -369,8 +438,14 @@ def fuzz_checkpoint(target: Target, data) -> None:
     replay.assert_state(target.shard_state(), expected, context)
 
 
-REPLAY_RPCS = {"Insert": fuzz_insert, "Sample": fuzz_sample, "UpdatePriorities": fuzz_update,
-               "StreamUpdatePriorities": fuzz_stream_update, "Info": fuzz_info, "Checkpoint": fuzz_checkpoint}
+REPLAY_RPCS = {
+    "Insert": fuzz_insert,
+    "Sample": fuzz_sample,
+    "UpdatePriorities": fuzz_update,
+    "StreamUpdatePriorities": fuzz_stream_update,
+    "Info": fuzz_info,
+    "Checkpoint": fuzz_checkpoint,
+}
 PARAMS_RPCS = {"Publish": fuzz_publish, "Fetch": fuzz_fetch, "GetVersion": fuzz_get_version}
 
 
@@ -393,11 +468,16 @@ def test_parameter_service_in_process(parameter_service, rpc, data):
 
 @pytest.fixture(scope="module")
 def parameter_service_far_versions():
-    server, port, store, _ = create_parameter_server("127.0.0.1:0", chunk_bytes=PARAMS_CHUNK,
-                                                     max_message_bytes=PARAMS_LIMIT)
+    server, port, store, _ = create_parameter_server(
+        "127.0.0.1:0", chunk_bytes=PARAMS_CHUNK, max_message_bytes=PARAMS_LIMIT
+    )
     store.publish({"w": np.zeros(3, np.float32)}, version=1000)
-    target = Target("in-process params, far versions", RawClient(f"127.0.0.1:{port}", params.SERVICE),
-                    PARAMS_LIMIT, store=store)
+    target = Target(
+        "in-process params, far versions",
+        RawClient(f"127.0.0.1:{port}", params.SERVICE),
+        PARAMS_LIMIT,
+        store=store,
+    )
     yield target
     target.raw.close()
     server.stop(0).wait(10)
@@ -420,36 +500,56 @@ def test_first_insert_into_a_shard_without_signature(data):
     fuzzed first batches (any dtype; per-row shapes ordinary, empty, of rank 62-63, or empty with dimensions up to
     2**31) are adopted or refused with an INVALID_ARGUMENT ack, later batches must match, and a Sample of up to
     4096 rows (more than the 256 the shard holds) still answers. A fresh shard per example (~30 ms)."""
-    table = ReplayTable(TableConfig(capacity=replay.CAPACITY, alpha=1.0, seed=0,
-                                    max_sample_batch_size=replay.MAX_SAMPLE_BATCH))
+    table = ReplayTable(
+        TableConfig(
+            capacity=replay.CAPACITY, alpha=1.0, seed=0, max_sample_batch_size=replay.MAX_SAMPLE_BATCH
+        )
+    )
     server, port, _, _ = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT)
-    target = Target("fresh shard, no signature", RawClient(f"127.0.0.1:{port}", replay.SERVICE), SHARD_LIMIT,
-                    table=table)
+    target = Target(
+        "fresh shard, no signature", RawClient(f"127.0.0.1:{port}", replay.SERVICE), SHARD_LIMIT, table=table
+    )
     try:
         log: list[str] = []
         requests = [replay.draw_first_batch(data.draw, target.sequences, log)]
         if data.draw(st.booleans()):
-            requests.append(data.draw(st.sampled_from([requests[0], replay.draw_first_batch(
-                data.draw, target.sequences, log)])))
+            requests.append(
+                data.draw(
+                    st.sampled_from([requests[0], replay.draw_first_batch(data.draw, target.sequences, log)])
+                )
+            )
         outcome = target.raw.call("Insert", requests)
-        context = settle(target, "Insert", outcome, {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, log)
+        context = settle(
+            target, "Insert", outcome, {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, log
+        )
         acks = [replay_pb2.InsertAck.FromString(r) for r in outcome.responses]
         for ack in acks:
-            TALLY.add(target.name, "Insert ack", "duplicate" if ack.duplicate else status_code_from_int(ack.error_code).name)
+            TALLY.add(
+                target.name,
+                "Insert ack",
+                "duplicate" if ack.duplicate else status_code_from_int(ack.error_code).name,
+            )
         signature, rows = replay.expect_first_inserts(requests, acks, context)
-        info = replay_pb2_grpc.ReplayServiceStub(target.raw.channel).Info(replay_pb2.InfoRequest(), timeout=CALL_TIMEOUT)
+        info = replay_pb2_grpc.ReplayServiceStub(target.raw.channel).Info(
+            replay_pb2.InfoRequest(), timeout=CALL_TIMEOUT
+        )
         assert codec.decode_signature(info.signature) == signature, f"signature {info.signature}: {context}"
         assert (info.size, info.inserted_total) == (min(rows, replay.CAPACITY), rows), context
         batch_size = data.draw(st.sampled_from([1, 7, replay.CAPACITY, replay.MAX_SAMPLE_BATCH]))
-        outcome = target.raw.call("Sample", replay_pb2.SampleRequest(batch_size=batch_size, no_wait=True)
-                                  .SerializeToString())
-        allowed = {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED} if rows else {
-            grpc.StatusCode.FAILED_PRECONDITION}  # no_wait on an empty shard: documented
+        outcome = target.raw.call(
+            "Sample", replay_pb2.SampleRequest(batch_size=batch_size, no_wait=True).SerializeToString()
+        )
+        allowed = (
+            {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+            if rows
+            else {grpc.StatusCode.FAILED_PRECONDITION}
+        )  # no_wait on an empty shard: documented
         context = settle(target, "Sample", outcome, allowed, [*log, f"sample {batch_size}"])
         if outcome.code == grpc.StatusCode.OK:
             columns = codec.decode_batch(replay_pb2.SampleResponse.FromString(outcome.responses[0]).batch)
             assert [(n, a.dtype, a.shape) for n, a in columns.items()] == [
-                (f.name, f.dtype, (batch_size, *f.shape)) for f in signature.fields], context
+                (f.name, f.dtype, (batch_size, *f.shape)) for f in signature.fields
+            ], context
     finally:
         target.raw.close()
         table.close()
@@ -481,16 +581,30 @@ def wal_shard(tmp_path_factory):
     from apexrl.replay_server.wal import WriteAheadLog
 
     tmp = tmp_path_factory.mktemp("fuzzed-wal-shard")
-    table = ReplayTable(TableConfig(capacity=replay.CAPACITY, alpha=1.0, signature=replay.SIGNATURE, seed=0,
-                                    max_sample_batch_size=replay.MAX_SAMPLE_BATCH))
+    table = ReplayTable(
+        TableConfig(
+            capacity=replay.CAPACITY,
+            alpha=1.0,
+            signature=replay.SIGNATURE,
+            seed=0,
+            max_sample_batch_size=replay.MAX_SAMPLE_BATCH,
+        )
+    )
     wal = WriteAheadLog(tmp / "wal")
     checkpointer = Checkpointer(table, tmp / "ck", keep=2, on_written=wal.truncate)
     wal.open(table)
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT,
-                                              checkpointer=checkpointer, wal=wal)
+    server, port, _, _ = create_replay_server(
+        table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT, checkpointer=checkpointer, wal=wal
+    )
     checkpointer.start()
-    target = Target(WAL_SHARD, RawClient(f"127.0.0.1:{port}", replay.SERVICE), SHARD_LIMIT, table=table,
-                    checkpoints=True, directories=tmp)
+    target = Target(
+        WAL_SHARD,
+        RawClient(f"127.0.0.1:{port}", replay.SERVICE),
+        SHARD_LIMIT,
+        table=table,
+        checkpoints=True,
+        directories=tmp,
+    )
     fill(target.raw.address)
     yield target
     target.raw.close()
@@ -530,8 +644,10 @@ def test_the_wal_shards_directories_restore_to_exactly_what_it_acknowledged(wal_
     want, got = replay.exact_state(live), replay.exact_state(restored)
     for name in ("size", "inserted_total", "evicted_total", "inserted_bytes_total", "stored_bytes"):
         assert got.info[name] == want.info[name], name
-    held = (np.arange(want.info["inserted_total"] - want.info["size"], want.info["inserted_total"])
-            % replay.CAPACITY)
+    held = (
+        np.arange(want.info["inserted_total"] - want.info["size"], want.info["inserted_total"])
+        % replay.CAPACITY
+    )
     for name, column in want.storage.items():
         np.testing.assert_array_equal(got.storage[name][held], column[held], err_msg=name)
     assert got.writers == want.writers
@@ -540,14 +656,37 @@ def test_the_wal_shards_directories_restore_to_exactly_what_it_acknowledged(wal_
 @pytest.fixture(scope="module")
 def wal_shard_process(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzzed-wal-shard-process")
-    args = ["--capacity", str(replay.CAPACITY), "--signature", str(replay.SIGNATURE), "--max-message-bytes",
-            str(SHARD_LIMIT), "--seed", "0", "--checkpoint-dir", str(tmp / "ck"), "--wal", str(tmp / "wal"),
-            "--checkpoint-keep", "2", "--checkpoint-every", "0"]
+    args = [
+        "--capacity",
+        str(replay.CAPACITY),
+        "--signature",
+        str(replay.SIGNATURE),
+        "--max-message-bytes",
+        str(SHARD_LIMIT),
+        "--seed",
+        "0",
+        "--checkpoint-dir",
+        str(tmp / "ck"),
+        "--wal",
+        str(tmp / "wal"),
+        "--checkpoint-keep",
+        "2",
+        "--checkpoint-every",
+        "0",
+    ]
     proc = start_shard_process(tmp, "shard", *args)
-    target = Target(WAL_SHARD_PROCESS, RawClient(proc.address, replay.SERVICE), SHARD_LIMIT, process=proc.process,
-                    checkpoints=True, directories=tmp, log=tmp / "shard.log",
-                    restart=lambda: start_shard_process(tmp, "restarted", *args, "--port",
-                                                        proc.address.rsplit(":", 1)[1]))
+    target = Target(
+        WAL_SHARD_PROCESS,
+        RawClient(proc.address, replay.SERVICE),
+        SHARD_LIMIT,
+        process=proc.process,
+        checkpoints=True,
+        directories=tmp,
+        log=tmp / "shard.log",
+        restart=lambda: start_shard_process(
+            tmp, "restarted", *args, "--port", proc.address.rsplit(":", 1)[1]
+        ),
+    )
     try:
         fill(proc.address)
         yield target
@@ -571,8 +710,11 @@ def test_the_wal_shard_process_keeps_every_acknowledged_row_across_a_sigkill(wal
 
     def rows_by_key(path: str) -> dict[int, tuple]:
         with CheckpointReader(path) as reader:
-            return {first + i: tuple(np.asarray(columns[n][i]).tobytes() for n in replay.SIGNATURE.names)
-                    for first, columns, leaves in reader.blocks() for i in range(len(leaves))}
+            return {
+                first + i: tuple(np.asarray(columns[n][i]).tobytes() for n in replay.SIGNATURE.names)
+                for first, columns, leaves in reader.blocks()
+                for i in range(len(leaves))
+            }
 
     target = wal_shard_process
     address = target.raw.address
@@ -609,8 +751,11 @@ def test_summary_every_rpc_saw_accepted_and_rejected_calls(capsys):
     lines = TALLY.lines()
     with capsys.disabled():
         print("\nfuzzed RPCs (examples per RPC; calls by status):\n" + "\n".join(lines))
-    runs = (("in-process shard", REPLAY_RPCS, IN_PROCESS_EXAMPLES), (WAL_SHARD, REPLAY_RPCS, WAL_EXAMPLES),
-            ("in-process params", PARAMS_RPCS, IN_PROCESS_EXAMPLES))
+    runs = (
+        ("in-process shard", REPLAY_RPCS, IN_PROCESS_EXAMPLES),
+        (WAL_SHARD, REPLAY_RPCS, WAL_EXAMPLES),
+        ("in-process params", PARAMS_RPCS, IN_PROCESS_EXAMPLES),
+    )
     for target, rpcs, examples in runs:
         for rpc in rpcs:
             if TALLY.examples[target, rpc] < examples:
@@ -622,4 +767,7 @@ def test_summary_every_rpc_saw_accepted_and_rejected_calls(capsys):
     for target, examples in (("in-process shard", IN_PROCESS_EXAMPLES), (WAL_SHARD, WAL_EXAMPLES)):
         if TALLY.examples[target, "Insert"] >= examples:
             acks = TALLY.statuses(target, "Insert ack")
-            assert acks["OK"] and acks["INVALID_ARGUMENT"] and acks["for several batches"], (target, dict(acks))
+            assert acks["OK"] and acks["INVALID_ARGUMENT"] and acks["for several batches"], (
+                target,
+                dict(acks),
+            )

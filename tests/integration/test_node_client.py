@@ -34,10 +34,14 @@ def node() -> str:
     """The `node` executable; fails (does not skip) when Node.js or the client's packages are missing."""
     node = shutil.which("node")
     if node is None:
-        pytest.fail("`node` is not on PATH: install Node.js >= 18 to run the reference client (CI installs it)")
+        pytest.fail(
+            "`node` is not on PATH: install Node.js >= 18 to run the reference client (CI installs it)"
+        )
     if not (NODE_DIR / "node_modules").is_dir():
-        pytest.fail("examples/node/node_modules is missing: run `npm ci --prefix examples/node` "
-                    "(scripts/setup.sh does when npm is on PATH)")
+        pytest.fail(
+            "examples/node/node_modules is missing: run `npm ci --prefix examples/node` "
+            "(scripts/setup.sh does when npm is on PATH)"
+        )
     return node
 
 
@@ -47,9 +51,24 @@ def shard_address(tmp_path) -> Iterator[str]:
     port_file, log_file = tmp_path / "shard.port", tmp_path / "shard.log"
     with open(log_file, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "apexrl.launcher", "replay", "--host", "127.0.0.1", "--port", "0",
-             "--metrics-port", "-1", "--port-file", str(port_file), "--token", TOKEN],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "apexrl.launcher",
+                "replay",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--metrics-port",
+                "-1",
+                "--port-file",
+                str(port_file),
+                "--token",
+                TOKEN,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     try:
         deadline = time.monotonic() + 30
@@ -70,16 +89,33 @@ def shard_address(tmp_path) -> Iterator[str]:
 def test_node_client_speaks_the_protocol_from_the_protos_alone(node, shard_address):
     try:
         run = subprocess.run(
-            [node, "replay_client.js", shard_address, "--token", TOKEN,
-             "--batches", str(BATCHES), "--rows", str(ROWS), "--sample", str(SAMPLE)],
-            cwd=NODE_DIR, capture_output=True, text=True, timeout=60,
+            [
+                node,
+                "replay_client.js",
+                shard_address,
+                "--token",
+                TOKEN,
+                "--batches",
+                str(BATCHES),
+                "--rows",
+                str(ROWS),
+                "--sample",
+                str(SAMPLE),
+            ],
+            cwd=NODE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"the node client did not finish within 60 s:\n{err.stdout}\n{err.stderr}")
     assert run.returncode == 0, f"the node client failed ({run.returncode}):\n{run.stdout}\n{run.stderr}"
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["rows_inserted"] == BATCHES * ROWS
-    assert (result["merged_batches"], result["merged_acks"]) == (2, 1)  # batches 4 and 5 in one request, one ack
+    assert (result["merged_batches"], result["merged_acks"]) == (
+        2,
+        1,
+    )  # batches 4 and 5 in one request, one ack
     assert result["duplicates_acked"] == 1
     assert (result["sampled_rows"], result["applied_updates"], result["stale_updates"]) == (SAMPLE, SAMPLE, 0)
 
@@ -98,7 +134,9 @@ def test_node_client_speaks_the_protocol_from_the_protos_alone(node, shard_addre
         batch = client.sample(1024)
     keys = batch.keys.astype(np.int64)
     np.testing.assert_array_equal(batch.columns["action"], keys)
-    np.testing.assert_array_equal(batch.columns["obs"], np.repeat(keys[:, None], 4, axis=1).astype(np.float32))
+    np.testing.assert_array_equal(
+        batch.columns["obs"], np.repeat(keys[:, None], 4, axis=1).astype(np.float32)
+    )
     np.testing.assert_array_equal(batch.columns["next_obs"], batch.columns["obs"] + 1)
     np.testing.assert_array_equal(batch.columns["reward"], np.ones(1024, np.float32))
     np.testing.assert_array_equal(batch.columns["discount"], np.full(1024, 0.97, np.float32))

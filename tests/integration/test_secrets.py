@@ -63,11 +63,30 @@ class Shard:
         self.port_file, self.err_path = tmp_path / "shard.port", tmp_path / "shard.err"
         with open(self.err_path, "w") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "apexrl.launcher", "replay", "--host", host, "--port", "0",
-                 "--metrics-port", "-1", "--port-file", str(self.port_file), *argv],
-                stdout=subprocess.DEVNULL, stderr=err, env=env)
-        wait_until(lambda: self.port_file.exists() or self.process.poll() is not None, "the shard wrote its port",
-                   timeout=60)
+                [
+                    sys.executable,
+                    "-m",
+                    "apexrl.launcher",
+                    "replay",
+                    "--host",
+                    host,
+                    "--port",
+                    "0",
+                    "--metrics-port",
+                    "-1",
+                    "--port-file",
+                    str(self.port_file),
+                    *argv,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+            )
+        wait_until(
+            lambda: self.port_file.exists() or self.process.poll() is not None,
+            "the shard wrote its port",
+            timeout=60,
+        )
         assert self.process.poll() is None, self.err_path.read_text()
         self.address = f"127.0.0.1:{int(self.port_file.read_text())}"
 
@@ -106,16 +125,25 @@ def start_shard(tmp_path) -> Iterator:
 
 # --- where a role's token comes from -----------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("source", "accepted", "refused"), [
-    ("flag", "A", ("B", "C", None)),   # --token A --token-file B, APEXRL_TOKEN=C
-    ("file", "B", ("C", None)),        # --token-file B, APEXRL_TOKEN=C
-    ("variable", "C", ("wrong", None)),  # APEXRL_TOKEN=C
-])
-def test_a_role_takes_the_flag_then_the_file_then_the_variable(start_shard, tmp_path, source, accepted, refused):
+@pytest.mark.parametrize(
+    ("source", "accepted", "refused"),
+    [
+        ("flag", "A", ("B", "C", None)),  # --token A --token-file B, APEXRL_TOKEN=C
+        ("file", "B", ("C", None)),  # --token-file B, APEXRL_TOKEN=C
+        ("variable", "C", ("wrong", None)),  # APEXRL_TOKEN=C
+    ],
+)
+def test_a_role_takes_the_flag_then_the_file_then_the_variable(
+    start_shard, tmp_path, source, accepted, refused
+):
     tokens = {"A": "token-a", "B": "token-b", "C": "token-c", "wrong": "wrong", None: None}
-    argv = {"flag": ["--token", "token-a", "--token-file", write_token(tmp_path / "b", "token-b")],
-            "file": ["--token-file", write_token(tmp_path / "b", "token-b")], "variable": []}[source]
+    argv = {
+        "flag": ["--token", "token-a", "--token-file", write_token(tmp_path / "b", "token-b")],
+        "file": ["--token-file", write_token(tmp_path / "b", "token-b")],
+        "variable": [],
+    }[source]
     shard = start_shard(*argv, env=environment(**{TOKEN_VARIABLE: "token-c"}))
     assert shard.accepts(tokens[accepted])
     assert not any(shard.accepts(tokens[t]) for t in refused)
@@ -126,16 +154,27 @@ def test_a_role_takes_the_flag_then_the_file_then_the_variable(start_shard, tmp_
 @pytest.mark.parametrize("role", ["replay", "params", "learner", "actor", "launch"])
 def test_a_missing_token_file_is_one_line_and_exit_status_2(tmp_path, role):
     missing = tmp_path / "no-such-token"
-    required = {"learner": ["--replay", "127.0.0.1:1"], "actor": ["--replay", "127.0.0.1:1", "--params",
-                                                                    "127.0.0.1:2"]}.get(role, [])
-    done = subprocess.run([sys.executable, "-m", "apexrl.launcher", role, *required, "--token-file", str(missing)],
-                          capture_output=True, text=True, timeout=50, cwd=tmp_path,
-                          env=environment(**{TOKEN_VARIABLE: "not-a-fallback"}))
+    required = {
+        "learner": ["--replay", "127.0.0.1:1"],
+        "actor": ["--replay", "127.0.0.1:1", "--params", "127.0.0.1:2"],
+    }.get(role, [])
+    done = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", role, *required, "--token-file", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=tmp_path,
+        env=environment(**{TOKEN_VARIABLE: "not-a-fallback"}),
+    )
     assert done.returncode == 2, done.stderr
-    assert done.stderr == f"apexrl {role}: error: --token-file: cannot read {missing}: No such file or directory\n"
+    assert (
+        done.stderr
+        == f"apexrl {role}: error: --token-file: cannot read {missing}: No such file or directory\n"
+    )
 
 
 # --- the plaintext warning -----------------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(60)
 def test_a_shard_serving_its_token_in_clear_on_every_interface_says_so(start_shard):
@@ -146,14 +185,19 @@ def test_a_shard_serving_its_token_in_clear_on_every_interface_says_so(start_sha
     assert f"WARNING apexrl.common.grpc_util: serving 0.0.0.0:{port} {IN_CLEAR}" in err, err
 
 
-@pytest.mark.parametrize(("address", "token", "tls", "warns"), [
-    ("0.0.0.0:0", "s3cret", False, True),
-    ("127.0.0.1:0", "s3cret", False, False),
-    ("0.0.0.0:0", None, False, False),
-    ("0.0.0.0:0", "s3cret", True, False),
-])
+@pytest.mark.parametrize(
+    ("address", "token", "tls", "warns"),
+    [
+        ("0.0.0.0:0", "s3cret", False, True),
+        ("127.0.0.1:0", "s3cret", False, False),
+        ("0.0.0.0:0", None, False, False),
+        ("0.0.0.0:0", "s3cret", True, False),
+    ],
+)
 @pytest.mark.parametrize("server", ["thread-pool (parameter service)", "asyncio (replay shard)"])
-def test_only_a_token_in_clear_on_a_non_loopback_bind_warns(tmp_path, caplog, server, address, token, tls, warns):
+def test_only_a_token_in_clear_on_a_non_loopback_bind_warns(
+    tmp_path, caplog, server, address, token, tls, warns
+):
     caplog.set_level(logging.WARNING, logger="apexrl.common.grpc_util")
     files = None
     if tls:
@@ -162,7 +206,9 @@ def test_only_a_token_in_clear_on_a_non_loopback_bind_warns(tmp_path, caplog, se
     if server.startswith("thread-pool"):
         stop = create_parameter_server(address, token=token, tls=files)[0].stop
     else:
-        stop = create_replay_server(ReplayTable(TableConfig(capacity=10)), address, token=token, tls=files)[0].stop
+        stop = create_replay_server(ReplayTable(TableConfig(capacity=10)), address, token=token, tls=files)[
+            0
+        ].stop
     try:
         assert (IN_CLEAR in caplog.text) is warns, caplog.text
     finally:
@@ -170,6 +216,7 @@ def test_only_a_token_in_clear_on_a_non_loopback_bind_warns(tmp_path, caplog, se
 
 
 # --- file modes ------------------------------------------------------------------------------------------------------
+
 
 def test_shard_checkpoints_write_ahead_logs_and_learner_checkpoints_are_owner_only(tmp_path):
     previous = os.umask(0o000)  # even a permissive umask leaves them private
@@ -183,9 +230,19 @@ def test_shard_checkpoints_write_ahead_logs_and_learner_checkpoints_are_owner_on
             write_snapshot(tmp_path / "shard.ckpt", snapshot)
         from apexrl.learner.checkpoint import Checkpoint, save_checkpoint
 
-        learner = save_checkpoint(tmp_path / "checkpoints" / "checkpoint.pt", Checkpoint(
-            env_id="CartPole-v1", algorithm="dqn", spaces=EnvSpaces.vector(4, 2), architecture={}, state={},
-            acting_weights={}, updates=0, weight_version=0))
+        learner = save_checkpoint(
+            tmp_path / "checkpoints" / "checkpoint.pt",
+            Checkpoint(
+                env_id="CartPole-v1",
+                algorithm="dqn",
+                spaces=EnvSpaces.vector(4, 2),
+                architecture={},
+                state={},
+                acting_weights={},
+                updates=0,
+                weight_version=0,
+            ),
+        )
     finally:
         os.umask(previous)
     segments = list((tmp_path / "wal").glob("wal-*.log"))
@@ -195,6 +252,7 @@ def test_shard_checkpoints_write_ahead_logs_and_learner_checkpoints_are_owner_on
 
 
 # --- a launched fleet ----------------------------------------------------------------------------------------------
+
 
 def command_lines() -> dict[int, bytes]:
     """pid -> command line of every process this user can see."""
@@ -215,8 +273,11 @@ def test_a_fleet_keeps_its_token_out_of_command_lines_and_files_and_still_trains
     run = Launch(tmp_path, "--token-file", write_token(tmp_path / "token", token))
     try:
         pids = run.wait_running(timeout=180)
-        leaks = {pid: line for pid, line in command_lines().items()
-                 if token.encode() in line or decoy.encode() in line}
+        leaks = {
+            pid: line
+            for pid, line in command_lines().items()
+            if token.encode() in line or decoy.encode() in line
+        }
         assert not leaks, leaks
         for name, pid in pids.items():  # each role got the file's token in its environment
             variables = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -224,12 +285,18 @@ def test_a_fleet_keeps_its_token_out_of_command_lines_and_files_and_still_trains
         ports = {r["name"]: r["port"] for r in run.config()["roles"]}
         shard, params = f"127.0.0.1:{ports['shard-0']}", f"127.0.0.1:{ports['learner']}"
         with ReplayClient(shard, timeout=10, token=token) as client:  # authenticated, the fleet trains
-            wait_until(lambda: client.info().sampled_total > 0, "the learner sampled what the actor inserted",
-                       timeout=120)
+            wait_until(
+                lambda: client.info().sampled_total > 0,
+                "the learner sampled what the actor inserted",
+                timeout=120,
+            )
         for wrong in (None, decoy):
             with ReplayClient(shard, timeout=10, token=wrong) as client, pytest.raises(UnauthenticatedError):
                 client.info()
-            with ParameterClient(params, timeout=10, token=wrong) as client, pytest.raises(UnauthenticatedError):
+            with (
+                ParameterClient(params, timeout=10, token=wrong) as client,
+                pytest.raises(UnauthenticatedError),
+            ):
                 client.version()
         run.process.send_signal(signal.SIGTERM)
         code, result, err = run.wait(120)

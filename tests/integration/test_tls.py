@@ -71,16 +71,36 @@ def start(directory: Path, role: str, name: str, *extra: str) -> Server:
     port_file, log_path, health_port = directory / f"{name}.port", directory / f"{name}.log", free_port()
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "apexrl.launcher", role, "--host", "127.0.0.1", "--port", "0", "--metrics-port",
-             "-1", "--port-file", str(port_file), "--health-port", str(health_port), *extra],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            [
+                sys.executable,
+                "-m",
+                "apexrl.launcher",
+                role,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--metrics-port",
+                "-1",
+                "--port-file",
+                str(port_file),
+                "--health-port",
+                str(health_port),
+                *extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     deadline = time.monotonic() + 30
     while not port_file.exists():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             raise RuntimeError(f"{name} did not start: {log_path.read_text()}")
         time.sleep(0.05)
-    server = Server(role, f"127.0.0.1:{int(port_file.read_text())}", f"127.0.0.1:{health_port}", process, log_path)
+    server = Server(
+        role, f"127.0.0.1:{int(port_file.read_text())}", f"127.0.0.1:{health_port}", process, log_path
+    )
     wait_for_health(server.health, timeout=20)
     return server
 
@@ -88,8 +108,8 @@ def start(directory: Path, role: str, name: str, *extra: str) -> Server:
 @dataclass
 class Fleet:
     certs: Certs
-    tls_shard: Server     # server-only TLS
-    mtls_shard: Server    # mutual TLS and a bearer token
+    tls_shard: Server  # server-only TLS
+    mtls_shard: Server  # mutual TLS and a bearer token
     tls_params: Server
     mtls_params: Server
 
@@ -102,8 +122,12 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
     mutual = (*server_tls, "--tls-ca", certs.ca, "--token", TOKEN)
     started: list[Server] = []
     try:
-        for role, name, extra in [("replay", "tls-shard", server_tls), ("replay", "mtls-shard", mutual),
-                                  ("params", "tls-params", server_tls), ("params", "mtls-params", mutual)]:
+        for role, name, extra in [
+            ("replay", "tls-shard", server_tls),
+            ("replay", "mtls-shard", mutual),
+            ("params", "tls-params", server_tls),
+            ("params", "mtls-params", mutual),
+        ]:
             started.append(start(directory, role, name, *extra))
         yield Fleet(certs, *started)
         for server in started:  # a clean stop closes the health port too
@@ -163,23 +187,47 @@ def test_parameter_clients_publish_and_fetch_over_tls(fleet, mutual):
 # (case, server, client options) -> the status code the client sees. Handshake failures are UNAVAILABLE whichever
 # side refuses (gRPC reports no finer code); a bad token over a good TLS connection is UNAUTHENTICATED.
 CASES = {
-    "no client certificate under mutual TLS": ("mtls", lambda c: {"tls": TlsFiles.read(ca=c.ca), "token": TOKEN},
-                                               grpc.StatusCode.UNAVAILABLE),
-    "client certificate from another CA": ("mtls", lambda c: {"tls": TlsFiles.read(c.foreign_cert, c.foreign_key,
-                                                                                    c.ca), "token": TOKEN},
-                                           grpc.StatusCode.UNAVAILABLE),
-    "server certificate from a CA the client does not trust": ("tls", lambda c: {"tls": TlsFiles.read(
-        ca=c.foreign_ca)}, grpc.StatusCode.UNAVAILABLE),
+    "no client certificate under mutual TLS": (
+        "mtls",
+        lambda c: {"tls": TlsFiles.read(ca=c.ca), "token": TOKEN},
+        grpc.StatusCode.UNAVAILABLE,
+    ),
+    "client certificate from another CA": (
+        "mtls",
+        lambda c: {"tls": TlsFiles.read(c.foreign_cert, c.foreign_key, c.ca), "token": TOKEN},
+        grpc.StatusCode.UNAVAILABLE,
+    ),
+    "server certificate from a CA the client does not trust": (
+        "tls",
+        lambda c: {"tls": TlsFiles.read(ca=c.foreign_ca)},
+        grpc.StatusCode.UNAVAILABLE,
+    ),
     "plaintext client to a TLS server": ("tls", lambda c: {}, grpc.StatusCode.UNAVAILABLE),
-    "plaintext client to a mutual-TLS server": ("mtls", lambda c: {"token": TOKEN}, grpc.StatusCode.UNAVAILABLE),
-    "TLS client to a plaintext server": ("plain", lambda c: {"tls": TlsFiles.read(ca=c.ca)},
-                                         grpc.StatusCode.UNAVAILABLE),
-    "missing token over mutual TLS": ("mtls", lambda c: {"tls": TlsFiles.read(c.cert, c.key, c.ca)},
-                                      grpc.StatusCode.UNAUTHENTICATED),
-    "wrong token over mutual TLS": ("mtls", lambda c: {"tls": TlsFiles.read(c.cert, c.key, c.ca),
-                                                       "token": "wrong"}, grpc.StatusCode.UNAUTHENTICATED),
+    "plaintext client to a mutual-TLS server": (
+        "mtls",
+        lambda c: {"token": TOKEN},
+        grpc.StatusCode.UNAVAILABLE,
+    ),
+    "TLS client to a plaintext server": (
+        "plain",
+        lambda c: {"tls": TlsFiles.read(ca=c.ca)},
+        grpc.StatusCode.UNAVAILABLE,
+    ),
+    "missing token over mutual TLS": (
+        "mtls",
+        lambda c: {"tls": TlsFiles.read(c.cert, c.key, c.ca)},
+        grpc.StatusCode.UNAUTHENTICATED,
+    ),
+    "wrong token over mutual TLS": (
+        "mtls",
+        lambda c: {"tls": TlsFiles.read(c.cert, c.key, c.ca), "token": "wrong"},
+        grpc.StatusCode.UNAUTHENTICATED,
+    ),
 }
-ERRORS = {grpc.StatusCode.UNAVAILABLE: UnavailableError, grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError}
+ERRORS = {
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+}
 
 
 def assert_refused(call, code: grpc.StatusCode) -> None:
@@ -194,8 +242,10 @@ def test_a_shard_refuses_wrong_credentials_and_changes_nothing(fleet, make_shard
     if kind == "plain":
         address, good = make_shard().address, {}
     else:
-        address, good = (fleet.mtls_shard if kind == "mtls" else fleet.tls_shard).address, \
-            good_tls(fleet, mutual=kind == "mtls")
+        address, good = (
+            (fleet.mtls_shard if kind == "mtls" else fleet.tls_shard).address,
+            good_tls(fleet, mutual=kind == "mtls"),
+        )
     with ReplayClient(address, **good) as client:
         client.insert(cartpole_batch(8), priorities=np.ones(8))
         client.flush(timeout=10)
@@ -205,8 +255,10 @@ def test_a_shard_refuses_wrong_credentials_and_changes_nothing(fleet, make_shard
     try:
         assert_refused(bad.info, code)
         assert_refused(lambda: bad.sample(4), code)
-        assert_refused(lambda: bad.update_priorities(sampled.keys, np.full(4, 50.0),
-                                                     incarnation=sampled.incarnation), code)
+        assert_refused(
+            lambda: bad.update_priorities(sampled.keys, np.full(4, 50.0), incarnation=sampled.incarnation),
+            code,
+        )
         bad.insert(cartpole_batch(8, start=100), priorities=np.ones(8))
         # The insert stream: UNAUTHENTICATED ends it at once; a refused handshake is retried until the deadline.
         expected = UnauthenticatedError if code == grpc.StatusCode.UNAUTHENTICATED else DeadlineExceededError
@@ -216,8 +268,12 @@ def test_a_shard_refuses_wrong_credentials_and_changes_nothing(fleet, make_shard
         bad.close()
     with ReplayClient(address, **good) as client:
         after = client.info()
-    assert (after.size, after.inserted_total, after.sampled_total, after.total_priority) == \
-        (before.size, before.inserted_total, before.sampled_total, before.total_priority)
+    assert (after.size, after.inserted_total, after.sampled_total, after.total_priority) == (
+        before.size,
+        before.inserted_total,
+        before.sampled_total,
+        before.total_priority,
+    )
 
 
 @pytest.fixture
@@ -233,8 +289,10 @@ def test_a_parameter_service_refuses_wrong_credentials_and_changes_nothing(fleet
     if kind == "plain":
         address, good = plaintext_params, {}
     else:
-        address, good = (fleet.mtls_params if kind == "mtls" else fleet.tls_params).address, \
-            good_tls(fleet, mutual=kind == "mtls")
+        address, good = (
+            (fleet.mtls_params if kind == "mtls" else fleet.tls_params).address,
+            good_tls(fleet, mutual=kind == "mtls"),
+        )
     with ParameterClient(address, **good) as client:
         client.publish(WEIGHTS)
         version = client.version()
@@ -295,8 +353,14 @@ def test_clients_check_the_certificate_against_tls_server_name_instead_of_the_ad
             call_named(role, address, tls(name))
         assert "Hostname Verification Check failed" in str(info.value), info.value
     # What the roles dial with: the TlsFiles of their settings (tls_of), here an actor's --tls-server-name.
-    actor = ActorConfig(params=address, replay=(address,), tls_cert=certs.named_cert, tls_key=certs.named_key,
-                        tls_ca=certs.ca, tls_server_name=SERVER_NAME)
+    actor = ActorConfig(
+        params=address,
+        replay=(address,),
+        tls_cert=certs.named_cert,
+        tls_key=certs.named_key,
+        tls_ca=certs.ca,
+        tls_server_name=SERVER_NAME,
+    )
     assert tls_of(actor) == tls(SERVER_NAME)
     if role == "replay":  # the learner's sampler, over the same files
         with ReplayClient(address, tls=tls_of(actor)) as client:
@@ -317,8 +381,10 @@ def test_the_plaintext_health_port_answers_and_the_tls_port_requires_tls(fleet, 
     with make_channel(server.health) as channel:  # plaintext, no token: what a Kubernetes probe sends
         stub = health_pb2_grpc.HealthStub(channel)
         for asked in ("", service):
-            assert stub.Check(health_pb2.HealthCheckRequest(service=asked), timeout=5).status == \
-                health_pb2.HealthCheckResponse.SERVING
+            assert (
+                stub.Check(health_pb2.HealthCheckRequest(service=asked), timeout=5).status
+                == health_pb2.HealthCheckResponse.SERVING
+            )
         # Only health is served there: the service itself and reflection are not.
         with pytest.raises(grpc.RpcError) as info:
             replay_pb2_grpc.ReplayServiceStub(channel).Info(replay_pb2.InfoRequest(), timeout=5)
@@ -327,8 +393,9 @@ def test_the_plaintext_health_port_answers_and_the_tls_port_requires_tls(fleet, 
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     # Over TLS the main port keeps its health service (the launcher checks it there).
-    wait_for_health(server.address, timeout=5, tls=TlsFiles.read(fleet.certs.cert, fleet.certs.key,
-                                                                  fleet.certs.ca))
+    wait_for_health(
+        server.address, timeout=5, tls=TlsFiles.read(fleet.certs.cert, fleet.certs.key, fleet.certs.ca)
+    )
     assert "TLS, plaintext health on port" in server.log.read_text()
 
 
@@ -347,21 +414,37 @@ def test_a_launched_fleet_trains_over_mutual_tls(tmp_path):
     other: every client (the launcher's health checks too) checks the name instead of the address."""
     certs = make_certs(tmp_path / "certs")
     tls = TlsFiles.read(certs.named_cert, certs.named_key, certs.ca, server_name=SERVER_NAME)
-    run = Launch(tmp_path, "--max-seconds", "40", "--tls-cert", certs.named_cert, "--tls-key", certs.named_key,
-                 "--tls-ca", certs.ca, "--tls-server-name", SERVER_NAME)
+    run = Launch(
+        tmp_path,
+        "--max-seconds",
+        "40",
+        "--tls-cert",
+        certs.named_cert,
+        "--tls-key",
+        certs.named_key,
+        "--tls-ca",
+        certs.ca,
+        "--tls-server-name",
+        SERVER_NAME,
+    )
     try:
         run.wait_running(timeout=90)
         roles = {r["name"]: r for r in run.config()["roles"]}
         for name, role in roles.items():
             command = role["command"]
-            assert [command[command.index(f) + 1] for f in ("--tls-cert", "--tls-key", "--tls-ca")] == \
-                [certs.named_cert, certs.named_key, certs.ca], name
+            assert [command[command.index(f) + 1] for f in ("--tls-cert", "--tls-key", "--tls-ca")] == [
+                certs.named_cert,
+                certs.named_key,
+                certs.ca,
+            ], name
             dials = not name.startswith("shard-")
             assert ("--tls-server-name" in command) == dials, name
             if dials:
                 assert command[command.index("--tls-server-name") + 1] == SERVER_NAME, name
-        servers = {"shard-0": int((run.run_dir / "ports" / "shard-0.port").read_text()),
-                   "learner": roles["learner"]["port"]}
+        servers = {
+            "shard-0": int((run.run_dir / "ports" / "shard-0.port").read_text()),
+            "learner": roles["learner"]["port"],
+        }
         for name, port in servers.items():
             address = f"127.0.0.1:{port}"
             with make_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
@@ -372,8 +455,10 @@ def test_a_launched_fleet_trains_over_mutual_tls(tmp_path):
         code, result, err = run.wait(timeout=90)
         assert result["reason"] == "max_seconds", err[-3000:]
         assert result["updates"] > 0 and result["env_steps"] > 0, result
-        print(f"\nmutual-TLS fleet: {result['updates']} updates, {result['env_steps']} env steps in "
-              f"{result['wall_seconds']:.0f} s")
+        print(
+            f"\nmutual-TLS fleet: {result['updates']} updates, {result['env_steps']} env steps in "
+            f"{result['wall_seconds']:.0f} s"
+        )
         assert "got weights version" in run.log("actor-0") and "got weights version" in run.log("evaluator")
         for name in ("actor-0", "evaluator"):  # no client refused a certificate (the servers log our probes)
             assert "Handshake failed" not in run.log(name), run.log(name)[-3000:]

@@ -44,7 +44,9 @@ TOKEN = "s3cret"
 
 
 def days_from_now(days: int) -> datetime.datetime:
-    return (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=days)).replace(microsecond=0)
+    return (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=days)).replace(
+        microsecond=0
+    )
 
 
 def until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> object:
@@ -80,12 +82,16 @@ def answers(replay: ReplayClient) -> bool:
 
 def server_tls(server: Identity, clients: trustme.CA | None = None) -> TlsFiles:
     """A server's files given as bytes (not followed): `server`'s certificate, client certificates of `clients`."""
-    return TlsFiles(cert=server.cert, key=server.key, ca=None if clients is None else clients.cert_pem.bytes())
+    return TlsFiles(
+        cert=server.cert, key=server.key, ca=None if clients is None else clients.cert_pem.bytes()
+    )
 
 
 def gauge(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
     families = text_string_to_metric_families(generate_latest(registry).decode())
-    return {(s.labels["file"], s.labels["path"]): s.value for f in families if f.name == GAUGE for s in f.samples}
+    return {
+        (s.labels["file"], s.labels["path"]): s.value for f in families if f.name == GAUGE for s in f.samples
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- servers
@@ -115,17 +121,25 @@ def test_a_mutual_tls_shard_takes_a_renewed_ca_bundle(make_shard, tmp_path):
 
 
 BROKEN = {  # a renewal caught half way, or gone wrong -> (files, what the logged error says)
-    "a key that is not the certificate's": (lambda old, new: {"cert": new.cert, "key": old.key, "ca": new.ca_pem},
-                                            "is not the private key of the first certificate"),
-    "a cut-off certificate": (lambda old, new: {"cert": new.cert[:len(new.cert) // 2], "key": new.key,
-                                                "ca": new.ca_pem}, "does not parse as PEM certificates"),
-    "an empty key": (lambda old, new: {"cert": new.cert, "key": b"", "ca": new.ca_pem}, "holds no PEM private key"),
+    "a key that is not the certificate's": (
+        lambda old, new: {"cert": new.cert, "key": old.key, "ca": new.ca_pem},
+        "is not the private key of the first certificate",
+    ),
+    "a cut-off certificate": (
+        lambda old, new: {"cert": new.cert[: len(new.cert) // 2], "key": new.key, "ca": new.ca_pem},
+        "does not parse as PEM certificates",
+    ),
+    "an empty key": (
+        lambda old, new: {"cert": new.cert, "key": b"", "ca": new.ca_pem},
+        "holds no PEM private key",
+    ),
 }
 
 
 @pytest.mark.parametrize("broken", list(BROKEN))
 def test_a_renewal_that_is_not_usable_is_logged_once_and_the_previous_certificate_served(
-        make_shard, tmp_path, caplog, broken):
+    make_shard, tmp_path, caplog, broken
+):
     old, new = issue(), issue()
     volume = SecretVolume(tmp_path / "tls")
     volume.write(cert=old.cert, key=old.key, ca=old.ca_pem)
@@ -153,7 +167,8 @@ class RestartingShard:
     def start(self, tls: TlsFiles) -> None:
         self.table = ReplayTable(TableConfig(capacity=1000, seed=0))
         self._server, self.port, _health, _registry = create_replay_server(
-            self.table, f"127.0.0.1:{self.port}", tls=tls, token=TOKEN)
+            self.table, f"127.0.0.1:{self.port}", tls=tls, token=TOKEN
+        )
 
     def stop(self) -> None:
         self._server.stop(0).wait(10)
@@ -182,8 +197,12 @@ def test_a_replay_client_reconnects_with_its_renewed_files_when_its_shard_restar
     volume.write(cert=client.cert, key=client.key, ca=trusted.ca_pem)
     shard = RestartingShard(server_tls(server, accepted))
     try:
-        with ReplayClient(shard.address, timeout=5.0, token=TOKEN,  # the token: an intercepted ReloadingChannel
-                          tls=TlsFiles.read(volume.cert, volume.key, volume.ca)) as replay:
+        with ReplayClient(
+            shard.address,
+            timeout=5.0,
+            token=TOKEN,  # the token: an intercepted ReloadingChannel
+            tls=TlsFiles.read(volume.cert, volume.key, volume.ca),
+        ) as replay:
             replay.insert(cartpole_batch(8), priorities=np.ones(8))
             replay.flush(timeout=10)
             volume.write(cert=client2.cert, key=client2.key, ca=trusted2.ca_pem)
@@ -198,14 +217,18 @@ def test_a_replay_client_reconnects_with_its_renewed_files_when_its_shard_restar
 
 
 def test_a_parameter_client_reconnects_with_its_renewed_certificate(tmp_path):
-    (client, trusted), (server, accepted), (client2, trusted2), (server2, accepted2) = renewal("its own certificate")
+    (client, trusted), (server, accepted), (client2, trusted2), (server2, accepted2) = renewal(
+        "its own certificate"
+    )
     volume = SecretVolume(tmp_path / "client")
     volume.write(cert=client.cert, key=client.key, ca=trusted.ca_pem)
     params, port, _store, _health = create_parameter_server("127.0.0.1:0", tls=server_tls(server, accepted))
     weights = {"w": np.arange(6, dtype=np.float32)}
     try:
-        with ParameterClient(f"127.0.0.1:{port}", timeout=5.0,
-                             tls=TlsFiles.read(volume.cert, volume.key, volume.ca)) as params_client:
+        with ParameterClient(
+            f"127.0.0.1:{port}", timeout=5.0, tls=TlsFiles.read(volume.cert, volume.key, volume.ca)
+        ) as params_client:
+
             def publishes() -> bool:
                 try:
                     params_client.publish(weights)
@@ -236,12 +259,16 @@ def test_the_expiry_gauge_follows_renewals_of_a_servers_and_a_clients_files(make
         return x509.load_pem_x509_certificate(identity.ca_pem).not_valid_after_utc.timestamp()
 
     def ours() -> dict[tuple[str, str], float]:
-        return {key: value for key, value in gauge(registry).items() if Path(key[1]).parent == volume.directory}
+        return {
+            key: value for key, value in gauge(registry).items() if Path(key[1]).parent == volume.directory
+        }
 
     with ReplayClient(address, timeout=5.0, tls=TlsFiles.read(ca=volume.ca)) as replay:
         assert ours() == {("cert", volume.cert): first.timestamp(), ("ca", volume.ca): ca_expiry(old)}
         volume.write(cert=new.cert, key=new.key, ca=new.ca_pem)
         assert served(address, new.ca_pem)  # the server took the renewal at this connection
         assert ours()[("cert", volume.cert)] == renewed.timestamp()
-        until(lambda: answers(replay) and ours()[("ca", volume.ca)] == ca_expiry(new),
-              "the client took its renewed CA bundle")
+        until(
+            lambda: answers(replay) and ours()[("ca", volume.ca)] == ca_expiry(new),
+            "the client took its renewed CA bundle",
+        )

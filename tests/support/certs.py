@@ -20,13 +20,13 @@ SERVER_NAME = "apexrl-replay.apexrl.svc"
 
 @dataclass(frozen=True)
 class Certs:
-    ca: str            # the fleet's CA bundle
-    cert: str          # node certificate chain (server and client), signed by `ca`
-    key: str           # its private key
-    foreign_ca: str    # a CA that signed none of the above
+    ca: str  # the fleet's CA bundle
+    cert: str  # node certificate chain (server and client), signed by `ca`
+    key: str  # its private key
+    foreign_ca: str  # a CA that signed none of the above
     foreign_cert: str  # a client certificate signed by `foreign_ca`
     foreign_key: str
-    named_cert: str    # node certificate chain for SERVER_NAME only, signed by `ca`
+    named_cert: str  # node certificate chain for SERVER_NAME only, signed by `ca`
     named_key: str
 
 
@@ -38,8 +38,19 @@ def make_certs(directory: Path) -> Certs:
     node = ca.issue_cert("localhost", "127.0.0.1")
     stranger = foreign.issue_cert("localhost", "127.0.0.1")
     named = ca.issue_cert(SERVER_NAME)
-    paths = {name: directory / f"{name}.pem" for name in ("ca", "cert", "key", "foreign_ca", "foreign_cert",
-                                                           "foreign_key", "named_cert", "named_key")}
+    paths = {
+        name: directory / f"{name}.pem"
+        for name in (
+            "ca",
+            "cert",
+            "key",
+            "foreign_ca",
+            "foreign_cert",
+            "foreign_key",
+            "named_cert",
+            "named_key",
+        )
+    }
     ca.cert_pem.write_to_path(str(paths["ca"]))
     paths["cert"].write_bytes(b"".join(blob.bytes() for blob in node.cert_chain_pems))
     node.private_key_pem.write_to_path(str(paths["key"]))

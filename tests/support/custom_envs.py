@@ -47,6 +47,7 @@ except ImportError:
 OLD_LINE_THRESHOLD = 0.5
 
 if old_gym is not None:
+
     class OldLine(old_gym.Env):
         """A gym 0.26 environment: gym's spaces and Env, a Box observation of the position and a `length`."""
 
@@ -69,4 +70,6 @@ if old_gym is not None:
         def _obs(self) -> np.ndarray:
             return np.array([self._cell / (self.length - 1)], np.float32)
 
-    old_gym.register("OldLine-v0", entry_point=OldLine, max_episode_steps=20, reward_threshold=OLD_LINE_THRESHOLD)
+    old_gym.register(
+        "OldLine-v0", entry_point=OldLine, max_episode_steps=20, reward_threshold=OLD_LINE_THRESHOLD
+    )

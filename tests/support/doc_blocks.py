@@ -16,7 +16,9 @@ from pathlib import Path
 
 SHELL_LANGUAGES = ("bash", "sh", "shell")
 _FENCE = re.compile(r"^```([A-Za-z0-9_-]*)[^\n]*\n(.*?)^```", re.S | re.M)
-KEY_CHARACTERS = 72  # of the first command (no trailing comment, whitespace collapsed): tells a file's blocks apart
+KEY_CHARACTERS = (
+    72  # of the first command (no trailing comment, whitespace collapsed): tells a file's blocks apart
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,9 @@ class Block:
     @property
     def key(self) -> str:
         first = self.commands()[0] if self.commands() else "(no command)"
-        first = first.split("  #")[0]  # a trailing comment (aligned after two or more spaces) is not the command
+        first = first.split("  #")[
+            0
+        ]  # a trailing comment (aligned after two or more spaces) is not the command
         return f"{self.path}: {' '.join(first.split())[:KEY_CHARACTERS]}"
 
 

@@ -41,10 +41,13 @@ SERVICES = {
     "params": (re.compile(r"(^|[\s/])apexrl\s+params\b"), re.compile(r"parameter service serving on")),
     "learner": (re.compile(r"(^|[\s/])apexrl\s+learner\b"), re.compile(r"apexrl\.learner: learner for ")),
     "actor": (re.compile(r"(^|[\s/])apexrl\s+actor\b"), re.compile(r"got weights version")),
-    "prometheus": (re.compile(r"(^|[\s;&|])prometheus\s+--config\.file"), None),  # ready: its /-/ready answers
+    "prometheus": (
+        re.compile(r"(^|[\s;&|])prometheus\s+--config\.file"),
+        None,
+    ),  # ready: its /-/ready answers
 }
-READY_SECONDS = 150.0   # a Pong fleet on two loaded cores takes the longest
-STOP_SECONDS = 60.0     # `apexrl launch` stops its roles in order, then writes its curve
+READY_SECONDS = 150.0  # a Pong fleet on two loaded cores takes the longest
+STOP_SECONDS = 60.0  # `apexrl launch` stops its roles in order, then writes its curve
 ONE_SHOT_SECONDS = 60.0
 CHECK_SECONDS = 90.0
 
@@ -102,8 +105,11 @@ class Runner:
         self.sandbox = Path(plan["sandbox"])
         self.cwd = self.sandbox
         self.services: list[Service] = []
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1",
-                    "PATH": f"{self.sandbox / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self.env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PATH": f"{self.sandbox / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
 
     def prepare(self) -> None:
         self.sandbox.mkdir(parents=True, exist_ok=True)
@@ -112,8 +118,12 @@ class Runner:
         for name in self.plan["links"]:
             (self.sandbox / name).symlink_to(repo / name)
         for name in self.plan["copies"]:
-            shutil.copytree(repo / name, self.sandbox / name, symlinks=True,
-                            ignore=shutil.ignore_patterns("node_modules", "runs", "__pycache__"))
+            shutil.copytree(
+                repo / name,
+                self.sandbox / name,
+                symlinks=True,
+                ignore=shutil.ignore_patterns("node_modules", "runs", "__pycache__"),
+            )
 
     def run(self) -> bool:
         self.prepare()
@@ -147,20 +157,35 @@ class Runner:
         if kind is None:
             log(f"$ {command}")
             try:
-                done = subprocess.run(["bash", "-c", command], cwd=self.cwd, env=self.env, capture_output=True,
-                                      text=True, timeout=ONE_SHOT_SECONDS)
+                done = subprocess.run(
+                    ["bash", "-c", command],
+                    cwd=self.cwd,
+                    env=self.env,
+                    capture_output=True,
+                    text=True,
+                    timeout=ONE_SHOT_SECONDS,
+                )
             except subprocess.TimeoutExpired:
                 raise StepFailed(f"{command!r} did not finish within {ONE_SHOT_SECONDS:.0f}s") from None
             if done.returncode != 0:
-                raise StepFailed(f"{command!r} exited with status {done.returncode}:\n{done.stdout}{done.stderr}")
+                raise StepFailed(
+                    f"{command!r} exited with status {done.returncode}:\n{done.stdout}{done.stderr}"
+                )
             log(f"    ok in {time.monotonic() - started:.1f}s")
             return
         log(f"$ {command}    [{kind}: run until ready]")
         logs = self.sandbox / ".doc-logs"
         out_path, err_path = logs / f"{number}-{kind}.out", logs / f"{number}-{kind}.err"
         out, err = open(out_path, "wb"), open(err_path, "wb")  # noqa: SIM115 (the service's lifetime)
-        process = subprocess.Popen(["bash", "-c", command], cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
-                                   stdout=out, stderr=err, start_new_session=True)
+        process = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
         service = Service(kind, command, process, out_path, err_path, [out, err])
         try:
             self.wait_ready(service)
@@ -182,15 +207,19 @@ class Runner:
         deadline = time.monotonic() + READY_SECONDS
         while True:
             if service.process.poll() is not None:
-                raise StepFailed(f"{service.command!r} exited with status {service.process.returncode} before it "
-                                 f"was ready:\n{service.tail()}")
+                raise StepFailed(
+                    f"{service.command!r} exited with status {service.process.returncode} before it "
+                    f"was ready:\n{service.tail()}"
+                )
             if ready is not None:
                 if ready.search(service.output(stdout_only=service.kind == "launch")):
                     return
             elif http_get(prometheus_url(service.command) + "/-/ready") is not None:
                 return
             if time.monotonic() > deadline:
-                raise StepFailed(f"{service.command!r} was not ready within {READY_SECONDS:.0f}s:\n{service.tail()}")
+                raise StepFailed(
+                    f"{service.command!r} was not ready within {READY_SECONDS:.0f}s:\n{service.tail()}"
+                )
             time.sleep(0.25)
 
     def stop(self, service: Service) -> None:
@@ -203,8 +232,9 @@ class Runner:
         except subprocess.TimeoutExpired:
             os.killpg(service.process.pid, signal.SIGKILL)
             service.process.wait()
-            raise StepFailed(f"{service.command!r} still ran {STOP_SECONDS:.0f}s after SIGTERM:\n"
-                             f"{service.tail()}") from None
+            raise StepFailed(
+                f"{service.command!r} still ran {STOP_SECONDS:.0f}s after SIGTERM:\n{service.tail()}"
+            ) from None
         finally:
             for f in service.files:
                 f.close()
@@ -216,12 +246,15 @@ class Runner:
             except ValueError:
                 reason = None
             if reason != "signal":
-                raise StepFailed(f"{service.command!r} did not end with its JSON line (reason signal) after SIGTERM "
-                                 f"(status {code}):\n{service.tail()}")
+                raise StepFailed(
+                    f"{service.command!r} did not end with its JSON line (reason signal) after SIGTERM "
+                    f"(status {code}):\n{service.tail()}"
+                )
         elif service.kind != "prometheus" and code != 0:
-            raise StepFailed(f"{service.command!r} exited with status {code} after SIGTERM:\n{service.tail()}")
-        log(f"    stopped the {service.kind} with SIGTERM in "
-            f"{time.monotonic() - started:.1f}s")
+            raise StepFailed(
+                f"{service.command!r} exited with status {code} after SIGTERM:\n{service.tail()}"
+            )
+        log(f"    stopped the {service.kind} with SIGTERM in {time.monotonic() - started:.1f}s")
 
     def wait_group_gone(self, service: Service) -> None:
         deadline = time.monotonic() + STOP_SECONDS
@@ -244,8 +277,9 @@ class Runner:
             passed, seen = getattr(self, f"check_{what}")(**{k: v for k, v in check.items() if k != "kind"})
             for service in self.services:
                 if service.process.poll() is not None:
-                    raise StepFailed(f"{service.command!r} exited during the checks (last seen: {seen}):\n"
-                                     f"{service.tail()}")
+                    raise StepFailed(
+                        f"{service.command!r} exited during the checks (last seen: {seen}):\n{service.tail()}"
+                    )
             if passed:
                 log(f"    ok in {time.monotonic() - started:.1f}s: {seen}")
                 return
@@ -272,8 +306,10 @@ class Runner:
             return False, "Prometheus does not answer"
         active = json.loads(body)["data"]["activeTargets"]
         up = sum(t["health"] == "up" for t in active)
-        return expected > 0 and len(active) == expected and up == expected, \
-            f"{len(active)} active targets, {up} up, {expected} in {targets_file}"
+        return (
+            expected > 0 and len(active) == expected and up == expected,
+            f"{len(active)} active targets, {up} up, {expected} in {targets_file}",
+        )
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """pytest fixtures over tests/support; a test module enables them with
 
-    pytest_plugins = ("tests.support.fixtures",)
+pytest_plugins = ("tests.support.fixtures",)
 """
 
 from __future__ import annotations

@@ -35,14 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-PREFIX = "axt"                  # "apexrl test": the start of every name this module creates
+PREFIX = "axt"  # "apexrl test": the start of every name this module creates
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` bind-mounts NETNS_ETC/NAME/* over /etc/*
 SUPERNET = ipaddress.IPv4Network("10.213.0.0/16")  # each network takes one /24 of it
-MAX_NAMESPACES = 99             # keeps interface names within the kernel's 15 characters
+MAX_NAMESPACES = 99  # keeps interface names within the kernel's 15 characters
 IFNAMSIZ = 15
 _CIDR = re.compile(r"^\d+\.\d+\.\d+\.\d+/\d+$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
-_sequence = 0                   # networks created by this process so far
+_sequence = 0  # networks created by this process so far
 
 
 class NetnsError(RuntimeError):
@@ -53,10 +53,10 @@ class NetnsError(RuntimeError):
 class Namespace:
     """One namespace of a network."""
 
-    name: str     # the test's name for it ("m1", "shard-0"); resolves to `address` inside every namespace
-    netns: str    # the kernel's name (`ip netns list`): the run id, '-', name
+    name: str  # the test's name for it ("m1", "shard-0"); resolves to `address` inside every namespace
+    netns: str  # the kernel's name (`ip netns list`): the run id, '-', name
     address: str  # IPv4 address of its eth0 on the bridge
-    veth: str     # this machine's end of its veth pair (the other end is eth0 inside)
+    veth: str  # this machine's end of its veth pair (the other end is eth0 inside)
 
 
 HostEntries = Mapping[str, "str | Sequence[str]"]
@@ -94,8 +94,9 @@ class NamespaceNetwork:
         self.create()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def create(self) -> None:
@@ -107,7 +108,17 @@ class NamespaceNetwork:
             remove_stale(self.prefix)
             self.subnet = _free_subnet(os.getpid() + _sequence, self.prefix)
             hosts = list(self.subnet.hosts())
-            _ip("link", "add", self.bridge, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables", "0")
+            _ip(
+                "link",
+                "add",
+                self.bridge,
+                "type",
+                "bridge",
+                "nf_call_iptables",
+                "0",
+                "nf_call_ip6tables",
+                "0",
+            )
             _ip("link", "set", self.bridge, "up")
             if self.reach_from_host:
                 _ip("addr", "add", f"{hosts[-1]}/{self.subnet.prefixlen}", "dev", self.bridge)
@@ -170,8 +181,9 @@ class NamespaceNetwork:
         """This machine's address on the bridge (reach_from_host=True), else None."""
         return str(list(self.subnet.hosts())[-1]) if self.reach_from_host and self.subnet else None
 
-    def set_hosts(self, entries: HostEntries, only: Sequence[str] | None = None, *,
-                  namespace_names: bool = True) -> None:
+    def set_hosts(
+        self, entries: HostEntries, only: Sequence[str] | None = None, *, namespace_names: bool = True
+    ) -> None:
         """Write the hosts file of every namespace (or of `only`): localhost, each namespace's name (unless
         `namespace_names` is False: then only what `entries` names resolves, as for Kubernetes pods, whose names
         are not DNS names), then `entries` (name -> address or addresses; an entry overrides a namespace's name).
@@ -180,7 +192,8 @@ class NamespaceNetwork:
         process already running in the namespace (its /etc/hosts is a bind mount of this very file) sees the old
         or the new mapping on its next lookup, never an empty file."""
         merged: dict[str, list[str]] = (
-            {name: [address] for name, address in self.addresses.items()} if namespace_names else {})
+            {name: [address] for name, address in self.addresses.items()} if namespace_names else {}
+        )
         for name, value in entries.items():
             merged[name] = [value] if isinstance(value, str) else list(value)
         for name in self.names if only is None else only:
@@ -193,8 +206,9 @@ class NamespaceNetwork:
         """Start `argv` inside namespace `name` (`ip netns exec` execs it: the Popen's pid is the command's)."""
         return subprocess.Popen(["ip", "netns", "exec", self[name].netns, *argv], **kwargs)
 
-    def run(self, name: str, argv: Sequence[str], *, timeout: float = 60.0,
-            **kwargs) -> subprocess.CompletedProcess:
+    def run(
+        self, name: str, argv: Sequence[str], *, timeout: float = 60.0, **kwargs
+    ) -> subprocess.CompletedProcess:
         """Run `argv` inside namespace `name` to completion (text output captured unless told otherwise)."""
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
@@ -207,8 +221,11 @@ class NamespaceNetwork:
 
 def render_hosts(entries: Mapping[str, Sequence[str]], owner: str) -> str:
     """An /etc/hosts text: localhost first, then one line per (address, name), in the order given."""
-    lines = [f"# written by tests/support/netns.py for {owner}", "127.0.0.1\tlocalhost",
-             "::1\tlocalhost ip6-localhost ip6-loopback"]
+    lines = [
+        f"# written by tests/support/netns.py for {owner}",
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+    ]
     for name, addresses in entries.items():
         if not addresses:
             raise ValueError(f"hosts entry {name!r} has no address")
@@ -236,6 +253,7 @@ def _rewrite_in_place(path: Path, text: str) -> None:
 
 
 # --- stale runs, leftovers -----------------------------------------------------------------------------------------
+
 
 def parse_run_id(name: str, prefix: str = PREFIX) -> tuple[str, int] | None:
     """The run id and creating pid of an object named by this module ("axt1f2x0-m1" -> ("axt1f2x0", 0x1f2))."""
@@ -300,6 +318,7 @@ def _remove_empty(directory: Path) -> None:
 
 # --- availability --------------------------------------------------------------------------------------------------
 
+
 @functools.cache
 def netns_unavailable() -> str | None:
     """Why namespaces cannot be used here (a reason for pytest.skip), or None: tries a real namespace and bridge."""
@@ -319,10 +338,13 @@ def netns_unavailable() -> str | None:
 
 # --- ip(8) ---------------------------------------------------------------------------------------------------------
 
+
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if check and result.returncode != 0:
-        raise NetnsError(f"ip {' '.join(args)}: {result.stderr.strip() or f'exit status {result.returncode}'}")
+        raise NetnsError(
+            f"ip {' '.join(args)}: {result.stderr.strip() or f'exit status {result.returncode}'}"
+        )
     return result
 
 
@@ -364,8 +386,11 @@ def _free_subnet(seed: int, prefix: str) -> ipaddress.IPv4Network:
             entries = []
         for entry in entries:
             if kind == "addr":
-                taken += [ipaddress.IPv4Interface(f"{a['local']}/{a['prefixlen']}").network
-                          for a in entry.get("addr_info", []) if "local" in a]
+                taken += [
+                    ipaddress.IPv4Interface(f"{a['local']}/{a['prefixlen']}").network
+                    for a in entry.get("addr_info", [])
+                    if "local" in a
+                ]
             elif entry.get("dst") == "default":
                 continue
             elif "dst" in entry:

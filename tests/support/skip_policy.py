@@ -25,8 +25,8 @@ import pytest
 LIST = "tests/allowed_skips.py"  # the default `allowed_skips` ini value, relative to the rootdir
 _ON_CI = pytest.StashKey[bool]()
 _ALLOWED = pytest.StashKey[tuple]()
-_UNLISTED = pytest.StashKey[list]()   # (node id, reason) of skips this run fails for
-_SEEN = pytest.StashKey[list]()       # (node id, entry) of the skips the list allowed
+_UNLISTED = pytest.StashKey[list]()  # (node id, reason) of skips this run fails for
+_SEEN = pytest.StashKey[list]()  # (node id, entry) of the skips the list allowed
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,9 @@ class AllowedSkip:
                 raise ValueError(f"AllowedSkip({self.test!r}): {name} must not be empty")
 
     def allows(self, nodeid: str, reason: str) -> bool:
-        return (self.test in (nodeid, _unparametrized(nodeid)) or nodeid.startswith(self.test + "::")) \
-            and self.reason in reason
+        return (
+            self.test in (nodeid, _unparametrized(nodeid)) or nodeid.startswith(self.test + "::")
+        ) and self.reason in reason
 
 
 def _unparametrized(nodeid: str) -> str:
@@ -73,16 +74,21 @@ def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
 
 
 def _advice(nodeid: str, reason: str, list_path: str) -> str:
-    return (f"{nodeid} skipped on CI (CI=true): {reason}\n"
-            f"On CI a skip fails the run: a CI machine has every tool the tests need (scripts/setup.sh installs "
-            f"them). Install what is missing in scripts/setup.sh, or, if this test cannot run on a CI machine, "
-            f"list it in {list_path}:\n"
-            f"    AllowedSkip(test={_unparametrized(nodeid)!r}, reason={reason[:60]!r}, why=\"...\")")
+    return (
+        f"{nodeid} skipped on CI (CI=true): {reason}\n"
+        f"On CI a skip fails the run: a CI machine has every tool the tests need (scripts/setup.sh installs "
+        f"them). Install what is missing in scripts/setup.sh, or, if this test cannot run on a CI machine, "
+        f"list it in {list_path}:\n"
+        f'    AllowedSkip(test={_unparametrized(nodeid)!r}, reason={reason[:60]!r}, why="...")'
+    )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini("allowed_skips", "Python file (relative to the rootdir) whose ALLOWED_SKIPS lists the tests that "
-                                   "may skip on CI", default=LIST)
+    parser.addini(
+        "allowed_skips",
+        "Python file (relative to the rootdir) whose ALLOWED_SKIPS lists the tests that may skip on CI",
+        default=LIST,
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -135,5 +141,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section("skips that fail this CI run", red=True)
         for nodeid, reason in unlisted:
             terminalreporter.line(f"{nodeid}: {reason}")
-        terminalreporter.line(f"Install what they need in scripts/setup.sh, or list them in "
-                              f"{config.getini('allowed_skips')} with their reason and why (AllowedSkip).")
+        terminalreporter.line(
+            f"Install what they need in scripts/setup.sh, or list them in "
+            f"{config.getini('allowed_skips')} with their reason and why (AllowedSkip)."
+        )

@@ -18,8 +18,9 @@ from apexrl.replay_server.snapshot import TableState
 from apexrl.replay_server.wal import _PAYLOAD, _RECORD, _SEGMENT
 
 
-def rewrite_checkpoint(path: str | os.PathLike, *, leaves: Callable[[np.ndarray], np.ndarray] | None = None,
-                       **state_changes) -> None:
+def rewrite_checkpoint(
+    path: str | os.PathLike, *, leaves: Callable[[np.ndarray], np.ndarray] | None = None, **state_changes
+) -> None:
     """Rewrite the checkpoint at `path` in place with `leaves(all leaves of a chunk)` instead of its leaves and
     `state_changes` applied to its footer state (TableState fields), through the real writer: the file is
     well formed and every checksum holds."""
@@ -30,7 +31,11 @@ def rewrite_checkpoint(path: str | os.PathLike, *, leaves: Callable[[np.ndarray]
         chunk_rows = reader.chunk_rows
     with CheckpointWriter(path, chunk_rows) as writer:
         for slot, columns, chunk_leaves in chunks:
-            new = chunk_leaves.copy() if leaves is None else np.asarray(leaves(chunk_leaves.copy()), dtype=np.float64)
+            new = (
+                chunk_leaves.copy()
+                if leaves is None
+                else np.asarray(leaves(chunk_leaves.copy()), dtype=np.float64)
+            )
             writer.add_chunk(slot, columns, new)
         writer.finish(state)
 
@@ -38,11 +43,13 @@ def rewrite_checkpoint(path: str | os.PathLike, *, leaves: Callable[[np.ndarray]
 def wal_records(path: str | os.PathLike) -> list[tuple[int, int, bytes]]:
     """(offset, length, payload) of every record of a write-ahead-log segment (its format in replay_server/wal.py)."""
     data = Path(path).read_bytes()
-    offset = _SEGMENT.size + struct.unpack_from("<I", data, _SEGMENT.size - 4)[0]  # the header, then its signature
+    offset = (
+        _SEGMENT.size + struct.unpack_from("<I", data, _SEGMENT.size - 4)[0]
+    )  # the header, then its signature
     records = []
     while offset + _RECORD.size <= len(data):
         length, _ = _RECORD.unpack_from(data, offset)
-        records.append((offset, length, data[offset + _RECORD.size:offset + _RECORD.size + length]))
+        records.append((offset, length, data[offset + _RECORD.size : offset + _RECORD.size + length]))
         offset += _RECORD.size + length
     return records
 
@@ -53,12 +60,13 @@ def rewrite_wal_record(path: str | os.PathLike, index: int, change: Callable[[by
     data = path.read_bytes()
     offset, length, payload = wal_records(path)[index]
     new = change(payload)
-    path.write_bytes(data[:offset] + _RECORD.pack(len(new), zlib.crc32(new)) + new
-                     + data[offset + _RECORD.size + length:])
+    path.write_bytes(
+        data[:offset] + _RECORD.pack(len(new), zlib.crc32(new)) + new + data[offset + _RECORD.size + length :]
+    )
 
 
 def with_priority(payload: bytes, value: float, row: int = 0) -> bytes:
     """A record's payload with row `row`'s raw priority replaced by `value` (NaN, say)."""
     writer_len = _PAYLOAD.unpack_from(payload)[-1]
     at = _PAYLOAD.size + writer_len + 8 * row
-    return payload[:at] + struct.pack("<d", value) + payload[at + 8:]
+    return payload[:at] + struct.pack("<d", value) + payload[at + 8 :]

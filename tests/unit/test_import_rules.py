@@ -45,18 +45,40 @@ WIRE_EDGE = {
     "apexrl.parameter_server.wire",
 }
 GRPC = ("grpc", "grpc_health", "grpc_reflection", "apexrl.proto")
-MODEL_LIBRARIES = ("torch", "apexrl.learner.learner", "apexrl.learner.checkpoint", "apexrl.learner.evaluate",
-                   "apexrl.learner.policy", "apexrl.learner.export", "apexrl.algorithms.torsos",
-                   "apexrl.algorithms.torch_forward")
+MODEL_LIBRARIES = (
+    "torch",
+    "apexrl.learner.learner",
+    "apexrl.learner.checkpoint",
+    "apexrl.learner.evaluate",
+    "apexrl.learner.policy",
+    "apexrl.learner.export",
+    "apexrl.algorithms.torsos",
+    "apexrl.algorithms.torch_forward",
+)
 # The learner's half of every algorithm (torch networks, losses, updates): never in an actor's process.
-LEARNING_SIDE = ("apexrl.algorithms.torsos", "apexrl.algorithms.dqn.learning", "apexrl.algorithms.dqn.networks",
-                 "apexrl.algorithms.dqn.losses", "apexrl.algorithms.dpg.learning", "apexrl.algorithms.dpg.networks",
-                 "apexrl.algorithms.dpg.losses")
+LEARNING_SIDE = (
+    "apexrl.algorithms.torsos",
+    "apexrl.algorithms.dqn.learning",
+    "apexrl.algorithms.dqn.networks",
+    "apexrl.algorithms.dqn.losses",
+    "apexrl.algorithms.dpg.learning",
+    "apexrl.algorithms.dpg.networks",
+    "apexrl.algorithms.dpg.losses",
+)
 # Modules an actor of vector environments loads: no torch at import (convolutional policies import it lazily).
-TORCH_FREE_ACTING = ("apexrl.algorithms", "apexrl.algorithms.registry", "apexrl.algorithms.base",
-                     "apexrl.algorithms.torso_specs", "apexrl.algorithms.forward", "apexrl.algorithms.dqn",
-                     "apexrl.algorithms.dqn.acting", "apexrl.algorithms.dqn.exploration", "apexrl.algorithms.dpg",
-                     "apexrl.algorithms.dpg.acting", "apexrl.algorithms.dpg.exploration")
+TORCH_FREE_ACTING = (
+    "apexrl.algorithms",
+    "apexrl.algorithms.registry",
+    "apexrl.algorithms.base",
+    "apexrl.algorithms.torso_specs",
+    "apexrl.algorithms.forward",
+    "apexrl.algorithms.dqn",
+    "apexrl.algorithms.dqn.acting",
+    "apexrl.algorithms.dqn.exploration",
+    "apexrl.algorithms.dpg",
+    "apexrl.algorithms.dpg.acting",
+    "apexrl.algorithms.dpg.exploration",
+)
 
 
 def modules() -> dict[str, Path]:
@@ -119,17 +141,31 @@ def test_the_algorithms_sit_below_the_roles_and_their_acting_half_never_loads_th
     """docs/architecture.md: actor and learner are sibling roles on one seam, `apexrl.algorithms`; an actor process
     reaches only the acting half of an algorithm, and the wiring (learner loop, actor loop, launcher) never names
     an algorithm's modules: it goes through the registry."""
+
     def rule(module: str, target: str) -> str | None:
-        if under(module, "apexrl.algorithms") and under(target, ("apexrl.actor", "apexrl.learner", "apexrl.launcher",
-                                                                 "apexrl.replay_server", "apexrl.parameter_server")):
+        if under(module, "apexrl.algorithms") and under(
+            target,
+            (
+                "apexrl.actor",
+                "apexrl.learner",
+                "apexrl.launcher",
+                "apexrl.replay_server",
+                "apexrl.parameter_server",
+            ),
+        ):
             return "algorithms sit below the roles and the services"
         if under(module, "apexrl.actor") and under(target, LEARNING_SIDE):
             return "the actor process never loads an algorithm's learning half"
-        if module not in LEARNING_SIDE and not module.endswith(".learning") and under(module, "apexrl.algorithms") \
-                and under(target, LEARNING_SIDE):
+        if (
+            module not in LEARNING_SIDE
+            and not module.endswith(".learning")
+            and under(module, "apexrl.algorithms")
+            and under(target, LEARNING_SIDE)
+        ):
             return "an algorithm's acting half never imports its learning half"
-        if under(module, ("apexrl.actor", "apexrl.learner", "apexrl.launcher")) and \
-                under(target, ("apexrl.algorithms.dqn", "apexrl.algorithms.dpg")):
+        if under(module, ("apexrl.actor", "apexrl.learner", "apexrl.launcher")) and under(
+            target, ("apexrl.algorithms.dqn", "apexrl.algorithms.dpg")
+        ):
             return "the wiring reaches an algorithm through apexrl.algorithms.registry, never by name"
         return None
 
@@ -143,10 +179,18 @@ def test_the_acting_modules_import_torch_only_inside_functions():
         path = modules()[module]
         tree = ast.parse(path.read_text())
         for node in tree.body:
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
-                      if under(name, ("torch", "apexrl.algorithms.torch_forward", "apexrl.algorithms.torsos"))]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else []
+            )
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: {name}"
+                for name in names
+                if under(name, ("torch", "apexrl.algorithms.torch_forward", "apexrl.algorithms.torsos"))
+            ]
     assert found == []
 
 
@@ -154,10 +198,13 @@ def test_services_and_common_do_not_import_the_roles_above_them():
     roles = ("apexrl.actor", "apexrl.learner", "apexrl.launcher", "apexrl.algorithms")
 
     def rule(module: str, target: str) -> str | None:
-        if under(module, ("apexrl.common", "apexrl.replay_server", "apexrl.parameter_server")) and \
-                under(target, roles):
+        if under(module, ("apexrl.common", "apexrl.replay_server", "apexrl.parameter_server")) and under(
+            target, roles
+        ):
             return "services and common/ sit below the roles"
-        if under(module, "apexrl.common") and under(target, ("apexrl.replay_server", "apexrl.parameter_server")):
+        if under(module, "apexrl.common") and under(
+            target, ("apexrl.replay_server", "apexrl.parameter_server")
+        ):
             return "common/ holds what several roles share and imports no service"
         return None
 
@@ -165,8 +212,11 @@ def test_services_and_common_do_not_import_the_roles_above_them():
 
 
 def test_no_client_imports_a_servicer():
-    clients = ("apexrl.replay_server.client", "apexrl.replay_server.priority_stream",
-               "apexrl.parameter_server.client")
+    clients = (
+        "apexrl.replay_server.client",
+        "apexrl.replay_server.priority_stream",
+        "apexrl.parameter_server.client",
+    )
 
     def rule(module: str, target: str) -> str | None:
         if module in clients and target.endswith(".service"):
@@ -187,7 +237,10 @@ def test_only_the_wire_edge_touches_grpc_and_generated_code():
 
 def test_the_replay_shard_and_the_sdk_never_import_torch_or_gymnasium():
     torch_free = ("apexrl.common", "apexrl.replay_server", "apexrl.parameter_server")
-    allowed = {"apexrl.common.environments", "apexrl.common.env_adapters"}  # gymnasium: actor and learner only
+    allowed = {
+        "apexrl.common.environments",
+        "apexrl.common.env_adapters",
+    }  # gymnasium: actor and learner only
 
     def rule(module: str, target: str) -> str | None:
         if under(module, torch_free) and module not in allowed and under(target, ("torch", "gymnasium")):
@@ -213,11 +266,21 @@ def test_a_rule_violation_is_caught(tmp_path):
     assert (4, "grpc") in imports(bad)
 
 
-@pytest.mark.parametrize("module", [
-    "apexrl", "apexrl.replay_server.main", "apexrl.replay_server.service", "apexrl.parameter_server.main",
-    "apexrl.actor", "apexrl.learner", "apexrl.launcher.cli", "apexrl.algorithms.registry",
-    "apexrl.algorithms.dqn.acting", "apexrl.algorithms.dpg.acting",
-])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "apexrl",
+        "apexrl.replay_server.main",
+        "apexrl.replay_server.service",
+        "apexrl.parameter_server.main",
+        "apexrl.actor",
+        "apexrl.learner",
+        "apexrl.launcher.cli",
+        "apexrl.algorithms.registry",
+        "apexrl.algorithms.dqn.acting",
+        "apexrl.algorithms.dpg.acting",
+    ],
+)
 def test_importing_the_shard_sdk_and_cli_loads_no_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules, 'gymnasium' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
@@ -227,20 +290,23 @@ def test_importing_the_shard_sdk_and_cli_loads_no_torch(module):
 def test_only_the_compression_module_imports_the_codecs_and_the_shard_never_loads_them():
     """A replay shard stores frames as they came: zstandard and lz4 are imported by common/compression.py alone,
     inside the functions that compress or decompress, and a shard that served compressed rows never loaded them."""
+
     def rule(module: str, target: str) -> str | None:
         if under(target, ("zstandard", "lz4")) and module != "apexrl.common.compression":
             return "only common/compression.py imports the codecs"
         return None
 
     assert violations(rule) == []
-    code = ("import sys, numpy as np\n"
-            "from apexrl.common import codec\n"
-            "from apexrl.replay_server.table import ReplayTable, TableConfig\n"
-            "from apexrl.common.compression import CompressedColumn\n"
-            "frames = CompressedColumn('zstd', np.dtype('uint8'), (4,), b'\\x28\\xb5\\x2f\\xfd' * 2, np.array([4, 4]))\n"
-            "t = ReplayTable(TableConfig(capacity=10))\n"
-            "t.insert({'obs': codec.decode_tensor(codec.encode_tensor(frames)), 'a': np.zeros(2)})\n"
-            "t.sample(2)\n"
-            "print('zstandard' in sys.modules, 'lz4' in sys.modules)")
+    code = (
+        "import sys, numpy as np\n"
+        "from apexrl.common import codec\n"
+        "from apexrl.replay_server.table import ReplayTable, TableConfig\n"
+        "from apexrl.common.compression import CompressedColumn\n"
+        "frames = CompressedColumn('zstd', np.dtype('uint8'), (4,), b'\\x28\\xb5\\x2f\\xfd' * 2, np.array([4, 4]))\n"
+        "t = ReplayTable(TableConfig(capacity=10))\n"
+        "t.insert({'obs': codec.decode_tensor(codec.encode_tensor(frames)), 'a': np.zeros(2)})\n"
+        "t.sample(2)\n"
+        "print('zstandard' in sys.modules, 'lz4' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr

@@ -21,7 +21,9 @@ class Params:
 
     def __init__(self, port: int = 0) -> None:
         self.registry = CollectorRegistry()
-        self.server, self.port, self.store, _ = create_parameter_server(f"127.0.0.1:{port}", registry=self.registry)
+        self.server, self.port, self.store, _ = create_parameter_server(
+            f"127.0.0.1:{port}", registry=self.registry
+        )
         self.address = f"127.0.0.1:{self.port}"
 
     def fetches(self, result: str) -> float:
@@ -79,8 +81,16 @@ def run_actor(tmp_path):
     running: list[Running] = []
 
     def start(**settings) -> Running:
-        config = ActorConfig(**{"seed": 0, "gamma": GAMMA, "batch_size": BATCH, "metrics_port": -1,
-                                "weights_wait_seconds": 30.0, **settings})
+        config = ActorConfig(
+            **{
+                "seed": 0,
+                "gamma": GAMMA,
+                "batch_size": BATCH,
+                "metrics_port": -1,
+                "weights_wait_seconds": 30.0,
+                **settings,
+            }
+        )
         csv = tmp_path / f"actor-{len(running)}.csv"
         registry = CollectorRegistry()
         running.append(Running(ApeXActor(config, registry, EpisodeLog(csv)), registry))

@@ -36,18 +36,24 @@ def weights(seed: int) -> dict[str, np.ndarray]:
     return state_dict_to_numpy(DuelingQNetwork(4, 2, (16,)))
 
 
-
 def shards_of(make_shard, count: int):
     return [make_shard(TableConfig(capacity=10_000, alpha=1.0, seed=s)) for s in range(count)]
 
 
-def test_it_waits_for_weights_then_inserts_n_step_transitions_with_its_own_priorities(make_shard, params,
-                                                                                       run_actor):
+def test_it_waits_for_weights_then_inserts_n_step_transitions_with_its_own_priorities(
+    make_shard, params, run_actor
+):
     shards = shards_of(make_shard, 3)
     service = params()
     # 66 steps: at least 64 transitions are complete (n - 1 = 2 may wait for their return), so 4 batches of 16.
-    run = run_actor(params=service.address, replay=tuple(s.address for s in shards), actor_index=4, num_actors=5,
-                    max_env_steps=66, pull_every=1000)
+    run = run_actor(
+        params=service.address,
+        replay=tuple(s.address for s in shards),
+        actor_index=4,
+        num_actors=5,
+        max_env_steps=66,
+        pull_every=1000,
+    )
     wait_until(lambda: service.fetches("not_newer") >= 2, "the actor asked twice for weights")
     assert run.actor.env_steps == 0 and all(s.table.info().size == 0 for s in shards)
     published = weights(0)
@@ -62,12 +68,20 @@ def test_it_waits_for_weights_then_inserts_n_step_transitions_with_its_own_prior
     for shard in shards:
         batch = shard.table.sample(512)
         # Initial priority = |TD error| of the actor's own network + a floor (alpha 1: stored as sent).
-        np.testing.assert_allclose(batch.priorities, policy.initial_priorities(batch.columns) + MIN_PRIORITY, rtol=1e-5)
+        np.testing.assert_allclose(
+            batch.priorities, policy.initial_priorities(batch.columns) + MIN_PRIORITY, rtol=1e-5
+        )
         # CartPole pays 1 per step: an n = 3 return mid-episode, or a shorter one ending in a terminal state.
-        pairs = {(round(float(r), 5), round(float(d), 5))
-                 for r, d in zip(batch.columns["reward"], batch.columns["discount"], strict=True)}
-        assert pairs <= {(round(full_return, 5), round(GAMMA**3, 5)), (round(full_return, 5), 0.0),
-                         (round(1 + GAMMA, 5), 0.0), (1.0, 0.0)}, pairs
+        pairs = {
+            (round(float(r), 5), round(float(d), 5))
+            for r, d in zip(batch.columns["reward"], batch.columns["discount"], strict=True)
+        }
+        assert pairs <= {
+            (round(full_return, 5), round(GAMMA**3, 5)),
+            (round(full_return, 5), 0.0),
+            (round(1 + GAMMA, 5), 0.0),
+            (1.0, 0.0),
+        }, pairs
     assert run.metric("apexrl_actor_transitions_sent_total") == 64
     # One CSV line per finished episode, with its return (1 per step) and the weights it was played with.
     episodes = read_episodes(run.csv)
@@ -94,8 +108,9 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_weights_missing_while_the_learner_starts_are_info_and_warn_only_if_it_lasts(make_shard, run_actor,
-                                                                                      caplog, monkeypatch):
+def test_weights_missing_while_the_learner_starts_are_info_and_warn_only_if_it_lasts(
+    make_shard, run_actor, caplog, monkeypatch
+):
     """`apexrl launch` starts actors while the learner starts, so every run's actors find the parameter service
     unreachable at first: that is no fault, and is logged at INFO; a WARNING comes only once the start-up window is
     over and the weights are still missing."""
@@ -115,17 +130,27 @@ def test_weights_missing_while_the_learner_starts_are_info_and_warn_only_if_it_l
     run = run_actor(params=address, replay=(make_shard().address,), weights_wait_seconds=1.5)
     with pytest.raises(TimeoutError):
         run.join()
-    warnings = [r.getMessage() for r in caplog.records if r.name == "apexrl.actor" and r.levelname == "WARNING"]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "apexrl.actor" and r.levelname == "WARNING"
+    ]
     assert warnings and all(w.startswith(f"no weights from {address} after ") for w in warnings), caplog.text
 
 
 def test_batches_for_a_shard_that_is_down_fail_over_to_the_next_one(make_shard, params, run_actor):
     shards = shards_of(make_shard, 3)
-    shards[1].server.stop(0)  # down from the start: its client accepts 8 batches (max in flight), then is full
+    shards[1].server.stop(
+        0
+    )  # down from the start: its client accepts 8 batches (max in flight), then is full
     service = params()
     service.store.publish(weights(1))
-    run = run_actor(params=service.address, replay=tuple(s.address for s in shards), actor_index=0,
-                    num_actors=1, max_env_steps=40 * BATCH + 2, pull_every=1000)
+    run = run_actor(
+        params=service.address,
+        replay=tuple(s.address for s in shards),
+        actor_index=0,
+        num_actors=1,
+        max_env_steps=40 * BATCH + 2,
+        pull_every=1000,
+    )
     run.join()
     for live in (0, 2):
         run.actor.shards[live].flush(timeout=10)
@@ -144,7 +169,8 @@ def test_batches_for_a_shard_that_is_down_fail_over_to_the_next_one(make_shard, 
 
 
 def test_it_keeps_acting_while_the_parameter_service_is_down_and_takes_newer_weights_when_back(
-        make_shard, params, run_actor):
+    make_shard, params, run_actor
+):
     shard = make_shard(TableConfig(capacity=100_000, alpha=1.0))
     service = params()
     service.store.publish(weights(0))
@@ -152,16 +178,25 @@ def test_it_keeps_acting_while_the_parameter_service_is_down_and_takes_newer_wei
     wait_until(lambda: run.actor.weight_version == 1, "the actor got version 1")
     service.server.stop(1).wait()  # a pull in flight is answered; later ones find nothing listening
     steps = run.actor.env_steps
-    wait_until(lambda: run.running() and run.metric("apexrl_actor_weight_fetch_failures_total") >= 3
-               and run.actor.env_steps >= steps + 200, "the actor acted on through failed pulls")
+    wait_until(
+        lambda: (
+            run.running()
+            and run.metric("apexrl_actor_weight_fetch_failures_total") >= 3
+            and run.actor.env_steps >= steps + 200
+        ),
+        "the actor acted on through failed pulls",
+    )
     assert run.actor.weight_version == 1 and run.thread.is_alive()
     back = params(service.port)  # the service is back on the same address, with a newer version
     back.store.publish(weights(2), version=2)
-    wait_until(lambda: run.running() and run.actor.weight_version == 2, "the actor took version 2", timeout=30)
+    wait_until(
+        lambda: run.running() and run.actor.weight_version == 2, "the actor took version 2", timeout=30
+    )
     run.stop.set()
     run.join()
-    np.testing.assert_array_equal(run.actor.policy.q_values(np.ones((1, 4))),
-                                  NumpyDuelingPolicy(weights(2)).q_values(np.ones((1, 4))))
+    np.testing.assert_array_equal(
+        run.actor.policy.q_values(np.ones((1, 4))), NumpyDuelingPolicy(weights(2)).q_values(np.ones((1, 4)))
+    )
     assert shard.table.info().inserted_total > 0
 
 
@@ -182,31 +217,43 @@ def test_a_pull_cut_off_by_the_parameter_service_stopping_does_not_end_the_actor
     shard = make_shard(TableConfig(capacity=100_000, alpha=1.0))
     registry, store = CollectorRegistry(), WeightStore()
     servicer = CancellingServicer(store, RpcMetrics(registry, "params"), registry)
-    server = AioServerThread(lambda s: parameters_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, s),
-                             [SERVICE_NAME], max_message_bytes=4 * 1024 * 1024)
+    server = AioServerThread(
+        lambda s: parameters_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, s),
+        [SERVICE_NAME],
+        max_message_bytes=4 * 1024 * 1024,
+    )
     port = server.start("127.0.0.1:0")
     try:
         store.publish(weights(0))
-        run = run_actor(params=f"127.0.0.1:{port}", replay=(shard.address,), pull_every=20,
-                        max_steps_per_second=2000)
+        run = run_actor(
+            params=f"127.0.0.1:{port}", replay=(shard.address,), pull_every=20, max_steps_per_second=2000
+        )
         wait_until(lambda: run.actor.weight_version == 1, "the actor got version 1")
         servicer.cancel = True
         steps = run.actor.env_steps
-        wait_until(lambda: run.running() and run.metric("apexrl_actor_weight_fetch_failures_total") >= 3
-                   and run.actor.env_steps >= steps + 200, "the actor acted on through cancelled pulls")
+        wait_until(
+            lambda: (
+                run.running()
+                and run.metric("apexrl_actor_weight_fetch_failures_total") >= 3
+                and run.actor.env_steps >= steps + 200
+            ),
+            "the actor acted on through cancelled pulls",
+        )
         assert run.actor.weight_version == 1
     finally:
         server.stop(0)
 
 
-def test_the_evaluator_plays_rounds_of_greedy_episodes_each_round_with_the_newest_weights(make_shard, params,
-                                                                                          run_actor, caplog):
+def test_the_evaluator_plays_rounds_of_greedy_episodes_each_round_with_the_newest_weights(
+    make_shard, params, run_actor, caplog
+):
     caplog.set_level(logging.INFO, logger="apexrl.actor")
     shard = make_shard()
     service = params()
     service.store.publish(weights(0))
-    run = run_actor(params=service.address, evaluate=True, num_envs=5, max_episodes=10,
-                    evaluation_round_seconds=2.0)
+    run = run_actor(
+        params=service.address, evaluate=True, num_envs=5, max_episodes=10, evaluation_round_seconds=2.0
+    )
     assert run.actor.explorer.scale == 0.0 and run.actor.shards == []
     wait_until(lambda: run.actor.episodes >= 5, "a first round of 5 evaluation episodes")
     service.store.publish(weights(3))  # while the evaluator rests (at least 2 s minus its round's length)
@@ -218,9 +265,10 @@ def test_the_evaluator_plays_rounds_of_greedy_episodes_each_round_with_the_newes
     # Its log says how the greedy policy does: one line per round (docs/deploy-kubernetes.md, "Watch").
     rounds = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evaluation round")]
     for k, line in enumerate(rounds):
-        mean = sum(e.episode_return for e in episodes[5 * k:5 * k + 5]) / 5
-        assert line.startswith(f"evaluation round {k + 1} (weights v{k + 1}): 5 greedy episodes, mean return "
-                               f"{mean:.1f} (min "), line
+        mean = sum(e.episode_return for e in episodes[5 * k : 5 * k + 5]) / 5
+        assert line.startswith(
+            f"evaluation round {k + 1} (weights v{k + 1}): 5 greedy episodes, mean return {mean:.1f} (min "
+        ), line
     assert len(rounds) == 2, caplog.text
 
 
@@ -252,11 +300,20 @@ gym.register("apexrl-test/Counter-v0", entry_point=CounterEnv, max_episode_steps
 
 
 @pytest.mark.parametrize("clip", [False, True])
-def test_a_vector_environment_assembles_n_step_transitions_per_environment(make_shard, params, run_actor, clip):
+def test_a_vector_environment_assembles_n_step_transitions_per_environment(
+    make_shard, params, run_actor, clip
+):
     shard = make_shard(TableConfig(capacity=10_000, alpha=0.0, seed=0))  # alpha 0: uniform sampling
     service = params()
-    run = run_actor(params=service.address, replay=(shard.address,), env="apexrl-test/Counter-v0", num_envs=3,
-                    max_env_steps=3 * 40, pull_every=1000, batch_size=4)
+    run = run_actor(
+        params=service.address,
+        replay=(shard.address,),
+        env="apexrl-test/Counter-v0",
+        num_envs=3,
+        max_env_steps=3 * 40,
+        pull_every=1000,
+        batch_size=4,
+    )
     run.actor.clip_rewards = clip  # as for Atari: train on rewards clipped to [-1, 1], report true returns
     torch.manual_seed(0)
     service.store.publish(state_dict_to_numpy(DuelingQNetwork(2, 2, (8,))))  # the actor starts on these
@@ -278,10 +335,13 @@ def test_a_vector_environment_assembles_n_step_transitions_per_environment(make_
         assert columns["discount"][row] == pytest.approx(want_discount, rel=1e-5)
     # Every step of an episode starts a transition.
     assert set(zip(tags.tolist(), t0.tolist(), strict=True)) == {
-        (tag, start) for tag in (0.0, 1.0, 2.0) for start in range(min(5 + int(tag) % 3, 6))}
+        (tag, start) for tag in (0.0, 1.0, 2.0) for start in range(min(5 + int(tag) % 3, 6))
+    }
     episodes = read_episodes(run.csv)
     assert sorted({e.length for e in episodes}) == [5, 6]
-    assert all(e.episode_return == CounterEnv.REWARD * e.length for e in episodes)  # true returns, even clipped
+    assert all(
+        e.episode_return == CounterEnv.REWARD * e.length for e in episodes
+    )  # true returns, even clipped
     # 40 steps of each environment: all sent but up to n - 1 = 2 per environment still waiting for their return
     # and fewer than a batch (4) not yet sent.
     assert 3 * 40 - 3 * 2 - 3 <= shard.table.info().inserted_total <= 3 * 40
@@ -296,21 +356,31 @@ def test_rows_carry_the_weights_version_that_made_them_and_the_lag_is_exported(m
     service.store.publish(weights(1), version=4)  # versions 2 and 3 went by unseen: the actor was 3 behind
     wait_until(lambda: run.actor.weight_version == 4, "the actor pulled version 4")
     assert run.metric("apexrl_actor_weight_version_lag_versions") == 3
-    wait_until(lambda: 4 in set(shard.table.sample(4096).columns["weight_version"].tolist()), "rows of version 4")
+    wait_until(
+        lambda: 4 in set(shard.table.sample(4096).columns["weight_version"].tolist()), "rows of version 4"
+    )
     run.stop.set()
     run.join()
     versions = set(shard.table.sample(4096).columns["weight_version"].tolist())
     assert versions <= {1, 4} and {1, 4} <= versions  # never a version the actor did not act with
 
 
-def test_an_actor_held_back_by_full_shards_finds_a_shard_that_joins_its_name_meanwhile(make_shard, params,
-                                                                                        run_actor):
+def test_an_actor_held_back_by_full_shards_finds_a_shard_that_joins_its_name_meanwhile(
+    make_shard, params, run_actor
+):
     """A headless Service lists only the pods Ready when an actor resolves it. The actor, held back by the one
     shard it knew (its rate limiter holds inserts until the learner samples, and the learner waits for more rows
     than that shard admits), must keep following the name, or the fleet deadlocks (seen in the pod emulation)."""
     # Shard A on 127.0.0.1:P admits 64 rows before anything samples; shard B is on 127.0.0.2:P, the same port.
-    full = make_shard(TableConfig(capacity=10_000, seed=0, min_size_to_sample=32, samples_per_insert=1.0,
-                                  samples_per_insert_tolerance=32.0))
+    full = make_shard(
+        TableConfig(
+            capacity=10_000,
+            seed=0,
+            min_size_to_sample=32,
+            samples_per_insert=1.0,
+            samples_per_insert_tolerance=32.0,
+        )
+    )
     port = int(full.address.rsplit(":", 1)[1])
     joining = ReplayTable(TableConfig(capacity=10_000, seed=1))
     server, _, _, _ = create_replay_server(joining, f"127.0.0.2:{port}")
@@ -319,14 +389,23 @@ def test_an_actor_held_back_by_full_shards_finds_a_shard_that_joins_its_name_mea
         service = params()
         target = f"dns:///fleet.test:{port}"
         run = run_actor(params=service.address, replay=(target,), pull_every=1000)
-        run.actor._addresses = ShardAddresses((target,), resolve_every=0.1, resolver=lambda name, p: list(resolved))
+        run.actor._addresses = ShardAddresses(
+            (target,), resolve_every=0.1, resolver=lambda name, p: list(resolved)
+        )
         service.store.publish(weights(0))
-        wait_until(lambda: full.table.info().inserted_total >= 64, "shard A filled up to its limiter", timeout=30)
-        wait_until(lambda: run.actor.shards and run.actor.shards[0].pending >= 8, "the actor held back", timeout=30)
+        wait_until(
+            lambda: full.table.info().inserted_total >= 64, "shard A filled up to its limiter", timeout=30
+        )
+        wait_until(
+            lambda: run.actor.shards and run.actor.shards[0].pending >= 8, "the actor held back", timeout=30
+        )
         assert joining.info().inserted_total == 0 and run.running()
         resolved.append("127.0.0.2")  # the second pod becomes Ready
-        wait_until(lambda: joining.info().inserted_total > 0, "the actor inserts into the shard that joined",
-                   timeout=15)
+        wait_until(
+            lambda: joining.info().inserted_total > 0,
+            "the actor inserts into the shard that joined",
+            timeout=15,
+        )
         assert run.running()
     finally:
         joining.close()

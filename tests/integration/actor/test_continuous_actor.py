@@ -19,8 +19,12 @@ from apexrl.replay_server.table import TableConfig
 from tests.conftest import wait_until
 
 # (environment, the extra that brings it; missing is a failure: scripts/setup.sh installs every extra)
-ENVIRONMENTS = [("Pendulum-v1", None), ("LunarLanderContinuous-v3", "Box2D"), ("HalfCheetah-v5", "mujoco"),
-                ("InvertedPendulum-v5", "mujoco")]
+ENVIRONMENTS = [
+    ("Pendulum-v1", None),
+    ("LunarLanderContinuous-v3", "Box2D"),
+    ("HalfCheetah-v5", "mujoco"),
+    ("InvertedPendulum-v5", "mujoco"),
+]
 
 
 def dpg_weights(env_id: str, seed: int = 0) -> dict[str, np.ndarray]:
@@ -30,8 +34,9 @@ def dpg_weights(env_id: str, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize(("env_id", "module"), ENVIRONMENTS)
-def test_an_actor_on_a_box_space_stores_bounded_float_actions_with_their_td_error(env_id, module, make_shard,
-                                                                                   params, run_actor):
+def test_an_actor_on_a_box_space_stores_bounded_float_actions_with_their_td_error(
+    env_id, module, make_shard, params, run_actor
+):
     if module is not None:
         importlib.import_module(module)
     spaces = env_spaces(env_id)
@@ -39,8 +44,16 @@ def test_an_actor_on_a_box_space_stores_bounded_float_actions_with_their_td_erro
     service = params()
     published = dpg_weights(env_id)
     service.store.publish(published)
-    run = run_actor(env=env_id, params=service.address, replay=(shard.address,), actor_index=1, num_actors=4,
-                    max_env_steps=200, random_steps=50, pull_every=1000)
+    run = run_actor(
+        env=env_id,
+        params=service.address,
+        replay=(shard.address,),
+        actor_index=1,
+        num_actors=4,
+        max_env_steps=200,
+        random_steps=50,
+        pull_every=1000,
+    )
     run.join(120)
     run.actor.close()
     assert run.actor.algorithm.name == "dpg" and run.actor.explorer.random_steps == 50
@@ -53,16 +66,23 @@ def test_an_actor_on_a_box_space_stores_bounded_float_actions_with_their_td_erro
     assert (action >= low).all() and (action <= high).all()
     assert len(np.unique(action[:, 0])) > 100  # noisy, not one greedy action repeated
     policy = NumpyDPGPolicy(published)
-    np.testing.assert_allclose(batch.priorities, policy.initial_priorities(batch.columns) + MIN_PRIORITY,
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        batch.priorities, policy.initial_priorities(batch.columns) + MIN_PRIORITY, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_the_evaluator_plays_the_policy_without_noise(make_shard, params, run_actor):
     service = params()
     published = dpg_weights("Pendulum-v1")
     service.store.publish(published)
-    run = run_actor(env="Pendulum-v1", params=service.address, evaluate=True, num_envs=2, max_episodes=2,
-                    evaluation_round_seconds=0)
+    run = run_actor(
+        env="Pendulum-v1",
+        params=service.address,
+        evaluate=True,
+        num_envs=2,
+        max_episodes=2,
+        evaluation_round_seconds=0,
+    )
     policy = NumpyDPGPolicy(published)
     seen = []
     original = run.actor.explorer.actions

@@ -35,13 +35,17 @@ def params():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("env_id", "package", "image", "compress"), [
-    ("MinAtar/Breakout-v1", "minatar", "bool[10,10,4]@zstd", "zstd"),
-    ("ALE/Pong-v5", "ale_py", "uint8[4,84,84]@zstd", "zstd"),
-    ("ALE/Pong-v5", "ale_py", "uint8[4,84,84]", "none"),
-])
-def test_an_actor_process_on_a_pixel_environment_inserts_image_rows(make_shard, params, env_id, package, image,
-                                                                    compress):
+@pytest.mark.parametrize(
+    ("env_id", "package", "image", "compress"),
+    [
+        ("MinAtar/Breakout-v1", "minatar", "bool[10,10,4]@zstd", "zstd"),
+        ("ALE/Pong-v5", "ale_py", "uint8[4,84,84]@zstd", "zstd"),
+        ("ALE/Pong-v5", "ale_py", "uint8[4,84,84]", "none"),
+    ],
+)
+def test_an_actor_process_on_a_pixel_environment_inserts_image_rows(
+    make_shard, params, env_id, package, image, compress
+):
     importlib.import_module(package)  # the [atari] extra (scripts/setup.sh installs it): missing is a failure
     shard = make_shard(TableConfig(capacity=1000, alpha=1.0, seed=0))  # alpha 1: priorities stored as sent
     address, store = params
@@ -51,13 +55,43 @@ def test_an_actor_process_on_a_pixel_environment_inserts_image_rows(make_shard, 
     store.publish(weights)
     # 2 environments, 60 steps in all: 30 each, of which 28 have their 3-step return: 56 rows, 3 batches of 16.
     done = subprocess.run(
-        [sys.executable, "-m", "apexrl.launcher", "actor", "--env", env_id, "--params", address, "--replay",
-         shard.address, "--num-envs", "2", "--batch-size", str(BATCH), "--max-env-steps", "60", "--pull-every",
-         "1000", "--metrics-port", "-1", "--seed", "0", "--gamma", str(GAMMA), "--compress", compress],
-        capture_output=True, text=True, timeout=50)
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "actor",
+            "--env",
+            env_id,
+            "--params",
+            address,
+            "--replay",
+            shard.address,
+            "--num-envs",
+            "2",
+            "--batch-size",
+            str(BATCH),
+            "--max-env-steps",
+            "60",
+            "--pull-every",
+            "1000",
+            "--metrics-port",
+            "-1",
+            "--seed",
+            "0",
+            "--gamma",
+            str(GAMMA),
+            "--compress",
+            compress,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert str(shard.table.signature) == (f"obs:{image},action:int64[],reward:float32[],discount:float32[],"
-                                          f"next_obs:{image},weight_version:int64[]")
+    assert str(shard.table.signature) == (
+        f"obs:{image},action:int64[],reward:float32[],discount:float32[],"
+        f"next_obs:{image},weight_version:int64[]"
+    )
     assert shard.table.info().inserted_total >= 2 * BATCH
     batch = shard.table.sample(256)
     if compress != "none":  # the shard holds frames; decompress as the learner's data path does
@@ -71,8 +105,9 @@ def test_an_actor_process_on_a_pixel_environment_inserts_image_rows(make_shard, 
     # The initial priorities are the actor's torch network's |TD error| on exactly these rows.
     policy = make_policy(weights, spaces)
     assert isinstance(policy, TorchDuelingPolicy)
-    np.testing.assert_allclose(batch.priorities, policy.initial_priorities(batch.columns) + MIN_PRIORITY, rtol=1e-4,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        batch.priorities, policy.initial_priorities(batch.columns) + MIN_PRIORITY, rtol=1e-4, atol=1e-5
+    )
     if spaces.obs_shape == (4, 84, 84):
         # Mid-episode rows (Pong's random episodes outlast 30 steps) bootstrap 3 steps later in the same game:
         # the newest frame of obs is the oldest of next_obs' stack of 4.

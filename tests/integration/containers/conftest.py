@@ -39,8 +39,12 @@ def version() -> str:
 @pytest.fixture(scope="session")
 def images(podman_ready, version) -> engine.Images:
     built = engine.build_images(version)
-    print(f"\nscripts/build_images.sh: {built.seconds:.0f} s\n" + "\n".join(
-        line for line in built.log.splitlines() if line.startswith(("build_images:", "  apexrl-"))))
+    print(
+        f"\nscripts/build_images.sh: {built.seconds:.0f} s\n"
+        + "\n".join(
+            line for line in built.log.splitlines() if line.startswith(("build_images:", "  apexrl-"))
+        )
+    )
     return built
 
 

@@ -42,8 +42,18 @@ runtime = "runc"
 # How a Kubernetes pod of the manifests runs its container (k8s/base: runAsUser/runAsGroup 10001,
 # readOnlyRootFilesystem, capabilities drop ALL, allowPrivilegeEscalation false, an emptyDir at /tmp only).
 # --read-only-tmpfs=false: podman would otherwise add writable tmpfs at /run, /var/tmp and /tmp by itself.
-POD_LIKE = ("--user", "10001:10001", "--read-only", "--read-only-tmpfs=false", "--cap-drop", "all",
-            "--security-opt", "no-new-privileges", "--tmpfs", "/tmp:rw,nosuid,nodev,size=256m,mode=1777")
+POD_LIKE = (
+    "--user",
+    "10001:10001",
+    "--read-only",
+    "--read-only-tmpfs=false",
+    "--cap-drop",
+    "all",
+    "--security-opt",
+    "no-new-privileges",
+    "--tmpfs",
+    "/tmp:rw,nosuid,nodev,size=256m,mode=1777",
+)
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -64,7 +74,9 @@ def environment() -> dict[str, str]:
 
 
 def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, env=environment())
+    result = subprocess.run(
+        ["podman", *args], capture_output=True, text=True, timeout=timeout, env=environment()
+    )
     if check and result.returncode != 0:
         raise EngineError(f"podman {' '.join(args)}: exit {result.returncode}\n{result.stderr[-3000:]}")
     return result
@@ -88,19 +100,26 @@ def inspect(kind: str, name: str) -> dict:
 
 # --- images -----------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Images:
-    replay: str         # localhost/apexrl-replay:VERSION
-    train: str          # localhost/apexrl-train:VERSION
-    seconds: float      # the build script's wall time (the base image, both targets)
-    log: str            # its output
+    replay: str  # localhost/apexrl-replay:VERSION
+    train: str  # localhost/apexrl-train:VERSION
+    seconds: float  # the build script's wall time (the base image, both targets)
+    log: str  # its output
 
 
 def build_images(version: str, timeout: float = 1500) -> Images:
     """scripts/build_images.sh (both targets); layers and the base image are reused from earlier runs."""
     started = time.monotonic()
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], cwd=REPO, capture_output=True, text=True,
-                            timeout=timeout, env=environment())
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment(),
+    )
     seconds = time.monotonic() - started
     log = result.stdout + result.stderr
     if result.returncode != 0:
@@ -109,6 +128,7 @@ def build_images(version: str, timeout: float = 1500) -> Images:
 
 
 # --- containers -------------------------------------------------------------------------------------------------
+
 
 def run_label() -> str:
     return f"{RUN_LABEL}={os.getpid()}"
@@ -144,20 +164,47 @@ class Container:
             raise AssertionError(f"container {self.name} exited ({state['ExitCode']}):\n{self.logs()}")
 
 
-def run_detached(image: str, name: str, argv: Sequence[str], *, options: Sequence[str] = (),
-                 network: str = "host") -> Container:
+def run_detached(
+    image: str, name: str, argv: Sequence[str], *, options: Sequence[str] = (), network: str = "host"
+) -> Container:
     """`podman run -d` under the pod-like settings (POD_LIKE), labelled for cleanup."""
-    podman("run", "--detach", "--name", name, "--label", run_label(), "--network", network, *POD_LIKE, *options,
-           image, *argv)
+    podman(
+        "run",
+        "--detach",
+        "--name",
+        name,
+        "--label",
+        run_label(),
+        "--network",
+        network,
+        *POD_LIKE,
+        *options,
+        image,
+        *argv,
+    )
     return Container(name)
 
 
-def run_once(image: str, *argv: str, entrypoint: str | None = None, options: Sequence[str] = (),
-             timeout: float = 120) -> subprocess.CompletedProcess:
+def run_once(
+    image: str, *argv: str, entrypoint: str | None = None, options: Sequence[str] = (), timeout: float = 120
+) -> subprocess.CompletedProcess:
     """`podman run --rm` of a command to completion, no network, pod-like settings."""
     extra = ["--entrypoint", entrypoint] if entrypoint else []
-    return podman("run", "--rm", "--label", run_label(), "--network", "none", *POD_LIKE, *extra, *options,
-                  image, *argv, timeout=timeout, check=False)
+    return podman(
+        "run",
+        "--rm",
+        "--label",
+        run_label(),
+        "--network",
+        "none",
+        *POD_LIKE,
+        *extra,
+        *options,
+        image,
+        *argv,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def create_volume(name: str) -> str:
@@ -169,12 +216,18 @@ def cleanup(pid: int | None = None) -> list[str]:
     """Remove the containers, pods and volumes labelled with run `pid` (default: this process); their names."""
     label = f"{RUN_LABEL}={pid or os.getpid()}"
     removed = []
-    for kind, listing in (("pod", ["pod", "ps", "-q"]), ("container", ["ps", "-aq"]),
-                          ("volume", ["volume", "ls", "-q"])):
+    for kind, listing in (
+        ("pod", ["pod", "ps", "-q"]),
+        ("container", ["ps", "-aq"]),
+        ("volume", ["volume", "ls", "-q"]),
+    ):
         names = podman(*listing, "--filter", f"label={label}", check=False).stdout.split()
         if names:
-            rm = {"pod": ["pod", "rm", "--force", "--time", "0"], "container": ["rm", "--force", "--time", "0"],
-                  "volume": ["volume", "rm", "--force"]}[kind]
+            rm = {
+                "pod": ["pod", "rm", "--force", "--time", "0"],
+                "container": ["rm", "--force", "--time", "0"],
+                "volume": ["volume", "rm", "--force"],
+            }[kind]
             podman(*rm, *names, check=False, timeout=180)
             removed += [f"{kind} {n}" for n in names]
     return removed
@@ -183,8 +236,11 @@ def cleanup(pid: int | None = None) -> list[str]:
 def remove_stale() -> list[str]:
     """Remove what earlier runs left behind whose process is gone (a crashed or killed test run)."""
     pids = set()
-    for listing in (["pod", "ps", "--format", "{{json .Labels}}"], ["ps", "-a", "--format", "{{json .Labels}}"],
-                    ["volume", "ls", "--format", "{{json .Labels}}"]):
+    for listing in (
+        ["pod", "ps", "--format", "{{json .Labels}}"],
+        ["ps", "-a", "--format", "{{json .Labels}}"],
+        ["volume", "ls", "--format", "{{json .Labels}}"],
+    ):
         for line in podman(*listing, check=False).stdout.splitlines():
             with contextlib.suppress(json.JSONDecodeError, AttributeError, ValueError):
                 value = (json.loads(line) or {}).get(RUN_LABEL)
@@ -208,6 +264,7 @@ def _alive(pid: int) -> bool:
 
 
 # --- talking to them --------------------------------------------------------------------------------------------
+
 
 def free_ports(count: int) -> list[int]:
     """`count` distinct TCP ports free on 127.0.0.1 right now (held open together while chosen)."""
@@ -243,7 +300,8 @@ def wait_until(condition, what: str, timeout: float, *, check=None, interval: fl
         except Exception as err:  # noqa: BLE001 - a server not up yet answers with all sorts of errors
             last = err
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
-                                 + (f" (last error: {last!r})" if last else ""))
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what}"
+                + (f" (last error: {last!r})" if last else "")
+            )
         time.sleep(interval)
-

@@ -76,8 +76,8 @@ ADAPTATIONS = (
 
 @dataclass
 class PlayedPod:
-    name: str                  # podman's pod name: NAME-i (StatefulSet), NAME-pod-0 (Deployment)
-    workload: dict             # the rendered object it comes from
+    name: str  # podman's pod name: NAME-i (StatefulSet), NAME-pod-0 (Deployment)
+    workload: dict  # the rendered object it comes from
     ordinal: int
     address: str = ""
     grace: float = 30.0
@@ -132,25 +132,43 @@ class KubePlay:
     def _statefulset_pod(self, sts: dict, i: int) -> list[dict]:
         name = f"{sts['metadata']['name']}-{i}"
         template = copy.deepcopy(sts["spec"]["template"])
-        labels = {**template["metadata"].get("labels", {}), m.POD_INDEX_LABEL: str(i),
-                  pods.POD_NAME_LABEL: name, engine.RUN_LABEL: str(os.getpid())}
+        labels = {
+            **template["metadata"].get("labels", {}),
+            m.POD_INDEX_LABEL: str(i),
+            pods.POD_NAME_LABEL: name,
+            engine.RUN_LABEL: str(os.getpid()),
+        }
         spec = template["spec"]
         spec["hostname"] = name
         claims = []
         for vct in sts["spec"].get("volumeClaimTemplates", []):
             claim = f"{vct['metadata']['name']}-{name}"
-            claims.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                           "metadata": {"name": claim, "namespace": self.namespace,
-                                        "labels": {**vct["metadata"].get("labels", {}),
-                                                   engine.RUN_LABEL: str(os.getpid())}},
-                           "spec": vct["spec"]})
-            spec.setdefault("volumes", []).append({"name": vct["metadata"]["name"],
-                                                   "persistentVolumeClaim": {"claimName": claim}})
+            claims.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {
+                        "name": claim,
+                        "namespace": self.namespace,
+                        "labels": {**vct["metadata"].get("labels", {}), engine.RUN_LABEL: str(os.getpid())},
+                    },
+                    "spec": vct["spec"],
+                }
+            )
+            spec.setdefault("volumes", []).append(
+                {"name": vct["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim}}
+            )
             self.volumes.append(claim)
         self._adapt(sts, spec, name, i)
-        return [*claims, {"apiVersion": "v1", "kind": "Pod",
-                          "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
-                          "spec": spec}]
+        return [
+            *claims,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
+                "spec": spec,
+            },
+        ]
 
     def _deployment(self, deployment: dict) -> dict:
         obj = copy.deepcopy(deployment)
@@ -176,8 +194,9 @@ class KubePlay:
                     var["value"] = self.namespace
             for mount in container.get("volumeMounts", []):
                 mount["name"] = renamed.get(mount["name"], mount["name"])
-        self.pods.append(PlayedPod(pod_name, workload, ordinal,
-                                   grace=float(spec.get("terminationGracePeriodSeconds", 30))))
+        self.pods.append(
+            PlayedPod(pod_name, workload, ordinal, grace=float(spec.get("terminationGracePeriodSeconds", 30)))
+        )
 
     # --- running ------------------------------------------------------------------------------------------------
 
@@ -194,20 +213,28 @@ class KubePlay:
         path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
         netns.remove_stale(PREFIX)
         # Pods and volumes of these names are what a killed earlier run left (kube play would refuse to replace them).
-        engine.podman("pod", "rm", "--force", "--time", "0", *(p.name for p in self.pods), check=False, timeout=180)
+        engine.podman(
+            "pod", "rm", "--force", "--time", "0", *(p.name for p in self.pods), check=False, timeout=180
+        )
         engine.podman("volume", "rm", "--force", *self.volumes, check=False, timeout=120)
         engine.podman("kube", "play", "--start=false", "--network", "none", str(path), timeout=300)
         self.subnet = netns._free_subnet(os.getpid(), PREFIX)
         hosts = list(self.subnet.hosts())
         netns._ip("link", "add", self.bridge, "type", "bridge")
-        netns._ip("addr", "add", f"{hosts[-1]}/{self.subnet.prefixlen}", "dev", self.bridge)  # the node's address
+        netns._ip(
+            "addr", "add", f"{hosts[-1]}/{self.subnet.prefixlen}", "dev", self.bridge
+        )  # the node's address
         netns._ip("link", "set", self.bridge, "up")
         for k, pod in enumerate(self.pods):
             facts = engine.inspect("pod", pod.name)
             pod.containers = [c["Name"] for c in facts["Containers"] if c["Id"] != facts["InfraContainerID"]]
             engine.podman("start", facts["InfraContainerID"])
             pid = engine.inspect("container", facts["InfraContainerID"])["State"]["Pid"]
-            pod.address, pod.veth, pod.netns = str(hosts[k]), f"{self.run_id}v{k}", f"{self.run_id}-{pod.name}"
+            pod.address, pod.veth, pod.netns = (
+                str(hosts[k]),
+                f"{self.run_id}v{k}",
+                f"{self.run_id}-{pod.name}",
+            )
             netns._ip("netns", "attach", pod.netns, str(pid))
             netns._ip("link", "add", pod.veth, "type", "veth", "peer", "name", "eth0", "netns", pod.netns)
             netns._ip("link", "set", pod.veth, "master", self.bridge, "up")
@@ -219,7 +246,9 @@ class KubePlay:
                 engine.podman("init", container)
                 hosts_path = Path(engine.inspect("container", container)["HostsPath"])
                 with open(hosts_path, "a") as hosts_file:
-                    hosts_file.write(f"# cluster DNS, written by tests/integration/containers/kube_play.py\n{entries}")
+                    hosts_file.write(
+                        f"# cluster DNS, written by tests/integration/containers/kube_play.py\n{entries}"
+                    )
         self.started = time.monotonic()
         for pod in self.pods:
             engine.podman("pod", "start", pod.name)
@@ -288,12 +317,22 @@ def container_facts(name: str) -> dict:
     host = facts["HostConfig"]
     with open(f"/proc/{facts['State']['Pid']}/status") as status:
         proc = dict(line.rstrip("\n").split(":\t", 1) for line in status if ":\t" in line)
-    return {"user": facts["Config"]["User"], "read_only": host["ReadonlyRootfs"],
-            "cap_eff": int(proc["CapEff"], 16), "no_new_privs": proc["NoNewPrivs"] == "1",
-            "uid": proc["Uid"].split()[0], "groups": proc["Groups"].split(), "seccomp": proc["Seccomp"] == "2",
-            "memory": host["Memory"], "cpu_quota": host["CpuQuota"],
-            "cpu_period": host.get("CpuPeriod") or 100_000, "memory_reservation": host["MemoryReservation"],
-            "env": dict(e.split("=", 1) for e in facts["Config"]["Env"]), "args": facts["Args"],
-            "hostname": facts["Config"]["Hostname"], "stop_timeout": facts["Config"]["StopTimeout"],
-            "healthcheck": facts["Config"].get("Healthcheck"),
-            "mounts": sorted(mount["Destination"] for mount in facts["Mounts"])}
+    return {
+        "user": facts["Config"]["User"],
+        "read_only": host["ReadonlyRootfs"],
+        "cap_eff": int(proc["CapEff"], 16),
+        "no_new_privs": proc["NoNewPrivs"] == "1",
+        "uid": proc["Uid"].split()[0],
+        "groups": proc["Groups"].split(),
+        "seccomp": proc["Seccomp"] == "2",
+        "memory": host["Memory"],
+        "cpu_quota": host["CpuQuota"],
+        "cpu_period": host.get("CpuPeriod") or 100_000,
+        "memory_reservation": host["MemoryReservation"],
+        "env": dict(e.split("=", 1) for e in facts["Config"]["Env"]),
+        "args": facts["Args"],
+        "hostname": facts["Config"]["Hostname"],
+        "stop_timeout": facts["Config"]["StopTimeout"],
+        "healthcheck": facts["Config"].get("Healthcheck"),
+        "mounts": sorted(mount["Destination"] for mount in facts["Mounts"]),
+    }

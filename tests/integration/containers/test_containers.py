@@ -30,14 +30,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 GRACE = {"replay": 60, "learner": 60, "actor": 30, "evaluator": 30}
 # Paths a process in the image might try to write; under POD_LIKE only /tmp (and a mounted volume) may be writable.
 PROBE_PATHS = ("/", "/opt/apexrl", "/opt/apexrl/lib", "/etc", "/var/tmp", "/run", "/home", "/src", "/tmp")
-WRITABLE_PROBE = ("import os, sys, tempfile\n"
-                  "ok = []\n"
-                  "for p in sys.argv[1:]:\n"
-                  "    try:\n"
-                  "        tempfile.TemporaryFile(dir=p).close(); ok.append(p)\n"
-                  "    except OSError:\n"
-                  "        pass\n"
-                  "print(' '.join(ok))\n")
+WRITABLE_PROBE = (
+    "import os, sys, tempfile\n"
+    "ok = []\n"
+    "for p in sys.argv[1:]:\n"
+    "    try:\n"
+    "        tempfile.TemporaryFile(dir=p).close(); ok.append(p)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "print(' '.join(ok))\n"
+)
 
 
 def process_status(container: engine.Container) -> dict[str, str]:
@@ -60,8 +62,9 @@ def check_pod_like(container: engine.Container, volumes: tuple[str, ...] = ()) -
 def services(address: str) -> set[str]:
     with grpc.insecure_channel(address) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        answers = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                            timeout=10)
+        answers = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+        )
         return {s.name for answer in answers for s in answer.list_services_response.service}
 
 
@@ -77,25 +80,49 @@ def metrics(port: int) -> dict[str, float]:
 
 def test_a_replay_container_serves_health_reflection_and_metrics_as_a_pod_runs_it(images):
     grpc_port, metrics_port = engine.free_ports(2)
-    shard = engine.run_detached(images.replay, f"apexrl-test-replay-{grpc_port}",
-                                ["replay", "--host", "127.0.0.1", "--port", str(grpc_port),
-                                 "--metrics-port", str(metrics_port), "--capacity", "1000"])
+    shard = engine.run_detached(
+        images.replay,
+        f"apexrl-test-replay-{grpc_port}",
+        [
+            "replay",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(grpc_port),
+            "--metrics-port",
+            str(metrics_port),
+            "--capacity",
+            "1000",
+        ],
+    )
     address = f"127.0.0.1:{grpc_port}"
-    engine.wait_until(lambda: wait_for_health(address, timeout=2) or True, "the shard reports SERVING", 60,
-                      check=shard.check_alive)
+    engine.wait_until(
+        lambda: wait_for_health(address, timeout=2) or True,
+        "the shard reports SERVING",
+        60,
+        check=shard.check_alive,
+    )
     found = services(address)
-    assert {"apexrl.v1.ReplayService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} \
-        <= found, found
+    assert {
+        "apexrl.v1.ReplayService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= found, found
     with ReplayClient(address) as client:
         client.insert(cartpole_batch(100))
         client.flush(timeout=20)
         assert client.info(timeout=10).size == 100
-    values = engine.wait_until(lambda: (v := metrics(metrics_port)).get("apexrl_replay_size_rows") == 100 and v,
-                               "/metrics reports the 100 rows", 30)
+    values = engine.wait_until(
+        lambda: (v := metrics(metrics_port)).get("apexrl_replay_size_rows") == 100 and v,
+        "/metrics reports the 100 rows",
+        30,
+    )
     check_pod_like(shard)
     code, took = shard.stop(GRACE["replay"])
-    print(f"\nreplay container: services {sorted(found)}; {len(values)} metric samples; SIGTERM -> exit {code} "
-          f"in {took:.1f} s")
+    print(
+        f"\nreplay container: services {sorted(found)}; {len(values)} metric samples; SIGTERM -> exit {code} "
+        f"in {took:.1f} s"
+    )
     assert code == 0 and took < GRACE["replay"], shard.logs()
     logs = shard.logs(200)
     assert "Traceback" not in logs, logs[-4000:]
@@ -118,43 +145,129 @@ def test_a_fleet_of_containers_trains_stops_on_sigterm_and_restores_shard_checkp
         volume = engine.create_volume(f"{run}-checkpoints-{k}")
         shard_ports[f"replay-{k}"] = (grpc_port, metrics_port)
         fleet[f"replay-{k}"] = engine.run_detached(
-            images.replay, f"{run}-replay-{k}",
-            ["replay", "--host", "127.0.0.1", "--port", str(grpc_port), "--metrics-port", str(metrics_port),
-             "--capacity", "20000", "--min-size-to-sample", "300", "--checkpoint-dir", "/var/lib/apexrl/replay"],
-            options=["--volume", f"{volume}:/var/lib/apexrl/replay"])
+            images.replay,
+            f"{run}-replay-{k}",
+            [
+                "replay",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(grpc_port),
+                "--metrics-port",
+                str(metrics_port),
+                "--capacity",
+                "20000",
+                "--min-size-to-sample",
+                "300",
+                "--checkpoint-dir",
+                "/var/lib/apexrl/replay",
+            ],
+            options=["--volume", f"{volume}:/var/lib/apexrl/replay"],
+        )
     shards = ",".join(f"127.0.0.1:{g}" for g, _m in shard_ports.values())
     params_port, learner_metrics = next(ports), next(ports)
     fleet["learner"] = engine.run_detached(
-        images.train, f"{run}-learner",
-        ["learner", "--host", "127.0.0.1", "--port", str(params_port), "--metrics-port", str(learner_metrics),
-         "--replay", shards, "--run-dir", "/tmp/learner", "--device", "cpu", "--torch-threads", "1",
-         "--min-replay-size", "500", "--batch-size", "64", "--hidden-sizes", "64", "--publish-every", "10",
-         "--seed", "0"])
+        images.train,
+        f"{run}-learner",
+        [
+            "learner",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(params_port),
+            "--metrics-port",
+            str(learner_metrics),
+            "--replay",
+            shards,
+            "--run-dir",
+            "/tmp/learner",
+            "--device",
+            "cpu",
+            "--torch-threads",
+            "1",
+            "--min-replay-size",
+            "500",
+            "--batch-size",
+            "64",
+            "--hidden-sizes",
+            "64",
+            "--publish-every",
+            "10",
+            "--seed",
+            "0",
+        ],
+    )
     actor_metrics = {}
     for k in range(2):
         actor_metrics[f"actor-{k}"] = next(ports)
         fleet[f"actor-{k}"] = engine.run_detached(
-            images.train, f"{run}-actor-{k}",
-            ["actor", "--host", "127.0.0.1", "--metrics-port", str(actor_metrics[f"actor-{k}"]),
-             "--replay", shards, "--params", f"127.0.0.1:{params_port}", "--actor-index", str(k),
-             "--num-actors", "2", "--batch-size", "32", "--pull-every", "50", "--seed", str(k)])
+            images.train,
+            f"{run}-actor-{k}",
+            [
+                "actor",
+                "--host",
+                "127.0.0.1",
+                "--metrics-port",
+                str(actor_metrics[f"actor-{k}"]),
+                "--replay",
+                shards,
+                "--params",
+                f"127.0.0.1:{params_port}",
+                "--actor-index",
+                str(k),
+                "--num-actors",
+                "2",
+                "--batch-size",
+                "32",
+                "--pull-every",
+                "50",
+                "--seed",
+                str(k),
+            ],
+        )
     actor_metrics["evaluator"] = next(ports)
     fleet["evaluator"] = engine.run_detached(
-        images.train, f"{run}-evaluator",
-        ["actor", "--evaluate", "--host", "127.0.0.1", "--metrics-port", str(actor_metrics["evaluator"]),
-         "--params", f"127.0.0.1:{params_port}", "--seed", "9"])
+        images.train,
+        f"{run}-evaluator",
+        [
+            "actor",
+            "--evaluate",
+            "--host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(actor_metrics["evaluator"]),
+            "--params",
+            f"127.0.0.1:{params_port}",
+            "--seed",
+            "9",
+        ],
+    )
 
     params = ParameterClient(f"127.0.0.1:{params_port}", timeout=3)
     clients = {name: ReplayClient(f"127.0.0.1:{g}", timeout=3) for name, (g, _m) in shard_ports.items()}
     try:
-        engine.wait_until(lambda: all(c.info(timeout=3).inserted_total > 0 and c.info(timeout=3).sampled_total > 0
-                                      for c in clients.values()),
-                          "both shards written by the actors and sampled by the learner", 240, check=check)
+        engine.wait_until(
+            lambda: all(
+                c.info(timeout=3).inserted_total > 0 and c.info(timeout=3).sampled_total > 0
+                for c in clients.values()
+            ),
+            "both shards written by the actors and sampled by the learner",
+            240,
+            check=check,
+        )
         first = engine.wait_until(params.version, "the learner publishes weights", 120, check=check)
-        version = engine.wait_until(lambda: (v := params.version()) >= first + 3 and v,
-                                    f"the weights version advances past {first}", 180, check=check)
-        engine.wait_until(lambda: metrics(actor_metrics["evaluator"]).get("apexrl_actor_weight_version", 0) > 0,
-                          "the evaluator acts with published weights", 120, check=check)
+        version = engine.wait_until(
+            lambda: (v := params.version()) >= first + 3 and v,
+            f"the weights version advances past {first}",
+            180,
+            check=check,
+        )
+        engine.wait_until(
+            lambda: metrics(actor_metrics["evaluator"]).get("apexrl_actor_weight_version", 0) > 0,
+            "the evaluator acts with published weights",
+            120,
+            check=check,
+        )
         for name, port in actor_metrics.items():
             assert any(k.startswith("apexrl_actor_") for k in metrics(port)), name
         trained = time.monotonic() - started
@@ -165,7 +278,9 @@ def test_a_fleet_of_containers_trains_stops_on_sigterm_and_restores_shard_checkp
         params.close()
         for c in clients.values():
             c.close()
-    print(f"\nfleet of 6 containers: weights version {first} -> {version} after {trained:.0f} s; shard rows {sizes}")
+    print(
+        f"\nfleet of 6 containers: weights version {first} -> {version} after {trained:.0f} s; shard rows {sizes}"
+    )
 
     # SIGTERM as the kubelet sends it: clients first (the actors stop writing), then the learner, then the shards.
     stops = {}
@@ -185,13 +300,30 @@ def test_a_fleet_of_containers_trains_stops_on_sigterm_and_restores_shard_checkp
         name = f"replay-{k}"
         grpc_port = engine.free_ports(1)[0]
         restored = engine.run_detached(
-            images.replay, f"{run}-replay-{k}-again",
-            ["replay", "--host", "127.0.0.1", "--port", str(grpc_port), "--metrics-port", "-1",
-             "--capacity", "20000", "--checkpoint-dir", "/var/lib/apexrl/replay"],
-            options=["--volume", f"{run}-checkpoints-{k}:/var/lib/apexrl/replay"])
+            images.replay,
+            f"{run}-replay-{k}-again",
+            [
+                "replay",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(grpc_port),
+                "--metrics-port",
+                "-1",
+                "--capacity",
+                "20000",
+                "--checkpoint-dir",
+                "/var/lib/apexrl/replay",
+            ],
+            options=["--volume", f"{run}-checkpoints-{k}:/var/lib/apexrl/replay"],
+        )
         with ReplayClient(f"127.0.0.1:{grpc_port}", timeout=3) as client:
-            size = engine.wait_until(lambda c=client: c.info(timeout=3).size, f"{name} restores its rows", 90,
-                                     check=restored.check_alive)
+            size = engine.wait_until(
+                lambda c=client: c.info(timeout=3).size,
+                f"{name} restores its rows",
+                90,
+                check=restored.check_alive,
+            )
         assert size >= sizes[name], (name, size, sizes[name])
         assert "restor" in restored.logs(), restored.logs()
         code, _took = restored.stop(GRACE["replay"])

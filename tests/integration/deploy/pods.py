@@ -124,7 +124,7 @@ CLUSTER_DOMAIN = "cluster.local"
 POD_INDEX_LABEL = m.POD_INDEX_LABEL
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # Kubernetes' rand.String / SafeEncodeString alphabet
-NETNS_NAME_MAX = 32                              # tests/support/netns.py's limit on a namespace's name
+NETNS_NAME_MAX = 32  # tests/support/netns.py's limit on a namespace's name
 PROBE_KINDS = ("startupProbe", "readinessProbe", "livenessProbe")
 
 
@@ -140,6 +140,7 @@ class PodFailure(AssertionError):
 # ---------------------------------------------------------------------------------------------------------------
 # Kubernetes' $(VAR) expansion (k8s.io/kubernetes third_party/forked/golang/expansion), exactly.
 
+
 def expand(text: str, env: dict[str, str]) -> tuple[str, list[str]]:
     """`$(NAME)` -> env[NAME], `$$` -> `$`, anything else literal; an undefined `$(NAME)` stays as written. Returns
     the expansion and the undefined names."""
@@ -147,7 +148,7 @@ def expand(text: str, env: dict[str, str]) -> tuple[str, list[str]]:
     while cursor < len(text):
         if text[cursor] == "$" and cursor + 1 < len(text):
             out.append(text[checkpoint:cursor])
-            rest = text[cursor + 1:]
+            rest = text[cursor + 1 :]
             if rest[0] == "$":
                 out.append("$")
                 advance = 1
@@ -176,6 +177,7 @@ def expand(text: str, env: dict[str, str]) -> tuple[str, list[str]]:
 # ---------------------------------------------------------------------------------------------------------------
 # The image, from the Dockerfile
 
+
 @dataclass
 class Image:
     target: str
@@ -192,7 +194,9 @@ def image_of(reference: str) -> Image:
     """What the Dockerfile's target for image `reference` (REGISTRY/NAME:TAG) gives a container."""
     name = reference.rsplit("/", 1)[-1].split("@")[0].split(":")[0]
     if name not in IMAGE_TARGETS:
-        raise Unsupported(f"image {reference}: no Dockerfile target known for {name!r} (known: {IMAGE_TARGETS})")
+        raise Unsupported(
+            f"image {reference}: no Dockerfile target known for {name!r} (known: {IMAGE_TARGETS})"
+        )
     target = IMAGE_TARGETS[name]
     recipe = dockerfile.parse()
 
@@ -208,14 +212,20 @@ def image_of(reference: str) -> Image:
             for word in shlex.split(instruction.args):
                 key, eq, value = word.partition("=")
                 if not eq:
-                    raise Unsupported(f"Dockerfile:{instruction.line}: ENV {instruction.args!r} (legacy form)")
+                    raise Unsupported(
+                        f"Dockerfile:{instruction.line}: ENV {instruction.args!r} (legacy form)"
+                    )
                 env[key], _ = _shell_expand(value, env)
     path = env.get("PATH", "").split(":")
     if not any(p == IMAGE_PREFIX or p.startswith(IMAGE_PREFIX + "/") for p in path):
-        raise Unsupported(f"the Dockerfile's PATH ({env.get('PATH')}) no longer names {IMAGE_PREFIX}, which this "
-                          f"emulation maps to {sys.prefix}")
-    env["PATH"] = ":".join(sys.prefix + p[len(IMAGE_PREFIX):] if p == IMAGE_PREFIX or p.startswith(
-        IMAGE_PREFIX + "/") else p for p in path)
+        raise Unsupported(
+            f"the Dockerfile's PATH ({env.get('PATH')}) no longer names {IMAGE_PREFIX}, which this "
+            f"emulation maps to {sys.prefix}"
+        )
+    env["PATH"] = ":".join(
+        sys.prefix + p[len(IMAGE_PREFIX) :] if p == IMAGE_PREFIX or p.startswith(IMAGE_PREFIX + "/") else p
+        for p in path
+    )
     user = recipe.effective(target, "USER")
     uid_text, _, gid_text = (user.args if user else "0").partition(":")
     if not uid_text.isdigit() or (gid_text and not gid_text.isdigit()):
@@ -258,6 +268,7 @@ def _shell_expand(value: str, env: dict[str, str]) -> tuple[str, list[str]]:
 # ---------------------------------------------------------------------------------------------------------------
 # The rendered objects -> pods and Services
 
+
 @dataclass
 class Service:
     name: str
@@ -265,8 +276,8 @@ class Service:
     ports: list[dict]
     selector: dict[str, str]
     publish_not_ready: bool
-    vip: str | None = None       # ClusterIP Services: the address of their proxy's namespace
-    label: str | None = None     # that namespace's name
+    vip: str | None = None  # ClusterIP Services: the address of their proxy's namespace
+    label: str | None = None  # that namespace's name
 
 
 @dataclass
@@ -281,7 +292,7 @@ class Probe:
 @dataclass
 class Pod:
     name: str
-    label: str                   # its network namespace's name in the NamespaceNetwork
+    label: str  # its network namespace's name in the NamespaceNetwork
     workload: dict
     container: dict
     ordinal: int | None
@@ -297,7 +308,7 @@ class Pod:
     process: subprocess.Popen | None = None
     log_path: Path | None = None
     started_at: float = 0.0
-    started: bool = False        # startup probe passed (or none)
+    started: bool = False  # startup probe passed (or none)
     ready: bool = False
     ready_after: float | None = None
     terminating: bool = False
@@ -345,7 +356,12 @@ class Pod:
 
 def service_forms(name: str, namespace: str) -> list[str]:
     """The names a Service (or `POD.SERVICE`) answers to from a pod in `namespace`."""
-    return [name, f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.{CLUSTER_DOMAIN}"]
+    return [
+        name,
+        f"{name}.{namespace}",
+        f"{name}.{namespace}.svc",
+        f"{name}.{namespace}.svc.{CLUSTER_DOMAIN}",
+    ]
 
 
 def _safe_encode(number: int) -> str:
@@ -375,8 +391,13 @@ def plan_pods(fleet: m.Fleet) -> list[Pod]:
             labels = dict(template["metadata"].get("labels", {}))
             if kind == "StatefulSet":
                 pod_name = f"{name}-{ordinal}"
-                labels.update({POD_NAME_LABEL: pod_name, POD_INDEX_LABEL: str(ordinal),
-                               "controller-revision-hash": f"{name}-{template_hash}"})
+                labels.update(
+                    {
+                        POD_NAME_LABEL: pod_name,
+                        POD_INDEX_LABEL: str(ordinal),
+                        "controller-revision-hash": f"{name}-{template_hash}",
+                    }
+                )
                 hostname, subdomain = pod_name, workload["spec"].get("serviceName")
             else:
                 suffix = "".join(rng.choice(NAME_ALPHABET) for _ in range(5))
@@ -384,9 +405,19 @@ def plan_pods(fleet: m.Fleet) -> list[Pod]:
                 labels["pod-template-hash"] = template_hash
                 hostname, subdomain = spec.get("hostname", pod_name[:63]), spec.get("subdomain")
             label = pod_name if len(pod_name) <= NETNS_NAME_MAX else pod_name[-NETNS_NAME_MAX:].lstrip("-._")
-            pods.append(Pod(pod_name, label, workload, spec["containers"][0], ordinal if kind == "StatefulSet"
-                            else None, labels, dict(template["metadata"].get("annotations", {})), hostname,
-                            subdomain))
+            pods.append(
+                Pod(
+                    pod_name,
+                    label,
+                    workload,
+                    spec["containers"][0],
+                    ordinal if kind == "StatefulSet" else None,
+                    labels,
+                    dict(template["metadata"].get("annotations", {})),
+                    hostname,
+                    subdomain,
+                )
+            )
     labels = [p.label for p in pods]
     if len(set(labels)) != len(labels):
         raise Unsupported(f"pod names do not give unique namespace names: {labels}")
@@ -405,8 +436,15 @@ def plan_services(fleet: m.Fleet) -> list[Service]:
         for port in spec.get("ports", []):
             if port.get("protocol", "TCP") != "TCP":
                 raise Unsupported(f"Service {name}: port {port} is not TCP")
-        services.append(Service(name, spec.get("clusterIP") == "None", list(spec.get("ports", [])),
-                                dict(spec["selector"]), bool(spec.get("publishNotReadyAddresses", False))))
+        services.append(
+            Service(
+                name,
+                spec.get("clusterIP") == "None",
+                list(spec.get("ports", [])),
+                dict(spec["selector"]),
+                bool(spec.get("publishNotReadyAddresses", False)),
+            )
+        )
     return services
 
 
@@ -434,13 +472,19 @@ def _check_supported(fleet: m.Fleet, workload: dict) -> None:
         if kinds not in (["emptyDir"], ["persistentVolumeClaim"], ["configMap"], ["secret"], ["projected"]):
             problems.append(f"volume {volume['name']} of kind {kinds}")
         if "configMap" in volume and fleet.get("ConfigMap", volume["configMap"]["name"]) is None:
-            problems.append(f"volume {volume['name']}: ConfigMap {volume['configMap']['name']} is not rendered")
+            problems.append(
+                f"volume {volume['name']}: ConfigMap {volume['configMap']['name']} is not rendered"
+            )
         sources = [list(s) for s in (volume.get("projected") or {}).get("sources", [])]
         if any(s != ["secret"] for s in sources):
-            problems.append(f"volume {volume['name']}: projected sources {sources} (only Secrets are emulated)")
+            problems.append(
+                f"volume {volume['name']}: projected sources {sources} (only Secrets are emulated)"
+            )
         for name in m.volume_files(fleet, volume)[1] if kinds in (["secret"], ["projected"]) else []:
-            problems.append(f"volume {volume['name']}: Secret {name} is not among the objects (the pod would "
-                            f"never start; the test adds the Secrets the manifests expect)")
+            problems.append(
+                f"volume {volume['name']}: Secret {name} is not among the objects (the pod would "
+                f"never start; the test adds the Secrets the manifests expect)"
+            )
     for c in spec.get("containers", []):
         if c.get("lifecycle"):
             problems.append(f"container {c['name']}: lifecycle hooks")
@@ -480,6 +524,7 @@ def _check_supported(fleet: m.Fleet, workload: dict) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # A container's environment and command line
 
+
 def service_links(services: list[Service]) -> dict[str, str]:
     """The docker-links variables the kubelet gives every container (enableServiceLinks, the default), for every
     Service with a cluster IP."""
@@ -496,8 +541,14 @@ def service_links(services: list[Service]) -> dict[str, str]:
             if port.get("name"):
                 env[f"{prefix}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(port["port"])
             base = f"{prefix}_PORT_{port['port']}_TCP"
-            env.update({base: f"tcp://{svc.vip}:{port['port']}", f"{base}_PROTO": "tcp",
-                        f"{base}_PORT": str(port["port"]), f"{base}_ADDR": svc.vip or ""})
+            env.update(
+                {
+                    base: f"tcp://{svc.vip}:{port['port']}",
+                    f"{base}_PROTO": "tcp",
+                    f"{base}_PORT": str(port["port"]),
+                    f"{base}_ADDR": svc.vip or "",
+                }
+            )
     return env
 
 
@@ -516,8 +567,10 @@ def field_ref(pod: Pod, path: str, namespace: str) -> str:
         "status.podIPs": pod.ip,
     }
     if path not in values:
-        raise Unsupported(f"pod {pod.name}: fieldRef {path!r} is not emulated (emulated: {sorted(values)}, "
-                          f"metadata.labels['...'], metadata.annotations['...'])")
+        raise Unsupported(
+            f"pod {pod.name}: fieldRef {path!r} is not emulated (emulated: {sorted(values)}, "
+            f"metadata.labels['...'], metadata.annotations['...'])"
+        )
     return values[path]
 
 
@@ -534,8 +587,10 @@ def container_environment(fleet: m.Fleet, pod: Pod, services: list[Service], ima
         if data is None:
             if ref.get("optional"):
                 continue
-            raise Unsupported(f"pod {pod.name}: envFrom ConfigMap {ref['name']} is not rendered (the pod would "
-                              f"not start: CreateContainerConfigError)")
+            raise Unsupported(
+                f"pod {pod.name}: envFrom ConfigMap {ref['name']} is not rendered (the pod would "
+                f"not start: CreateContainerConfigError)"
+            )
         defined.update({source.get("prefix", "") + k: v for k, v in data.items()})
     for var in c.get("env", []):
         if "valueFrom" not in var:
@@ -551,8 +606,9 @@ def container_environment(fleet: m.Fleet, pod: Pod, services: list[Service], ima
             key_ref = ref["configMapKeyRef"]
             data = fleet.config_map_data(key_ref["name"]) or {}
             if key_ref["key"] not in data:
-                raise Unsupported(f"pod {pod.name}: env {var['name']} reads missing key "
-                                  f"{key_ref['name']}/{key_ref['key']}")
+                raise Unsupported(
+                    f"pod {pod.name}: env {var['name']} reads missing key {key_ref['name']}/{key_ref['key']}"
+                )
             defined[var["name"]] = data[key_ref["key"]]
     return {**image.env, "HOSTNAME": pod.hostname, **links, **defined}
 
@@ -567,8 +623,10 @@ def container_argv(pod: Pod, image: Image) -> list[str]:
     for word in [*command, *args]:
         value, missing = expand(str(word), pod.env)
         if missing:
-            raise Unsupported(f"pod {pod.name}: {word!r} refers to $({missing[0]}), defined nowhere (Kubernetes "
-                              f"would pass it on literally)")
+            raise Unsupported(
+                f"pod {pod.name}: {word!r} refers to $({missing[0]}), defined nowhere (Kubernetes "
+                f"would pass it on literally)"
+            )
         argv.append(value)
     if not argv:
         raise Unsupported(f"pod {pod.name}: neither the container nor the image names a command")
@@ -601,23 +659,33 @@ def dry_run(objects: list[dict]) -> tuple[list[Pod], list[Service]]:
 # ---------------------------------------------------------------------------------------------------------------
 # NetworkPolicies: a CNI that enforces them, in miniature (iptables in each pod's own network namespace)
 
+
 @dataclass
 class Firewall:
-    rules: dict[str, str]                                    # namespace label -> iptables-restore input
-    proxy_sources: dict[str, dict[str, list[str] | None]]    # Service -> endpoint "ip:port" -> admitted sources
-    isolated: dict[str, tuple[bool, bool]]                   # namespace label -> (ingress, egress) isolated
+    rules: dict[str, str]  # namespace label -> iptables-restore input
+    proxy_sources: dict[str, dict[str, list[str] | None]]  # Service -> endpoint "ip:port" -> admitted sources
+    isolated: dict[str, tuple[bool, bool]]  # namespace label -> (ingress, egress) isolated
 
 
 def pod_endpoint(fleet: m.Fleet, pod: Pod) -> m.Endpoint:
     """A pod as the NetworkPolicies see it: its labels (the controller's too), namespace, ports and address."""
-    ports = {p.get("name", str(p["containerPort"])): (int(p["containerPort"]), p.get("protocol", "TCP"))
-             for p in pod.container.get("ports", [])}
-    return m.Endpoint(m.component(pod.workload), fleet.namespace, dict(pod.labels),
-                      m.namespace_labels(fleet, fleet.namespace), ports, ip=pod.ip)
+    ports = {
+        p.get("name", str(p["containerPort"])): (int(p["containerPort"]), p.get("protocol", "TCP"))
+        for p in pod.container.get("ports", [])
+    }
+    return m.Endpoint(
+        m.component(pod.workload),
+        fleet.namespace,
+        dict(pod.labels),
+        m.namespace_labels(fleet, fleet.namespace),
+        ports,
+        ip=pod.ip,
+    )
 
 
-def plan_firewall(fleet: m.Fleet, pods: list[Pod], services: list[Service], visitors: list[m.Endpoint],
-                  node: str) -> Firewall:
+def plan_firewall(
+    fleet: m.Fleet, pods: list[Pod], services: list[Service], visitors: list[m.Endpoint], node: str
+) -> Firewall:
     """The rules that make each pod's namespace admit and send exactly what the rendered NetworkPolicies allow
     (m.connection_allowed, the evaluator the offline checks use): for an isolated direction, a DROP policy, then
     loopback, replies (conntrack), traffic from the node (the kubelet's probes: NetworkPolicies cannot block a
@@ -636,39 +704,62 @@ def plan_firewall(fleet: m.Fleet, pods: list[Pod], services: list[Service], visi
             me = endpoints[pod.label]
             for port in svc.ports:
                 number = pod.port(port.get("targetPort", port["port"]))
-                admits = None if not m.isolating(fleet, me, "Ingress") else [node] + sorted(
-                    e.ip for e in peers if e is not me and m.connection_allowed(fleet, e, me, number))
+                admits = (
+                    None
+                    if not m.isolating(fleet, me, "Ingress")
+                    else [node]
+                    + sorted(
+                        e.ip for e in peers if e is not me and m.connection_allowed(fleet, e, me, number)
+                    )
+                )
                 table[f"{pod.ip}:{number}"] = admits
         proxy_sources[svc.name] = table
     for label, me in [*endpoints.items(), *((v.name, v) for v in visitors)]:
         inbound = bool(m.isolating(fleet, me, "Ingress"))
         outbound = bool(m.isolating(fleet, me, "Egress"))
         isolated[label] = (inbound, outbound)
-        lines = ["*filter", f":INPUT {'DROP' if inbound else 'ACCEPT'} [0:0]", ":FORWARD ACCEPT [0:0]",
-                 f":OUTPUT {'DROP' if outbound else 'ACCEPT'} [0:0]"]
+        lines = [
+            "*filter",
+            f":INPUT {'DROP' if inbound else 'ACCEPT'} [0:0]",
+            ":FORWARD ACCEPT [0:0]",
+            f":OUTPUT {'DROP' if outbound else 'ACCEPT'} [0:0]",
+        ]
         if inbound:
-            lines += ["-A INPUT -i lo -j ACCEPT", "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-                      f"-A INPUT -s {node}/32 -j ACCEPT"]
+            lines += [
+                "-A INPUT -i lo -j ACCEPT",
+                "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+                f"-A INPUT -s {node}/32 -j ACCEPT",
+            ]
             for src in peers:
                 for number, protocol in sorted(set(me.ports.values())):
                     if src is not me and m.connection_allowed(fleet, src, me, number, protocol):
-                        lines.append(f"-A INPUT -s {src.ip}/32 -p {protocol.lower()} --dport {number} -j ACCEPT")
+                        lines.append(
+                            f"-A INPUT -s {src.ip}/32 -p {protocol.lower()} --dport {number} -j ACCEPT"
+                        )
             for svc in vips:
                 for endpoint in proxy_sources[svc.name]:
                     ip, _, number = endpoint.rpartition(":")
                     if ip == me.ip:
                         lines.append(f"-A INPUT -s {svc.vip}/32 -p tcp --dport {number} -j ACCEPT")
         if outbound:
-            lines += ["-A OUTPUT -o lo -j ACCEPT", "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"]
+            lines += [
+                "-A OUTPUT -o lo -j ACCEPT",
+                "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            ]
             for dst in peers:
                 for number, protocol in sorted(set(dst.ports.values())):
                     if dst is not me and m.connection_allowed(fleet, me, dst, number, protocol):
-                        lines.append(f"-A OUTPUT -d {dst.ip}/32 -p {protocol.lower()} --dport {number} -j ACCEPT")
+                        lines.append(
+                            f"-A OUTPUT -d {dst.ip}/32 -p {protocol.lower()} --dport {number} -j ACCEPT"
+                        )
             for svc in vips:
                 members = [pod for pod in pods if m.labels_match(svc.selector, pod.labels)]
                 for port in svc.ports:
                     target = port.get("targetPort", port["port"])
-                    if any(m.connection_allowed(fleet, me, endpoints[pod.label], pod.port(target)) for pod in members):
+                    if any(
+                        m.connection_allowed(fleet, me, endpoints[pod.label], pod.port(target))
+                        for pod in members
+                    ):
                         lines.append(f"-A OUTPUT -d {svc.vip}/32 -p tcp --dport {port['port']} -j ACCEPT")
         rules[label] = "\n".join([*lines, "COMMIT", ""])
     return Firewall(rules, proxy_sources, isolated)
@@ -677,27 +768,44 @@ def plan_firewall(fleet: m.Fleet, pods: list[Pod], services: list[Service], visi
 def apply_firewall(netns: str, rules: str) -> None:
     """Load `rules` into the namespace (IPv4), and close IPv6 wherever IPv4 is isolated (nothing here dials it)."""
     for tool, text in (("iptables-restore", rules), ("ip6tables-restore", _ipv6_rules(rules))):
-        done = subprocess.run(["ip", "netns", "exec", netns, tool], input=text, capture_output=True, text=True,
-                              timeout=30)
+        done = subprocess.run(
+            ["ip", "netns", "exec", netns, tool], input=text, capture_output=True, text=True, timeout=30
+        )
         if done.returncode != 0:
-            raise Unsupported(f"{tool} in {netns} failed ({done.stderr.strip()}); NetworkPolicies need iptables")
+            raise Unsupported(
+                f"{tool} in {netns} failed ({done.stderr.strip()}); NetworkPolicies need iptables"
+            )
 
 
 def _ipv6_rules(rules: str) -> str:
-    keep = [line for line in rules.splitlines() if line.startswith(("*", ":", "COMMIT")) or " -i lo " in line
-            or " -o lo " in line or "conntrack" in line]
+    keep = [
+        line
+        for line in rules.splitlines()
+        if line.startswith(("*", ":", "COMMIT"))
+        or " -i lo " in line
+        or " -o lo " in line
+        or "conntrack" in line
+    ]
     return "\n".join(keep) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The cluster
 
+
 class Cluster:
     """The rendered objects running as pods in network namespaces (see the module docstring). `make_network` is
     the `netns_network` fixture's factory (it tears the namespaces down, killing what is left in them)."""
 
-    def __init__(self, objects: list[dict], make_network: Callable[..., NamespaceNetwork], workdir: Path,
-                 *, log: Callable[[str], None] = print, visitors: Sequence[m.Endpoint] = ()) -> None:
+    def __init__(
+        self,
+        objects: list[dict],
+        make_network: Callable[..., NamespaceNetwork],
+        workdir: Path,
+        *,
+        log: Callable[[str], None] = print,
+        visitors: Sequence[m.Endpoint] = (),
+    ) -> None:
         self.fleet = m.Fleet(objects)
         self.namespace = self.fleet.namespace
         self.pods = plan_pods(self.fleet)
@@ -708,7 +816,9 @@ class Cluster:
         clash = set(self.visitors) & {p.label for p in self.pods}
         if clash:
             raise ValueError(f"visitors {sorted(clash)} have the names of pods")
-        self.images = {pod.name: image_of(pod.container["image"]) for pod in self.pods}  # unknown: Unsupported
+        self.images = {
+            pod.name: image_of(pod.container["image"]) for pod in self.pods
+        }  # unknown: Unsupported
         self.workdir = workdir
         self.log = log
         self._make_network = make_network
@@ -745,8 +855,13 @@ class Cluster:
             visitor.ip = self.network.address(name)
         self.t0 = time.monotonic()
         prepare(self.fleet, self.pods, self.services)  # every command line before any process starts
-        self.firewall = plan_firewall(self.fleet, self.pods, self.services, list(self.visitors.values()),
-                                      self.network.host_address or "")
+        self.firewall = plan_firewall(
+            self.fleet,
+            self.pods,
+            self.services,
+            list(self.visitors.values()),
+            self.network.host_address or "",
+        )
         for label, rules in self.firewall.rules.items():
             apply_firewall(self.network[label].netns, rules)
         for svc in vips:
@@ -755,7 +870,9 @@ class Cluster:
         for pod in self.pods:
             self._start_pod(pod)
         for pod in self.pods:
-            thread = threading.Thread(target=self._kubelet, args=(pod,), name=f"kubelet-{pod.name}", daemon=True)
+            thread = threading.Thread(
+                target=self._kubelet, args=(pod,), name=f"kubelet-{pod.name}", daemon=True
+            )
             thread.start()
             self._threads.append(thread)
 
@@ -792,8 +909,13 @@ class Cluster:
         there can reach, under that pod's NetworkPolicies."""
         assert self.network is not None
         label = self.pod(name).label if name not in self.visitors else name
-        return self.network.run(label, argv, timeout=timeout, cwd=REPO,
-                                env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"})
+        return self.network.run(
+            label,
+            argv,
+            timeout=timeout,
+            cwd=REPO,
+            env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"},
+        )
 
     def all_ready(self) -> bool:
         return all(p.ready for p in self.pods)
@@ -811,8 +933,12 @@ class Cluster:
             if proxy.poll() is not None and not self._stop.is_set():
                 raise PodFailure(f"the proxy of Service {name} exited ({proxy.returncode})")
         if failed:
-            raise PodFailure("pods failed:\n" + "\n".join(
-                f"--- {p.name} ({p.ip}): {p.failure}\n{p.log_tail()}" for p in failed) + "\n" + self.report())
+            raise PodFailure(
+                "pods failed:\n"
+                + "\n".join(f"--- {p.name} ({p.ip}): {p.failure}\n{p.log_tail()}" for p in failed)
+                + "\n"
+                + self.report()
+            )
 
     def wait(self, condition: Callable[[], Any], what: str, timeout: float) -> Any:
         """Poll `condition` (a falsy result or a connection error: not yet) until it holds, checking the pods all
@@ -832,9 +958,12 @@ class Cluster:
                     raise
                 last_error = err
             if time.monotonic() > deadline:
-                raise PodFailure(f"timed out after {timeout:.0f} s waiting until {what}"
-                                 + (f" (last error: {last_error})" if last_error else "") + "\n"
-                                 + self.report(log_lines=6))
+                raise PodFailure(
+                    f"timed out after {timeout:.0f} s waiting until {what}"
+                    + (f" (last error: {last_error})" if last_error else "")
+                    + "\n"
+                    + self.report(log_lines=6)
+                )
             time.sleep(0.2)
 
     def report(self, log_lines: int = 0) -> str:
@@ -842,12 +971,23 @@ class Cluster:
         (a wait that timed out on Ready pods is explained by what they logged)."""
         lines = []
         for p in self.pods:
-            state = ("failed: " + p.failure if p.failure else "Ready" if p.ready else
-                     "started, not Ready" if p.started else "starting")
-            probes = " ".join(f"{k.replace('Probe', '')} {v[0]}ok/{v[1]}fail" for k, v in p.probe_counts.items())
+            state = (
+                "failed: " + p.failure
+                if p.failure
+                else "Ready"
+                if p.ready
+                else "started, not Ready"
+                if p.started
+                else "starting"
+            )
+            probes = " ".join(
+                f"{k.replace('Probe', '')} {v[0]}ok/{v[1]}fail" for k, v in p.probe_counts.items()
+            )
             errors = "; ".join(f"{k}: {v}" for k, v in p.last_probe.items())
-            lines.append(f"  {p.name:<34} {p.ip:<14} {state:<20} {probes}" + (f" [last errors: {errors}]"
-                                                                               if errors else ""))
+            lines.append(
+                f"  {p.name:<34} {p.ip:<14} {state:<20} {probes}"
+                + (f" [last errors: {errors}]" if errors else "")
+            )
         for p in self.pods if log_lines else ():
             tail = p.log_tail().splitlines()[-log_lines:]
             lines.append(f"  --- {p.name} log:\n" + "\n".join(f"    {line[:200]}" for line in tail))
@@ -877,8 +1017,14 @@ class Cluster:
         return entries
 
     def _endpoints(self, svc: Service, ready_only: bool = True) -> list[Pod]:
-        return [p for p in self.pods if m.labels_match(svc.selector, p.labels) and not p.terminating
-                and p.process is not None and (p.ready or not ready_only)]
+        return [
+            p
+            for p in self.pods
+            if m.labels_match(svc.selector, p.labels)
+            and not p.terminating
+            and p.process is not None
+            and (p.ready or not ready_only)
+        ]
 
     # --- DNS and kube-proxy ---------------------------------------------------------------------------------------
 
@@ -886,11 +1032,15 @@ class Cluster:
         """Rewrite every pod's hosts file and every proxy's endpoints after a readiness change."""
         with self._lock:
             assert self.network is not None
-            resolv = (f"# written by tests/integration/deploy/pods.py (kubelet-style; nothing answers DNS here)\n"
-                      f"search {self.namespace}.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}\n"
-                      f"nameserver 127.0.0.1\noptions ndots:5\n")
-            for label, entries in [*((p.label, self.hosts_of(p)) for p in self.pods),
-                                   *((name, self.hosts_of(None)) for name in self.visitors)]:
+            resolv = (
+                f"# written by tests/integration/deploy/pods.py (kubelet-style; nothing answers DNS here)\n"
+                f"search {self.namespace}.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}\n"
+                f"nameserver 127.0.0.1\noptions ndots:5\n"
+            )
+            for label, entries in [
+                *((p.label, self.hosts_of(p)) for p in self.pods),
+                *((name, self.hosts_of(None)) for name in self.visitors),
+            ]:
                 self.network.set_hosts(entries, only=[label], namespace_names=False)
                 path = NETNS_ETC / self.network[label].netns / "resolv.conf"
                 if not path.exists():
@@ -914,10 +1064,21 @@ class Cluster:
         self._logs.append(log)
         assert self.network is not None
         self._proxies[svc.name] = self.network.popen(
-            svc.label, [sys.executable, "-m", "tests.integration.deploy.pods", "proxy",
-                        str(directory / "endpoints.json"), *[str(p["port"]) for p in svc.ports]],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"})
+            svc.label,
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.deploy.pods",
+                "proxy",
+                str(directory / "endpoints.json"),
+                *[str(p["port"]) for p in svc.ports],
+            ],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"},
+        )
 
     # --- the kubelet ------------------------------------------------------------------------------------------------
 
@@ -938,16 +1099,31 @@ class Cluster:
         gid = int(sc.get("runAsGroup", image.gid if uid == image.uid else 0))
         if uid == 0:
             if sc.get("runAsNonRoot"):
-                raise Unsupported(f"pod {pod.name}: runAsNonRoot with user 0: the kubelet refuses to start it")
+                raise Unsupported(
+                    f"pod {pod.name}: runAsNonRoot with user 0: the kubelet refuses to start it"
+                )
             raise Unsupported(f"pod {pod.name}: a container running as root is not emulated")
         fs_group = pod_sc.get("fsGroup")
-        groups = sorted({gid, *([int(fs_group)] if fs_group is not None else []),
-                         *[int(g) for g in pod_sc.get("supplementalGroups", [])]})
+        groups = sorted(
+            {
+                gid,
+                *([int(fs_group)] if fs_group is not None else []),
+                *[int(g) for g in pod_sc.get("supplementalGroups", [])],
+            }
+        )
         mounts = self._volumes(pod, fs_group)
         # The checkout itself may be closed to other users (a clone made under `mktemp -d` is mode 700): expose
         # each of its entries, so the sandbox masks a closed checkout like any other closed directory.
-        needed = {str(Path(p).resolve()) for p in (sys.executable, sys.base_prefix, sys.prefix, REPO,
-                                                   *(entry for entry in Path(REPO).iterdir() if entry.name != ".git"))}
+        needed = {
+            str(Path(p).resolve())
+            for p in (
+                sys.executable,
+                sys.base_prefix,
+                sys.prefix,
+                REPO,
+                *(entry for entry in Path(REPO).iterdir() if entry.name != ".git"),
+            )
+        }
         scratch = pod.directory / "sandbox"
         scratch.mkdir(exist_ok=True)
         sandbox = {
@@ -958,7 +1134,9 @@ class Cluster:
             "expose": sorted(needed),
             "mounts": mounts,
             "read_only_root": bool(sc.get("readOnlyRootFilesystem", False)),
-            "uid": uid, "gid": gid, "groups": groups,
+            "uid": uid,
+            "gid": gid,
+            "groups": groups,
             "no_new_privs": sc.get("allowPrivilegeEscalation", True) is False,
             "workdir": pod.container.get("workingDir", image.workdir),
             "argv": pod.argv,
@@ -971,10 +1149,26 @@ class Cluster:
         self._logs.append(log)
         pod.started_at = time.monotonic()
         pod.process = self.network.popen(
-            pod.label, ["unshare", "--mount", "--uts", "--propagation", "private", "--",
-                        sys.executable, "-m", "tests.integration.deploy.pods", "sandbox", str(spec_path)],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"})
+            pod.label,
+            [
+                "unshare",
+                "--mount",
+                "--uts",
+                "--propagation",
+                "private",
+                "--",
+                sys.executable,
+                "-m",
+                "tests.integration.deploy.pods",
+                "sandbox",
+                str(spec_path),
+            ],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"},
+        )
 
     def _volumes(self, pod: Pod, fs_group: Any) -> list[dict]:
         """Make each volume's directory (as the kubelet or a provisioner would) and return the container's mounts."""
@@ -1009,8 +1203,9 @@ class Cluster:
                 made[name] = path
             source = made[name] / mount["subPath"] if mount.get("subPath") else made[name]
             source.mkdir(parents=True, exist_ok=True)
-            read_only = bool(mount.get("readOnly")
-                             or {"configMap", "secret", "projected"} & set(volumes.get(name, {})))
+            read_only = bool(
+                mount.get("readOnly") or {"configMap", "secret", "projected"} & set(volumes.get(name, {}))
+            )
             mounts.append({"path": mount["mountPath"], "source": str(source), "read_only": read_only})
         return mounts
 
@@ -1046,8 +1241,10 @@ class Cluster:
                         break
                     failures += 1
                     if failures >= startup.setting("failureThreshold", 3):
-                        pod.failure = (f"startup probe failed {failures} times: {pod.last_probe.get('startupProbe')}"
-                                       f" (the kubelet would kill and restart the container)")
+                        pod.failure = (
+                            f"startup probe failed {failures} times: {pod.last_probe.get('startupProbe')}"
+                            f" (the kubelet would kill and restart the container)"
+                        )
                         return
                     if self._stop.wait(startup.setting("periodSeconds", 10)):
                         return
@@ -1060,8 +1257,10 @@ class Cluster:
             else:
                 self._set_ready(pod, True)
             if liveness is not None:
-                due["livenessProbe"] = max(now + liveness.setting("periodSeconds", 10),
-                                           pod.started_at + liveness.setting("initialDelaySeconds", 0))
+                due["livenessProbe"] = max(
+                    now + liveness.setting("periodSeconds", 10),
+                    pod.started_at + liveness.setting("initialDelaySeconds", 0),
+                )
             streak = {"readinessProbe": [0, 0], "livenessProbe": [0, 0]}  # [successes, failures] in a row
             while due and not pod.terminating:
                 kind = min(due, key=due.get)
@@ -1077,8 +1276,10 @@ class Cluster:
                     elif not ok and run[1] >= probe.setting("failureThreshold", 3):
                         self._set_ready(pod, False)
                 elif run[1] >= probe.setting("failureThreshold", 3):
-                    pod.failure = (f"liveness probe failed {run[1]} times in a row: "
-                                   f"{pod.last_probe.get('livenessProbe')} (the kubelet would restart it)")
+                    pod.failure = (
+                        f"liveness probe failed {run[1]} times in a row: "
+                        f"{pod.last_probe.get('livenessProbe')} (the kubelet would restart it)"
+                    )
                     self._set_ready(pod, False)
                     return
                 due[kind] += probe.setting("periodSeconds", 10)
@@ -1149,15 +1350,18 @@ class Cluster:
 def inspect_process(pid: int) -> dict[str, Any]:
     """What a running pod process is, seen from outside: its user, groups, capabilities, no_new_privs, hostname
     (its UTS namespace) and the mount points it can write to (kernel filesystems aside)."""
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+    )
     writable = set()
     for point, options in _mountinfo(Path(f"/proc/{pid}/mountinfo"), with_options=True):
         if "rw" in options.split(",") and not any(_under(point, top) for top in KERNEL_FILESYSTEMS):
             writable.add(point)
         else:
             writable.discard(point)  # a later mount on the same point covers the earlier one
-    hostname = subprocess.run(["nsenter", "--target", str(pid), "--uts", "hostname"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
+    hostname = subprocess.run(
+        ["nsenter", "--target", str(pid), "--uts", "hostname"], capture_output=True, text=True, timeout=10
+    ).stdout.strip()
     return {
         "uids": {int(x) for x in status["Uid"].split()},
         "gids": {int(x) for x in status["Gid"].split()},
@@ -1198,7 +1402,8 @@ def run_probe(pod: Pod, probe: Probe) -> tuple[bool, str]:
             port = int(spec["grpc"]["port"])
             with grpc.insecure_channel(f"{pod.ip}:{port}") as channel:
                 reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service=spec["grpc"].get("service", "")), timeout=timeout)
+                    health_pb2.HealthCheckRequest(service=spec["grpc"].get("service", "")), timeout=timeout
+                )
             status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
             return status == "SERVING", f"grpc :{port} {status}"
         if "httpGet" in spec:
@@ -1236,8 +1441,14 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 32, 1024, 2048, 4096, 16384
 MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
 PR_SET_NO_NEW_PRIVS = 38
-KEEP_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-              "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+KEEP_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+}
 KERNEL_FILESYSTEMS = ("/proc", "/sys", "/dev")  # left as they are (a container has its own, not read-only)
 
 
@@ -1251,15 +1462,18 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
 
     if _libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
         errno = ctypes.get_errno()
-        raise OSError(errno, f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x}, {data!r}): "
-                             f"{os.strerror(errno)}")
+        raise OSError(
+            errno, f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x}, {data!r}): {os.strerror(errno)}"
+        )
 
 
 def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def _mountinfo(path: Path = Path("/proc/self/mountinfo"), with_options: bool = False) -> list[tuple[str, Any]]:
+def _mountinfo(
+    path: Path = Path("/proc/self/mountinfo"), with_options: bool = False
+) -> list[tuple[str, Any]]:
     """(mount point, per-mount flags to keep, or the per-mount options text) of every mount, in mountinfo's order."""
     result: list[tuple[str, Any]] = []
     for line in path.read_text().splitlines():
@@ -1334,17 +1548,27 @@ def sandbox_main(spec_path: str) -> None:
         while not os.path.lexists(ancestor):
             ancestor = os.path.dirname(ancestor)
         if ancestor == "/":
-            raise SystemExit(f"pod sandbox: cannot create mount point {path}: its nearest existing ancestor is /")
+            raise SystemExit(
+                f"pod sandbox: cannot create mount point {path}: its nearest existing ancestor is /"
+            )
         if not any(_under(ancestor, o) for o in overlaid):
             layer = os.path.join(scratch, f"overlay{len(overlaid)}")
             os.makedirs(f"{layer}/upper")
             os.makedirs(f"{layer}/work")
             # Mounts below the ancestor (the hosts file `ip netns exec` binds over /etc/hosts) would be hidden by
             # the overlay, which shows the ancestor's own filesystem only: keep them, and bind them again on top.
-            inner = [(point, os.open(point, os.O_PATH)) for point, _ in _mountinfo()
-                     if _under(point, ancestor) and point != ancestor and os.path.lexists(point)]
-            _mount("overlay", ancestor, "overlay", 0,
-                   f"lowerdir={ancestor},upperdir={layer}/upper,workdir={layer}/work")
+            inner = [
+                (point, os.open(point, os.O_PATH))
+                for point, _ in _mountinfo()
+                if _under(point, ancestor) and point != ancestor and os.path.lexists(point)
+            ]
+            _mount(
+                "overlay",
+                ancestor,
+                "overlay",
+                0,
+                f"lowerdir={ancestor},upperdir={layer}/upper,workdir={layer}/work",
+            )
             for point, fd in inner:
                 _mount(f"/proc/self/fd/{fd}", point, None, MS_BIND)
                 os.close(fd)
@@ -1358,8 +1582,12 @@ def sandbox_main(spec_path: str) -> None:
         if not os.path.lexists(mt["path"]):
             os.makedirs(mt["path"])  # inside a volume mounted above
         _mount(f"/proc/self/fd/{sources[mt['source']]}", mt["path"], None, MS_BIND)
-        _mount(None, mt["path"], None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV
-               | (MS_RDONLY if mt["read_only"] else 0))
+        _mount(
+            None,
+            mt["path"],
+            None,
+            MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (MS_RDONLY if mt["read_only"] else 0),
+        )
     for top, fd in sorted(covered.items()):
         if os.path.isdir(f"/proc/self/fd/{fd}"):
             os.makedirs(top, exist_ok=True)
@@ -1379,13 +1607,16 @@ def sandbox_main(spec_path: str) -> None:
     argv, env = spec["argv"], spec["env"]
     program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH", ""))
     if program is None:
-        raise SystemExit(f'pod sandbox: exec: "{argv[0]}": executable file not found in $PATH ({env.get("PATH")})')
+        raise SystemExit(
+            f'pod sandbox: exec: "{argv[0]}": executable file not found in $PATH ({env.get("PATH")})'
+        )
     sys.stdout.flush()
     os.execve(program, argv, env)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # A ClusterIP Service's virtual IP: kube-proxy in miniature, in the Service's own namespace
+
 
 def proxy_main(endpoints_path: str, ports: list[int]) -> None:
     state: dict[str, Any] = {"stamp": None, "table": {}}
@@ -1453,4 +1684,6 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["proxy"]:
         proxy_main(sys.argv[2], [int(p) for p in sys.argv[3:]])
     else:
-        raise SystemExit("usage: python -m tests.integration.deploy.pods sandbox SPEC.json | proxy ENDPOINTS PORT...")
+        raise SystemExit(
+            "usage: python -m tests.integration.deploy.pods sandbox SPEC.json | proxy ENDPOINTS PORT..."
+        )

@@ -38,8 +38,9 @@ INSTALL_TIMEOUT = 900
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a process in the image: nothing from this test's virtual environment leaks in."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
-                                  if not p.startswith(str(Path(sys.prefix))))
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(str(Path(sys.prefix)))
+    )
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
@@ -47,9 +48,16 @@ def install(context: Path, target: str, prefix: Path) -> None:
     started = time.monotonic()
     result = subprocess.run(
         ["sh", str(context / "docker" / "install.sh"), target, str(prefix), str(context)],
-        cwd=prefix.parent, capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
-        env=clean_env(PYTHON=sys.executable, TORCH_INDEX_URL=os.environ.get("APEXRL_TORCH_INDEX_URL", ""),
-                      PIP_ARGS="--no-compile"))
+        cwd=prefix.parent,
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_TIMEOUT,
+        env=clean_env(
+            PYTHON=sys.executable,
+            TORCH_INDEX_URL=os.environ.get("APEXRL_TORCH_INDEX_URL", ""),
+            PIP_ARGS="--no-compile",
+        ),
+    )
     assert result.returncode == 0, f"install.sh {target} failed:\n{result.stdout}\n{result.stderr[-4000:]}"
     size = sum(f.stat().st_size for f in prefix.rglob("*") if f.is_file() and not f.is_symlink())
     print(f"\ninstall.sh {target}: {time.monotonic() - started:.0f} s, {size / 2**20:.0f} MiB in {prefix}")
@@ -79,14 +87,25 @@ def train_prefix(workdir) -> Path:
 
 
 def run(prefix: Path, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([str(prefix / "bin" / argv[0]), *argv[1:]], capture_output=True, text=True,
-                          timeout=timeout, cwd=prefix, env=clean_env())
+    return subprocess.run(
+        [str(prefix / "bin" / argv[0]), *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=prefix,
+        env=clean_env(),
+    )
 
 
 def start(prefix: Path, log: Path, *argv: str) -> subprocess.Popen:
     with open(log, "w") as out:
-        return subprocess.Popen([str(prefix / "bin" / "apexrl"), *argv], stdout=out, stderr=subprocess.STDOUT,
-                                cwd=prefix, env=clean_env())
+        return subprocess.Popen(
+            [str(prefix / "bin" / "apexrl"), *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=prefix,
+            env=clean_env(),
+        )
 
 
 def wait_for_file(path: Path, process: subprocess.Popen, log: Path, timeout: float = 60) -> str:
@@ -110,14 +129,18 @@ def stop(process: subprocess.Popen, timeout: float = 30) -> int:
 
 
 def test_replay_install_carries_no_torch_or_gymnasium(replay_prefix):
-    probe = ("import importlib.util as u, importlib.metadata as md, json, apexrl.replay_server.main as m; "
-             "print(json.dumps({'missing': [n for n in ('torch', 'gymnasium', 'matplotlib') if not u.find_spec(n)], "
-             "'file': m.__file__, 'dists': sorted(d.metadata['Name'].lower() for d in md.distributions())}))")
+    probe = (
+        "import importlib.util as u, importlib.metadata as md, json, apexrl.replay_server.main as m; "
+        "print(json.dumps({'missing': [n for n in ('torch', 'gymnasium', 'matplotlib') if not u.find_spec(n)], "
+        "'file': m.__file__, 'dists': sorted(d.metadata['Name'].lower() for d in md.distributions())}))"
+    )
     result = run(replay_prefix, "python", "-c", probe)
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
     assert found["missing"] == ["torch", "gymnasium", "matplotlib"], found
-    assert found["file"].startswith(str(replay_prefix)), "apexrl must come from the prefix, not the source tree"
+    assert found["file"].startswith(str(replay_prefix)), (
+        "apexrl must come from the prefix, not the source tree"
+    )
     assert "apexrl" in found["dists"] and "grpcio" in found["dists"]
     assert not {"torch", "gymnasium", "matplotlib"} & set(found["dists"])
 
@@ -131,8 +154,21 @@ def test_replay_entry_point_answers_help(replay_prefix):
 
 def test_replay_entry_point_serves_a_shard(replay_prefix, tmp_path):
     port_file, log = tmp_path / "replay.port", tmp_path / "replay.log"
-    shard = start(replay_prefix, log, "replay", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1",
-                  "--capacity", "1000", "--port-file", str(port_file))
+    shard = start(
+        replay_prefix,
+        log,
+        "replay",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--metrics-port",
+        "-1",
+        "--capacity",
+        "1000",
+        "--port-file",
+        str(port_file),
+    )
     try:
         address = f"127.0.0.1:{wait_for_file(port_file, shard, log)}"
         wait_for_health(address, timeout=20)
@@ -150,13 +186,21 @@ def test_replay_entry_point_serves_a_shard(replay_prefix, tmp_path):
 
 
 def test_train_install_runs_every_role_entry_point(train_prefix):
-    result = run(train_prefix, "python", "-c",
-                 "import torch, gymnasium; print(torch.__version__, torch.version.cuda is None)")
+    result = run(
+        train_prefix,
+        "python",
+        "-c",
+        "import torch, gymnasium; print(torch.__version__, torch.version.cuda is None)",
+    )
     assert result.returncode == 0, result.stderr
     version, cpu_only = result.stdout.split()
     assert version.startswith("2.13.0") and cpu_only == "True", result.stdout
-    for role, flag in (("learner", "--replay"), ("actor", "--actor-index"), ("launch", "--config"),
-                       ("replay", "--capacity")):
+    for role, flag in (
+        ("learner", "--replay"),
+        ("actor", "--actor-index"),
+        ("launch", "--config"),
+        ("replay", "--capacity"),
+    ):
         result = run(train_prefix, "apexrl", role, "--help")
         assert result.returncode == 0 and flag in result.stdout, f"apexrl {role} --help: {result.stderr}"
 
@@ -166,24 +210,81 @@ def test_train_install_trains_against_the_replay_install(replay_prefix, train_pr
     logs = {name: tmp_path / f"{name}.log" for name in ("replay", "learner", "actor")}
     processes: list[subprocess.Popen] = []
     try:
-        shard = start(replay_prefix, logs["replay"], "replay", "--host", "127.0.0.1", "--port", "0",
-                      "--metrics-port", "-1", "--capacity", "5000", "--port-file", str(tmp_path / "replay.port"))
+        shard = start(
+            replay_prefix,
+            logs["replay"],
+            "replay",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--capacity",
+            "5000",
+            "--port-file",
+            str(tmp_path / "replay.port"),
+        )
         processes.append(shard)
         shard_address = f"127.0.0.1:{wait_for_file(tmp_path / 'replay.port', shard, logs['replay'])}"
-        learner = start(train_prefix, logs["learner"], "learner", "--host", "127.0.0.1", "--port", "0",
-                        "--metrics-port", "-1", "--port-file", str(tmp_path / "learner.port"),
-                        "--replay", shard_address, "--run-dir", str(tmp_path / "run"), "--device", "cpu",
-                        "--min-replay-size", "200", "--batch-size", "32", "--hidden-sizes", "16",
-                        "--publish-every", "5", "--max-updates", "40", "--seed", "0")
+        learner = start(
+            train_prefix,
+            logs["learner"],
+            "learner",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--port-file",
+            str(tmp_path / "learner.port"),
+            "--replay",
+            shard_address,
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--device",
+            "cpu",
+            "--min-replay-size",
+            "200",
+            "--batch-size",
+            "32",
+            "--hidden-sizes",
+            "16",
+            "--publish-every",
+            "5",
+            "--max-updates",
+            "40",
+            "--seed",
+            "0",
+        )
         processes.append(learner)
         params_address = f"127.0.0.1:{wait_for_file(tmp_path / 'learner.port', learner, logs['learner'])}"
-        actor = start(train_prefix, logs["actor"], "actor", "--host", "127.0.0.1", "--metrics-port", "-1",
-                      "--replay", shard_address, "--params", params_address, "--batch-size", "16",
-                      "--pull-every", "20", "--seed", "0")
+        actor = start(
+            train_prefix,
+            logs["actor"],
+            "actor",
+            "--host",
+            "127.0.0.1",
+            "--metrics-port",
+            "-1",
+            "--replay",
+            shard_address,
+            "--params",
+            params_address,
+            "--batch-size",
+            "16",
+            "--pull-every",
+            "20",
+            "--seed",
+            "0",
+        )
         processes.append(actor)
         deadline = time.monotonic() + 240
         while learner.poll() is None:
-            assert actor.poll() is None, f"the actor exited ({actor.returncode}):\n{logs['actor'].read_text()}"
+            assert actor.poll() is None, (
+                f"the actor exited ({actor.returncode}):\n{logs['actor'].read_text()}"
+            )
             assert time.monotonic() < deadline, f"the learner did not finish:\n{logs['learner'].read_text()}"
             time.sleep(0.2)
         assert learner.returncode == 0, logs["learner"].read_text()

@@ -57,8 +57,12 @@ SERVER_NAME = "apexrl-replay.apexrl.svc"
 # Everything below must happen within BUDGET seconds of the pods' start, so a slow machine fails with the fleet's
 # state (PodFailure) rather than with pytest-timeout's traceback; SIGTERM and the teardown need the rest.
 BUDGET = 170.0
-ROLE_METRICS = {"replay": "apexrl_replay_", "learner": "apexrl_learner_", "actor": "apexrl_actor_",
-                "evaluator": "apexrl_actor_"}
+ROLE_METRICS = {
+    "replay": "apexrl_replay_",
+    "learner": "apexrl_learner_",
+    "actor": "apexrl_actor_",
+    "evaluator": "apexrl_actor_",
+}
 
 
 class Deadline:
@@ -74,8 +78,10 @@ def metrics_port(pod: pods.Pod) -> int:
 
 
 def shard_counts(clients: dict[str, ReplayClient]) -> dict[str, tuple[int, int]]:
-    return {name: (info.inserted_total, info.sampled_total)
-            for name, info in ((name, c.info(timeout=3)) for name, c in clients.items())}
+    return {
+        name: (info.inserted_total, info.sampled_total)
+        for name, info in ((name, c.info(timeout=3)) for name, c in clients.items())
+    }
 
 
 def written_and_sampled(clients: dict[str, ReplayClient]) -> bool:
@@ -89,16 +95,28 @@ def check_sandbox(pod: pods.Pod) -> None:
     sc = {**pod_sc, **pod.container.get("securityContext", {})}
     facts = pods.inspect_process(pod.process.pid)
     assert facts["uids"] == {sc["runAsUser"]} and facts["gids"] == {sc["runAsGroup"]}, (pod.name, facts)
-    assert set(facts["groups"]) == {sc["runAsGroup"], *([pod_sc["fsGroup"]] if "fsGroup" in pod_sc else [])}, \
-        (pod.name, facts)
-    assert facts["cap_eff"] == 0 and facts["no_new_privs"] == (sc.get("allowPrivilegeEscalation") is False), facts
+    assert set(facts["groups"]) == {
+        sc["runAsGroup"],
+        *([pod_sc["fsGroup"]] if "fsGroup" in pod_sc else []),
+    }, (pod.name, facts)
+    assert facts["cap_eff"] == 0 and facts["no_new_privs"] == (sc.get("allowPrivilegeEscalation") is False), (
+        facts
+    )
     assert facts["hostname"] == pod.name, (pod.name, facts)
     if sc.get("readOnlyRootFilesystem"):
-        projected = {v["name"] for v in m.pod_spec(pod.workload).get("volumes", [])
-                     if {"configMap", "secret", "projected"} & set(v)}
-        volumes = sorted(v["mountPath"] for v in pod.container.get("volumeMounts", [])
-                         if not v.get("readOnly") and v["name"] not in projected)
-        assert facts["writable"] == volumes, f"{pod.name} can write to {facts['writable']}, its volumes: {volumes}"
+        projected = {
+            v["name"]
+            for v in m.pod_spec(pod.workload).get("volumes", [])
+            if {"configMap", "secret", "projected"} & set(v)
+        }
+        volumes = sorted(
+            v["mountPath"]
+            for v in pod.container.get("volumeMounts", [])
+            if not v.get("readOnly") and v["name"] not in projected
+        )
+        assert facts["writable"] == volumes, (
+            f"{pod.name} can write to {facts['writable']}, its volumes: {volumes}"
+        )
 
 
 def hosts_file(cluster: pods.Cluster, pod: pods.Pod) -> str:
@@ -126,30 +144,42 @@ def test_the_small_cpu_overlay_runs_as_pods_and_trains_through_its_service_names
         clients = {p.name: ReplayClient(f"{p.ip}:{shard_port}", timeout=3) for p in shards}
         params = ParameterClient(f"{learner_service.vip}:{params_port}", timeout=3)
         try:
-            deadline.wait(lambda: written_and_sampled(clients),
-                          "every shard is written to and sampled (ReplayService Info at POD_IP:SERVICE_PORT)",
-                          timeout=120)
+            deadline.wait(
+                lambda: written_and_sampled(clients),
+                "every shard is written to and sampled (ReplayService Info at POD_IP:SERVICE_PORT)",
+                timeout=120,
+            )
             counts = shard_counts(clients)
             print(f"[{cluster.elapsed():6.1f}s] shards (inserted, sampled): {counts}")
 
             first = deadline.wait(params.version, "the learner publishes weights (Service VIP)", timeout=60)
-            version = deadline.wait(lambda: (v := params.version()) > first and v,
-                                    f"the published weights version grows past {first}", timeout=90)
-            print(f"[{cluster.elapsed():6.1f}s] parameter service at {learner_service.vip}:{params_port} "
-                  f"(Service apexrl-learner): version {first} -> {version}")
+            version = deadline.wait(
+                lambda: (v := params.version()) > first and v,
+                f"the published weights version grows past {first}",
+                timeout=90,
+            )
+            print(
+                f"[{cluster.elapsed():6.1f}s] parameter service at {learner_service.vip}:{params_port} "
+                f"(Service apexrl-learner): version {first} -> {version}"
+            )
 
             actors = [p for p in cluster.pods if m.component(p.workload) in ("actor", "evaluator")]
-            deadline.wait(lambda: all(pods.scrape(p.ip, metrics_port(p)).get("apexrl_actor_weight_version", 0) > 0
-                                      for p in actors),
-                          "every actor and the evaluator act with published weights (apexrl_actor_weight_version)",
-                          timeout=60)
+            deadline.wait(
+                lambda: all(
+                    pods.scrape(p.ip, metrics_port(p)).get("apexrl_actor_weight_version", 0) > 0
+                    for p in actors
+                ),
+                "every actor and the evaluator act with published weights (apexrl_actor_weight_version)",
+                timeout=60,
+            )
 
             scraped = {}
             for pod in cluster.pods:
                 values = pods.scrape(pod.ip, metrics_port(pod))
                 prefix = ROLE_METRICS[m.component(pod.workload)]
-                assert any(name.startswith(prefix) for name in values), \
+                assert any(name.startswith(prefix) for name in values), (
                     f"{pod.name}: metrics port {metrics_port(pod)} serves no {prefix}* series"
+                )
                 scraped[pod.name] = values
             counts = shard_counts(clients)
             for pod in cluster.pods:
@@ -161,39 +191,54 @@ def test_the_small_cpu_overlay_runs_as_pods_and_trains_through_its_service_names
             params.close()
 
         learner = cluster.pods_of("apexrl-learner")[0]
-        env_steps = sum(scraped[p.name].get("apexrl_actor_env_steps_total", 0) for p in actors
-                        if m.component(p.workload) == "actor")
-        print(f"[{cluster.elapsed():6.1f}s] env steps {env_steps:.0f} (exploring actors), learner updates "
-              f"{scraped[learner.name].get('apexrl_learner_updates_total', 0):.0f}, published version "
-              f"{scraped[learner.name].get('apexrl_learner_weight_version', 0):.0f}; weights held: "
-              + ", ".join(f"{p.name} v{scraped[p.name]['apexrl_actor_weight_version']:.0f}" for p in actors))
+        env_steps = sum(
+            scraped[p.name].get("apexrl_actor_env_steps_total", 0)
+            for p in actors
+            if m.component(p.workload) == "actor"
+        )
+        print(
+            f"[{cluster.elapsed():6.1f}s] env steps {env_steps:.0f} (exploring actors), learner updates "
+            f"{scraped[learner.name].get('apexrl_learner_updates_total', 0):.0f}, published version "
+            f"{scraped[learner.name].get('apexrl_learner_weight_version', 0):.0f}; weights held: "
+            + ", ".join(f"{p.name} v{scraped[p.name]['apexrl_actor_weight_version']:.0f}" for p in actors)
+        )
         print(f"[{cluster.elapsed():6.1f}s] shards (inserted, sampled): {counts}")
 
         print(f"/etc/hosts of {learner.name}:\n" + textwrap.indent(hosts_file(cluster, learner), "    "))
         stopped = cluster.terminate()
-        print(f"{'pod':<34} {'address':<14} {'ready after':>11} {'exit':>5} {'stopped in':>10} {'grace':>6} "
-              f"{'peak RSS':>9} {'mem limit':>9} {'CPU s':>6}  probes passed/failed (startup readiness liveness)")
+        print(
+            f"{'pod':<34} {'address':<14} {'ready after':>11} {'exit':>5} {'stopped in':>10} {'grace':>6} "
+            f"{'peak RSS':>9} {'mem limit':>9} {'CPU s':>6}  probes passed/failed (startup readiness liveness)"
+        )
         for pod in cluster.pods:
             limit = pod.memory_limit()
             probes = " ".join(f"{ok}/{failed}" for ok, failed in pod.probe_counts.values())
-            print(f"{pod.name:<34} {pod.ip:<14} {pod.ready_after or 0:>10.1f}s {str(pod.exit_code):>5} "
-                  f"{pod.stop_seconds:>9.1f}s {pod.grace:>5.0f}s {(pod.peak_rss or 0) / 2**20:>7.0f}Mi "
-                  f"{(limit or 0) / 2**20:>7.0f}Mi {pod.cpu_seconds or 0:>6.1f}  {probes}")
+            print(
+                f"{pod.name:<34} {pod.ip:<14} {pod.ready_after or 0:>10.1f}s {str(pod.exit_code):>5} "
+                f"{pod.stop_seconds:>9.1f}s {pod.grace:>5.0f}s {(pod.peak_rss or 0) / 2**20:>7.0f}Mi "
+                f"{(limit or 0) / 2**20:>7.0f}Mi {pod.cpu_seconds or 0:>6.1f}  {probes}"
+            )
         print(f"whole run: {time.monotonic() - started:.0f} s")
-        assert {name: code for name, (code, _) in stopped.items()} == {p.name: 0 for p in cluster.pods}, \
-            "every pod exits 0 on SIGTERM: " + "\n".join(f"{p.name}: {p.exit_code}\n{p.log_tail(1500)}"
-                                                         for p in cluster.pods if p.exit_code != 0)
+        assert {name: code for name, (code, _) in stopped.items()} == {p.name: 0 for p in cluster.pods}, (
+            "every pod exits 0 on SIGTERM: "
+            + "\n".join(
+                f"{p.name}: {p.exit_code}\n{p.log_tail(1500)}" for p in cluster.pods if p.exit_code != 0
+            )
+        )
         run_dir = learner.directory / "volumes" / "run"
         written = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
         print(f"the learner's --run-dir (its volume 'run'): {written}")
         assert any(name.startswith("checkpoints/") for name in written), written
-        assert Path("/var/lib/apexrl").exists() == host_had_var_lib_apexrl, "a pod wrote to this machine's /var/lib"
+        assert Path("/var/lib/apexrl").exists() == host_had_var_lib_apexrl, (
+            "a pod wrote to this machine's /var/lib"
+        )
         for pod in cluster.pods:
             assert pod.stop_seconds <= pod.grace, f"{pod.name} took {pod.stop_seconds:.1f} s > {pod.grace} s"
             limit = pod.memory_limit()
             # Only a necessary condition for the memory limit (a cgroup also counts page cache): never above it.
-            assert limit is None or pod.peak_rss is None or pod.peak_rss < limit, \
+            assert limit is None or pod.peak_rss is None or pod.peak_rss < limit, (
                 f"{pod.name}: peak RSS {pod.peak_rss / 2**20:.0f} MiB exceeds its memory limit {limit / 2**20:.0f} MiB"
+            )
 
 
 def broken_overlay(tmp_path: Path) -> Path:
@@ -205,7 +250,8 @@ def broken_overlay(tmp_path: Path) -> Path:
     shutil.copytree(m.K8S, copy)
     broken = copy / "overlays" / "broken"
     broken.mkdir()
-    (broken / "kustomization.yaml").write_text(textwrap.dedent("""\
+    (broken / "kustomization.yaml").write_text(
+        textwrap.dedent("""\
         apiVersion: kustomize.config.k8s.io/v1beta1
         kind: Kustomization
         resources:
@@ -228,7 +274,8 @@ def broken_overlay(tmp_path: Path) -> Path:
               - {op: replace, path: /spec/template/spec/containers/0/startupProbe/grpc/port, value: 7001}
               - {op: replace, path: /spec/template/spec/containers/0/readinessProbe/grpc/port, value: 7001}
               - {op: replace, path: /spec/template/spec/containers/0/livenessProbe/grpc/port, value: 7001}
-        """))
+        """)
+    )
     return broken
 
 
@@ -245,23 +292,30 @@ def test_a_shard_port_the_service_does_not_use_is_reported(netns_network, tmp_pa
     with pods.Cluster(objects, netns_network, tmp_path / "run") as cluster:
         cluster.start()
         deadline = Deadline(cluster, BUDGET)
-        deadline.wait(cluster.all_ready, "every pod is Ready (the shards' probes are on their real port)",
-                      timeout=150)
+        deadline.wait(
+            cluster.all_ready, "every pod is Ready (the shards' probes are on their real port)", timeout=150
+        )
         actor = cluster.pods_of("apexrl-actor")[0]
-        deadline.wait(lambda: pods.scrape(actor.ip, metrics_port(actor)).get("apexrl_actor_weight_version", 0) > 0,
-                      "the actor holds the learner's weights (so it is ready to insert)", timeout=60)
+        deadline.wait(
+            lambda: pods.scrape(actor.ip, metrics_port(actor)).get("apexrl_actor_weight_version", 0) > 0,
+            "the actor holds the learner's weights (so it is ready to insert)",
+            timeout=60,
+        )
         shards = cluster.pods_of("apexrl-replay")
         clients = {p.name: ReplayClient(f"{p.ip}:7001", timeout=3) for p in shards}
         try:
             with pytest.raises(pods.PodFailure) as failure:
-                deadline.wait(lambda: written_and_sampled(clients),
-                              "every shard is written to and sampled", timeout=30)
+                deadline.wait(
+                    lambda: written_and_sampled(clients), "every shard is written to and sampled", timeout=30
+                )
             counts = shard_counts(clients)
         finally:
             for client in clients.values():
                 client.close()
         message = str(failure.value)
-        print(f"\nreported: {message.splitlines()[0]}\nshards (inserted, sampled) on their real port: {counts}")
+        print(
+            f"\nreported: {message.splitlines()[0]}\nshards (inserted, sampled) on their real port: {counts}"
+        )
         assert "timed out" in message and "written to and sampled" in message
         assert all(inserted == 0 for inserted, _ in counts.values()), counts
         cluster.terminate()
@@ -279,7 +333,8 @@ def small_overlay(tmp_path: Path, base: str, components: tuple[str, ...] = ()) -
     overlay = copy / "overlays" / "emulated"
     overlay.mkdir()
     listed = "".join(f"  - ../../components/{c}\n" for c in components)
-    (overlay / "kustomization.yaml").write_text(textwrap.dedent(f"""\
+    (overlay / "kustomization.yaml").write_text(
+        textwrap.dedent(f"""\
         apiVersion: kustomize.config.k8s.io/v1beta1
         kind: Kustomization
         resources:
@@ -292,7 +347,9 @@ def small_overlay(tmp_path: Path, base: str, components: tuple[str, ...] = ()) -
             behavior: merge
             literals:
               - APEXRL_NUM_ACTORS=1
-        """) + (f"components:\n{listed}" if components else ""))
+        """)
+        + (f"components:\n{listed}" if components else "")
+    )
     return overlay
 
 
@@ -316,16 +373,27 @@ def test_the_tls_component_trains_over_mutual_tls_with_probes_on_the_health_port
     files = credentials.write(tmp_path / "credentials")
     secrets = [s for s in credentials.secrets() if s["type"] == "kubernetes.io/tls"]
     objects = [*m.render(small_overlay(tmp_path, "small-cpu-tls")), *secrets]
-    operator = client_tls(files["operator"])  # a client certificate of the fleet's CA (common name `operator`)
+    operator = client_tls(
+        files["operator"]
+    )  # a client certificate of the fleet's CA (common name `operator`)
     started = time.monotonic()
     with pods.Cluster(objects, netns_network, tmp_path / "run") as cluster:
-        print(f"\nsmall-cpu-tls with one actor: {len(cluster.pods)} pods: " + ", ".join(p.name for p in cluster.pods))
+        print(
+            f"\nsmall-cpu-tls with one actor: {len(cluster.pods)} pods: "
+            + ", ".join(p.name for p in cluster.pods)
+        )
         cluster.start()
-        assert all("--tls-server-name=apexrl-replay.apexrl.svc" in p.argv for p in cluster.pods
-                   if m.component(p.workload) != "replay")
+        assert all(
+            "--tls-server-name=apexrl-replay.apexrl.svc" in p.argv
+            for p in cluster.pods
+            if m.component(p.workload) != "replay"
+        )
         deadline = Deadline(cluster, TLS_BUDGET)
-        deadline.wait(cluster.all_ready, "every pod passes its probes (gRPC on the plaintext health ports)",
-                      timeout=TLS_BUDGET)
+        deadline.wait(
+            cluster.all_ready,
+            "every pod passes its probes (gRPC on the plaintext health ports)",
+            timeout=TLS_BUDGET,
+        )
         print(f"[{cluster.elapsed():6.1f}s] every pod is Ready")
         shards = cluster.pods_of("apexrl-replay")
         learner = cluster.pods_of("apexrl-learner")[0]
@@ -341,21 +409,34 @@ def test_the_tls_component_trains_over_mutual_tls_with_probes_on_the_health_port
         clients = {p.name: ReplayClient(f"{p.ip}:{shard_port}", timeout=3, tls=operator) for p in shards}
         params = ParameterClient(f"{learner_service.vip}:{params_port}", timeout=3, tls=operator)
         try:
-            deadline.wait(lambda: written_and_sampled(clients),
-                          "every shard is written to and sampled over mutual TLS", timeout=TLS_BUDGET)
-            version = deadline.wait(params.version, "the learner publishes weights over mutual TLS",
-                                    timeout=TLS_BUDGET)
+            deadline.wait(
+                lambda: written_and_sampled(clients),
+                "every shard is written to and sampled over mutual TLS",
+                timeout=TLS_BUDGET,
+            )
+            version = deadline.wait(
+                params.version, "the learner publishes weights over mutual TLS", timeout=TLS_BUDGET
+            )
             # Metrics stay plain HTTP.
             players = [actor, *cluster.pods_of("apexrl-evaluator")]
-            deadline.wait(lambda: all(pods.scrape(p.ip, metrics_port(p)).get("apexrl_actor_weight_version", 0)
-                                      for p in players),
-                          "the actor and the evaluator act with published weights (pulled over mutual TLS)",
-                          timeout=TLS_BUDGET)
+            deadline.wait(
+                lambda: all(
+                    pods.scrape(p.ip, metrics_port(p)).get("apexrl_actor_weight_version", 0) for p in players
+                ),
+                "the actor and the evaluator act with published weights (pulled over mutual TLS)",
+                timeout=TLS_BUDGET,
+            )
             counts = shard_counts(clients)
-            print(f"[{cluster.elapsed():6.1f}s] shards (inserted, sampled): {counts}; weights version {version}")
+            print(
+                f"[{cluster.elapsed():6.1f}s] shards (inserted, sampled): {counts}; weights version {version}"
+            )
             # Without the name, a client checks the pod address, which the certificate does not name.
-            with ReplayClient(f"{shards[0].ip}:{shard_port}", timeout=3, tls=client_tls(files["operator"], None)) \
-                    as client, pytest.raises(UnavailableError, match="Hostname Verification Check failed"):
+            with (
+                ReplayClient(
+                    f"{shards[0].ip}:{shard_port}", timeout=3, tls=client_tls(files["operator"], None)
+                ) as client,
+                pytest.raises(UnavailableError, match="Hostname Verification Check failed"),
+            ):
                 client.info()
         finally:
             for client in clients.values():
@@ -373,10 +454,15 @@ def test_the_tls_component_trains_over_mutual_tls_with_probes_on_the_health_port
             assert (tls / "tls.key").read_bytes() == credentials.certs[holder].key, pod.name
             assert (tls / "ca.crt").read_bytes() == credentials.ca, pod.name
         stopped = cluster.terminate()
-        print(f"whole run: {time.monotonic() - started:.0f} s; exits " + ", ".join(
-            f"{name} {code} in {seconds:.1f}s" for name, (code, seconds) in stopped.items()))
-        assert {name: code for name, (code, _) in stopped.items()} == {p.name: 0 for p in cluster.pods}, \
-            "\n".join(f"{p.name}: {p.exit_code}\n{p.log_tail(1500)}" for p in cluster.pods if p.exit_code != 0)
+        print(
+            f"whole run: {time.monotonic() - started:.0f} s; exits "
+            + ", ".join(f"{name} {code} in {seconds:.1f}s" for name, (code, seconds) in stopped.items())
+        )
+        assert {name: code for name, (code, _) in stopped.items()} == {p.name: 0 for p in cluster.pods}, (
+            "\n".join(
+                f"{p.name}: {p.exit_code}\n{p.log_tail(1500)}" for p in cluster.pods if p.exit_code != 0
+            )
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -452,13 +538,28 @@ def reach(cluster: pods.Cluster, where: str, targets: list[str]) -> dict[str, st
 def visitors(namespace: str) -> list[m.Endpoint]:
     """Prometheus where the policies expect it; a pod of the fleet's namespace without the fleet's labels; a pod
     labelled like an actor in another namespace."""
-    actor_labels = {"app.kubernetes.io/name": "apexrl", "app.kubernetes.io/component": "actor",
-                    "app.kubernetes.io/part-of": "apexrl"}
-    return [m.Endpoint("prometheus", "monitoring", {"app.kubernetes.io/name": "prometheus"},
-                       {"kubernetes.io/metadata.name": "monitoring"}),
-            m.Endpoint("intruder", namespace, {"app.kubernetes.io/name": "debug"},
-                       {"kubernetes.io/metadata.name": namespace}),
-            m.Endpoint("actor-elsewhere", "elsewhere", actor_labels, {"kubernetes.io/metadata.name": "elsewhere"})]
+    actor_labels = {
+        "app.kubernetes.io/name": "apexrl",
+        "app.kubernetes.io/component": "actor",
+        "app.kubernetes.io/part-of": "apexrl",
+    }
+    return [
+        m.Endpoint(
+            "prometheus",
+            "monitoring",
+            {"app.kubernetes.io/name": "prometheus"},
+            {"kubernetes.io/metadata.name": "monitoring"},
+        ),
+        m.Endpoint(
+            "intruder",
+            namespace,
+            {"app.kubernetes.io/name": "debug"},
+            {"kubernetes.io/metadata.name": namespace},
+        ),
+        m.Endpoint(
+            "actor-elsewhere", "elsewhere", actor_labels, {"kubernetes.io/metadata.name": "elsewhere"}
+        ),
+    ]
 
 
 @pytest.mark.slow
@@ -470,8 +571,11 @@ def test_least_privilege_trains_and_refuses_what_each_role_may_not_do(netns_netw
     operator = client_tls(files["operator"])
     started = time.monotonic()
     with pods.Cluster(objects, netns_network, tmp_path / "run", visitors=visitors("apexrl")) as cluster:
-        print(f"\nsmall-cpu + tls + roles with one actor: {len(cluster.pods)} pods: "
-              + ", ".join(p.name for p in cluster.pods) + f"; visitors {sorted(cluster.visitors)}")
+        print(
+            f"\nsmall-cpu + tls + roles with one actor: {len(cluster.pods)} pods: "
+            + ", ".join(p.name for p in cluster.pods)
+            + f"; visitors {sorted(cluster.visitors)}"
+        )
         cluster.start()
         deadline = Deadline(cluster, SECURE_BUDGET)
         deadline.wait(cluster.all_ready, "every pod passes its probes", timeout=SECURE_BUDGET)
@@ -484,47 +588,88 @@ def test_least_privilege_trains_and_refuses_what_each_role_may_not_do(netns_netw
         vip = cluster.service("apexrl-learner").vip
         params_port = cluster.service_port("apexrl-learner", "grpc")
         # The operator (a person's tool, from the node): Info and GetVersion are its to call.
-        clients = {p.name: ReplayClient(f"{p.ip}:{shard_port}", timeout=3, tls=operator,
-                                        token=credentials.tokens["operator"]) for p in shards}
-        params = ParameterClient(f"{vip}:{params_port}", timeout=3, tls=operator, token=credentials.tokens["operator"])
+        clients = {
+            p.name: ReplayClient(
+                f"{p.ip}:{shard_port}", timeout=3, tls=operator, token=credentials.tokens["operator"]
+            )
+            for p in shards
+        }
+        params = ParameterClient(
+            f"{vip}:{params_port}", timeout=3, tls=operator, token=credentials.tokens["operator"]
+        )
         try:
-            deadline.wait(lambda: written_and_sampled(clients),
-                          "the actor writes to every shard and the learner samples them, with their role tokens",
-                          timeout=SECURE_BUDGET)
+            deadline.wait(
+                lambda: written_and_sampled(clients),
+                "the actor writes to every shard and the learner samples them, with their role tokens",
+                timeout=SECURE_BUDGET,
+            )
             version = deadline.wait(params.version, "the learner publishes weights", timeout=SECURE_BUDGET)
-            deadline.wait(lambda: all(pods.scrape(p.ip, metrics_port(p)).get("apexrl_actor_weight_version", 0)
-                                      for p in (actor, evaluator)),
-                          "the actor and the evaluator pull weights with their role tokens", timeout=SECURE_BUDGET)
-            print(f"[{cluster.elapsed():6.1f}s] shards (inserted, sampled): {shard_counts(clients)}; weights "
-                  f"version {version}")
+            deadline.wait(
+                lambda: all(
+                    pods.scrape(p.ip, metrics_port(p)).get("apexrl_actor_weight_version", 0)
+                    for p in (actor, evaluator)
+                ),
+                "the actor and the evaluator pull weights with their role tokens",
+                timeout=SECURE_BUDGET,
+            )
+            print(
+                f"[{cluster.elapsed():6.1f}s] shards (inserted, sampled): {shard_counts(clients)}; weights "
+                f"version {version}"
+            )
 
             # A stolen actor: its own token and certificate, from its own pod, may insert and read, nothing else.
-            stolen = cluster.run_in(actor.name, [sys.executable, "-c", STOLEN_ACTOR, str(actor.directory / "volumes"),
-                                                 f"{shards[0].ip}:{shard_port}", f"{vip}:{params_port}", SERVER_NAME])
+            stolen = cluster.run_in(
+                actor.name,
+                [
+                    sys.executable,
+                    "-c",
+                    STOLEN_ACTOR,
+                    str(actor.directory / "volumes"),
+                    f"{shards[0].ip}:{shard_port}",
+                    f"{vip}:{params_port}",
+                    SERVER_NAME,
+                ],
+            )
             assert stolen.returncode == 0, stolen.stderr
             answers = json.loads(stolen.stdout)
-            print("calls with the actor's credentials, from its pod:\n" + "\n".join(
-                f"    {call}: {answer[:150]}" for call, answer in answers.items()))
+            print(
+                "calls with the actor's credentials, from its pod:\n"
+                + "\n".join(f"    {call}: {answer[:150]}" for call, answer in answers.items())
+            )
             assert answers["Info"] == answers["GetVersion"] == "allowed", answers
             for call in ("Sample", "UpdatePriorities", "Checkpoint", "Publish"):
-                assert answers[call].startswith("PermissionDeniedError") and \
-                    f"actor may not call {'ParameterService' if call == 'Publish' else 'ReplayService'}/{call}" \
-                    in answers[call], (call, answers[call])
+                assert (
+                    answers[call].startswith("PermissionDeniedError")
+                    and f"actor may not call {'ParameterService' if call == 'Publish' else 'ReplayService'}/{call}"
+                    in answers[call]
+                ), (call, answers[call])
             assert "planted" not in params.fetch()[1], "the refused Publish changed nothing"
 
             # A stolen shard holds the learner's and the actor's tokens (it verifies them) but no client
             # certificate: its server certificate cannot dial (serverAuth only), so the tokens are of no use.
             shard_files = shards[0].directory / "volumes"
-            as_shard = TlsFiles.read(str(shard_files / "tls" / "tls.crt"), str(shard_files / "tls" / "tls.key"),
-                                     str(shard_files / "tls" / "ca.crt"), server_name=SERVER_NAME)
+            as_shard = TlsFiles.read(
+                str(shard_files / "tls" / "tls.crt"),
+                str(shard_files / "tls" / "tls.key"),
+                str(shard_files / "tls" / "ca.crt"),
+                server_name=SERVER_NAME,
+            )
             learner_token = (shard_files / "role-tokens" / "learner").read_text()
-            with ReplayClient(f"{shards[1].ip}:{shard_port}", timeout=3, tls=as_shard, token=learner_token) as c, \
-                    pytest.raises(UnavailableError):
+            with (
+                ReplayClient(
+                    f"{shards[1].ip}:{shard_port}", timeout=3, tls=as_shard, token=learner_token
+                ) as c,
+                pytest.raises(UnavailableError),
+            ):
                 c.sample(8, wait=False)
             # A client certificate of the fleet without a token, or with a token of nobody: not authenticated.
             for token in (None, "not-a-role-token"):
-                with ReplayClient(f"{shards[0].ip}:{shard_port}", timeout=3, tls=client_tls(files["actor"]),
-                                  token=token) as c, pytest.raises(UnauthenticatedError):
+                with (
+                    ReplayClient(
+                        f"{shards[0].ip}:{shard_port}", timeout=3, tls=client_tls(files["actor"]), token=token
+                    ) as c,
+                    pytest.raises(UnauthenticatedError),
+                ):
                     c.info()
 
             # The network: every role reaches what it dials and nothing else; Prometheus the metrics ports only;
@@ -535,11 +680,26 @@ def test_least_privilege_trains_and_refuses_what_each_role_may_not_do(netns_netw
             health = f"{shards[0].ip}:{shards[0].port('health')}"
             everything = [shard, learner_pod, learner_vip, health, *metrics.values()]
             seen = {
-                "actor": reach(cluster, actor.name, [shard, other, learner_pod, learner_vip, health,
-                                                     metrics[learner.name], metrics[evaluator.name]]),
-                "evaluator": reach(cluster, evaluator.name, [shard, learner_pod, learner_vip, metrics[actor.name]]),
+                "actor": reach(
+                    cluster,
+                    actor.name,
+                    [
+                        shard,
+                        other,
+                        learner_pod,
+                        learner_vip,
+                        health,
+                        metrics[learner.name],
+                        metrics[evaluator.name],
+                    ],
+                ),
+                "evaluator": reach(
+                    cluster, evaluator.name, [shard, learner_pod, learner_vip, metrics[actor.name]]
+                ),
                 "learner": reach(cluster, learner.name, [shard, other, metrics[actor.name]]),
-                "shard": reach(cluster, shards[0].name, [other, learner_pod, learner_vip, metrics[actor.name]]),
+                "shard": reach(
+                    cluster, shards[0].name, [other, learner_pod, learner_vip, metrics[actor.name]]
+                ),
                 "prometheus": reach(cluster, "prometheus", everything),
                 "intruder": reach(cluster, "intruder", everything),
                 "actor-elsewhere": reach(cluster, "actor-elsewhere", everything),
@@ -556,7 +716,9 @@ def test_least_privilege_trains_and_refuses_what_each_role_may_not_do(netns_netw
                 "intruder": set(),
                 "actor-elsewhere": set(),
             }, opened
-            assert all(a in ("open", "blocked", "reset") for answers in seen.values() for a in answers.values()), seen
+            assert all(
+                a in ("open", "blocked", "reset") for answers in seen.values() for a in answers.values()
+            ), seen
             # Through the Service address the proxy turns strangers away (a CNI would drop them on the way).
             assert seen["intruder"][learner_vip] == seen["actor-elsewhere"][learner_vip] == "reset"
             cluster.check()
@@ -565,13 +727,18 @@ def test_least_privilege_trains_and_refuses_what_each_role_may_not_do(netns_netw
                 client.close()
             params.close()
         for server in (*shards, learner):  # their start lines name the access mode
-            assert "roles from role tokens in /etc/apexrl/role-tokens" in server.log_tail(20_000), server.log_tail()
+            assert "roles from role tokens in /etc/apexrl/role-tokens" in server.log_tail(20_000), (
+                server.log_tail()
+            )
         for pod in cluster.pods:
             check_sandbox(pod)
             volumes = pod.directory / "volumes"
             role = m.component(pod.workload)
-            secret_files = [volumes / "tls" / "tls.key", *(volumes / "role-tokens").glob("*"),
-                            *([volumes / "token" / "token"] if role != "replay" else [])]
+            secret_files = [
+                volumes / "tls" / "tls.key",
+                *(volumes / "role-tokens").glob("*"),
+                *([volumes / "token" / "token"] if role != "replay" else []),
+            ]
             for path in secret_files:
                 st = path.stat()
                 assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 10001, 0o440), (pod.name, path, st)
@@ -579,12 +746,16 @@ def test_least_privilege_trains_and_refuses_what_each_role_may_not_do(netns_netw
                 assert (volumes / "token" / "token").read_text() == credentials.tokens[role], pod.name
         stopped = cluster.terminate()
         print(f"whole run: {time.monotonic() - started:.0f} s")
-        assert {name: code for name, (code, _) in stopped.items()} == {p.name: 0 for p in cluster.pods}, \
-            "\n".join(f"{p.name}: {p.exit_code}\n{p.log_tail(1500)}" for p in cluster.pods if p.exit_code != 0)
+        assert {name: code for name, (code, _) in stopped.items()} == {p.name: 0 for p in cluster.pods}, (
+            "\n".join(
+                f"{p.name}: {p.exit_code}\n{p.log_tail(1500)}" for p in cluster.pods if p.exit_code != 0
+            )
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Without running anything: the command lines and environments the emulation gives the pods, and what it refuses.
+
 
 @pytest.fixture(scope="module")
 def rendered() -> list[dict]:
@@ -595,7 +766,13 @@ def test_pods_get_the_kubelets_names_environment_and_command_lines(rendered):
     pod_list, services = pods.dry_run(copy.deepcopy(rendered))
     by_name = {p.name: p for p in pod_list}
     assert [n for n in by_name if n.startswith(("apexrl-replay-", "apexrl-actor-"))] == [
-        "apexrl-actor-0", "apexrl-actor-1", "apexrl-actor-2", "apexrl-actor-3", "apexrl-replay-0", "apexrl-replay-1"]
+        "apexrl-actor-0",
+        "apexrl-actor-1",
+        "apexrl-actor-2",
+        "apexrl-actor-3",
+        "apexrl-replay-0",
+        "apexrl-replay-1",
+    ]
     learner = next(p for p in pod_list if p.workload_name == "apexrl-learner")
     assert learner.name.startswith("apexrl-learner-") and len(learner.name.split("-")[-1]) == 5
     vip = next(s.vip for s in services if s.name == "apexrl-learner")
@@ -605,7 +782,10 @@ def test_pods_get_the_kubelets_names_environment_and_command_lines(rendered):
     assert "--params=apexrl-learner.apexrl.svc.cluster.local:7200" in actor.argv
     assert actor.env["ACTOR_INDEX"] == "2" and actor.env["NAMESPACE"] == "apexrl"
     assert actor.env["HOSTNAME"] == "apexrl-actor-2" and actor.env["HOME"] == "/tmp"
-    assert actor.env["APEXRL_LEARNER_SERVICE_HOST"] == vip and actor.env["APEXRL_LEARNER_SERVICE_PORT_GRPC"] == "7200"
+    assert (
+        actor.env["APEXRL_LEARNER_SERVICE_HOST"] == vip
+        and actor.env["APEXRL_LEARNER_SERVICE_PORT_GRPC"] == "7200"
+    )
     assert actor.env["PATH"].split(":")[0] == str(Path(sys.prefix) / "bin")
     assert not any(k.startswith("APEXRL_REPLAY_SERVICE") for k in actor.env), "headless Services get no links"
     assert "PYTHONPATH" not in actor.env and "VIRTUAL_ENV" not in actor.env
@@ -619,7 +799,9 @@ def _mutate(path: str, value):
         if path == "fieldRef":
             container["env"].append({"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": value}}})
         elif path == "secret":
-            container["env"].append({"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})
+            container["env"].append(
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+            )
         elif path == "exec":
             container["readinessProbe"] = {"exec": {"command": ["true"]}}
         elif path == "sidecar":
@@ -634,22 +816,40 @@ def _mutate(path: str, value):
             m.pod_spec(workload)["volumes"].append({"name": "tls", "secret": {"secretName": value}})
         elif path == "projected":
             m.pod_spec(workload)["volumes"].append({"name": "p", "projected": {"sources": [value]}})
+
     return apply
 
 
-@pytest.mark.parametrize(("mutation", "expected"), [
-    (_mutate("fieldRef", "spec.nodeName"), "fieldRef 'spec.nodeName' is not emulated"),
-    (_mutate("secret", None), "from ['secretKeyRef']"),
-    (_mutate("exec", None), "readinessProbe with handler ['exec']"),
-    (_mutate("sidecar", None), "2 containers"),
-    (_mutate("arg", "--seed=$(APEXRL_SEED)"), "$(APEXRL_SEED), defined nowhere"),
-    (_mutate("image", "registry.example.com/apexrl/other:1"), "no Dockerfile target known for 'other'"),
-    (_mutate("volume", None), "volume host of kind ['hostPath']"),
-    (_mutate("secret-volume", "absent"), "Secret absent is not among the objects"),
-    (_mutate("projected", {"secret": {"name": "absent"}}), "Secret absent is not among the objects"),
-    (_mutate("projected", {"serviceAccountToken": {"path": "t"}}), "projected sources [['serviceAccountToken']]"),
-], ids=["fieldRef", "secretKeyRef", "exec-probe", "sidecar", "undefined-var", "image", "hostPath", "no-secret",
-        "no-projected-secret", "projected-token"])
+@pytest.mark.parametrize(
+    ("mutation", "expected"),
+    [
+        (_mutate("fieldRef", "spec.nodeName"), "fieldRef 'spec.nodeName' is not emulated"),
+        (_mutate("secret", None), "from ['secretKeyRef']"),
+        (_mutate("exec", None), "readinessProbe with handler ['exec']"),
+        (_mutate("sidecar", None), "2 containers"),
+        (_mutate("arg", "--seed=$(APEXRL_SEED)"), "$(APEXRL_SEED), defined nowhere"),
+        (_mutate("image", "registry.example.com/apexrl/other:1"), "no Dockerfile target known for 'other'"),
+        (_mutate("volume", None), "volume host of kind ['hostPath']"),
+        (_mutate("secret-volume", "absent"), "Secret absent is not among the objects"),
+        (_mutate("projected", {"secret": {"name": "absent"}}), "Secret absent is not among the objects"),
+        (
+            _mutate("projected", {"serviceAccountToken": {"path": "t"}}),
+            "projected sources [['serviceAccountToken']]",
+        ),
+    ],
+    ids=[
+        "fieldRef",
+        "secretKeyRef",
+        "exec-probe",
+        "sidecar",
+        "undefined-var",
+        "image",
+        "hostPath",
+        "no-secret",
+        "no-projected-secret",
+        "projected-token",
+    ],
+)
 def test_what_the_emulation_cannot_run_fails_loudly(rendered, mutation, expected):
     objects = copy.deepcopy(rendered)
     mutation(objects)
@@ -661,7 +861,7 @@ def test_what_the_emulation_cannot_run_fails_loudly(rendered, mutation, expected
 def test_args_expand_as_kubernetes_expands_them():
     env = {"A": "1", "EMPTY": ""}
     assert pods.expand("x$(A)y", env) == ("x1y", [])
-    assert pods.expand("$$(A)", env) == ("$(A)", [])           # $$ escapes
+    assert pods.expand("$$(A)", env) == ("$(A)", [])  # $$ escapes
     assert pods.expand("$(B)-$(EMPTY)", env) == ("$(B)-", ["B"])  # undefined: left as written
     assert pods.expand("$A $( $", env) == ("$A $( $", [])
 
@@ -670,8 +870,13 @@ def test_the_network_policies_become_each_pods_firewall(rendered):
     """Without running anything: the iptables rules and proxy admissions the emulation derives from small-cpu's
     NetworkPolicies (documentation addresses)."""
     pod_list, services = pods.dry_run(copy.deepcopy(rendered))
-    intruder = m.Endpoint("intruder", "apexrl", {"app.kubernetes.io/name": "debug"},
-                          {"kubernetes.io/metadata.name": "apexrl"}, ip="192.0.2.200")
+    intruder = m.Endpoint(
+        "intruder",
+        "apexrl",
+        {"app.kubernetes.io/name": "debug"},
+        {"kubernetes.io/metadata.name": "apexrl"},
+        ip="192.0.2.200",
+    )
     firewall = pods.plan_firewall(m.Fleet(rendered), pod_list, services, [intruder], "192.0.2.254")
     by_role: dict[str, list[pods.Pod]] = {}
     for pod in pod_list:
@@ -680,13 +885,21 @@ def test_the_network_policies_become_each_pods_firewall(rendered):
     learner, shards, actor = by_role["learner"][0], by_role["replay"], by_role["actor"][0]
 
     def accepted(label: str, chain: str) -> set[str]:
-        rules = [line.split() for line in firewall.rules[label].splitlines() if line.startswith(f"-A {chain} -")]
+        rules = [
+            line.split() for line in firewall.rules[label].splitlines() if line.startswith(f"-A {chain} -")
+        ]
         flag = "-s" if chain == "INPUT" else "-d"
-        return {f"{r[r.index(flag) + 1].removesuffix('/32')}:{r[r.index('--dport') + 1]}" for r in rules
-                if flag in r and "--dport" in r}
+        return {
+            f"{r[r.index(flag) + 1].removesuffix('/32')}:{r[r.index('--dport') + 1]}"
+            for r in rules
+            if flag in r and "--dport" in r
+        }
 
     assert firewall.isolated[actor.label] == (True, True) and firewall.isolated["intruder"] == (False, False)
-    assert accepted(actor.label, "OUTPUT") == {f"{s.ip}:7000" for s in shards} | {f"{learner.ip}:7200", f"{vip}:7200"}
+    assert accepted(actor.label, "OUTPUT") == {f"{s.ip}:7000" for s in shards} | {
+        f"{learner.ip}:7200",
+        f"{vip}:7200",
+    }
     assert accepted(actor.label, "INPUT") == set()  # the node (the kubelet, Prometheus here) only
     assert "-A INPUT -s 192.0.2.254/32 -j ACCEPT" in firewall.rules[actor.label]
     clients = {p.ip for role in ("actor", "learner") for p in by_role[role]}
@@ -694,11 +907,13 @@ def test_the_network_policies_become_each_pods_firewall(rendered):
     assert accepted(shards[0].label, "OUTPUT") == set()
     players = {p.ip for role in ("actor", "evaluator") for p in by_role[role]}
     # From the Service's proxy, on both of its ports: the proxy decides whom it admits (below).
-    assert accepted(learner.label, "INPUT") == {f"{ip}:7200" for ip in players} | {f"{vip}:7200", f"{vip}:9200"}
+    assert accepted(learner.label, "INPUT") == {f"{ip}:7200" for ip in players} | {
+        f"{vip}:7200",
+        f"{vip}:9200",
+    }
     assert accepted(learner.label, "OUTPUT") == {f"{s.ip}:7000" for s in shards}
     # Through the Service address: the proxy admits the actors, the evaluator and the node to the parameter
     # service, only the node to the learner's metrics, never the intruder.
     sources = firewall.proxy_sources["apexrl-learner"]
     assert set(sources[f"{learner.ip}:7200"]) == players | {"192.0.2.254"}
     assert sources[f"{learner.ip}:9200"] == ["192.0.2.254"]
-

@@ -35,7 +35,11 @@ UINT64_MAX = 2**64 - 1
 MAX_VERSION = 2**63 - 1  # parameters.proto: versions are at most 2**63 - 1 ...
 MAX_VERSION_STEP = 2**20  # ... and at most 2**20 above the current one
 MAX_DIM = 2**31
-OK, INVALID, EXHAUSTED = grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
+OK, INVALID, EXHAUSTED = (
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
 REFUSED = grpc.StatusCode.FAILED_PRECONDITION
 # parameters.proto: every problem in a Publish stream is INVALID_ARGUMENT, a version outside the window above the
 # current one FAILED_PRECONDITION, a message over the size limit (or a header over max_weights_bytes)
@@ -47,8 +51,20 @@ ALLOWED = {
     "GetVersion": {OK, INVALID, EXHAUSTED},
 }
 _ITEMSIZE = {1: 4, 2: 8, 3: 2, 4: 1, 5: 2, 6: 4, 7: 8, 8: 1, 9: 2, 10: 4, 11: 8, 12: 1}
-_DTYPES = (np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
-           np.uint32, np.uint64, np.bool_)
+_DTYPES = (
+    np.float32,
+    np.float64,
+    np.float16,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.bool_,
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +82,9 @@ def exact_state(store) -> StoreState:
     latest = store.latest()
     if latest is None:
         return StoreState(0, (), b"", store.published_total)
-    layout = tuple((e.name, codec.dtype_to_wire(e.dtype), tuple(e.shape), e.offset, e.nbytes) for e in latest.layout)
+    layout = tuple(
+        (e.name, codec.dtype_to_wire(e.dtype), tuple(e.shape), e.offset, e.nbytes) for e in latest.layout
+    )
     return StoreState(latest.version, layout, bytes(latest.payload), store.published_total)
 
 
@@ -90,8 +108,14 @@ def _layout(header: parameters_pb2.WeightsHeader) -> tuple:
 
 
 def draw_weights(draw: Draw) -> dict[str, np.ndarray]:
-    names = draw(st.lists(st.sampled_from(["w", "b", "layer.0.weight", "é"]) | st.text(min_size=1, max_size=8),
-                          min_size=1, max_size=3, unique=True))
+    names = draw(
+        st.lists(
+            st.sampled_from(["w", "b", "layer.0.weight", "é"]) | st.text(min_size=1, max_size=8),
+            min_size=1,
+            max_size=3,
+            unique=True,
+        )
+    )
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     weights = {}
     for name in names:
@@ -105,17 +129,29 @@ def draw_weights(draw: Draw) -> dict[str, np.ndarray]:
 def draw_version(draw: Draw, current: int, log: list[str], far: bool) -> int:
     """A header's version: mostly near the current one; with `far`, often beyond the window above it too."""
     choices = ["auto", "auto", "auto", "next", "skip", "current", "older", "one"]
-    choice = draw(st.sampled_from(choices + (["uint64_max", "max", "edge", "beyond", "beyond"] if far else [])))
+    choice = draw(
+        st.sampled_from(choices + (["uint64_max", "max", "edge", "beyond", "beyond"] if far else []))
+    )
     if choice not in ("auto", "next", "skip"):
         log.append(f"version:{choice}")
-    version = {"auto": 0, "next": current + 1, "skip": current + draw(st.integers(2, 1000)), "current": current,
-               "older": max(current - 1, 0), "one": 1, "uint64_max": UINT64_MAX, "max": MAX_VERSION,
-               "edge": current + MAX_VERSION_STEP, "beyond": current + MAX_VERSION_STEP + 1}[choice]
+    version = {
+        "auto": 0,
+        "next": current + 1,
+        "skip": current + draw(st.integers(2, 1000)),
+        "current": current,
+        "older": max(current - 1, 0),
+        "one": 1,
+        "uint64_max": UINT64_MAX,
+        "max": MAX_VERSION,
+        "edge": current + MAX_VERSION_STEP,
+        "beyond": current + MAX_VERSION_STEP + 1,
+    }[choice]
     return min(version, UINT64_MAX)  # a uint64 field
 
 
-def draw_publish_stream(draw: Draw, current: int, limit: int, log: list[str], far: bool = False
-                        ) -> tuple[list[bytes], str]:
+def draw_publish_stream(
+    draw: Draw, current: int, limit: int, log: list[str], far: bool = False
+) -> tuple[list[bytes], str]:
     """One Publish stream: the header (first message) and the packed bytes in 1-4 pieces, then 0-2 mutations of
     header, layout or chunks, then possibly damaged bytes; rarely a message over the size limit, either before
     the last message or after all of them. Returns the messages and where the oversize one is ("", "inside" or
@@ -131,18 +167,42 @@ def draw_publish_stream(draw: Draw, current: int, limit: int, log: list[str], fa
     messages[0].header.CopyFrom(header)
     for _ in range(draw(st.sampled_from([0, 0, 0, 1, 1, 2]))):
         messages = _mutate_publish(draw, messages, log)
-    raw = [mangle(draw, m.SerializeToString(), log, f"publish[{i}]", probability=12) for i, m in enumerate(messages)]
+    raw = [
+        mangle(draw, m.SerializeToString(), log, f"publish[{i}]", probability=12)
+        for i, m in enumerate(messages)
+    ]
     oversize = draw(st.sampled_from(["inside", "last"])) if chance(draw, 5) else ""
     if oversize:
         log.append(f"publish:oversize-{oversize}")
-        raw.insert(len(raw) - 1 if oversize == "inside" and raw else len(raw), oversize_string_field(2, limit + 1))
+        raw.insert(
+            len(raw) - 1 if oversize == "inside" and raw else len(raw), oversize_string_field(2, limit + 1)
+        )
     return raw, oversize
 
 
 def _mutate_publish(draw: Draw, messages: list, log: list[str]) -> list:
-    op = draw(st.sampled_from(["tensor", "tensor", "tensor", "total_bytes", "version", "drop_tensor",
-                               "duplicate_tensor", "clear_tensors", "header_late", "header_twice", "no_header",
-                               "extra_byte", "missing_byte", "swap_chunks", "bool_byte", "empty_stream"]))
+    op = draw(
+        st.sampled_from(
+            [
+                "tensor",
+                "tensor",
+                "tensor",
+                "total_bytes",
+                "version",
+                "drop_tensor",
+                "duplicate_tensor",
+                "clear_tensors",
+                "header_late",
+                "header_twice",
+                "no_header",
+                "extra_byte",
+                "missing_byte",
+                "swap_chunks",
+                "bool_byte",
+                "empty_stream",
+            ]
+        )
+    )
     if not messages:
         return messages
     header = messages[0].header
@@ -162,17 +222,32 @@ def _mutate_publish(draw: Draw, messages: list, log: list[str]) -> list:
         elif what == "rank":
             tensor.shape.extend([1] * draw(st.sampled_from([31, 32, 63, 64, 65])))
         elif what == "offset":
-            tensor.offset = draw(st.sampled_from([min(tensor.offset + 1, UINT64_MAX), max(tensor.offset - 1, 0), 0,
-                                                  header.total_bytes, UINT64_MAX]))  # uint64: at most UINT64_MAX
+            tensor.offset = draw(
+                st.sampled_from(
+                    [
+                        min(tensor.offset + 1, UINT64_MAX),
+                        max(tensor.offset - 1, 0),
+                        0,
+                        header.total_bytes,
+                        UINT64_MAX,
+                    ]
+                )
+            )  # uint64: at most UINT64_MAX
         else:
-            tensor.nbytes = draw(st.sampled_from([min(tensor.nbytes + 1, UINT64_MAX), max(tensor.nbytes - 1, 0), 0,
-                                                  UINT64_MAX]))
+            tensor.nbytes = draw(
+                st.sampled_from(
+                    [min(tensor.nbytes + 1, UINT64_MAX), max(tensor.nbytes - 1, 0), 0, UINT64_MAX]
+                )
+            )
         return messages
     log.append(f"publish:{op}")
     chunks = [m.chunk for m in messages]
     if op == "total_bytes":
-        header.total_bytes = draw(st.sampled_from([min(header.total_bytes + 1, UINT64_MAX),
-                                                   max(header.total_bytes - 1, 0), 0, UINT64_MAX]))
+        header.total_bytes = draw(
+            st.sampled_from(
+                [min(header.total_bytes + 1, UINT64_MAX), max(header.total_bytes - 1, 0), 0, UINT64_MAX]
+            )
+        )
     elif op == "version":
         header.version = draw(st.sampled_from([0, 1, 2**32, 2**63]))
     elif op == "drop_tensor" and tensors:
@@ -206,7 +281,7 @@ def _mutate_publish(draw: Draw, messages: list, log: list[str]) -> list:
             payload[bools[0].offset] = draw(st.integers(2, 255))
             start = 0
             for m, c in zip(messages, chunks, strict=True):
-                m.chunk = bytes(payload[start:start + len(c)])
+                m.chunk = bytes(payload[start : start + len(c)])
                 start += len(c)
     elif op == "empty_stream":
         return []
@@ -214,8 +289,10 @@ def _mutate_publish(draw: Draw, messages: list, log: list[str]) -> list:
 
 
 def draw_fetch_request(draw: Draw, current: int, log: list[str]) -> bytes:
-    have = draw(st.sampled_from([0, current, current, max(current - 1, 0), min(current + 1, UINT64_MAX)]) |
-                st.integers(0, UINT64_MAX))
+    have = draw(
+        st.sampled_from([0, current, current, max(current - 1, 0), min(current + 1, UINT64_MAX)])
+        | st.integers(0, UINT64_MAX)
+    )
     return mangle(draw, parameters_pb2.FetchRequest(have_version=have).SerializeToString(), log, "fetch")
 
 
@@ -234,15 +311,21 @@ def expect_publish(before: StoreState, raw: list[bytes], outcome: Outcome, conte
     against the contract, and the stored version is the one the answer names."""
     if outcome.code == REFUSED:
         first = _parse(parameters_pb2.PublishRequest, raw[0]) if raw else None
-        assert first is not None and first.HasField("header"), f"FAILED_PRECONDITION without a header: {context}"
+        assert first is not None and first.HasField("header"), (
+            f"FAILED_PRECONDITION without a header: {context}"
+        )
         version = first.header.version
         low, high = before.version + 1, min(before.version + MAX_VERSION_STEP, MAX_VERSION)
-        assert not low <= (version or low) <= high, f"version {version} refused after {before.version}: {context}"
+        assert not low <= (version or low) <= high, (
+            f"version {version} refused after {before.version}: {context}"
+        )
     if outcome.code != OK:
         return before
     state = published(before, raw, context)
     response = parameters_pb2.PublishResponse.FromString(outcome.responses[0])
-    assert response.version == state.version, f"stored version {response.version}, expected {state.version}: {context}"
+    assert response.version == state.version, (
+        f"stored version {response.version}, expected {state.version}: {context}"
+    )
     return state
 
 
@@ -254,7 +337,9 @@ def published(before: StoreState, raw: list[bytes], context: str) -> StoreState:
     assert not any(m.HasField("header") for m in messages[1:]), f"published with a late header: {context}"
     header = messages[0].header
     payload = b"".join(m.chunk for m in messages)
-    assert len(payload) == header.total_bytes, f"published {len(payload)} of {header.total_bytes} bytes: {context}"
+    assert len(payload) == header.total_bytes, (
+        f"published {len(payload)} of {header.total_bytes} bytes: {context}"
+    )
     names = [t.name for t in header.tensors]
     assert names and all(names) and len(set(names)) == len(names), f"published names {names}: {context}"
     spans = []
@@ -266,13 +351,16 @@ def published(before: StoreState, raw: list[bytes], context: str) -> StoreState:
         if t.nbytes:
             spans.append((t.offset, t.offset + t.nbytes))
             if t.dtype == 12:
-                assert max(payload[t.offset:t.offset + t.nbytes]) <= 1, f"published a BOOL byte > 1: {context}"
+                assert max(payload[t.offset : t.offset + t.nbytes]) <= 1, (
+                    f"published a BOOL byte > 1: {context}"
+                )
     spans.sort()
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), f"published overlaps: {context}"
     assert sum(t.nbytes for t in header.tensors) == header.total_bytes, context
     version = header.version or before.version + 1
-    assert before.version < version <= min(before.version + MAX_VERSION_STEP, MAX_VERSION), \
+    assert before.version < version <= min(before.version + MAX_VERSION_STEP, MAX_VERSION), (
         f"published version {version} after {before.version}: {context}"
+    )
     total = None if before.published_total is None else before.published_total + 1
     return StoreState(version, _layout(header), payload, total)
 

@@ -47,7 +47,9 @@ class RawClient:
         start = time.monotonic()
         try:
             if method in _RESPONSE_STREAMING:
-                call = (self.channel.stream_stream(path) if streaming_request else self.channel.unary_stream(path))
+                call = (
+                    self.channel.stream_stream(path) if streaming_request else self.channel.unary_stream(path)
+                )
                 for response in call(iter(request) if streaming_request else request, timeout=CALL_TIMEOUT):
                     responses.append(response)
             elif streaming_request:
@@ -64,7 +66,9 @@ class RawClient:
         names = []
         for service in ("", self.service):
             try:
-                reply = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=CALL_TIMEOUT)
+                reply = self._health.Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=CALL_TIMEOUT
+                )
                 names.append(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
             except grpc.RpcError as err:
                 names.append(err.code().name)

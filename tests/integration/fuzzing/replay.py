@@ -34,11 +34,17 @@ from tests.integration.fuzzing.mutations import (
 from tests.integration.fuzzing.raw import Outcome
 
 SERVICE = wire.SERVICE_NAME
-SIGNATURE = Signature.parse("obs:float32[4],action:int64[],reward:float32[],discount:float32[],next_obs:float32[4]")
+SIGNATURE = Signature.parse(
+    "obs:float32[4],action:int64[],reward:float32[],discount:float32[],next_obs:float32[4]"
+)
 CAPACITY = 256
 MAX_SAMPLE_BATCH = 4096
 MAX_PRIORITY = 1e25
-OK, INVALID, EXHAUSTED = grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
+OK, INVALID, EXHAUSTED = (
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
 # What each RPC may end with here (replay.proto, minus what this setup rules out: no call may wait, no token, no
@@ -91,9 +97,13 @@ def draw_insert_request(draw: Draw, sequences: Sequences, log: list[str]) -> byt
     """A one-batch request, or (a quarter of the time) one merging 2-4 batches (InsertRequest.batch_rows)."""
     batch_rows: list[int] = []
     if chance(draw, 25):
-        batch_rows = [draw(st.sampled_from([1, 1, 2, 3, 8, 16, CAPACITY])) for _ in range(draw(st.integers(2, 4)))]
+        batch_rows = [
+            draw(st.sampled_from([1, 1, 2, 3, 8, 16, CAPACITY])) for _ in range(draw(st.integers(2, 4)))
+        ]
         log.append(f"insert:merged{batch_rows}")
-    rows = sum(batch_rows) or draw(st.sampled_from([1, 1, 2, 3, 4, 8, 16, 32, CAPACITY - 1, CAPACITY, CAPACITY + 1]))
+    rows = sum(batch_rows) or draw(
+        st.sampled_from([1, 1, 2, 3, 4, 8, 16, 32, CAPACITY - 1, CAPACITY, CAPACITY + 1])
+    )
     columns = rows_of(draw, rows)
     if draw(st.booleans()):  # any column order is valid
         names = draw(st.permutations(list(columns)))
@@ -118,9 +128,26 @@ def draw_insert_request(draw: Draw, sequences: Sequences, log: list[str]) -> byt
 
 def _mutate_insert(draw: Draw, request: replay_pb2.InsertRequest, rows: int, log: list[str]) -> None:
     cols = request.batch.columns
-    op = draw(st.sampled_from(["column", "column", "drop_column", "duplicate_column", "rename_column",
-                               "extra_column", "ragged", "scalar_column", "clear_batch", "priorities",
-                               "empty_priorities", "clear_priorities", "writer_id", "batch_rows"]))
+    op = draw(
+        st.sampled_from(
+            [
+                "column",
+                "column",
+                "drop_column",
+                "duplicate_column",
+                "rename_column",
+                "extra_column",
+                "ragged",
+                "scalar_column",
+                "clear_batch",
+                "priorities",
+                "empty_priorities",
+                "clear_priorities",
+                "writer_id",
+                "batch_rows",
+            ]
+        )
+    )
     if op == "column" and cols:
         col = cols[draw(st.integers(0, len(cols) - 1))]
         mutate_tensor(draw, col.tensor, log, f"column {col.name}")
@@ -132,7 +159,8 @@ def _mutate_insert(draw: Draw, request: replay_pb2.InsertRequest, rows: int, log
         cols.add().CopyFrom(cols[draw(st.integers(0, len(cols) - 1))])
     elif op == "rename_column" and cols:
         cols[draw(st.integers(0, len(cols) - 1))].name = draw(
-            st.sampled_from(["", "unknown", "obs", "action", "obs ", "Obs", "obs\x00", "ÖBS"]))
+            st.sampled_from(["", "unknown", "obs", "action", "obs ", "Obs", "obs\x00", "ÖBS"])
+        )
     elif op == "extra_column":
         col = cols.add(name=draw(st.sampled_from(["extra", "obs"])))
         codec.encode_tensor(np.zeros(rows, np.float32), col.tensor)
@@ -175,10 +203,14 @@ def _mutate_insert(draw: Draw, request: replay_pb2.InsertRequest, rows: int, log
         request.batch_rows[:] = [] if kind == "clear" else [max(0, e) for e in entries]
 
 
-def draw_insert_stream(draw: Draw, sequences: Sequences, limit: int, log: list[str]) -> tuple[list[bytes], bool]:
+def draw_insert_stream(
+    draw: Draw, sequences: Sequences, limit: int, log: list[str]
+) -> tuple[list[bytes], bool]:
     """Zero to three InsertRequests for one stream; rarely, a first message over the shard's size limit (then
     nothing after it is processed, so every ack that comes back is for a known request)."""
-    requests = [draw_insert_request(draw, sequences, log) for _ in range(draw(st.sampled_from([0, 1, 1, 1, 2, 3])))]
+    requests = [
+        draw_insert_request(draw, sequences, log) for _ in range(draw(st.sampled_from([0, 1, 1, 1, 2, 3])))
+    ]
     oversize = chance(draw, 4)
     if oversize:
         log.append("insert:oversize-first")
@@ -187,8 +219,26 @@ def draw_insert_stream(draw: Draw, sequences: Sequences, limit: int, log: list[s
 
 
 def draw_sample_request(draw: Draw, limit: int, log: list[str]) -> tuple[bytes, bool]:
-    batch_size = draw(st.sampled_from([0, 1, 2, 7, 64, 256, 1024, 2048, MAX_SAMPLE_BATCH - 1, MAX_SAMPLE_BATCH,
-                                       MAX_SAMPLE_BATCH + 1, 2**31, 2**32 - 1]) | st.integers(1, MAX_SAMPLE_BATCH))
+    batch_size = draw(
+        st.sampled_from(
+            [
+                0,
+                1,
+                2,
+                7,
+                64,
+                256,
+                1024,
+                2048,
+                MAX_SAMPLE_BATCH - 1,
+                MAX_SAMPLE_BATCH,
+                MAX_SAMPLE_BATCH + 1,
+                2**31,
+                2**32 - 1,
+            ]
+        )
+        | st.integers(1, MAX_SAMPLE_BATCH)
+    )
     request = replay_pb2.SampleRequest(batch_size=batch_size, no_wait=draw(st.booleans()))
     if chance(draw, 4):
         log.append("sample:oversize")
@@ -218,19 +268,32 @@ def draw_update_request(draw: Draw, view: ShardState, log: list[str]) -> bytes:
     priorities = rng.uniform(0, 10, len(keys)).astype(prio_dtype)
     if keys and chance(draw, 25):
         log.append("update:special-priorities")
-        priorities = np.frombuffer(special_values(draw, codec.dtype_to_wire(np.dtype(prio_dtype)),
-                                                  priorities.nbytes), prio_dtype)
+        priorities = np.frombuffer(
+            special_values(draw, codec.dtype_to_wire(np.dtype(prio_dtype)), priorities.nbytes), prio_dtype
+        )
     incarnation = view.info["incarnation"]
     choice = draw(st.sampled_from(["zero", "zero", "current", "current", "other", "max"]))
     if choice != "zero" and choice != "current":
         log.append(f"update:incarnation-{choice}")
     request = replay_pb2.UpdatePrioritiesRequest(
-        incarnation={"zero": 0, "current": incarnation, "other": incarnation ^ 1, "max": 2**64 - 1}[choice])
+        incarnation={"zero": 0, "current": incarnation, "other": incarnation ^ 1, "max": 2**64 - 1}[choice]
+    )
     codec.encode_tensor(key_array, request.keys)
     codec.encode_tensor(priorities, request.priorities)
     for _ in range(draw(st.sampled_from([0, 0, 0, 1, 1, 2]))):
-        op = draw(st.sampled_from(["keys", "priorities", "priorities", "shape_mismatch", "two_d", "clear_keys",
-                                   "clear_priorities"]))
+        op = draw(
+            st.sampled_from(
+                [
+                    "keys",
+                    "priorities",
+                    "priorities",
+                    "shape_mismatch",
+                    "two_d",
+                    "clear_keys",
+                    "clear_priorities",
+                ]
+            )
+        )
         if op in ("keys", "priorities"):
             mutate_tensor(draw, getattr(request, op), log, op)
             continue
@@ -260,8 +323,16 @@ def draw_checkpoint_request(draw: Draw, limit: int, log: list[str]) -> tuple[byt
 # --- state ---------------------------------------------------------------------------------------------------------
 
 # InfoResponse fields an oracle can predict exactly (the float sums are checked against the leaves instead).
-_COUNTED = ("size", "inserted_total", "evicted_total", "inserted_bytes_total", "updated_total",
-            "stale_updates_total", "duplicate_batches_total", "sampled_total")
+_COUNTED = (
+    "size",
+    "inserted_total",
+    "evicted_total",
+    "inserted_bytes_total",
+    "updated_total",
+    "stale_updates_total",
+    "duplicate_batches_total",
+    "sampled_total",
+)
 
 
 @dataclass
@@ -281,7 +352,11 @@ class ShardState:
 
 
 def info_scalars(response: replay_pb2.InfoResponse) -> dict[str, object]:
-    return {f.name: getattr(response, f.name) for f in replay_pb2.InfoResponse.DESCRIPTOR.fields if f.name != "signature"}
+    return {
+        f.name: getattr(response, f.name)
+        for f in replay_pb2.InfoResponse.DESCRIPTOR.fields
+        if f.name != "signature"
+    }
 
 
 def exact_state(table) -> ShardState:
@@ -300,8 +375,11 @@ def assert_state(actual: ShardState, expected: ShardState, context: str) -> None
         if name in ("total_priority", "min_priority") and expected.changed:
             if expected.exact:  # recomputed from the expected leaves
                 positive = expected.leaves[expected.leaves > 0]
-                want = float(expected.leaves.sum()) if name == "total_priority" else (
-                    float(positive.min()) if positive.size else 0.0)
+                want = (
+                    float(expected.leaves.sum())
+                    if name == "total_priority"
+                    else (float(positive.min()) if positive.size else 0.0)
+                )
                 assert got == pytest.approx(want, rel=1e-9, abs=1e-300), f"{name}: {got} != {want}; {context}"
             continue
         assert got == want, f"Info.{name} is {got}, expected {want}; {context}"
@@ -309,7 +387,8 @@ def assert_state(actual: ShardState, expected: ShardState, context: str) -> None
         for name, column in expected.storage.items():
             assert np.array_equal(actual.storage[name], column), f"column {name} differs; {context}"
         assert np.array_equal(actual.leaves, expected.leaves), (
-            f"priorities differ at slots {np.flatnonzero(actual.leaves != expected.leaves)[:10]}; {context}")
+            f"priorities differ at slots {np.flatnonzero(actual.leaves != expected.leaves)[:10]}; {context}"
+        )
         assert actual.writers == expected.writers, f"writers differ; {context}"
 
 
@@ -327,8 +406,9 @@ def _valid_priorities(p: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(p) & (p >= 0) & (p <= MAX_PRIORITY)))
 
 
-def answered_batches(requests: list[bytes], acks: list[replay_pb2.InsertAck], context: str
-                     ) -> tuple[list[tuple[replay_pb2.InsertRequest, int, replay_pb2.InsertAck]], int]:
+def answered_batches(
+    requests: list[bytes], acks: list[replay_pb2.InsertAck], context: str
+) -> tuple[list[tuple[replay_pb2.InsertRequest, int, replay_pb2.InsertAck]], int]:
     """Pair each ack with the batches it answers, in order: (request, index of its first batch answered, ack). A
     one-batch request gets exactly one ack; a merged one (batch_rows) acks that cover consecutive runs of its
     batches, each naming the last one. Also returns how many requests were answered completely."""
@@ -338,9 +418,12 @@ def answered_batches(requests: list[bytes], acks: list[replay_pb2.InsertAck], co
         request = _parse(replay_pb2.InsertRequest, requests[r])
         assert request is not None, f"acked a message that does not parse: {context}"
         batches = len(request.batch_rows) or 1
-        assert 1 <= ack.batches <= batches - b, f"ack answers {ack.batches} of {batches - b} batches: {context}"
+        assert 1 <= ack.batches <= batches - b, (
+            f"ack answers {ack.batches} of {batches - b} batches: {context}"
+        )
         assert ack.sequence == min(request.sequence + b + ack.batches - 1, 2**64 - 1), (
-            f"ack sequence {ack.sequence} for batches {b}..{b + ack.batches - 1} from {request.sequence}: {context}")
+            f"ack sequence {ack.sequence} for batches {b}..{b + ack.batches - 1} from {request.sequence}: {context}"
+        )
         pairs.append((request, b, ack))
         b += ack.batches
         if b == batches:
@@ -359,12 +442,14 @@ def batch_of(request: replay_pb2.InsertRequest, index: int, context: str) -> rep
 
     def rows(tensor, out, what: str) -> None:
         shape = list(tensor.shape)
-        assert shape and shape[0] == sum(request.batch_rows), f"stored a merged {what} of shape {shape}: {context}"
+        assert shape and shape[0] == sum(request.batch_rows), (
+            f"stored a merged {what} of shape {shape}: {context}"
+        )
         row_bytes = math.prod(shape[1:]) * codec.dtype_from_wire(tensor.dtype).itemsize
         assert len(tensor.data) == shape[0] * row_bytes, f"stored a merged {what} of bad length: {context}"
         out.dtype = tensor.dtype
         out.shape[:] = [hi - lo, *shape[1:]]
-        out.data = tensor.data[lo * row_bytes:hi * row_bytes]
+        out.data = tensor.data[lo * row_bytes : hi * row_bytes]
 
     for column in request.batch.columns:
         rows(column.tensor, batch.batch.columns.add(name=column.name).tensor, f"column {column.name!r}")
@@ -373,8 +458,14 @@ def batch_of(request: replay_pb2.InsertRequest, index: int, context: str) -> rep
     return batch
 
 
-def expect_insert(before: ShardState, requests: list[bytes], outcome: Outcome, oversize: bool,
-                  acks: list[replay_pb2.InsertAck], context: str) -> ShardState:
+def expect_insert(
+    before: ShardState,
+    requests: list[bytes],
+    outcome: Outcome,
+    oversize: bool,
+    acks: list[replay_pb2.InsertAck],
+    context: str,
+) -> ShardState:
     """The state after an Insert stream whose acks say what was stored; checks every ack on the way."""
     state = copy.deepcopy(before)
     info = state.info
@@ -386,7 +477,8 @@ def expect_insert(before: ShardState, requests: list[bytes], outcome: Outcome, o
         assert complete == len(requests), f"{complete} of {len(requests)} requests answered: {context}"
     elif outcome.code == INVALID:  # a message that does not parse ends the stream; those before were acked
         assert _parse(replay_pb2.InsertRequest, requests[complete]) is None, (
-            f"stream ended INVALID_ARGUMENT at a parseable request: {context}")
+            f"stream ended INVALID_ARGUMENT at a parseable request: {context}"
+        )
     for request, first, ack in pairs:
         assert ack.error_code in ALLOWED_ACK_CODES, f"ack error_code {ack.error_code}: {context}"
         assert ack.incarnation == info["incarnation"], context
@@ -410,7 +502,9 @@ def expect_insert(before: ShardState, requests: list[bytes], outcome: Outcome, o
     return state
 
 
-def _store(state: ShardState, request: replay_pb2.InsertRequest, ack: replay_pb2.InsertAck, context: str) -> None:
+def _store(
+    state: ShardState, request: replay_pb2.InsertRequest, ack: replay_pb2.InsertAck, context: str
+) -> None:
     """Check that a stored batch obeys the contract, and apply it to `state`."""
     info = state.info
     columns = {c.name: c.tensor for c in request.batch.columns}
@@ -419,10 +513,14 @@ def _store(state: ShardState, request: replay_pb2.InsertRequest, ack: replay_pb2
     arrays = {}
     for spec in SIGNATURE.fields:
         tensor = columns[spec.name]
-        assert tensor.dtype == codec.dtype_to_wire(spec.dtype), f"stored {spec.name} dtype {tensor.dtype}: {context}"
+        assert tensor.dtype == codec.dtype_to_wire(spec.dtype), (
+            f"stored {spec.name} dtype {tensor.dtype}: {context}"
+        )
         shape = tuple(tensor.shape)
         assert len(shape) >= 1 and shape[1:] == spec.shape, f"stored {spec.name} {shape}: {context}"
-        assert len(tensor.data) == math.prod(shape) * spec.dtype.itemsize, f"stored {spec.name} bytes: {context}"
+        assert len(tensor.data) == math.prod(shape) * spec.dtype.itemsize, (
+            f"stored {spec.name} bytes: {context}"
+        )
         arrays[spec.name] = np.frombuffer(tensor.data, spec.dtype).reshape(shape)
     rows = {a.shape[0] for a in arrays.values()}
     assert len(rows) == 1, f"stored a ragged batch: {context}"
@@ -430,13 +528,17 @@ def _store(state: ShardState, request: replay_pb2.InsertRequest, ack: replay_pb2
     assert 1 <= rows <= CAPACITY and ack.rows == rows, f"stored {ack.rows} of {rows} rows: {context}"
     assert ack.first_key == info["inserted_total"], f"first_key {ack.first_key}: {context}"
     if request.writer_id and state.exact:
-        assert state.writers.get(request.writer_id, -1) < request.sequence, f"stored a resent batch: {context}"
+        assert state.writers.get(request.writer_id, -1) < request.sequence, (
+            f"stored a resent batch: {context}"
+        )
         state.writers[request.writer_id] = request.sequence
     priorities = None
     if request.HasField("priorities"):
         p = request.priorities
         dtype = {1: np.float32, 2: np.float64}.get(p.dtype)
-        assert dtype is not None and list(p.shape) == [rows], f"stored priorities {p.dtype}{p.shape}: {context}"
+        assert dtype is not None and list(p.shape) == [rows], (
+            f"stored priorities {p.dtype}{p.shape}: {context}"
+        )
         assert len(p.data) == rows * np.dtype(dtype).itemsize, f"stored priorities bytes: {context}"
         priorities = np.frombuffer(p.data, dtype).astype(np.float64)
         assert _valid_priorities(priorities), f"stored priorities {priorities}: {context}"
@@ -455,7 +557,9 @@ def _store(state: ShardState, request: replay_pb2.InsertRequest, ack: replay_pb2
     state.changed = True
 
 
-def expect_sample(before: ShardState, raw: bytes, oversize: bool, outcome: Outcome, context: str) -> ShardState:
+def expect_sample(
+    before: ShardState, raw: bytes, oversize: bool, outcome: Outcome, context: str
+) -> ShardState:
     state = copy.deepcopy(before)
     request = None if oversize else _parse(replay_pb2.SampleRequest, raw)
     if outcome.code == INVALID:
@@ -485,8 +589,9 @@ def expect_sample(before: ShardState, raw: bytes, oversize: bool, outcome: Outco
     return state
 
 
-def expect_updates(before: ShardState, requests: list[bytes], outcome: Outcome, oversize: bool,
-                   context: str) -> ShardState:
+def expect_updates(
+    before: ShardState, requests: list[bytes], outcome: Outcome, oversize: bool, context: str
+) -> ShardState:
     """The state after UpdatePriorities (one request) or StreamUpdatePriorities: each response answers the
     request at its position, applied whole; the call's status answers the first request not answered."""
     state = copy.deepcopy(before)
@@ -501,7 +606,9 @@ def expect_updates(before: ShardState, requests: list[bytes], outcome: Outcome, 
         assert request is not None, f"answered a message that does not parse: {context}"
         keys = codec.decode_tensor(request.keys, "keys")
         priorities = codec.decode_tensor(request.priorities, "priorities")
-        assert keys.ndim == 1 and keys.dtype in (np.uint64, np.int64), f"applied keys {keys.dtype}{keys.shape}"
+        assert keys.ndim == 1 and keys.dtype in (np.uint64, np.int64), (
+            f"applied keys {keys.dtype}{keys.shape}"
+        )
         assert priorities.dtype in (np.float32, np.float64) and priorities.shape == keys.shape, context
         p = priorities.astype(np.float64)
         assert _valid_priorities(p), f"applied priorities {p}: {context}"
@@ -528,13 +635,16 @@ def expect_info(before: ShardState, outcome: Outcome, context: str) -> ShardStat
         response = replay_pb2.InfoResponse.FromString(outcome.responses[0])
         got = info_scalars(response)
         for name in (*_COUNTED, "incarnation", "capacity", "max_priority", "total_priority", "min_priority"):
-            assert got[name] == before.info[name], f"Info.{name} {got[name]} != {before.info[name]}: {context}"
+            assert got[name] == before.info[name], (
+                f"Info.{name} {got[name]} != {before.info[name]}: {context}"
+            )
         assert codec.decode_signature(response.signature) == SIGNATURE, context
     return copy.deepcopy(before)
 
 
-def expect_checkpoint(before: ShardState, raw: bytes, oversize: bool, outcome: Outcome, directory: bool,
-                      context: str) -> ShardState:
+def expect_checkpoint(
+    before: ShardState, raw: bytes, oversize: bool, outcome: Outcome, directory: bool, context: str
+) -> ShardState:
     """A Checkpoint changes nothing the shard holds; an OK answer describes the table as it was (its rows, keys and
     incarnation) in a file it names; FAILED_PRECONDITION only on a shard without a checkpoint directory."""
     request = None if oversize else _parse(replay_pb2.CheckpointRequest, raw)
@@ -549,17 +659,45 @@ def expect_checkpoint(before: ShardState, raw: bytes, oversize: bool, outcome: O
         response = replay_pb2.CheckpointResponse.FromString(outcome.responses[0])
         info = before.info
         assert (response.rows, response.inserted_total, response.incarnation) == (
-            info["size"], info["inserted_total"], info["incarnation"]), f"{response}: {context}"
+            info["size"],
+            info["inserted_total"],
+            info["incarnation"],
+        ), f"{response}: {context}"
         assert response.bytes > 0 and response.path.endswith(".apexrl"), f"{response}: {context}"
     return copy.deepcopy(before)
 
 
 # --- a fresh shard: the first stored batch fixes the signature ------------------------------------------------------
 
-_ROW_SHAPES = ((), (), (4,), (2, 3), (0,), (1,) * 62, (1,) * 63, (3, 0, 2**31), (2**31, 0), (0, 2**31, 2**31),
-               (2**31, 2**20, 0), (2**31, 2**25, 0), (2**31, 2**31, 0))
-_WIRE_DTYPES = (np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
-                np.uint32, np.uint64, np.bool_)
+_ROW_SHAPES = (
+    (),
+    (),
+    (4,),
+    (2, 3),
+    (0,),
+    (1,) * 62,
+    (1,) * 63,
+    (3, 0, 2**31),
+    (2**31, 0),
+    (0, 2**31, 2**31),
+    (2**31, 2**20, 0),
+    (2**31, 2**25, 0),
+    (2**31, 2**31, 0),
+)
+_WIRE_DTYPES = (
+    np.float32,
+    np.float64,
+    np.float16,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.bool_,
+)
 
 
 def draw_first_batch(draw: Draw, sequences: Sequences, log: list[str]) -> bytes:
@@ -568,7 +706,9 @@ def draw_first_batch(draw: Draw, sequences: Sequences, log: list[str]) -> bytes:
     either adopt or refuse)."""
     rows = draw(st.sampled_from([1, 2, 5, CAPACITY, CAPACITY + 1]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    request = replay_pb2.InsertRequest(writer_id=draw(st.sampled_from(["", "w0"])), sequence=sequences.draw(draw, log))
+    request = replay_pb2.InsertRequest(
+        writer_id=draw(st.sampled_from(["", "w0"])), sequence=sequences.draw(draw, log)
+    )
     for _ in range(draw(st.integers(1, 3))):
         name = draw(st.sampled_from(["obs", "a", "é", "obs", ""]))
         dtype = np.dtype(draw(st.sampled_from(_WIRE_DTYPES)))
@@ -578,8 +718,11 @@ def draw_first_batch(draw: Draw, sequences: Sequences, log: list[str]) -> bytes:
         column.tensor.dtype = codec.dtype_to_wire(dtype)
         column.tensor.shape[:] = [rows, *shape]
         count = math.prod((rows, *shape))
-        column.tensor.data = (rng.integers(0, 2, count) if dtype == np.bool_ else rng.integers(0, 100, count)
-                              ).astype(dtype).tobytes()
+        column.tensor.data = (
+            (rng.integers(0, 2, count) if dtype == np.bool_ else rng.integers(0, 100, count))
+            .astype(dtype)
+            .tobytes()
+        )
     if chance(draw, 20):
         columns = request.batch.columns
         mutate_tensor(draw, columns[draw(st.integers(0, len(columns) - 1))].tensor, log, "column")
@@ -588,12 +731,17 @@ def draw_first_batch(draw: Draw, sequences: Sequences, log: list[str]) -> bytes:
 
 def signature_of(request: replay_pb2.InsertRequest) -> Signature:
     """The signature a stored batch implies: its columns in order, each with its dtype and per-row shape."""
-    return Signature(tuple(FieldSpec(c.name, codec.dtype_from_wire(c.tensor.dtype), tuple(c.tensor.shape[1:]))
-                           for c in request.batch.columns))
+    return Signature(
+        tuple(
+            FieldSpec(c.name, codec.dtype_from_wire(c.tensor.dtype), tuple(c.tensor.shape[1:]))
+            for c in request.batch.columns
+        )
+    )
 
 
-def expect_first_inserts(requests: list[bytes], acks: list[replay_pb2.InsertAck], context: str
-                         ) -> tuple[Signature | None, int]:
+def expect_first_inserts(
+    requests: list[bytes], acks: list[replay_pb2.InsertAck], context: str
+) -> tuple[Signature | None, int]:
     """The signature fixed by the first stored batch (None when none was stored) and the rows stored; every later
     stored batch must match it."""
     signature, stored = None, 0
@@ -610,8 +758,9 @@ def expect_first_inserts(requests: list[bytes], acks: list[replay_pb2.InsertAck]
     return signature, stored
 
 
-def _first_stored(request: replay_pb2.InsertRequest, signature: Signature | None, stored: int, context: str
-                  ) -> tuple[Signature | None, int]:
+def _first_stored(
+    request: replay_pb2.InsertRequest, signature: Signature | None, stored: int, context: str
+) -> tuple[Signature | None, int]:
     """One stored batch of a shard without a declared signature: it fixes the signature or matches it."""
     implied = signature_of(request)
     rows = request.batch.columns[0].tensor.shape[0]
@@ -621,5 +770,6 @@ def _first_stored(request: replay_pb2.InsertRequest, signature: Signature | None
         signature = implied
     else:
         assert {(f.name, f.dtype, f.shape) for f in implied.fields} == {
-            (f.name, f.dtype, f.shape) for f in signature.fields}, f"stored {implied} into {signature}: {context}"
+            (f.name, f.dtype, f.shape) for f in signature.fields
+        }, f"stored {implied} into {signature}: {context}"
     return signature, stored + rows

@@ -39,8 +39,9 @@ def placement(path: Path) -> dict[str, set[str]]:
     return result
 
 
-@pytest.mark.parametrize("name", ["one_machine.toml", "three_machines.toml", "continuous_one_machine.toml",
-                                  "../fleet.toml"])
+@pytest.mark.parametrize(
+    "name", ["one_machine.toml", "three_machines.toml", "continuous_one_machine.toml", "../fleet.toml"]
+)
 def test_every_machine_of_an_example_fleet_passes_the_launchers_preflight(name, tmp_path):
     config = load_config(FLEETS / name)
     for host in host_names(config):
@@ -72,6 +73,7 @@ def test_three_machines_example_puts_shards_learner_and_actors_on_their_own_mach
 
 # --- systemd ------------------------------------------------------------------------------------------------------
 
+
 def read_unit(path: Path) -> configparser.ConfigParser:
     unit = configparser.ConfigParser(interpolation=None, strict=False, delimiters=("=",))
     unit.optionxform = str  # systemd keys are case-sensitive
@@ -88,13 +90,19 @@ def test_unit_runs_apexrl_launch_with_flags_the_cli_accepts():
     argv = exec_start(unit, "m2")
     assert argv[0] == INSTALLED_APEXRL and argv[1] == "launch"
     assert argv[2:] == ["--config", INSTALLED_FLEET, "--host-name", "m2"]
-    launch_help = subprocess.run([sys.executable, "-m", "apexrl.launcher", "launch", "--help"],
-                                 capture_output=True, text=True, timeout=60, check=True).stdout
+    launch_help = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "launch", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     for flag in (word for word in argv[2:] if word.startswith("--")):
         assert re.search(rf"(^|\s){re.escape(flag)}\b", launch_help), flag
     # The launcher resolves exactly that command line (the installed fleet file here being the shipped example).
-    args = build_parser().parse_args([w.replace(INSTALLED_FLEET, str(FLEETS / "three_machines.toml"))
-                                      for w in argv[1:]])
+    args = build_parser().parse_args(
+        [w.replace(INSTALLED_FLEET, str(FLEETS / "three_machines.toml")) for w in argv[1:]]
+    )
     config, host = resolve_config(args)
     assert host == "m2" and {r.name for r in roles_on(config, host)} == {"learner", "evaluator"}
 
@@ -105,10 +113,19 @@ def test_unit_stops_the_launcher_gracefully_and_sandboxes_it():
     assert service["KillSignal"] == "SIGTERM" and service["KillMode"] == "mixed"
     stop_grace = FleetSettings().stop_grace
     assert seconds(service["TimeoutStopSec"]) >= 2 * stop_grace + 20
-    assert service["Restart"] == "on-failure" and set(service["RestartPreventExitStatus"].split()) == {"1", "2"}
+    assert service["Restart"] == "on-failure" and set(service["RestartPreventExitStatus"].split()) == {
+        "1",
+        "2",
+    }
     assert service["User"] == "apexrl" and service["User"] != "root"
-    hardening = {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
-                 "CapabilityBoundingSet": "", "RestrictSUIDSGID": "yes"}
+    hardening = {
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "CapabilityBoundingSet": "",
+        "RestrictSUIDSGID": "yes",
+    }
     assert {key: service.get(key) for key in hardening} == hardening
     # The only writable places are the state and cache directories; the launcher runs (and writes) in the former.
     assert service["StateDirectory"] == "apexrl" and service["WorkingDirectory"] == "/var/lib/apexrl"
@@ -137,15 +154,25 @@ def installed_copy(tmp_path: Path) -> Path:
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
 def test_systemd_analyze_verifies_the_unit(tmp_path):
-    done = subprocess.run(["systemd-analyze", "verify", str(installed_copy(tmp_path))],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and not done.stderr.strip() and not done.stdout.strip(), done.stderr + done.stdout
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(installed_copy(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and not done.stderr.strip() and not done.stdout.strip(), (
+        done.stderr + done.stdout
+    )
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
 def test_systemd_rates_the_units_exposure_low(tmp_path):
-    done = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager",
-                           str(installed_copy(tmp_path))], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", "--no-pager", str(installed_copy(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if "--offline" in done.stderr and "unrecognized" in done.stderr:
         pytest.skip(f"this systemd-analyze has no offline security check: {done.stderr.strip()}")
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+) (\w+)", done.stdout)
@@ -156,8 +183,14 @@ def test_systemd_rates_the_units_exposure_low(tmp_path):
 @pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="systemd-sysusers is not installed here")
 def test_sysusers_file_creates_the_units_user(tmp_path):
     (tmp_path / "etc").mkdir()
-    subprocess.run(["systemd-sysusers", f"--root={tmp_path}", str(SYSTEMD / "apexrl.sysusers.conf")],
-                   capture_output=True, text=True, timeout=60, check=True)
-    entry = next(line for line in (tmp_path / "etc" / "passwd").read_text().splitlines()
-                 if line.startswith("apexrl:"))
+    subprocess.run(
+        ["systemd-sysusers", f"--root={tmp_path}", str(SYSTEMD / "apexrl.sysusers.conf")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    entry = next(
+        line for line in (tmp_path / "etc" / "passwd").read_text().splitlines() if line.startswith("apexrl:")
+    )
     assert entry.split(":")[5:] == ["/var/lib/apexrl", "/usr/sbin/nologin"]

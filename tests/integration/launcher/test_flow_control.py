@@ -46,8 +46,11 @@ def scrape(port: int, timeout: float = 2.0) -> dict[tuple[str, tuple], float]:
     """Every sample of a role's /metrics, keyed by (name, sorted labels)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
         text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def metric(samples: dict, name: str, **labels: str) -> float:
@@ -86,15 +89,23 @@ class Watch:
     def queue_depths(self, name: str, samples: dict) -> dict[str, float]:
         kind = self.kinds[name]
         if kind == "actor":
-            return {f"{name} backlog to {labels[0][1]}": value for (n, labels), value in samples.items()
-                    if n == "apexrl_actor_insert_backlog_batches"}
+            return {
+                f"{name} backlog to {labels[0][1]}": value
+                for (n, labels), value in samples.items()
+                if n == "apexrl_actor_insert_backlog_batches"
+            }
         if kind == "learner":
-            return {"learner prefetch queue": metric(samples, "apexrl_learner_prefetch_queue_batches"),
-                    "learner priority updates outstanding":
-                        metric(samples, "apexrl_learner_priority_updates_outstanding")}
+            return {
+                "learner prefetch queue": metric(samples, "apexrl_learner_prefetch_queue_batches"),
+                "learner priority updates outstanding": metric(
+                    samples, "apexrl_learner_priority_updates_outstanding"
+                ),
+            }
         if kind == "replay":
-            return {f"{name} insert queue": metric(samples, "apexrl_replay_insert_queue_batches"),
-                    f"{name} waiting inserts": metric(samples, "apexrl_replay_waiting_calls", call="insert")}
+            return {
+                f"{name} insert queue": metric(samples, "apexrl_replay_insert_queue_batches"),
+                f"{name} waiting inserts": metric(samples, "apexrl_replay_waiting_calls", call="insert"),
+            }
         return {}
 
     def run_for(self, seconds: float, skip: frozenset[str] = frozenset()) -> None:
@@ -107,15 +118,33 @@ class Watch:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_stopped_learner_then_a_stopped_shard_keep_every_queue_and_every_process_memory_bounded(launch):  # noqa: F811
-    run = launch("--num-shards", str(SHARDS), "--num-actors", str(ACTORS), "--replay-capacity", "20000",
-                 "--min-replay-size", "500", "--max-seconds", "200")
-    pids = run.wait_running(running={
-        "shard-0": "replay shard serving on", "shard-1": "replay shard serving on", "learner": "learner for CartPole-v1",
-        **{f"actor-{i}": f"actor {i}/{ACTORS} on CartPole-v1" for i in range(ACTORS)}})
+    run = launch(
+        "--num-shards",
+        str(SHARDS),
+        "--num-actors",
+        str(ACTORS),
+        "--replay-capacity",
+        "20000",
+        "--min-replay-size",
+        "500",
+        "--max-seconds",
+        "200",
+    )
+    pids = run.wait_running(
+        running={
+            "shard-0": "replay shard serving on",
+            "shard-1": "replay shard serving on",
+            "learner": "learner for CartPole-v1",
+            **{f"actor-{i}": f"actor {i}/{ACTORS} on CartPole-v1" for i in range(ACTORS)},
+        }
+    )
     roles = {r["name"]: r for r in run.config()["roles"]}
     kinds = {name: roles[name]["kind"] for name in pids}
-    watch = Watch(pids={**pids, "launcher": run.process.pid}, kinds={**kinds, "launcher": "launcher"},
-                  metrics_ports={name: roles[name]["metrics_port"] for name in pids})
+    watch = Watch(
+        pids={**pids, "launcher": run.process.pid},
+        kinds={**kinds, "launcher": "launcher"},
+        metrics_ports={name: roles[name]["metrics_port"] for name in pids},
+    )
     learner_port = roles["learner"]["metrics_port"]
     shard_ports = {name: roles[name]["metrics_port"] for name in pids if kinds[name] == "replay"}
 
@@ -136,10 +165,14 @@ def test_a_stopped_learner_then_a_stopped_shard_keep_every_queue_and_every_proce
     watch.run_for(STOP_SECONDS, skip=frozenset({"learner"}))
     held_back = max(watch.peak_queue.get(f"{s} waiting inserts", 0.0) for s in shard_ports)
     queues_while_learner_stopped = dict(watch.peak_queue)
-    inserted_while_stopped = {s: total(scrape(p), "apexrl_replay_inserted_rows_total") for s, p in shard_ports.items()}
+    inserted_while_stopped = {
+        s: total(scrape(p), "apexrl_replay_inserted_rows_total") for s, p in shard_ports.items()
+    }
     watch.run_for(2.0, skip=frozenset({"learner"}))
-    still_inserting = {s: total(scrape(p), "apexrl_replay_inserted_rows_total") - inserted_while_stopped[s]
-                       for s, p in shard_ports.items()}
+    still_inserting = {
+        s: total(scrape(p), "apexrl_replay_inserted_rows_total") - inserted_while_stopped[s]
+        for s, p in shard_ports.items()
+    }
     os.kill(pids["learner"], signal.SIGCONT)
     resumed_at = updates()
     wait_until(lambda: updates() > resumed_at + 100, "the learner trains again after SIGCONT", timeout=60)
@@ -150,7 +183,9 @@ def test_a_stopped_learner_then_a_stopped_shard_keep_every_queue_and_every_proce
     watch.run_for(STOP_SECONDS, skip=frozenset({"shard-0"}))
     other_grew = sampled("shard-1")
     os.kill(pids["shard-0"], signal.SIGCONT)
-    wait_until(lambda: sampled("shard-0") > before, "the learner samples the continued shard again", timeout=60)
+    wait_until(
+        lambda: sampled("shard-0") > before, "the learner samples the continued shard again", timeout=60
+    )
     wait_until(lambda: sampled("shard-1") > other_grew, "and the other one", timeout=30)
     watch.run_for(2.0)
 
@@ -158,8 +193,11 @@ def test_a_stopped_learner_then_a_stopped_shard_keep_every_queue_and_every_proce
     code, result, err = run.wait()
     run.assert_no_role_left()
 
-    report = "\n".join(f"  {name}: baseline {watch.baseline_rss[name] / MIB:.0f} MiB, peak "
-                       f"{watch.peak_rss[name] / MIB:.0f} MiB" for name in sorted(watch.peak_rss))
+    report = "\n".join(
+        f"  {name}: baseline {watch.baseline_rss[name] / MIB:.0f} MiB, peak "
+        f"{watch.peak_rss[name] / MIB:.0f} MiB"
+        for name in sorted(watch.peak_rss)
+    )
     print(f"resident memory per process:\n{report}\npeak queue depths: {watch.peak_queue}")
     # Back pressure reached the shards while the learner was stopped, and it held the writers.
     assert held_back >= 1, (queues_while_learner_stopped, inserted_while_stopped, still_inserting)
@@ -173,10 +211,15 @@ def test_a_stopped_learner_then_a_stopped_shard_keep_every_queue_and_every_proce
             assert depth <= 4, depth
         elif name == "learner priority updates outstanding":
             assert depth <= 64 * SHARDS, depth
-    assert any(depth == ACTOR_BACKLOG_BOUND for name, depth in watch.peak_queue.items() if "to 127.0.0.1" in name
-               and name.endswith(str(roles["shard-0"]["port"]))), watch.peak_queue  # the stopped shard's backlog filled
+    assert any(
+        depth == ACTOR_BACKLOG_BOUND
+        for name, depth in watch.peak_queue.items()
+        if "to 127.0.0.1" in name and name.endswith(str(roles["shard-0"]["port"]))
+    ), watch.peak_queue  # the stopped shard's backlog filled
     for name, peak in watch.peak_rss.items():
         ceiling = CEILING_MIB[watch.kinds[name]] * MIB
-        assert peak <= ceiling, f"{name}: {peak / MIB:.0f} MiB over its ceiling {ceiling / MIB:.0f} MiB\n{report}"
+        assert peak <= ceiling, (
+            f"{name}: {peak / MIB:.0f} MiB over its ceiling {ceiling / MIB:.0f} MiB\n{report}"
+        )
         assert peak - watch.baseline_rss[name] <= GROWTH_MIB * MIB, f"{name} grew\n{report}"
     assert result["updates"] > resumed_at

@@ -19,8 +19,12 @@ from tests.conftest import wait_until
 ROLES = ["shard-0", "learner", "actor-0", "evaluator"]
 # What each role logs once it runs (signal handlers in place, dependencies reached).
 # Actors start while the learner starts, so an actor runs once it holds the learner's first weights.
-RUNNING = {"shard-0": "replay shard serving on", "learner": "learner for CartPole-v1",
-           "actor-0": "actor 0 got weights version", "evaluator": "evaluator 0/1 on CartPole-v1"}
+RUNNING = {
+    "shard-0": "replay shard serving on",
+    "learner": "learner for CartPole-v1",
+    "actor-0": "actor 0 got weights version",
+    "evaluator": "evaluator 0/1 on CartPole-v1",
+}
 # A target no run reaches: these fleets are stopped by the test (a fault, a signal, --max-seconds), and the default
 # fleet can solve CartPole within 15 s.
 UNREACHABLE_TARGET = ("--target-return", "1000000")
@@ -34,10 +38,30 @@ class Launch:
         self.out_path, self.err_path = tmp_path / "launch.out", tmp_path / "launch.err"
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "apexrl.launcher", "launch", "--num-shards", "1", "--num-actors", "1",
-                 "--seed", "0", "--max-seconds", "90", "--progress-seconds", "1", "--run-dir", str(self.run_dir),
-                 *UNREACHABLE_TARGET, *argv],
-                stdout=out, stderr=err, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                [
+                    sys.executable,
+                    "-m",
+                    "apexrl.launcher",
+                    "launch",
+                    "--num-shards",
+                    "1",
+                    "--num-actors",
+                    "1",
+                    "--seed",
+                    "0",
+                    "--max-seconds",
+                    "90",
+                    "--progress-seconds",
+                    "1",
+                    "--run-dir",
+                    str(self.run_dir),
+                    *UNREACHABLE_TARGET,
+                    *argv,
+                ],
+                stdout=out,
+                stderr=err,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         self.pids: dict[str, int] = {}
 
     def config(self) -> dict | None:
@@ -54,8 +78,11 @@ class Launch:
             assert self.process.poll() is None, f"launcher exited early: {self.err_path.read_text()[-3000:]}"
             config = self.config()
             commands = {r["name"]: r["command"] for r in config["roles"]} if config else {}
-            if commands and all(commands.values()) and all(
-                    line in self.log(name) for name, line in running.items()):
+            if (
+                commands
+                and all(commands.values())
+                and all(line in self.log(name) for name, line in running.items())
+            ):
                 self.pids = {name: pid_of(command) for name, command in commands.items()}
                 assert all(self.pids.values()), self.pids
                 return self.pids
@@ -194,10 +221,16 @@ def test_a_role_that_dies_is_restarted_while_the_rest_of_the_fleet_runs_on(launc
     while run.log("actor-0").count("got weights version") < 2 and time.monotonic() < wait_log:
         time.sleep(0.1)
     assert run.log("actor-0").count("got weights version") >= 2  # the new actor works
-    report_fault("actor kill -9", killed_at, "its unacknowledged batches (at most 8 per shard) and its episode")
+    report_fault(
+        "actor kill -9", killed_at, "its unacknowledged batches (at most 8 per shard) and its episode"
+    )
     run.process.send_signal(signal.SIGTERM)
     code, result, err = run.wait()
-    assert result["reason"] == "signal" and result["restarts"] == 1 and result["restarts_by_role"] == {"actor-0": 1}
+    assert (
+        result["reason"] == "signal"
+        and result["restarts"] == 1
+        and result["restarts_by_role"] == {"actor-0": 1}
+    )
     assert "actor-0 was killed by SIGKILL" in err and "restarting it in 1s (restart 1 of at most 5" in err
     assert_all_gone({**others, "actor-0": restarted})
     run.assert_no_role_left()
@@ -221,10 +254,15 @@ def test_a_killed_shard_comes_back_on_its_address_and_both_sides_use_it_again(la
                 info = shard.info(timeout=1)
             except Exception:  # noqa: BLE001 (down until the launcher restarts it)
                 return False
-            return info.incarnation != first.incarnation and info.inserted_total > 0 and info.sampled_total > 0
+            return (
+                info.incarnation != first.incarnation and info.inserted_total > 0 and info.sampled_total > 0
+            )
 
-        wait_until(fresh_and_used, "the restarted shard was written to by the actor and sampled by the learner",
-                   timeout=60)
+        wait_until(
+            fresh_and_used,
+            "the restarted shard was written to by the actor and sampled by the learner",
+            timeout=60,
+        )
         report_fault("only shard kill -9", killed_at, f"the {first.size} rows it held (no checkpoint yet)")
     assert all(alive(pid) for name, pid in pids.items() if name != "shard-0")
     run.process.send_signal(signal.SIGTERM)
@@ -245,16 +283,22 @@ def test_one_of_three_shards_killed_while_training_loses_only_its_rows(launch):
     ports = {r["name"]: r["port"] for r in run.config()["roles"] if r["kind"] == "replay"}
     clients = {name: ReplayClient(f"127.0.0.1:{port}", timeout=5) for name, port in ports.items()}
     try:
-        wait_until(lambda: all(c.info().sampled_total > 0 for c in clients.values()),
-                   "the learner sampled every shard", timeout=60)
+        wait_until(
+            lambda: all(c.info().sampled_total > 0 for c in clients.values()),
+            "the learner sampled every shard",
+            timeout=60,
+        )
         before = {name: c.info() for name, c in clients.items()}
         os.kill(pids["shard-1"], signal.SIGKILL)
         killed_at = time.monotonic()
         lost = before["shard-1"].size
         # The live shards keep being written to and sampled while shard-1 is down or restarting.
         live = {name: before[name].sampled_total for name in ("shard-0", "shard-2")}
-        wait_until(lambda: all(clients[n].info().sampled_total > live[n] for n in live),
-                   "the learner kept sampling the live shards", timeout=30)
+        wait_until(
+            lambda: all(clients[n].info().sampled_total > live[n] for n in live),
+            "the learner kept sampling the live shards",
+            timeout=30,
+        )
 
         def restarted_and_used() -> bool:
             try:
@@ -262,6 +306,7 @@ def test_one_of_three_shards_killed_while_training_loses_only_its_rows(launch):
             except Exception:  # noqa: BLE001 (down until the launcher restarts it)
                 return False
             return info.incarnation != before["shard-1"].incarnation and info.sampled_total > 0
+
         wait_until(restarted_and_used, "shard-1 came back and the learner samples it again", timeout=60)
         report_fault("1 of 3 shards kill -9", killed_at, f"the {lost} rows it held (no checkpoint yet)")
         after = clients["shard-1"].info()
@@ -288,8 +333,11 @@ def test_a_killed_learner_resumes_from_its_checkpoint_and_actors_follow_its_vers
     checkpoint = run.run_dir / "checkpoints"
     wait_until(lambda: (checkpoint / "checkpoint.pt").exists(), "the learner wrote a checkpoint", timeout=60)
     with ParameterClient(f"127.0.0.1:{port}", timeout=2) as params:
-        wait_until(lambda: params.version() > load_checkpoint(checkpoint).weight_version,
-                   "versions newer than the checkpoint were published", timeout=60)
+        wait_until(
+            lambda: params.version() > load_checkpoint(checkpoint).weight_version,
+            "versions newer than the checkpoint were published",
+            timeout=60,
+        )
         os.kill(pids["learner"], signal.SIGKILL)
         killed_at = time.monotonic()
         saved = load_checkpoint(checkpoint)
@@ -301,13 +349,18 @@ def test_a_killed_learner_resumes_from_its_checkpoint_and_actors_follow_its_vers
                 return False
 
         wait_until(training_again, "the restarted learner published again", timeout=60)
-        report_fault("learner (hosting the parameter service) kill -9", killed_at,
-                     f"updates after its last checkpoint (at update {saved.updates})")
+        report_fault(
+            "learner (hosting the parameter service) kill -9",
+            killed_at,
+            f"updates after its last checkpoint (at update {saved.updates})",
+        )
     log = run.log("learner")
     assert f"resumed from {checkpoint / 'checkpoint.pt'} at update {saved.updates}" in log
     # The actors hold versions from before the kill, above what the restarted learner publishes at first: they
     # must still take its weights.
-    wait_until(lambda: run.log("actor-0").count("weights version") >= 1, "the actor logs its weights", timeout=5)
+    wait_until(
+        lambda: run.log("actor-0").count("weights version") >= 1, "the actor logs its weights", timeout=5
+    )
     run.process.send_signal(signal.SIGTERM)
     code, result, err = run.wait()
     assert result["restarts_by_role"] == {"learner": 1}
@@ -323,8 +376,10 @@ def test_a_role_that_dies_past_its_restart_budget_ends_the_run(launch):
     code, result, err = run.wait()
     assert code == 1
     assert result["reason"] == "restart_budget_exhausted" and result["solved"] is False
-    assert "apexrl launch: actor-0 died unexpectedly and its restart budget (0 in 300s) is spent: actor-0 was " \
-           "killed by SIGKILL; last lines of" in err
+    assert (
+        "apexrl launch: actor-0 died unexpectedly and its restart budget (0 in 300s) is spent: actor-0 was "
+        "killed by SIGKILL; last lines of" in err
+    )
     assert str(run.run_dir / "logs" / "actor-0.log") in err
     assert_all_gone(pids)
     run.assert_no_role_left()
@@ -338,17 +393,23 @@ def test_a_learner_that_cannot_start_fails_the_launch_and_stops_the_shards(launc
     from apexrl.learner.checkpoint import save_checkpoint
     from tests.support.checkpoints import dqn_checkpoint
 
-    save_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint.pt",  # the fleet's learner wants (256, 256)
-                    dqn_checkpoint(DuelingQNetwork(4, 2, (8,)), (8,), updates=5, weight_version=2))
+    save_checkpoint(
+        tmp_path / "run" / "checkpoints" / "checkpoint.pt",  # the fleet's learner wants (256, 256)
+        dqn_checkpoint(DuelingQNetwork(4, 2, (8,)), (8,), updates=5, weight_version=2),
+    )
     run = launch()
     code, result, err = run.wait(timeout=90)
     assert code == 1 and result["solved"] is False
     # The learner reports SERVING before it loads its checkpoint, so the launcher may already have started the
     # actors when it dies (reason role_exited) or not (startup_failed): either way it is named with its log tail.
     assert result["reason"] in ("startup_failed", "role_exited"), result
-    assert ("apexrl launch: fleet did not start: learner exited with status" in err
-            or "apexrl launch: learner died unexpectedly: learner exited with status" in err), err
-    assert "has another network: hidden_sizes [8] there, [256, 256] in the configuration" in err  # its log tail
+    assert (
+        "apexrl launch: fleet did not start: learner exited with status" in err
+        or "apexrl launch: learner died unexpectedly: learner exited with status" in err
+    ), err
+    assert (
+        "has another network: hidden_sizes [8] there, [256, 256] in the configuration" in err
+    )  # its log tail
     run.assert_no_role_left()
     assert "received SIGTERM; shutting down" in run.log("shard-0")
     assert "replay shard stopped: 0 rows held" in run.log("shard-0")

@@ -76,7 +76,9 @@ def test_rows_sum_the_actors_counters_and_read_the_learner(tmp_path, endpoints):
         assert second.updates_per_second == pytest.approx(5.0)  # 50 updates in 10 s
         # Both rates are over the last interval: 250 steps in 10 s, not 1,750 in the 15 s since launch.
         assert second.env_steps_per_second == pytest.approx(25.0)
-        assert "env steps 1,750 (25/s)" in format_row(second, 0) and "updates 150 (5.0/s)" in format_row(second, 0)
+        assert "env steps 1,750 (25/s)" in format_row(second, 0) and "updates 150 (5.0/s)" in format_row(
+            second, 0
+        )
         # An endpoint that stops answering keeps its last values: the fleet's counters never jump back.
         a0.close()
         a1.steps.inc(1)
@@ -103,8 +105,12 @@ def test_returns_come_from_the_csvs_and_solved_needs_100_evaluation_episodes(tmp
     with open(tmp_path / "evaluator.csv", "a") as f:
         f.write("".join(",".join(episode(100 + k, EVALUATE, 10.0).to_row()) + "\n" for k in range(50)))
     progress.tick(START + 3)
-    assert progress.eval_mean() == pytest.approx((49 * 480 + 440 + 50 * 10) / 100) and not progress.solved(300)
-    assert "eval return 244.6 (last 100 of 150)" in format_row(progress.tick(START + 4), progress.eval_episodes)
+    assert progress.eval_mean() == pytest.approx((49 * 480 + 440 + 50 * 10) / 100) and not progress.solved(
+        300
+    )
+    assert "eval return 244.6 (last 100 of 150)" in format_row(
+        progress.tick(START + 4), progress.eval_episodes
+    )
 
 
 def test_progress_csv_has_one_row_per_tick(tmp_path):

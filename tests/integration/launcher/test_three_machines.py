@@ -33,11 +33,11 @@ pytest_plugins = ("tests.support.fixtures",)
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "fleets" / "three_machines.toml"
 MACHINES = ("m1", "m2", "m3")
-MAX_SECONDS = 150     # each launcher stops itself after this, should the test not get to stop it
-DEADLINE = 140        # seconds from the first start for the fleet to reach the thresholds below
-MIN_UPDATES = 300     # learner updates (m2)
+MAX_SECONDS = 150  # each launcher stops itself after this, should the test not get to stop it
+DEADLINE = 140  # seconds from the first start for the fleet to reach the thresholds below
+MIN_UPDATES = 300  # learner updates (m2)
 MIN_ENV_STEPS = 5000  # exploring actors' env steps, as m2 scrapes them from m3
-MIN_VERSION = 20      # weight version seen on both sides
+MIN_VERSION = 20  # weight version seen on both sides
 
 
 @dataclass
@@ -83,7 +83,8 @@ def core_only(tmp_path: Path) -> Path:
     directory = tmp_path / "core-only"
     directory.mkdir(exist_ok=True)
     (directory / "sitecustomize.py").write_text(
-        "import sys\nfor name in ('torch', 'gymnasium', 'matplotlib'):\n    sys.modules[name] = None\n")
+        "import sys\nfor name in ('torch', 'gymnasium', 'matplotlib'):\n    sys.modules[name] = None\n"
+    )
     return directory
 
 
@@ -132,7 +133,9 @@ def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path):
     config = load_config(fleet)
     placement = {role.name: role.host for role in roles(config)}
     assert {h for n, h in placement.items() if n.startswith("shard")} == {"m1"}
-    assert placement["learner"] == "m2" and {h for n, h in placement.items() if n.startswith("actor")} == {"m3"}
+    assert placement["learner"] == "m2" and {h for n, h in placement.items() if n.startswith("actor")} == {
+        "m3"
+    }
 
     machines: dict[str, Machine] = {}
     start = time.monotonic()
@@ -140,19 +143,34 @@ def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path):
         for name in reversed(MACHINES):  # actors first: each launcher waits for the services it needs
             home = tmp_path / name
             home.mkdir()
-            argv = [sys.executable, "-m", "apexrl.launcher", "launch", "--config", str(fleet), "--host-name", name,
-                    "--max-seconds", str(MAX_SECONDS), "--progress-seconds", "1",
-                    "--target-return", "1000000"]  # the test stops the fleet: solving first would end it early
+            argv = [
+                sys.executable,
+                "-m",
+                "apexrl.launcher",
+                "launch",
+                "--config",
+                str(fleet),
+                "--host-name",
+                name,
+                "--max-seconds",
+                str(MAX_SECONDS),
+                "--progress-seconds",
+                "1",
+                "--target-return",
+                "1000000",
+            ]  # the test stops the fleet: solving first would end it early
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             if name == "m1":
                 # m1 listens on its own address only (m2 and m3 on every interface, as the file says), and runs as
                 # a shards-only install would: torch, gymnasium and matplotlib cannot be imported there.
                 argv += ["--bind", network.address(name)]
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(core_only(tmp_path)),
-                                                                  env.get("PYTHONPATH")]))
+                env["PYTHONPATH"] = os.pathsep.join(
+                    filter(None, [str(core_only(tmp_path)), env.get("PYTHONPATH")])
+                )
             with open(home / "launch.out", "w") as out, open(home / "launch.err", "w") as err:
-                process = network.popen(name, argv, cwd=home, env=env, stdout=out, stderr=err,
-                                        stdin=subprocess.DEVNULL)
+                process = network.popen(
+                    name, argv, cwd=home, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL
+                )
             machines[name] = Machine(name, home, process)
 
         # Train until the learner's machine sees updates and env steps, and the actors play with new weights.
@@ -160,16 +178,22 @@ def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path):
         versions: list[int] = []
         while True:
             for machine in machines.values():
-                assert machine.process.poll() is None, \
+                assert machine.process.poll() is None, (
                     f"{machine.name}'s launcher exited early ({machine.process.returncode}):\n{machine.stderr_tail()}"
+                )
             progress = last_progress(machines["m2"].run_dir())
             versions = actor_versions(machines["m3"].run_dir())
-            if (number(progress, "updates") >= MIN_UPDATES and number(progress, "env_steps") >= MIN_ENV_STEPS
-                    and number(progress, "weight_version") >= MIN_VERSION and max(versions, default=0) >= MIN_VERSION):
+            if (
+                number(progress, "updates") >= MIN_UPDATES
+                and number(progress, "env_steps") >= MIN_ENV_STEPS
+                and number(progress, "weight_version") >= MIN_VERSION
+                and max(versions, default=0) >= MIN_VERSION
+            ):
                 break
             assert time.monotonic() - start < DEADLINE, (
                 f"no training across machines within {DEADLINE}s: m2 progress {progress}, actor weight versions "
-                f"{sorted(set(versions))[-5:]}; m2 stderr:\n{machines['m2'].stderr_tail()}")
+                f"{sorted(set(versions))[-5:]}; m2 stderr:\n{machines['m2'].stderr_tail()}"
+            )
             time.sleep(0.5)
         trained_at = time.monotonic() - start
 
@@ -186,13 +210,22 @@ def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path):
             assert all(v <= learner_version for v in actor_weights), (actor_weights, learner_version)
             if all(v >= MIN_VERSION for v in actor_weights):
                 break
-            assert time.monotonic() - start < DEADLINE, f"actors' weight versions {actor_weights} stay below " \
-                                                        f"{MIN_VERSION} (learner: {learner_version})"
+            assert time.monotonic() - start < DEADLINE, (
+                f"actors' weight versions {actor_weights} stay below "
+                f"{MIN_VERSION} (learner: {learner_version})"
+            )
             time.sleep(0.5)
         # m1 was told to listen on its own address only: its shards are not on its loopback.
         shard_port = config.shards[0].port
-        probe = network.run("m1", [sys.executable, "-c", f"import socket; socket.create_connection(('127.0.0.1', "
-                                                          f"{shard_port}), timeout=5)"], timeout=30)
+        probe = network.run(
+            "m1",
+            [
+                sys.executable,
+                "-c",
+                f"import socket; socket.create_connection(('127.0.0.1', {shard_port}), timeout=5)",
+            ],
+            timeout=30,
+        )
         assert "ConnectionRefusedError" in probe.stderr, probe
 
         # SIGTERM, users of services first; each launcher stops its roles and prints its summary.
@@ -202,16 +235,31 @@ def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path):
             machine.process.send_signal(signal.SIGTERM)
             code = machine.process.wait(60)
             results[name] = result = machine.result()
-            assert result["reason"] == "signal" and result["restarts"] == 0, (name, result, machine.stderr_tail())
+            assert result["reason"] == "signal" and result["restarts"] == 0, (
+                name,
+                result,
+                machine.stderr_tail(),
+            )
             # Only m2 checks the target return: unsolved, a stop is status 1 there ("not solved"), 0 elsewhere.
-            assert code == (1 if name == "m2" and not result["solved"] else 0), (name, code, machine.stderr_tail())
+            assert code == (1 if name == "m2" and not result["solved"] else 0), (
+                name,
+                code,
+                machine.stderr_tail(),
+            )
             # A role's own children (the learner's sampler process, multiprocessing's resource tracker) may still be
             # ending for a moment after the launcher reaped the roles: wait for the namespace to empty, but not long.
-            wait_until(lambda ns=name: network.pids(ns) == [], f"no process left in {name} after its launcher exited",
-                       timeout=30)
-            assert "killing" not in machine.stderr_tail(), machine.stderr_tail()  # each role ended within grace
+            wait_until(
+                lambda ns=name: network.pids(ns) == [],
+                f"no process left in {name} after its launcher exited",
+                timeout=30,
+            )
+            assert "killing" not in machine.stderr_tail(), (
+                machine.stderr_tail()
+            )  # each role ended within grace
             for log in machine.run_dir().glob("logs/*.log"):
-                assert "Traceback" not in log.read_text(errors="replace"), f"{name} {log.name}:\n{log.read_text()}"
+                assert "Traceback" not in log.read_text(errors="replace"), (
+                    f"{name} {log.name}:\n{log.read_text()}"
+                )
     finally:
         for machine in machines.values():
             if machine.process.poll() is None:
@@ -221,10 +269,14 @@ def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path):
     learner_side = results["m2"]
     assert learner_side["updates"] >= MIN_UPDATES and learner_side["env_steps"] >= MIN_ENV_STEPS
     m2_dir, m3_dir = machines["m2"].run_dir(), machines["m3"].run_dir()
-    assert {p.stem for p in (m3_dir / "episodes").glob("*.csv")} == {f"actor-{i}" for i in range(config.num_actors)}
+    assert {p.stem for p in (m3_dir / "episodes").glob("*.csv")} == {
+        f"actor-{i}" for i in range(config.num_actors)
+    }
     assert [p.stem for p in (m2_dir / "episodes").glob("*.csv")] == ["evaluator"]
     assert not list(m2_dir.glob("episodes/actor-*.csv"))  # m2 learnt of m3's steps over the network only
-    print(f"\nthree machines: trained in {trained_at:.0f}s; learner side (m2): {learner_side['env_steps']:,} env "
-          f"steps, {learner_side['updates']:,} updates, weights v{number(last_progress(m2_dir), 'weight_version')}; "
-          f"actors on m3 at weights v{min(actor_weights):.0f}..v{max(actor_weights):.0f} "
-          f"(learner v{learner_version:.0f} at that moment); summaries {json.dumps(results)}")
+    print(
+        f"\nthree machines: trained in {trained_at:.0f}s; learner side (m2): {learner_side['env_steps']:,} env "
+        f"steps, {learner_side['updates']:,} updates, weights v{number(last_progress(m2_dir), 'weight_version')}; "
+        f"actors on m3 at weights v{min(actor_weights):.0f}..v{max(actor_weights):.0f} "
+        f"(learner v{learner_version:.0f} at that moment); summaries {json.dumps(results)}"
+    )

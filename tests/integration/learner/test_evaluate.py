@@ -49,8 +49,12 @@ def always_left_network() -> DuelingQNetwork:
 
 
 def evaluate_process(*argv: str) -> tuple[list[float], dict]:
-    done = subprocess.run([sys.executable, "-m", "apexrl.launcher", "evaluate", *argv], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "evaluate", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return parse(done.stdout)
 
@@ -65,8 +69,13 @@ def test_a_balancing_checkpoint_scores_500_and_an_always_left_one_fails_at_once(
     save(tmp_path / "good" / "checkpoints" / "checkpoint.pt", balancing_network(), (2,))
     returns, summary = evaluate_process(str(tmp_path / "good"), "--episodes", "5", "--seed", "0")  # a run dir
     assert returns == [500.0] * 5
-    assert summary == {"episodes": 5, "mean_return": 500.0, "std_return": 0.0, "min_return": 500.0,
-                       "max_return": 500.0}
+    assert summary == {
+        "episodes": 5,
+        "mean_return": 500.0,
+        "std_return": 0.0,
+        "min_return": 500.0,
+        "max_return": 500.0,
+    }
     bad = save(tmp_path / "bad.pt", always_left_network(), (2,))
     returns, summary = evaluate_process(str(bad), "--episodes", "5", "--seed", "0")  # a checkpoint file
     assert len(returns) == 5 and max(returns) <= 12 and summary["max_return"] == max(returns)

@@ -23,8 +23,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def run_dir(tmp_path: Path, choice: EnvChoice) -> Path:
     folder = tmp_path / choice.run_name()
-    save_checkpoint(folder / "checkpoints" / "checkpoint.pt",
-                    fresh_checkpoint(choice.id, env_spaces(choice), env_module=choice.modules, env_kwargs=choice.kwargs))
+    save_checkpoint(
+        folder / "checkpoints" / "checkpoint.pt",
+        fresh_checkpoint(choice.id, env_spaces(choice), env_module=choice.modules, env_kwargs=choice.kwargs),
+    )
     return folder
 
 
@@ -37,8 +39,13 @@ def without(tmp_path: Path, module: str) -> dict[str, str]:
 
 
 def evaluate(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "apexrl.launcher", "evaluate", *argv], capture_output=True,
-                          text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "evaluate", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_a_custom_environment_is_played_with_its_module_and_arguments(tmp_path, capsys):
@@ -59,17 +66,25 @@ def test_render_without_pygame_is_one_line_naming_the_render_extra(tmp_path):
     done = evaluate(str(folder), "--episodes", "1", "--render", env=without(tmp_path, "pygame"))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("apexrl evaluate: error: rendering needs pygame: pip install "
-                                                   "'apexrl[render]'"), done.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        "apexrl evaluate: error: rendering needs pygame: pip install 'apexrl[render]'"
+    ), done.stderr
 
 
 def test_record_video_without_moviepy_is_one_line_naming_the_video_extra(tmp_path):
     folder = run_dir(tmp_path, EnvChoice("CartPole-v1"))
-    done = evaluate(str(folder), "--episodes", "1", "--record-video", str(tmp_path / "videos"),
-                    env=without(tmp_path, "moviepy"))
+    done = evaluate(
+        str(folder),
+        "--episodes",
+        "1",
+        "--record-video",
+        str(tmp_path / "videos"),
+        env=without(tmp_path, "moviepy"),
+    )
     assert done.returncode == 2
-    assert done.stderr.strip() == ("apexrl evaluate: error: --record-video needs moviepy: pip install "
-                                   "'apexrl[video]'"), done.stderr
+    assert done.stderr.strip() == (
+        "apexrl evaluate: error: --record-video needs moviepy: pip install 'apexrl[video]'"
+    ), done.stderr
 
 
 @pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
@@ -78,7 +93,10 @@ def test_record_video_writes_one_mp4_per_episode(tmp_path, capsys, env):
     pytest.importorskip("pygame")
     folder = run_dir(tmp_path, EnvChoice(env))
     videos = tmp_path / "videos"
-    assert cli.main(["evaluate", str(folder), "--episodes", "2", "--seed", "0", "--record-video", str(videos)]) == 0
+    assert (
+        cli.main(["evaluate", str(folder), "--episodes", "2", "--seed", "0", "--record-video", str(videos)])
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     files = sorted(videos.glob("*.mp4"))
     assert [str(f) for f in files] == summary["videos"] and len(files) == 2

@@ -32,28 +32,66 @@ def filled_shard(make_shard, rows: int, seed: int):
     shard = make_shard(TableConfig(capacity=1000, alpha=0.6, seed=0))
     rng = np.random.default_rng(seed)
     with ReplayClient(shard.address) as client:
-        client.insert({"obs": rng.normal(size=(rows, 4)).astype(np.float32),
-                       "action": rng.integers(0, 2, rows), "reward": np.ones(rows, np.float32),
-                       "discount": np.full(rows, 0.97, np.float32),
-                       "next_obs": rng.normal(size=(rows, 4)).astype(np.float32)})
+        client.insert(
+            {
+                "obs": rng.normal(size=(rows, 4)).astype(np.float32),
+                "action": rng.integers(0, 2, rows),
+                "reward": np.ones(rows, np.float32),
+                "discount": np.full(rows, 0.97, np.float32),
+                "next_obs": rng.normal(size=(rows, 4)).astype(np.float32),
+            }
+        )
         client.flush()
     return shard
 
 
 def learner_process(tmp_path, *argv: str) -> subprocess.Popen:
     log = open(tmp_path / "learner.log", "w")  # noqa: SIM115 (kept open for the child's lifetime)
-    return subprocess.Popen([sys.executable, "-m", "apexrl.launcher", "learner", "--port", "0", "--metrics-port",
-                             "-1", "--seed", "0", *argv], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "learner",
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--seed",
+            "0",
+            *argv,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 @pytest.mark.timeout(120)
-def test_a_learner_process_trains_from_a_shard_serves_weights_and_checkpoints_on_sigterm(tmp_path, make_shard):
+def test_a_learner_process_trains_from_a_shard_serves_weights_and_checkpoints_on_sigterm(
+    tmp_path, make_shard
+):
     shard = filled_shard(make_shard, rows=500, seed=0)
     port_file = tmp_path / "learner.port"
-    process = learner_process(tmp_path, "--replay", shard.address, "--run-dir", str(tmp_path / "run"),
-                              "--port-file", str(port_file), "--min-replay-size", "100", "--batch-size", "32",
-                              "--hidden-sizes", "16", "--publish-every", "5", "--sample-batches-per-call", "1")
+    process = learner_process(
+        tmp_path,
+        "--replay",
+        shard.address,
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--port-file",
+        str(port_file),
+        "--min-replay-size",
+        "100",
+        "--batch-size",
+        "32",
+        "--hidden-sizes",
+        "16",
+        "--publish-every",
+        "5",
+        "--sample-batches-per-call",
+        "1",
+    )
     try:
         wait_until(port_file.exists, "it wrote its port file", process)
         with ParameterClient(f"127.0.0.1:{int(port_file.read_text())}", timeout=5) as params:
@@ -72,7 +110,11 @@ def test_a_learner_process_trains_from_a_shard_serves_weights_and_checkpoints_on
     log = (tmp_path / "learner.log").read_text()
     assert "received SIGTERM" in log and "final checkpoint" in log and "Traceback" not in log
     checkpoint = load_checkpoint(tmp_path / "run")
-    assert checkpoint.updates >= 10 and checkpoint.weight_version >= version and checkpoint.architecture["hidden_sizes"] == [16]
+    assert (
+        checkpoint.updates >= 10
+        and checkpoint.weight_version >= version
+        and checkpoint.architecture["hidden_sizes"] == [16]
+    )
     info = shard.table.info()
     assert info.sampled_total >= 32 * checkpoint.updates and info.stale_updates_total == 0
 
@@ -84,8 +126,10 @@ def test_a_checkpoint_of_another_shape_is_refused_with_exit_status_2(tmp_path):
     from apexrl.algorithms.dqn.networks import DuelingQNetwork
 
     torch.manual_seed(0)
-    save_checkpoint(tmp_path / "checkpoints" / "checkpoint.pt",
-                    dqn_checkpoint(DuelingQNetwork(4, 2, (8,)), (8,), updates=5, weight_version=2))
+    save_checkpoint(
+        tmp_path / "checkpoints" / "checkpoint.pt",
+        dqn_checkpoint(DuelingQNetwork(4, 2, (8,)), (8,), updates=5, weight_version=2),
+    )
     process = learner_process(tmp_path, "--replay", "127.0.0.1:1", "--run-dir", str(tmp_path))
     code = process.wait(60)
     log = (tmp_path / "learner.log").read_text()
@@ -102,9 +146,26 @@ def test_a_restarted_learner_publishes_above_what_a_standalone_parameter_service
 
     shard = filled_shard(make_shard, rows=300, seed=1)
     server, port, store, _ = create_parameter_server("127.0.0.1:0")
-    args = ("--replay", shard.address, "--params", f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run"),
-            "--min-replay-size", "100", "--batch-size", "32", "--hidden-sizes", "16", "--publish-every", "5",
-            "--sample-batches-per-call", "1", "--max-updates", "20")
+    args = (
+        "--replay",
+        shard.address,
+        "--params",
+        f"127.0.0.1:{port}",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--min-replay-size",
+        "100",
+        "--batch-size",
+        "32",
+        "--hidden-sizes",
+        "16",
+        "--publish-every",
+        "5",
+        "--sample-batches-per-call",
+        "1",
+        "--max-updates",
+        "20",
+    )
     try:
         first = learner_process(tmp_path, *args)
         assert first.wait(60) == 0

@@ -29,9 +29,12 @@ ROOT = Path(__file__).resolve().parents[3]
 def run_dir(tmp_path: Path, env: EnvChoice | str, **changes) -> Path:
     choice = env if isinstance(env, EnvChoice) else EnvChoice(env)
     folder = tmp_path / choice.run_name()
-    save_checkpoint(folder / "checkpoints" / "checkpoint.pt",
-                    fresh_checkpoint(choice.id, env_spaces(choice), env_module=choice.modules,
-                                     env_kwargs=choice.kwargs, **changes))
+    save_checkpoint(
+        folder / "checkpoints" / "checkpoint.pt",
+        fresh_checkpoint(
+            choice.id, env_spaces(choice), env_module=choice.modules, env_kwargs=choice.kwargs, **changes
+        ),
+    )
     return folder
 
 
@@ -109,25 +112,39 @@ def test_an_export_acts_as_load_policy_on_real_observations(tmp_path, capsys, en
     if fmt == "torchscript":
         got = torch.jit.load(str(out))(torch.as_tensor(obs)).numpy()
     else:
-        got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(["action"], {"obs": obs})[0]
+        got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(
+            ["action"], {"obs": obs}
+        )[0]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_export_defaults_to_the_run_directory_and_names_the_onnx_extra_when_it_is_missing(tmp_path):
     folder = run_dir(tmp_path, "CartPole-v1")
-    done = subprocess.run([sys.executable, "-m", "apexrl.launcher", "export", str(folder)], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "export", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert (folder / "policy.pt").is_file()
     shadow = tmp_path / "no-onnx"
     (shadow / "onnx").mkdir(parents=True)
     (shadow / "onnx" / "__init__.py").write_text("raise ImportError('No module named onnx')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(ROOT)])}
-    done = subprocess.run([sys.executable, "-m", "apexrl.launcher", "export", str(folder), "--format", "onnx"],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "export", str(folder), "--format", "onnx"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 2
-    assert done.stderr.strip() == "apexrl export: error: ONNX export needs the onnx extra: pip install 'apexrl[onnx]'"
+    assert (
+        done.stderr.strip()
+        == "apexrl export: error: ONNX export needs the onnx extra: pip install 'apexrl[onnx]'"
+    )
 
 
 def test_importing_apexrl_loads_neither_torch_nor_gymnasium():

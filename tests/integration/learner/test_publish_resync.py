@@ -34,8 +34,14 @@ def service():
 def test_a_learner_whose_version_is_refused_publishes_above_the_services_version(service):
     store, client = service
     registry = CollectorRegistry()
-    learner = Learner(config(publish_every=1), EnvSpaces.vector(4, 2), FakeSampler(), client.publish, registry,
-                      service_version=client.version)
+    learner = Learner(
+        config(publish_every=1),
+        EnvSpaces.vector(4, 2),
+        FakeSampler(),
+        client.publish,
+        registry,
+        service_version=client.version,
+    )
     resyncs = lambda: registry.get_sample_value("apexrl_learner_weight_version_resyncs_total")  # noqa: E731
     learner.train_step(make_batch(range(8)))
     assert learner.weight_version == store.version == 1
@@ -57,18 +63,36 @@ def test_a_learner_whose_version_is_refused_publishes_above_the_services_version
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("hosted", [False, True], ids=["standalone service", "hosted service"])
-def test_a_learner_restarted_from_a_checkpoint_far_ahead_of_the_service_trains_and_publishes(tmp_path, make_shard,
-                                                                                            hosted):
+def test_a_learner_restarted_from_a_checkpoint_far_ahead_of_the_service_trains_and_publishes(
+    tmp_path, make_shard, hosted
+):
     """The checkpoint says 2**64 - 1 (the old service accepted that from anyone); the service holds 3 (standalone)
     or nothing (hosted, a new empty store). The learner must not exit: it publishes above the service's version."""
     torch.manual_seed(0)
-    save_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint.pt",
-                    dqn_checkpoint(DuelingQNetwork(4, 2, (16,)), (16,), updates=5, weight_version=2**64 - 1))
+    save_checkpoint(
+        tmp_path / "run" / "checkpoints" / "checkpoint.pt",
+        dqn_checkpoint(DuelingQNetwork(4, 2, (16,)), (16,), updates=5, weight_version=2**64 - 1),
+    )
     shard = filled_shard(make_shard, rows=300, seed=1)
     server = store = None
-    args = ["--replay", shard.address, "--run-dir", str(tmp_path / "run"), "--min-replay-size", "100",
-            "--batch-size", "32", "--hidden-sizes", "16", "--publish-every", "5", "--sample-batches-per-call", "1",
-            "--max-updates", "25"]
+    args = [
+        "--replay",
+        shard.address,
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--min-replay-size",
+        "100",
+        "--batch-size",
+        "32",
+        "--hidden-sizes",
+        "16",
+        "--publish-every",
+        "5",
+        "--sample-batches-per-call",
+        "1",
+        "--max-updates",
+        "25",
+    ]
     if not hosted:
         server, port, store, _ = create_parameter_server("127.0.0.1:0")
         store.publish({"w": np.zeros(3, np.float32)}, version=3)

@@ -28,9 +28,18 @@ def filled_shards(make_shard, rows_each: int = 200) -> list:
 
 
 def sampler_for(shards, **changes) -> SamplerProcess:
-    config = LearnerConfig(replay=tuple(s.address for s in shards), batch_size=32, seed=0, min_replay_size=1,
-                           prefetch_depth=2, sample_batches_per_call=2, **changes)
-    return SamplerProcess(config, slots=config.prefetch_depth + 1, batches_per_call=config.sample_batches_per_call)
+    config = LearnerConfig(
+        replay=tuple(s.address for s in shards),
+        batch_size=32,
+        seed=0,
+        min_replay_size=1,
+        prefetch_depth=2,
+        sample_batches_per_call=2,
+        **changes,
+    )
+    return SamplerProcess(
+        config, slots=config.prefetch_depth + 1, batches_per_call=config.sample_batches_per_call
+    )
 
 
 def shared_files() -> set[str]:
@@ -132,7 +141,9 @@ def test_compressed_rows_arrive_decompressed_in_the_shared_slots(shard_processes
             assert batch is not None
             ids = batch.columns["action"]
             assert batch.columns["obs"].shape == (32, 2, 16, 16) and batch.columns["obs"].dtype == np.uint8
-            np.testing.assert_array_equal(batch.columns["obs"], pixel_frames(ids))  # the originals, pixel for pixel
+            np.testing.assert_array_equal(
+                batch.columns["obs"], pixel_frames(ids)
+            )  # the originals, pixel for pixel
             np.testing.assert_array_equal(batch.columns["next_obs"], pixel_frames(ids + 1))
             sampler.update_priorities(batch, np.ones(32))
         assert sampler.rows_rejected == 0
@@ -171,5 +182,7 @@ def test_a_row_that_does_not_decompress_is_rejected_naming_its_writer(make_shard
     finally:
         sampler.close()
     err = capfd.readouterr().err
-    assert "written by writer 'broken-actor'" in err and "the frame announces 256 bytes, the row has 512" in err
+    assert (
+        "written by writer 'broken-actor'" in err and "the frame announces 256 bytes, the row has 512" in err
+    )
     assert "good-actor" not in err

@@ -52,8 +52,12 @@ def draw(sampler: ShardedReplayClient, batches: int, batch_size: int = 64) -> np
 def assert_proportional(counts: np.ndarray, masses: list[float]) -> None:
     expected = np.asarray(masses) / sum(masses) * counts.sum()
     p = stats.chisquare(counts, expected).pvalue
-    print(f"\nCHI-SQUARE rows per shard {counts.tolist()}, expected {expected.round(1).tolist()}: p = {p:.3f}")
-    assert p > SIGNIFICANCE, f"rows per shard {counts.tolist()} vs expected {expected.round().tolist()}: p = {p:.2e}"
+    print(
+        f"\nCHI-SQUARE rows per shard {counts.tolist()}, expected {expected.round(1).tolist()}: p = {p:.3f}"
+    )
+    assert p > SIGNIFICANCE, (
+        f"rows per shard {counts.tolist()} vs expected {expected.round().tolist()}: p = {p:.2e}"
+    )
 
 
 def sampler_for(addresses: list[str]) -> ShardedReplayClient:
@@ -66,8 +70,17 @@ def shard(tmp_path):
     started = []
 
     def start(name: str, port: int = 0, *extra: str, host: str = "127.0.0.1"):
-        proc = start_shard_process(tmp_path, name, "--alpha", "1.0", "--seed", str(len(started)),
-                                   *(("--port", str(port)) if port else ()), *extra, host=host)
+        proc = start_shard_process(
+            tmp_path,
+            name,
+            "--alpha",
+            "1.0",
+            "--seed",
+            str(len(started)),
+            *(("--port", str(port)) if port else ()),
+            *extra,
+            host=host,
+        )
         started.append(proc)
         return proc
 
@@ -103,7 +116,9 @@ def test_a_zero_priority_shard_is_sampled_once_its_priorities_rise(shard):
         with ReplayClient(b.address) as client:
             info = client.info()
             keys = np.arange(400, dtype=np.uint64)
-            assert client.update_priorities(keys, np.full(400, 6.0), incarnation=info.incarnation).applied == 400
+            assert (
+                client.update_priorities(keys, np.full(400, 6.0), incarnation=info.incarnation).applied == 400
+            )
         time.sleep(BOUND)
         assert_proportional(draw(sampler, 200), [400 * 2.0, 400 * 6.0])
 
@@ -167,8 +182,9 @@ def test_a_restarted_shard_rejoins_and_old_keys_never_reach_its_new_rows(shard):
             info = client.info()
             assert info.max_priority == 5.0 and info.updated_total == 0
             # The single-shard client too: an update needs the incarnation its keys came from.
-            stale = client.update_priorities(old.keys[old_b], np.full(old_b.sum(), 1e6),
-                                             incarnation=old.incarnations[1])
+            stale = client.update_priorities(
+                old.keys[old_b], np.full(old_b.sum(), 1e6), incarnation=old.incarnations[1]
+            )
             assert stale.applied == 0 and client.info().total_priority == pytest.approx(400 * 5.0)
         with ReplayClient(a.address) as client:
             mass_a = client.info().total_priority  # a's sampled rows took the 1e6 updates: its mass grew
@@ -230,8 +246,15 @@ def test_shards_that_a_name_gains_join_with_their_mass_and_those_it_loses_leave_
     fill(c.address, 300, 1.0, start=600)
     name = MutableName(a.address, b.address)
     resolve_every = 0.5
-    with ShardedReplayClient([f"dns:///apexrl-replay:{port}"], timeout=5.0, seed=7, max_staleness=STALENESS,
-                             max_backoff=BACKOFF, resolve_every=resolve_every, resolver=name) as sampler:
+    with ShardedReplayClient(
+        [f"dns:///apexrl-replay:{port}"],
+        timeout=5.0,
+        seed=7,
+        max_staleness=STALENESS,
+        max_backoff=BACKOFF,
+        resolve_every=resolve_every,
+        resolver=name,
+    ) as sampler:
         assert sampler.addresses == [a.address, b.address]
         assert_proportional(draw(sampler, 100)[:2], [300 * 1.0, 300 * 3.0])
         name.addresses.append(c.address)  # scaled up
@@ -254,6 +277,8 @@ def test_shards_that_a_name_gains_join_with_their_mass_and_those_it_loses_leave_
         for batch in batches:
             counts += np.bincount(batch.shard_ids, minlength=3)
         assert_proportional(counts[[0, 2]], [300.0, 300.0])
-        name.addresses.append(b.address)  # back (a pod rescheduled under the same address): a fresh shard view
+        name.addresses.append(
+            b.address
+        )  # back (a pod rescheduled under the same address): a fresh shard view
         time.sleep(resolve_every + BOUND)
         assert sampler.sample(64).fleet_size == 900

@@ -75,7 +75,9 @@ def test_priority_updates_go_back_to_the_owning_shard(shard_processes):
         with ReplayClient(shard.address) as client:
             info = client.info()
         touched = {int(k) for k, sid in zip(batch.keys, batch.shard_ids, strict=True) if sid == s}
-        untouched = 55 * (s + 1) - sum((k + 1) * (s + 1) for k in touched)  # priorities were (k + 1) * (s + 1)
+        untouched = 55 * (s + 1) - sum(
+            (k + 1) * (s + 1) for k in touched
+        )  # priorities were (k + 1) * (s + 1)
         assert info.total_priority == pytest.approx(untouched + 100.0 * len(touched))
         assert info.updated_total == int(np.sum(batch.shard_ids == s))
 
@@ -152,10 +154,21 @@ def test_large_draws_split_into_fair_batches_and_coalesced_updates_all_arrive(sh
         parts = drawn.split(4, np.random.default_rng(0))
         assert [len(p.keys) for p in parts] == [64] * 4
         # Together the parts are the draw, row for row (shuffled: each part mixes both shards).
-        merged = sorted(zip(*(np.concatenate([getattr(p, f) for p in parts]).tolist()
-                              for f in ("shard_ids", "keys", "probabilities", "weights")), strict=True))
-        original = sorted(zip(*(getattr(drawn, f).tolist() for f in ("shard_ids", "keys", "probabilities",
-                                                                      "weights")), strict=True))
+        merged = sorted(
+            zip(
+                *(
+                    np.concatenate([getattr(p, f) for p in parts]).tolist()
+                    for f in ("shard_ids", "keys", "probabilities", "weights")
+                ),
+                strict=True,
+            )
+        )
+        original = sorted(
+            zip(
+                *(getattr(drawn, f).tolist() for f in ("shard_ids", "keys", "probabilities", "weights")),
+                strict=True,
+            )
+        )
         assert merged == original
         assert all(set(p.shard_ids) == {0, 1} for p in parts)
         for p in parts:

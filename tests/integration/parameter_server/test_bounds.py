@@ -47,7 +47,9 @@ class Service:
 
     def __init__(self, **kwargs) -> None:
         self.registry = CollectorRegistry()
-        self.server, port, self.store, _ = create_parameter_server("127.0.0.1:0", registry=self.registry, **kwargs)
+        self.server, port, self.store, _ = create_parameter_server(
+            "127.0.0.1:0", registry=self.registry, **kwargs
+        )
         self.address = f"127.0.0.1:{port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = parameters_pb2_grpc.ParameterServiceStub(self.channel)
@@ -75,10 +77,12 @@ def service():
 
 def held_open(stub, release: threading.Event, first: parameters_pb2.PublishRequest | None):
     """A Publish call that sends `first` (nothing when None) and then holds the stream open until `release`."""
+
     def requests():
         if first is not None:
             yield first
         release.wait(60)
+
     return stub.Publish.future(requests(), timeout=60)
 
 
@@ -92,8 +96,11 @@ def test_get_version_and_fetch_answer_while_16_idle_publish_streams_are_open(ser
     try:
         first = parameters_pb2.PublishRequest(header=header(16), chunk=b"\0" * 8)
         calls = [held_open(s.stub, release, first) for _ in range(16)]
-        wait_until(lambda: sum(c.done() for c in calls) + s.metric("apexrl_params_received_bytes_total") / 8 == 16,
-                   "every stream was refused or delivered its first message", timeout=30)
+        wait_until(
+            lambda: sum(c.done() for c in calls) + s.metric("apexrl_params_received_bytes_total") / 8 == 16,
+            "every stream was refused or delivered its first message",
+            timeout=30,
+        )
         with ParameterClient(s.address, timeout=10) as client:
             assert client.version() == 1
             version, weights = client.fetch(0)
@@ -103,8 +110,10 @@ def test_get_version_and_fetch_answer_while_16_idle_publish_streams_are_open(ser
         assert len(refused) == 12 and s.metric("apexrl_params_publishes_in_progress") == 4
         for call in refused:
             assert call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "Publish calls are in progress, the most this service serves at once " \
-                   "(max_concurrent_publishes 4)" in call.details()
+            assert (
+                "Publish calls are in progress, the most this service serves at once "
+                "(max_concurrent_publishes 4)" in call.details()
+            )
         assert s.metric("apexrl_params_publish_refusals_total", {"reason": "limit"}) == 12
     finally:
         release.set()
@@ -119,12 +128,19 @@ def test_an_idle_publish_stream_is_aborted_and_gives_its_slot_back(service):
     s = service(limits=PublishLimits(max_concurrent_publishes=1, publish_idle_timeout=1.0))
     release = threading.Event()
     try:
-        for first, index in ((parameters_pb2.PublishRequest(header=header(16), chunk=b"\0" * 8), 1), (None, 0)):
+        for first, index in (
+            (parameters_pb2.PublishRequest(header=header(16), chunk=b"\0" * 8), 1),
+            (None, 0),
+        ):
             call = held_open(s.stub, release, first)
-            assert isinstance(call.exception(30), grpc.RpcError)  # the server ended it; the client's deadline is 60 s
+            assert isinstance(
+                call.exception(30), grpc.RpcError
+            )  # the server ended it; the client's deadline is 60 s
             assert call.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            assert call.details() == (f"Publish message {index} did not arrive within 1 s of the previous one "
-                                      f"(publish_idle_timeout): the stream was aborted, nothing stored")
+            assert call.details() == (
+                f"Publish message {index} did not arrive within 1 s of the previous one "
+                f"(publish_idle_timeout): the stream was aborted, nothing stored"
+            )
             wait_until(lambda: s.metric("apexrl_params_publishes_in_progress") == 0, "the slot is free again")
             with ParameterClient(s.address, timeout=10) as client:
                 client.publish(WEIGHTS)  # the one slot serves the next publisher
@@ -141,9 +157,11 @@ def test_far_ahead_versions_are_refused_and_the_service_keeps_serving_the_old_we
     with ParameterClient(s.address, timeout=10) as client:
         assert client.publish(WEIGHTS, version=5) == 5
         window = f"the current version is 5, so the next must be in [6, {5 + MAX_VERSION_STEP}]"
-        for far, why in ((2**64 - 1, f"above the largest version {MAX_VERSION}"),
-                         (2**63, f"above the largest version {MAX_VERSION}"),
-                         (5 + MAX_VERSION_STEP + 1, f"more than {MAX_VERSION_STEP} above the current version 5")):
+        for far, why in (
+            (2**64 - 1, f"above the largest version {MAX_VERSION}"),
+            (2**63, f"above the largest version {MAX_VERSION}"),
+            (5 + MAX_VERSION_STEP + 1, f"more than {MAX_VERSION_STEP} above the current version 5"),
+        ):
             request = parameters_pb2.PublishRequest(header=header(16, version=far), chunk=b"\1" * 16)
             with pytest.raises(grpc.RpcError) as info:
                 s.stub.Publish(iter([request]), timeout=10)
@@ -151,14 +169,17 @@ def test_far_ahead_versions_are_refused_and_the_service_keeps_serving_the_old_we
             assert info.value.details() == f"version {far} is {why}: {window}"
         with pytest.raises(VersionRefusedError, match=f"version {2**64 - 1} is above the largest version"):
             client.publish({"w": np.zeros(4, np.float32)}, version=2**64 - 1)
-        with pytest.raises(VersionRefusedError, match=f"FAILED_PRECONDITION: version {5 + MAX_VERSION_STEP + 1} is "
-                                                      f"more than"):
+        with pytest.raises(
+            VersionRefusedError, match=f"FAILED_PRECONDITION: version {5 + MAX_VERSION_STEP + 1} is more than"
+        ):
             client.publish({"w": np.zeros(4, np.float32)}, version=5 + MAX_VERSION_STEP + 1)
         assert client.version() == 5 and s.store.published_total == 1
         version, weights = client.fetch(0)
         assert version == 5 and list(weights) == ["w", "b"] and weights["w"].tolist() == WEIGHTS["w"].tolist()
         assert client.publish(WEIGHTS) == 6  # the learner's next publish goes through
-        assert client.publish(WEIGHTS, version=6 + MAX_VERSION_STEP) == 6 + MAX_VERSION_STEP  # the window's edge
+        assert (
+            client.publish(WEIGHTS, version=6 + MAX_VERSION_STEP) == 6 + MAX_VERSION_STEP
+        )  # the window's edge
     assert s.metric("apexrl_params_publish_refusals_total", {"reason": "version"}) == 4
 
 
@@ -191,13 +212,29 @@ def test_a_publish_declaring_1_tib_is_refused_before_the_server_buffers_anything
     are not kept."""
     port_file, metrics_port = tmp_path / "params.port", free_port()
     with open(tmp_path / "params.log", "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "apexrl.launcher", "params", "--port", "0", "--port-file",
-                                    str(port_file), "--metrics-port", str(metrics_port)], stdout=log,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "apexrl.launcher",
+                "params",
+                "--port",
+                "0",
+                "--port-file",
+                str(port_file),
+                "--metrics-port",
+                str(metrics_port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     release = threading.Event()
     try:
-        wait_until(lambda: port_file.exists() and port_file.read_text().strip(), "the service wrote its port",
-                   timeout=60)
+        wait_until(
+            lambda: port_file.exists() and port_file.read_text().strip(),
+            "the service wrote its port",
+            timeout=60,
+        )
         address = f"127.0.0.1:{int(port_file.read_text())}"
         with ParameterClient(address, timeout=10) as client:
             client.publish(WEIGHTS)
@@ -212,14 +249,19 @@ def test_a_publish_declaring_1_tib_is_refused_before_the_server_buffers_anything
 
         with grpc.insecure_channel(address) as channel:
             call = parameters_pb2_grpc.ParameterServiceStub(channel).Publish.future(requests(), timeout=60)
-            wait_until(lambda: call.done() or scrape(metrics_port, "apexrl_params_received_bytes_total") >= 64 * MiB,
-                       "the call ended or the server received the 64 MiB", timeout=60)
+            wait_until(
+                lambda: call.done() or scrape(metrics_port, "apexrl_params_received_bytes_total") >= 64 * MiB,
+                "the call ended or the server received the 64 MiB",
+                timeout=60,
+            )
             grown = rss_bytes(process.pid) - before
             assert grown < 16 * MiB, f"the server's RSS grew by {grown / MiB:.0f} MiB"
             assert call.done()
             assert call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert call.details() == (f"Publish declares total_bytes {TiB}, more than this service accepts "
-                                      f"(max_weights_bytes {1 << 30}); nothing was buffered")
+            assert call.details() == (
+                f"Publish declares total_bytes {TiB}, more than this service accepts "
+                f"(max_weights_bytes {1 << 30}); nothing was buffered"
+            )
         with ParameterClient(address, timeout=10) as client:
             assert client.fetch(0)[0] == 1  # the service serves its weights as before
         assert scrape(metrics_port, "apexrl_params_received_bytes_total") < 16 * MiB
@@ -255,7 +297,9 @@ def declaring_server():
 
     def start(total: int, send: bool = False) -> str:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        parameters_pb2_grpc.add_ParameterServiceServicer_to_server(DeclaringServicer(total, send, release), server)
+        parameters_pb2_grpc.add_ParameterServiceServicer_to_server(
+            DeclaringServicer(total, send, release), server
+        )
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         servers.append(server)
@@ -267,21 +311,31 @@ def declaring_server():
         server.stop(0)
 
 
-def test_the_client_refuses_a_header_declaring_more_than_its_max_weights_bytes_without_allocating(declaring_server):
+def test_the_client_refuses_a_header_declaring_more_than_its_max_weights_bytes_without_allocating(
+    declaring_server,
+):
     """Issue 16: the client allocated bytearray(total) from the server's header before any data arrived."""
     tracemalloc.start()
     try:
-        refused = rf"header declares {TiB} bytes of weights, more than this client accepts \(max_weights_bytes " \
-                  rf"{1 << 30}\)"
-        with ParameterClient(declaring_server(TiB), timeout=10) as client, \
-                pytest.raises(ResourceExhaustedError, match=refused):
+        refused = (
+            rf"header declares {TiB} bytes of weights, more than this client accepts \(max_weights_bytes "
+            rf"{1 << 30}\)"
+        )
+        with (
+            ParameterClient(declaring_server(TiB), timeout=10) as client,
+            pytest.raises(ResourceExhaustedError, match=refused),
+        ):
             client.fetch(0)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 16 * MiB, f"the client allocated {peak / MiB:.0f} MiB"
-    with ParameterClient(declaring_server(2 * MiB), timeout=10, max_weights_bytes=MiB) as client, \
-            pytest.raises(ResourceExhaustedError, match=r"declares 2097152 bytes .*\(max_weights_bytes 1048576\)"):
+    with (
+        ParameterClient(declaring_server(2 * MiB), timeout=10, max_weights_bytes=MiB) as client,
+        pytest.raises(
+            ResourceExhaustedError, match=r"declares 2097152 bytes .*\(max_weights_bytes 1048576\)"
+        ),
+    ):
         client.fetch(0)
     with ParameterClient(declaring_server(MiB, send=True), timeout=10, max_weights_bytes=MiB) as client:
         version, weights = client.fetch(0)  # at the limit: taken

@@ -21,9 +21,24 @@ from apexrl.parameter_server.client import ParameterClient
 def test_standalone_process_serves_and_exits_0_on_sigterm(tmp_path):
     port_file = tmp_path / "params.port"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "apexrl.launcher", "params", "--host", "127.0.0.1", "--port", "0",
-         "--metrics-port", "0", "--port-file", str(port_file)],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "params",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--port-file",
+            str(port_file),
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
@@ -58,8 +73,25 @@ def test_standalone_process_serves_and_exits_0_on_sigterm(tmp_path):
 
 
 def test_bad_configuration_exits_2_before_serving():
-    done = subprocess.run([sys.executable, "-m", "apexrl.launcher", "params", "--port", "0", "--metrics-port", "-1",
-                           "--chunk-bytes", "0"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "params",
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--chunk-bytes",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
-    assert "apexrl params: error: --chunk-bytes: chunk_bytes (0) must be in [1, max_message_bytes" in done.stderr
+    assert (
+        "apexrl params: error: --chunk-bytes: chunk_bytes (0) must be in [1, max_message_bytes" in done.stderr
+    )
     assert "serving" not in done.stderr

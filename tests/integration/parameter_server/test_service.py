@@ -65,7 +65,10 @@ def stub(server):
 
 def small_weights(seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"w": rng.standard_normal((4, 3)).astype(np.float32), "b": rng.standard_normal(3).astype(np.float32)}
+    return {
+        "w": rng.standard_normal((4, 3)).astype(np.float32),
+        "b": rng.standard_normal(3).astype(np.float32),
+    }
 
 
 def assert_same_weights(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
@@ -106,8 +109,10 @@ def test_round_trip_of_every_dtype_and_shape(client):
 
 
 def test_model_larger_than_4_mib_travels_in_chunks_under_default_limits(server, client, stub):
-    weights = {"big": np.random.default_rng(2).standard_normal(6 * MiB // 4).astype(np.float32),
-               "bias": np.ones(3, np.float32)}
+    weights = {
+        "big": np.random.default_rng(2).standard_normal(6 * MiB // 4).astype(np.float32),
+        "bias": np.ones(3, np.float32),
+    }
     assert client.publish(weights) == 1  # client -> server: chunks <= 1 MiB under the server's 4 MiB limit
     version, got = client.fetch(0)
     assert version == 1
@@ -153,7 +158,12 @@ def test_fetch_returns_none_at_once_when_nothing_is_newer(server, client, stub):
     # Generous bound, but meaningful: a Fetch that waited for something newer would run into the 5 s deadline.
     assert time.monotonic() - start < 2.5
     replies = list(stub.Fetch(parameters_pb2.FetchRequest(have_version=1), timeout=5))
-    assert len(replies) == 1 and replies[0].not_newer and not replies[0].HasField("header") and not replies[0].chunk
+    assert (
+        len(replies) == 1
+        and replies[0].not_newer
+        and not replies[0].HasField("header")
+        and not replies[0].chunk
+    )
     assert client.fetch(0)[0] == 1
 
 
@@ -174,7 +184,9 @@ def test_versions_strictly_increase(server, client):
     assert client.publish(small_weights(3)) == 11
     kept = small_weights(3)
     for stale in (11, 5):
-        with pytest.raises(VersionRefusedError, match=rf"version {stale} is not greater than the current version 11"):
+        with pytest.raises(
+            VersionRefusedError, match=rf"version {stale} is not greater than the current version 11"
+        ):
             client.publish(small_weights(9), version=stale)
     for bad in (0, -1, True):
         with pytest.raises(InvalidArgumentError):
@@ -210,13 +222,18 @@ BAD_STREAMS = {
         r"ended after 8 of the header's total_bytes 16; missing 8 bytes",
     ),
     "bytes beyond total": (
-        [parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16), chunk=b"\0" * 16),
-         parameters_pb2.PublishRequest(chunk=b"\0")],
+        [
+            parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16), chunk=b"\0" * 16),
+            parameters_pb2.PublishRequest(chunk=b"\0"),
+        ],
         r"message 1 brings the bytes received to 17, more than the header's total_bytes 16",
     ),
     "overlap": (
-        [parameters_pb2.PublishRequest(header=header([("a", F32, [4], 0, 16), ("b", F32, [4], 8, 16)], 32),
-                                       chunk=b"\0" * 32)],
+        [
+            parameters_pb2.PublishRequest(
+                header=header([("a", F32, [4], 0, 16), ("b", F32, [4], 8, 16)], 32), chunk=b"\0" * 32
+            )
+        ],
         r"'a' float32\[4\] at bytes \[0, 16\) and 'b' float32\[4\] at bytes \[8, 24\) overlap",
     ),
     "offset beyond total": (
@@ -244,20 +261,32 @@ BAD_STREAMS = {
         r"total_bytes is 20, but the tensors' nbytes sum to 16",
     ),
     "duplicate names": (
-        [parameters_pb2.PublishRequest(header=header([("w", F32, [1], 0, 4), ("w", F32, [1], 4, 4)], 8),
-                                       chunk=b"\0" * 8)],
+        [
+            parameters_pb2.PublishRequest(
+                header=header([("w", F32, [1], 0, 4), ("w", F32, [1], 4, 4)], 8), chunk=b"\0" * 8
+            )
+        ],
         r"duplicate tensor name 'w'",
     ),
     "bool byte other than 0 or 1": (
-        [parameters_pb2.PublishRequest(header=header([("m", tensor_pb2.BOOL, [3], 0, 3)], 3), chunk=b"\1\0\2")],
+        [
+            parameters_pb2.PublishRequest(
+                header=header([("m", tensor_pb2.BOOL, [3], 0, 3)], 3), chunk=b"\1\0\2"
+            )
+        ],
         r"tensor 'm': bool bytes must be 0 or 1, found 2",
     ),
     "no tensors": ([parameters_pb2.PublishRequest(header=header([], 0))], r"weights have no tensors"),
-    "no header": ([parameters_pb2.PublishRequest(chunk=b"\0" * 16)], r"first Publish message must carry the header"),
+    "no header": (
+        [parameters_pb2.PublishRequest(chunk=b"\0" * 16)],
+        r"first Publish message must carry the header",
+    ),
     "empty stream": ([], r"first Publish message must carry the header"),
     "second header": (
-        [parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16), chunk=b"\0" * 8),
-         parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16), chunk=b"\0" * 8)],
+        [
+            parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16), chunk=b"\0" * 8),
+            parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16), chunk=b"\0" * 8),
+        ],
         r"Publish message 1 carries a header; only the first may",
     ),
 }
@@ -279,7 +308,9 @@ def test_bad_publish_stream_is_invalid_argument_and_keeps_the_previous_version(s
 def test_a_stale_explicit_version_is_failed_precondition_and_keeps_the_previous_version(server, client, stub):
     kept = small_weights()
     client.publish(kept)
-    request = parameters_pb2.PublishRequest(header=header([("w", F32, [4], 0, 16)], 16, version=1), chunk=b"\0" * 16)
+    request = parameters_pb2.PublishRequest(
+        header=header([("w", F32, [4], 0, 16)], 16, version=1), chunk=b"\0" * 16
+    )
     with pytest.raises(grpc.RpcError) as info:
         stub.Publish(iter([request]), timeout=5)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -291,13 +322,16 @@ def test_a_stale_explicit_version_is_failed_precondition_and_keeps_the_previous_
 def _cancel_open_publish(server, stub, chunk: bytes, total: int) -> None:
     """Send one Publish message, keep the stream open (no half-close), cancel it, and wait for the server to end it."""
     calls = lambda: server.registry.get_sample_value(  # noqa: E731 (Publish calls the server has finished)
-        "apexrl_params_request_duration_seconds_count", {"method": "Publish"})
+        "apexrl_params_request_duration_seconds_count", {"method": "Publish"}
+    )
     received = lambda: server.registry.get_sample_value("apexrl_params_received_bytes_total")  # noqa: E731
     calls_before, received_before = calls(), received()
     release = threading.Event()
 
     def requests():
-        yield parameters_pb2.PublishRequest(header=header([("w", F32, [total // 4], 0, total)], total), chunk=chunk)
+        yield parameters_pb2.PublishRequest(
+            header=header([("w", F32, [total // 4], 0, total)], total), chunk=chunk
+        )
         release.wait(10)
 
     future = stub.Publish.future(requests(), timeout=10)
@@ -360,8 +394,11 @@ def test_health_serving_and_reflection_lists_the_service(server):
             reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = list(reflection.ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+        replies = list(
+            reflection.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+            )
+        )
         names = {s.name for s in replies[0].list_services_response.service}
         assert SERVICE_NAME == "apexrl.v1.ParameterService"
         assert SERVICE_NAME in names
@@ -375,8 +412,11 @@ def test_metrics_endpoint_serves_params_metrics(server, client):
     assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
     with urllib.request.urlopen(url, timeout=5) as reply:
         text = reply.read().decode()
-    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-              for line in text.splitlines() if line.startswith("apexrl_params_")}
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("apexrl_params_")
+    }
     assert values["apexrl_params_published_versions_total"] == 1
     assert values["apexrl_params_current_version"] == 1
     assert values["apexrl_params_current_weights_bytes"] == 60
@@ -398,4 +438,3 @@ def test_token_is_required_when_set():
             assert c.fetch()[0] == 1
     finally:
         s.stop()
-

@@ -23,8 +23,9 @@ ROWS = 64
 @pytest.fixture
 def filled(make_shard):
     """A shard holding 64 known rows (priorities 1..64, alpha 1), plus a snapshot to compare against."""
-    shard = make_shard(TableConfig(capacity=1000, alpha=1.0, max_sample_batch_size=512, seed=0),
-                       max_message_bytes=1 << 20)
+    shard = make_shard(
+        TableConfig(capacity=1000, alpha=1.0, max_sample_batch_size=512, seed=0), max_message_bytes=1 << 20
+    )
     with ReplayClient(shard.address) as client:
         client.insert(cartpole_batch(ROWS), priorities=np.arange(1, ROWS + 1, dtype=np.float64))
         client.flush()
@@ -122,6 +123,7 @@ def _mutations():
             p = np.ones(8)
             p[3] = value
             codec.encode_tensor(p, r.priorities)
+
         return set_priority
 
     def priorities_wrong_length(r):
@@ -133,10 +135,15 @@ def _mutations():
     def writer_id(value):
         def set_writer_id(r):
             r.writer_id = value
+
         return set_writer_id
 
     return [
-        ("dtype differs", wrong_dtype, "column 'obs' is float64[4] per row, the table signature wants float32[4]"),
+        (
+            "dtype differs",
+            wrong_dtype,
+            "column 'obs' is float64[4] per row, the table signature wants float32[4]",
+        ),
         ("shape differs", wrong_shape, "column 'obs' is float32[5] per row"),
         ("byte length", short_data, "column 'obs': 125 data bytes, but shape [8, 4] of float32 needs 128"),
         ("negative dim", negative_dim, "column 'obs': dimension -4 out of range"),
@@ -158,9 +165,16 @@ def _mutations():
         ("priority huge", priority(1e300), "<= 1e+25; 1 are not (first: index 3 = 1e+300)"),
         ("priorities length", priorities_wrong_length, "priorities has shape [5], expected [8]"),
         ("priorities dtype", priorities_int, "priorities must be float32 or float64, got int64"),
-        ("writer id 70,000 characters", writer_id("w" * 70_000),
-         "writer_id is 70000 bytes (UTF-8), over the limit of 256 bytes"),
-        ("writer id 257 bytes", writer_id("é" * 128 + "w"), "writer_id is 257 bytes (UTF-8), over the limit of 256"),
+        (
+            "writer id 70,000 characters",
+            writer_id("w" * 70_000),
+            "writer_id is 70000 bytes (UTF-8), over the limit of 256 bytes",
+        ),
+        (
+            "writer id 257 bytes",
+            writer_id("é" * 128 + "w"),
+            "writer_id is 257 bytes (UTF-8), over the limit of 256",
+        ),
     ]
 
 
@@ -196,11 +210,14 @@ def test_a_bad_batch_inside_a_merged_request_is_refused_alone(filled):
     with channel:
         acks = list(s.Insert(iter([request]), timeout=10))
     assert [(a.sequence, a.batches, a.error_code, a.rows, a.first_key) for a in acks] == [
-        (1, 1, 0, 8, ROWS), (2, 1, grpc.StatusCode.INVALID_ARGUMENT.value[0], 0, 0), (4, 2, 0, 16, ROWS + 8)]
+        (1, 1, 0, 8, ROWS),
+        (2, 1, grpc.StatusCode.INVALID_ARGUMENT.value[0], 0, 0),
+        (4, 2, 0, 16, ROWS + 8),
+    ]
     assert "first: index 3 = nan" in acks[1].error_message
     info = filled.table.info()
     assert (info.size, info.inserted_total) == (ROWS + 24, ROWS + 24)
-    stored = filled.table._storage["action"][ROWS:ROWS + 24]  # white box: the rows in key order
+    stored = filled.table._storage["action"][ROWS : ROWS + 24]  # white box: the rows in key order
     np.testing.assert_array_equal(stored, np.r_[1000:1008, 1016:1032])
     # A request whose batches all miss the signature: each refused on its own, all with the table's reason.
     request = merged_request(3, sequence=10)
@@ -246,11 +263,17 @@ def _malformed_merges():
         ("sequence overflow", sequence_overflow, "sequence numbers pass 2**64 - 1"),
         ("too many batches", too_many, "more than 4096 batches"),
         ("undecodable tensor", undecodable, "column 'obs': 511 data bytes"),
-        ("writer id 70,000 characters", long_writer_id, "writer_id is 70000 bytes (UTF-8), over the limit of 256"),
+        (
+            "writer id 70,000 characters",
+            long_writer_id,
+            "writer_id is 70000 bytes (UTF-8), over the limit of 256",
+        ),
     ]
 
 
-@pytest.mark.parametrize(("case", "mutate", "message"), _malformed_merges(), ids=[m[0] for m in _malformed_merges()])
+@pytest.mark.parametrize(
+    ("case", "mutate", "message"), _malformed_merges(), ids=[m[0] for m in _malformed_merges()]
+)
 def test_a_malformed_merged_request_is_refused_whole_by_one_ack(filled, case, mutate, message):
     request = merged_request(4)
     mutate(request)
@@ -258,7 +281,9 @@ def test_a_malformed_merged_request_is_refused_whole_by_one_ack(filled, case, mu
     with channel:
         acks = list(s.Insert(iter([request]), timeout=10))
     batches = len(request.batch_rows)
-    assert [(a.error_code, a.batches) for a in acks] == [(grpc.StatusCode.INVALID_ARGUMENT.value[0], batches)], case
+    assert [(a.error_code, a.batches) for a in acks] == [
+        (grpc.StatusCode.INVALID_ARGUMENT.value[0], batches)
+    ], case
     assert acks[0].sequence == min(request.sequence + batches - 1, (1 << 64) - 1)
     assert message in acks[0].error_message
     assert_intact(filled)
@@ -300,18 +325,24 @@ def test_oversize_message_is_resource_exhausted(filled):
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert_intact(filled)
     # The SDK refuses it before sending when it knows the limit.
-    with ReplayClient(filled.address, max_message_bytes=1 << 20) as client, \
-            pytest.raises(ResourceExhaustedError, match="over the message limit"):
+    with (
+        ReplayClient(filled.address, max_message_bytes=1 << 20) as client,
+        pytest.raises(ResourceExhaustedError, match="over the message limit"),
+    ):
         client.insert(cartpole_batch(40_000))
     assert_intact(filled)
 
 
-@pytest.mark.parametrize(("value", "shown"), [(np.nan, "nan"), (np.inf, "inf"), (-np.inf, "-inf"), (-1.0, "-1.0")])
+@pytest.mark.parametrize(
+    ("value", "shown"), [(np.nan, "nan"), (np.inf, "inf"), (-np.inf, "-inf"), (-1.0, "-1.0")]
+)
 def test_bad_priority_update_is_invalid_argument(filled, value, shown):
     priorities = np.ones(4)
     priorities[2] = value
-    with ReplayClient(filled.address) as client, \
-            pytest.raises(InvalidArgumentError, match=f"index 2 = {shown}"):
+    with (
+        ReplayClient(filled.address) as client,
+        pytest.raises(InvalidArgumentError, match=f"index 2 = {shown}"),
+    ):
         client.update_priorities(np.arange(4, dtype=np.uint64), priorities, incarnation=0)
     assert_intact(filled)
 
@@ -337,8 +368,9 @@ def test_malformed_update_requests(filled):
 
 def test_stale_and_unknown_keys_are_ignored_and_counted(filled):
     with ReplayClient(filled.address) as client:
-        result = client.update_priorities(np.array([64, 10_000, 2**63 + 5], dtype=np.uint64), np.full(3, 9.0),
-                                         incarnation=0)
+        result = client.update_priorities(
+            np.array([64, 10_000, 2**63 + 5], dtype=np.uint64), np.full(3, 9.0), incarnation=0
+        )
         assert (result.applied, result.stale) == (0, 3)
         assert client.info().stale_updates_total == 3
     assert_intact(filled)
@@ -408,5 +440,5 @@ def test_cancelled_stream_leaves_no_half_batch(filled):
     info = filled.table.info()
     stored = info.size - ROWS
     assert info.size == info.inserted_total and 8 <= stored <= 80 and stored % 8 == 0
-    ids = filled.table._storage["action"][ROWS:info.size]  # white box: the rows in insertion order
+    ids = filled.table._storage["action"][ROWS : info.size]  # white box: the rows in insertion order
     np.testing.assert_array_equal(ids, np.arange(1000, 1000 + stored))

@@ -34,7 +34,9 @@ def rows_of(path) -> tuple[dict[int, int], object]:
     with CheckpointReader(path) as reader:
         ids = {}
         for first, columns, _ in reader.blocks():
-            ids.update(zip(range(first, first + len(columns["action"])), columns["action"].tolist(), strict=True))
+            ids.update(
+                zip(range(first, first + len(columns["action"])), columns["action"].tolist(), strict=True)
+            )
         return ids, reader.state
 
 
@@ -43,8 +45,18 @@ def test_checkpoints_taken_while_rows_are_inserted_and_sampled_are_consistent(tm
     for meanwhile. Each holds exactly the keys of one instant, each row the one inserted under its key, and every
     row acknowledged before the call."""
     directory = tmp_path / "ck"
-    shard = start_shard_process(tmp_path, "shard", "--capacity", "20000", "--checkpoint-dir", str(directory),
-                                "--checkpoint-every", "0", "--checkpoint-keep", "10")
+    shard = start_shard_process(
+        tmp_path,
+        "shard",
+        "--capacity",
+        "20000",
+        "--checkpoint-dir",
+        str(directory),
+        "--checkpoint-every",
+        "0",
+        "--checkpoint-keep",
+        "10",
+    )
     stop, errors, acked = threading.Event(), [], [0]
 
     def write() -> None:
@@ -63,8 +75,9 @@ def test_checkpoints_taken_while_rows_are_inserted_and_sampled_are_consistent(tm
             while not stop.is_set():
                 batch = client.sample(128)
                 np.testing.assert_array_equal(batch.keys.astype(np.int64), batch.columns["action"])
-                client.update_priorities(batch.keys, np.random.default_rng().random(128) + 0.1,
-                                         incarnation=batch.incarnation)
+                client.update_priorities(
+                    batch.keys, np.random.default_rng().random(128) + 0.1, incarnation=batch.incarnation
+                )
 
     def guarded(work):
         try:
@@ -79,8 +92,11 @@ def test_checkpoints_taken_while_rows_are_inserted_and_sampled_are_consistent(tm
         results = []
         with ReplayClient(shard.address, timeout=60) as control:
             for _ in range(4):
-                wait_until(lambda: acked[0] > (results[-1].inserted_total if results else 0) + 5000,
-                           "more rows acknowledged", timeout=20)
+                wait_until(
+                    lambda: acked[0] > (results[-1].inserted_total if results else 0) + 5000,
+                    "more rows acknowledged",
+                    timeout=20,
+                )
                 before = acked[0]
                 result = control.checkpoint()
                 assert result.inserted_total >= before and result.rows == min(result.inserted_total, 20000)
@@ -116,8 +132,16 @@ def test_sigterm_writes_a_checkpoint_that_the_next_start_restores(tmp_path):
     try:
         with ReplayClient(shard.address, writer_id="actor-7") as client:
             after = client.info()
-            for field in ("size", "inserted_total", "evicted_total", "total_priority", "min_priority",
-                          "max_priority", "updated_total", "inserted_bytes_total"):
+            for field in (
+                "size",
+                "inserted_total",
+                "evicted_total",
+                "total_priority",
+                "min_priority",
+                "max_priority",
+                "updated_total",
+                "inserted_bytes_total",
+            ):
                 assert getattr(after, field) == getattr(before, field), field
             assert after.incarnation != before.incarnation
             sampled = client.sample(256)
@@ -159,8 +183,10 @@ def test_the_newest_checkpoint_corrupt_the_previous_one_is_restored(tmp_path):
     finally:
         shard.stop(signal.SIGTERM, timeout=30)
     log = (tmp_path / "second.log").read_text()
-    assert (f"CORRUPT CHECKPOINT skipped: checkpoint {newest} is corrupt: chunk at slot 0: CRC32 mismatch; "
-            f"renamed to checkpoint-0000000002.apexrl.corrupt") in log
+    assert (
+        f"CORRUPT CHECKPOINT skipped: checkpoint {newest} is corrupt: chunk at slot 0: CRC32 mismatch; "
+        f"renamed to checkpoint-0000000002.apexrl.corrupt"
+    ) in log
     assert "restored 100 rows (keys 0..99) from" in log
 
 
@@ -171,18 +197,40 @@ def test_a_checkpoint_of_another_signature_refuses_to_start(tmp_path):
         client.insert(cartpole_batch(10))
         client.flush()
     assert shard.stop(signal.SIGTERM, timeout=30) == 0
-    run = subprocess.run([sys.executable, "-m", "apexrl.launcher", "replay", "--port", "0", "--metrics-port", "-1",
-                          "--capacity", "100", "--checkpoint-dir", str(directory),
-                          "--signature", "obs:float32[4],action:int32[]"], capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "replay",
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--capacity",
+            "100",
+            "--checkpoint-dir",
+            str(directory),
+            "--signature",
+            "obs:float32[4],action:int32[]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2, run.stderr
     assert "was made with signature obs:float32[4],action:int64[]," in run.stderr
-    assert ("field 'action' is int64[] there, int32[] here; field 'reward' only there; field 'discount' only "
-            "there; field 'next_obs' only there") in run.stderr
+    assert (
+        "field 'action' is int64[] there, int32[] here; field 'reward' only there; field 'discount' only "
+        "there; field 'next_obs' only there"
+    ) in run.stderr
 
 
 def test_the_checkpoint_rpc_without_a_checkpoint_directory_fails_precondition(shard):
-    with ReplayClient(shard.address) as client, pytest.raises(FailedPreconditionError, match="checkpoint directory"):
+    with (
+        ReplayClient(shard.address) as client,
+        pytest.raises(FailedPreconditionError, match="checkpoint directory"),
+    ):
         client.checkpoint()
 
 
@@ -192,7 +240,9 @@ def test_not_serving_until_the_checkpoint_is_restored(tmp_path, monkeypatch):
     from apexrl.replay_server.config import ReplayConfig
 
     directory = tmp_path / "ck"
-    seed_shard = start_shard_process(tmp_path, "seed", "--capacity", "500", "--checkpoint-dir", str(directory))
+    seed_shard = start_shard_process(
+        tmp_path, "seed", "--capacity", "500", "--checkpoint-dir", str(directory)
+    )
     with ReplayClient(seed_shard.address) as client:
         client.insert(cartpole_batch(300))
         client.flush()
@@ -208,8 +258,9 @@ def test_not_serving_until_the_checkpoint_is_restored(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checkpointer.Checkpointer, "restore", slow_restore)
     port_file = tmp_path / "port"
-    config = ReplayConfig(capacity=500, port=0, metrics_port=-1, port_file=str(port_file),
-                          checkpoint_dir=str(directory))
+    config = ReplayConfig(
+        capacity=500, port=0, metrics_port=-1, port_file=str(port_file), checkpoint_dir=str(directory)
+    )
     stop = threading.Event()
     shard = threading.Thread(target=main.run, args=(config, stop))
     shard.start()
@@ -233,8 +284,13 @@ def test_not_serving_until_the_checkpoint_is_restored(tmp_path, monkeypatch):
             time.sleep(0.3)
             assert client.pending == 1
             release.set()
-            wait_until(lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
-                       == health_pb2.HealthCheckResponse.SERVING, "SERVING after the restore")
+            wait_until(
+                lambda: (
+                    health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ),
+                "SERVING after the restore",
+            )
             client.flush(timeout=20)  # the held batch went in after the restored rows
             info = client.info()
             assert (info.size, info.inserted_total) == (310, 310)
@@ -249,14 +305,29 @@ def leaves_by_row(directory) -> Counter:
     """(row id, stored priority) of every row of each checkpoint in `directory`'s newest file."""
     (path,) = sorted(directory.glob("checkpoint-*.apexrl"))[-1:]
     with CheckpointReader(path) as reader:
-        return Counter((int(i), float(p)) for _, columns, leaves in reader.blocks()
-                       for i, p in zip(columns["action"], leaves, strict=True))
+        return Counter(
+            (int(i), float(p))
+            for _, columns, leaves in reader.blocks()
+            for i, p in zip(columns["action"], leaves, strict=True)
+        )
 
 
 def reshard_cli(sources, targets) -> str:
-    run = subprocess.run([sys.executable, "-m", "apexrl.launcher", "replay-reshard", "--sources",
-                          ",".join(map(str, sources)), "--targets", ",".join(map(str, targets))],
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "replay-reshard",
+            "--sources",
+            ",".join(map(str, sources)),
+            "--targets",
+            ",".join(map(str, targets)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr
     return run.stderr
 
@@ -265,10 +336,14 @@ def test_two_saved_shards_restore_onto_three_and_three_onto_one(tmp_path):
     """M -> N through `apexrl replay-reshard`: every row once, with its priority, served by the new shards."""
     old = [tmp_path / f"old{i}" for i in range(2)]
     for i, directory in enumerate(old):
-        shard = start_shard_process(tmp_path, f"old{i}", "--capacity", "1500", "--checkpoint-dir", str(directory))
+        shard = start_shard_process(
+            tmp_path, f"old{i}", "--capacity", "1500", "--checkpoint-dir", str(directory)
+        )
         with ReplayClient(shard.address) as client:
             for start in range(10_000 * i, 10_000 * i + 1800, 300):  # 1800 rows into 1500: wrapped
-                client.insert(cartpole_batch(300, start), priorities=np.random.default_rng(start).random(300) + 0.1)
+                client.insert(
+                    cartpole_batch(300, start), priorities=np.random.default_rng(start).random(300) + 0.1
+                )
             client.flush()
             batch = client.sample(64)
             client.update_priorities(batch.keys, np.full(64, 4.0), incarnation=batch.incarnation)
@@ -280,7 +355,9 @@ def test_two_saved_shards_restore_onto_three_and_three_onto_one(tmp_path):
     assert "resharded 3000 rows from 2 shards onto 3 (3000 rows written)" in reshard_cli(old, new)
     sizes, totals = [], []
     for i, directory in enumerate(new):
-        shard = start_shard_process(tmp_path, f"new{i}", "--capacity", "1000", "--checkpoint-dir", str(directory))
+        shard = start_shard_process(
+            tmp_path, f"new{i}", "--capacity", "1000", "--checkpoint-dir", str(directory)
+        )
         with ReplayClient(shard.address) as client:
             info = client.info()
             sizes.append(info.size)
@@ -306,8 +383,16 @@ def test_with_the_write_ahead_log_a_sigkill_loses_no_acknowledged_row(tmp_path):
     and restarted on the same port. Every batch acknowledged before the kill is there, and the batches the
     writer still held are resent and stored once: exactly once across the crash."""
     directory = tmp_path / "ck"
-    args = ["--capacity", "200000", "--checkpoint-dir", str(directory), "--wal", str(tmp_path / "wal"),
-            "--checkpoint-every", "0.5"]
+    args = [
+        "--capacity",
+        "200000",
+        "--checkpoint-dir",
+        str(directory),
+        "--wal",
+        str(tmp_path / "wal"),
+        "--checkpoint-every",
+        "0.5",
+    ]
     shard = start_shard_process(tmp_path, "first", *args)
     port = shard.address.rsplit(":", 1)[1]
     stop, sent = threading.Event(), []
@@ -345,11 +430,17 @@ def test_with_the_write_ahead_log_a_sigkill_loses_no_acknowledged_row(tmp_path):
     assert "replayed" in log and "from the write-ahead log" in log
     ids, state = rows_of(sorted(directory.glob("checkpoint-*.apexrl"))[-1])
     stored = set(ids.values())
-    acked_rows = {row for sequence in range(1, numbered + 1) if sequence not in unacknowledged
-                  for row in range(sent[sequence - 1], sent[sequence - 1] + 100)}  # batch n has sequence n + 1
+    acked_rows = {
+        row
+        for sequence in range(1, numbered + 1)
+        if sequence not in unacknowledged
+        for row in range(sent[sequence - 1], sent[sequence - 1] + 100)
+    }  # batch n has sequence n + 1
     lost = acked_rows - stored
-    print(f"WAL SIGKILL: {len(acked_rows)} rows acknowledged before the kill, {len(lost)} lost; "
-          f"{len(unacknowledged)} batches in flight resent; {len(ids)} rows stored, {len(stored)} distinct")
+    print(
+        f"WAL SIGKILL: {len(acked_rows)} rows acknowledged before the kill, {len(lost)} lost; "
+        f"{len(unacknowledged)} batches in flight resent; {len(ids)} rows stored, {len(stored)} distinct"
+    )
     assert not lost
     expected = {row for start in sent for row in range(start, start + 100)}
     assert sorted(ids.values()) == sorted(expected)  # every row once: none lost, none twice
@@ -378,13 +469,25 @@ def test_with_the_write_ahead_log_acks_keep_their_order_errors_and_duplicates(tm
         codec.encode_batch(batch, r.batch)
         return r
 
-    requests = [request(1), request(2), request(3, bad=True), request(2), request(4), *map(request, range(5, 60))]
+    requests = [
+        request(1),
+        request(2),
+        request(3, bad=True),
+        request(2),
+        request(4),
+        *map(request, range(5, 60)),
+    ]
     try:
         with make_channel(f"127.0.0.1:{port}") as channel:
             acks = list(replay_pb2_grpc.ReplayServiceStub(channel).Insert(iter(requests), timeout=30))
         assert [a.sequence for a in acks] == [r.sequence for r in requests]
         assert [(a.first_key, a.rows, a.duplicate, a.error_code) for a in acks[:5]] == [
-            (0, 10, False, 0), (10, 10, False, 0), (0, 0, False, 3), (0, 0, True, 0), (20, 10, False, 0)]
+            (0, 10, False, 0),
+            (10, 10, False, 0),
+            (0, 0, False, 3),
+            (0, 0, True, 0),
+            (20, 10, False, 0),
+        ]
         assert wal.durable_key == table.next_key == 580
         assert wal.stats.wal_batches == 58 and wal.stats.wal_fsyncs <= 58
     finally:
@@ -420,11 +523,19 @@ def test_with_the_write_ahead_log_merged_requests_are_acknowledged_once_logged_a
 
     try:
         with make_channel(f"127.0.0.1:{port}") as channel:
-            acks = list(replay_pb2_grpc.ReplayServiceStub(channel).Insert(
-                iter([merged(1, 4), merged(5, 3, bad=6), merged(1, 8)]), timeout=30))
+            acks = list(
+                replay_pb2_grpc.ReplayServiceStub(channel).Insert(
+                    iter([merged(1, 4), merged(5, 3, bad=6), merged(1, 8)]), timeout=30
+                )
+            )
         assert [(a.sequence, a.batches, a.first_key, a.rows, a.duplicate, a.error_code) for a in acks] == [
-            (4, 4, 0, 40, False, 0), (5, 1, 40, 10, False, 0), (6, 1, 0, 0, False, 3), (7, 1, 50, 10, False, 0),
-            (7, 7, 0, 0, True, 0), (8, 1, 60, 10, False, 0)]
+            (4, 4, 0, 40, False, 0),
+            (5, 1, 40, 10, False, 0),
+            (6, 1, 0, 0, False, 3),
+            (7, 1, 50, 10, False, 0),
+            (7, 7, 0, 0, True, 0),
+            (8, 1, 60, 10, False, 0),
+        ]
         assert wal.durable_key == table.next_key == 70
     finally:
         server.stop(0).wait(10)
@@ -460,10 +571,17 @@ def test_with_the_write_ahead_log_a_long_writer_id_is_refused_and_no_acknowledge
         for writer in writers:
             writer.flush()
         with make_channel(shard.address) as channel:
-            acks = list(replay_pb2_grpc.ReplayServiceStub(channel).Insert(iter([
-                request("raw", 1, 100), request("x" * 70_000, 1, 101), request("raw", 2, 102)]), timeout=30))
+            acks = list(
+                replay_pb2_grpc.ReplayServiceStub(channel).Insert(
+                    iter([request("raw", 1, 100), request("x" * 70_000, 1, 101), request("raw", 2, 102)]),
+                    timeout=30,
+                )
+            )
         assert [(a.sequence, a.error_code, a.rows) for a in acks] == [
-            (1, 0, 1), (1, grpc.StatusCode.INVALID_ARGUMENT.value[0], 0), (2, 0, 1)]
+            (1, 0, 1),
+            (1, grpc.StatusCode.INVALID_ARGUMENT.value[0], 0),
+            (2, 0, 1),
+        ]
         assert "writer_id is 70000 bytes (UTF-8), over the limit of 256 bytes" in acks[1].error_message
         for i in range(50, 100):
             writers[i % 2].insert(cartpole_batch(2, 2 * i + 100))
@@ -493,7 +611,8 @@ def test_with_the_write_ahead_log_a_long_writer_id_is_refused_and_no_acknowledge
 
 @pytest.mark.parametrize("fault", ["the disk fills up", "an append raises"])
 def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_serving_and_it_is_counted(
-        tmp_path, monkeypatch, fault):
+    tmp_path, monkeypatch, fault
+):
     """A real server on loopback whose log fails: by a write that raises (a full disk) or by an append that raises
     (a batch the log cannot encode). The insert that met the failure is not acknowledged (UNAVAILABLE), every later
     one is refused without being stored, health turns NOT_SERVING, apexrl_replay_wal_failed is 1 and
@@ -510,8 +629,9 @@ def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_servin
     stats = DurabilityStats()
     wal = WriteAheadLog(tmp_path / "wal", stats)
     wal.open(table)
-    server, port, _, registry = create_replay_server(table, "127.0.0.1:0", registry=metrics_registry(table, stats),
-                                                     wal=wal)
+    server, port, _, registry = create_replay_server(
+        table, "127.0.0.1:0", registry=metrics_registry(table, stats), wal=wal
+    )
     address = f"127.0.0.1:{port}"
 
     def request(sequence: int) -> replay_pb2.InsertRequest:
@@ -529,7 +649,9 @@ def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_servin
             health = health_pb2_grpc.HealthStub(channel)
 
             def status():
-                return health.Check(health_pb2.HealthCheckRequest(service="apexrl.v1.ReplayService"), timeout=5).status
+                return health.Check(
+                    health_pb2.HealthCheckRequest(service="apexrl.v1.ReplayService"), timeout=5
+                ).status
 
             def insert(sequence: int) -> replay_pb2.InsertAck:
                 return next(iter(stub.Insert(iter([request(sequence)]), timeout=30)))
@@ -538,6 +660,7 @@ def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_servin
             assert status() == health_pb2.HealthCheckResponse.SERVING
             assert (metric("apexrl_replay_wal_failed"), metric("apexrl_replay_wal_failures_total")) == (0, 0)
             if fault == "the disk fills up":
+
                 def full(fd, data):
                     raise OSError(28, "No space left on device")
 
@@ -557,10 +680,18 @@ def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_servin
             ack = insert(2)
             assert (ack.error_code, ack.rows) == (unavailable, 0) and reason in ack.error_message
             held = table.info()
-            assert held.inserted_total == (20 if fault == "the disk fills up" else 10)  # never more than logged
-            wait_until(lambda: status() == health_pb2.HealthCheckResponse.NOT_SERVING, "health NOT_SERVING", timeout=30)
-            assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
-                health_pb2.HealthCheckResponse.NOT_SERVING
+            assert held.inserted_total == (
+                20 if fault == "the disk fills up" else 10
+            )  # never more than logged
+            wait_until(
+                lambda: status() == health_pb2.HealthCheckResponse.NOT_SERVING,
+                "health NOT_SERVING",
+                timeout=30,
+            )
+            assert (
+                health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+                == health_pb2.HealthCheckResponse.NOT_SERVING
+            )
             ack = insert(3)  # refused: nothing stored that the log does not hold
             assert (ack.error_code, ack.rows) == (unavailable, 0)
             assert "write-ahead log failed" in ack.error_message and reason in ack.error_message
@@ -570,8 +701,11 @@ def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_servin
             client = ReplayClient(address, timeout=30)
             try:
                 client.insert(cartpole_batch(10, 1000))
-                wait_until(lambda: metric("apexrl_replay_wal_failures_total") >= 4, "the SDK's resends refused",
-                           timeout=30)
+                wait_until(
+                    lambda: metric("apexrl_replay_wal_failures_total") >= 4,
+                    "the SDK's resends refused",
+                    timeout=30,
+                )
                 assert client.pending == 1
             finally:
                 client.close(flush_timeout=0)
@@ -608,7 +742,8 @@ INVALID_CONTENT = {  # checkpoint content with every checksum right, as a bug or
 
 @pytest.mark.parametrize("content", list(INVALID_CONTENT))
 def test_a_newest_checkpoint_with_valid_checksums_and_invalid_content_is_set_aside_like_a_corrupt_one(
-        tmp_path, content):
+    tmp_path, content
+):
     """The newest checkpoint of a real shard is rewritten with invalid content and every CRC recomputed. The next
     shard does not exit (it used to, with status 1 or 2, at every restart: a crash loop); it renames the file
     *.corrupt, says so in an ERROR, counts it in apexrl_replay_corrupt_checkpoints_total, restores the previous
@@ -651,8 +786,18 @@ def test_with_the_write_ahead_log_an_invalid_newest_checkpoint_loses_no_acknowle
     (it is truncated only up to the oldest checkpoint kept), so after a SIGKILL every acknowledged row is back."""
     from tests.support.tampered import rewrite_checkpoint
 
-    args = ["--capacity", "10000", "--checkpoint-dir", str(tmp_path / "ck"), "--wal", str(tmp_path / "wal"),
-            "--checkpoint-every", "0", "--checkpoint-keep", "2"]
+    args = [
+        "--capacity",
+        "10000",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--wal",
+        str(tmp_path / "wal"),
+        "--checkpoint-every",
+        "0",
+        "--checkpoint-keep",
+        "2",
+    ]
     shard = start_shard_process(tmp_path, "first", *args)
     port = shard.address.rsplit(":", 1)[1]
     with ReplayClient(shard.address) as client:
@@ -702,7 +847,10 @@ def test_a_write_ahead_log_record_that_cannot_be_replayed_is_a_loud_counted_gap(
         with ReplayClient(shard.address) as client:
             assert client.info().inserted_total == 100
         metrics = scraped(metrics_port)
-        assert (metrics["apexrl_replay_wal_replay_gaps_total"], metrics["apexrl_replay_wal_replayed_rows"]) == (1, 100)
+        assert (
+            metrics["apexrl_replay_wal_replay_gaps_total"],
+            metrics["apexrl_replay_wal_replayed_rows"],
+        ) == (1, 100)
     finally:
         assert shard.stop(signal.SIGTERM, timeout=30) == 0
     log = (tmp_path / "second.log").read_text()

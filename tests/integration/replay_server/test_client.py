@@ -54,7 +54,6 @@ def test_client_resends_after_the_stream_breaks_without_loss_or_duplicates(shard
     np.testing.assert_array_equal(stored_ids, np.arange(400))
 
 
-
 def test_batches_refused_by_a_shutting_down_shard_are_resent_to_its_replacement(shard):
     """UNAVAILABLE in an ack means 'not stored, try later': the SDK keeps the batch and resends it when the shard
     is back (here: a new shard process on the same address), instead of failing the writer."""
@@ -76,7 +75,9 @@ def test_batches_refused_by_a_shutting_down_shard_are_resent_to_its_replacement(
         shard.server, _, _, _ = create_replay_server(replacement, f"127.0.0.1:{port}")
         client.flush(timeout=30)
     assert replacement.info().inserted_total == 20
-    np.testing.assert_array_equal(np.sort(replacement.sample(200).columns["action"].reshape(-1))[[0, -1]], [10, 29])
+    np.testing.assert_array_equal(
+        np.sort(replacement.sample(200).columns["action"].reshape(-1))[[0, -1]], [10, 29]
+    )
 
 
 class HeldBack:
@@ -113,7 +114,10 @@ class HeldBack:
 
 def insert_requests(shard) -> float:
     """InsertRequest messages the shard has handled (one per message, whatever it carried)."""
-    return shard.registry.get_sample_value("apexrl_replay_request_duration_seconds_count", {"method": "Insert"}) or 0
+    return (
+        shard.registry.get_sample_value("apexrl_replay_request_duration_seconds_count", {"method": "Insert"})
+        or 0
+    )
 
 
 def test_batches_queued_behind_an_unanswered_request_are_merged_with_fewer_acks(shard):
@@ -132,9 +136,13 @@ def test_batches_queued_behind_an_unanswered_request_are_merged_with_fewer_acks(
     assert counts[0] == counts[1] == counts[2] <= 200 / 8, counts
     info = shard.table.info()
     assert info.inserted_total == info.size == 800
-    np.testing.assert_array_equal(shard.table._storage["action"][:800], np.arange(800))  # white box: key order
+    np.testing.assert_array_equal(
+        shard.table._storage["action"][:800], np.arange(800)
+    )  # white box: key order
     batch = shard.table.sample(256)  # each row kept its own batch's priority
-    np.testing.assert_allclose(batch.priorities, (1.0 + batch.columns["action"] // 4) ** shard.table.config.alpha)
+    np.testing.assert_allclose(
+        batch.priorities, (1.0 + batch.columns["action"] // 4) ** shard.table.config.alpha
+    )
 
 
 def test_merged_resends_after_the_stream_breaks_lose_and_duplicate_nothing(make_shard):
@@ -146,7 +154,9 @@ def test_merged_resends_after_the_stream_breaks_lose_and_duplicate_nothing(make_
     shard = make_shard(TableConfig(capacity=10_000))
     held = HeldBack(shard.table)
     port = int(shard.address.rsplit(":", 1)[1])
-    client = ReplayClient(shard.address, max_in_flight=256, timeout=30)  # room for every batch while it is down
+    client = ReplayClient(
+        shard.address, max_in_flight=256, timeout=30
+    )  # room for every batch while it is down
     try:
         for i in range(100):
             client.insert(cartpole_batch(10, 10 * i))
@@ -155,7 +165,9 @@ def test_merged_resends_after_the_stream_breaks_lose_and_duplicate_nothing(make_
                 held.hold(client)  # the shard answers nothing more until the server stops
         assert client.pending == 99  # one request in flight, the rest queued behind it to go merged
         held.release()
-        shard.server.stop(0).wait(10)  # breaks the stream, maybe with batches in flight or half a request stored
+        shard.server.stop(0).wait(
+            10
+        )  # breaks the stream, maybe with batches in flight or half a request stored
         first_requests = insert_requests(shard)
         for i in range(100, 150):  # these queue up while the shard is down
             client.insert(cartpole_batch(10, 10 * i))
@@ -195,7 +207,7 @@ def test_a_rejected_batch_among_merged_ones_raises_its_own_error_and_the_others_
         assert insert_requests(shard) < 40 / 2
     assert len(errors) == 1
     assert re.search(r"insert of batch 26 to .*INVALID_ARGUMENT.*index 0 = nan", str(errors[0])), errors[0]
-    stored = shard.table._storage["action"][:shard.table.info().inserted_total]  # white box: key order
+    stored = shard.table._storage["action"][: shard.table.info().inserted_total]  # white box: key order
     np.testing.assert_array_equal(stored, np.r_[0:125, 130:200])
 
 
@@ -222,7 +234,7 @@ def test_bool_bytes_other_than_0_or_1_travel_alone_so_only_their_batch_is_refuse
             errors.append(err)
         assert client.requests_sent < 30 / 2
     assert len(errors) == 1 and "insert of batch 21 " in str(errors[0]) and "BOOL bytes" in str(errors[0])
-    stored = shard.table._storage["x"][:shard.table.info().inserted_total]  # white box: key order
+    stored = shard.table._storage["x"][: shard.table.info().inserted_total]  # white box: key order
     np.testing.assert_array_equal(stored, np.r_[0:80, 84:120])
 
 
@@ -291,7 +303,9 @@ def test_futures_raise_apexrl_errors_never_grpc_ones(make_shard):
         with pytest.raises(InvalidArgumentError, match="batch_size"):
             client.sample_future(0).result()
         with pytest.raises(InvalidArgumentError, match="index 0 = nan"):
-            client.update_priorities_future(np.zeros(1, np.uint64), np.array([np.nan]), incarnation=0).result()
+            client.update_priorities_future(
+                np.zeros(1, np.uint64), np.array([np.nan]), incarnation=0
+            ).result()
         waiting = client.sample_future(4, timeout=30)  # waits for rows that never come
         with pytest.raises(DeadlineExceededError, match="no answer within 0.05s"):
             waiting.result(timeout=0.05)  # the caller's own wait ran out; the call goes on
@@ -302,8 +316,11 @@ def test_futures_raise_apexrl_errors_never_grpc_ones(make_shard):
             client.sample_future(4, timeout=0.2).result()
     with ReplayClient(f"127.0.0.1:{free_port()}", timeout=2) as dead:
         start = time.monotonic()
-        for future in (dead.info_future(), dead.sample_future(1), dead.update_priorities_future(
-                np.zeros(1, np.uint64), np.ones(1), incarnation=0)):
+        for future in (
+            dead.info_future(),
+            dead.sample_future(1),
+            dead.update_priorities_future(np.zeros(1, np.uint64), np.ones(1), incarnation=0),
+        ):
             with pytest.raises(UnavailableError) as err:
                 future.result()
             assert not isinstance(err.value, grpc.RpcError)

@@ -19,8 +19,9 @@ from apexrl.common.errors import InvalidArgumentError
 from apexrl.replay_server.client import ReplayClient
 from tests.conftest import frame_ids, pixel_batch, pixel_frames, start_shard_process
 
-SIGNATURE = ("obs:uint8[2,16,16]@zstd,action:int64[],reward:float32[],discount:float32[],"
-             "next_obs:uint8[2,16,16]@zstd")
+SIGNATURE = (
+    "obs:uint8[2,16,16]@zstd,action:int64[],reward:float32[],discount:float32[],next_obs:uint8[2,16,16]@zstd"
+)
 
 
 def _free_port() -> int:
@@ -31,8 +32,12 @@ def _free_port() -> int:
 
 def _scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-            if not s.labels}
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels
+    }
 
 
 @pytest.mark.timeout(120)
@@ -41,8 +46,16 @@ def test_frames_go_in_and_come_back_as_sent_within_the_bytes_limit_and_survive_a
     row_bytes = 16 + one["obs"].nbytes + one["next_obs"].nbytes
     max_bytes = 300 * row_bytes
     metrics_port = _free_port()
-    options = ("--capacity", "1000", "--max-bytes", str(max_bytes), "--signature", SIGNATURE,
-               "--checkpoint-dir", str(tmp_path / "ck"))
+    options = (
+        "--capacity",
+        "1000",
+        "--max-bytes",
+        str(max_bytes),
+        "--signature",
+        SIGNATURE,
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    )
     shard = start_shard_process(tmp_path, "shard", *options, "--metrics-port", str(metrics_port))
     sent = {}
     with ReplayClient(shard.address, writer_id="actor-7") as client:
@@ -70,8 +83,9 @@ def test_frames_go_in_and_come_back_as_sent_within_the_bytes_limit_and_survive_a
     m = _scrape(metrics_port)
     assert m["apexrl_replay_stored_bytes"] == info.stored_bytes and m["apexrl_replay_max_bytes"] == max_bytes
     assert m["apexrl_replay_size_rows"] == info.size
-    assert m["apexrl_replay_inserted_bytes_total"] == sum(
-        16 + len(f) for f in sent.values()) + sum(pixel_batch(50, s)["next_obs"].nbytes for s in range(0, 500, 50))
+    assert m["apexrl_replay_inserted_bytes_total"] == sum(16 + len(f) for f in sent.values()) + sum(
+        pixel_batch(50, s)["next_obs"].nbytes for s in range(0, 500, 50)
+    )
 
     # A restart restores the frames and their writers from the checkpoint.
     assert shard.stop(signal.SIGTERM) == 0
@@ -94,13 +108,18 @@ def test_frames_of_the_wrong_kind_are_refused_at_insert(tmp_path):
     try:
         good = pixel_batch(4)
         raw = dict(good, obs=pixel_frames(range(4)))  # pixels where frames are declared
-        not_zstd = dict(good, obs=CompressedColumn("zstd", np.dtype(np.uint8), (2, 16, 16),
-                                                   b"\x00" * 40, np.full(4, 10)))
+        not_zstd = dict(
+            good, obs=CompressedColumn("zstd", np.dtype(np.uint8), (2, 16, 16), b"\x00" * 40, np.full(4, 10))
+        )
         lz4 = dict(good, obs=compress(pixel_frames(range(4)), "lz4"))
-        for batch, message in ((raw, "column 'obs' is uint8[2, 16, 16] per row, the table signature wants "
-                                     "uint8[2, 16, 16]@zstd"),
-                               (not_zstd, "frame 0 does not start with the zstd magic number"),
-                               (lz4, "column 'obs' is uint8[2, 16, 16]@lz4 per row")):
+        for batch, message in (
+            (
+                raw,
+                "column 'obs' is uint8[2, 16, 16] per row, the table signature wants uint8[2, 16, 16]@zstd",
+            ),
+            (not_zstd, "frame 0 does not start with the zstd magic number"),
+            (lz4, "column 'obs' is uint8[2, 16, 16]@lz4 per row"),
+        ):
             with ReplayClient(shard.address) as client:
                 client.insert(batch)
                 with pytest.raises(InvalidArgumentError, match=re.escape(message)):
@@ -110,6 +129,8 @@ def test_frames_of_the_wrong_kind_are_refused_at_insert(tmp_path):
             client.flush(timeout=10)
             assert client.info().size == 4  # only the good batch was stored
             sample = client.sample(8)
-            np.testing.assert_array_equal(frame_ids(decompress(sample.columns["obs"])[0]), sample.columns["action"])
+            np.testing.assert_array_equal(
+                frame_ids(decompress(sample.columns["obs"])[0]), sample.columns["action"]
+            )
     finally:
         shard.stop(signal.SIGKILL)

@@ -40,8 +40,9 @@ def test_concurrent_writers_sampler_and_updater_lose_nothing(shard_processes):
             while not stop.is_set():
                 try:
                     batch = client.sample(64, timeout=5)
-                    result = client.update_priorities(batch.keys, rng.uniform(0.1, 2.0, len(batch.keys)),
-                                                      incarnation=batch.incarnation)
+                    result = client.update_priorities(
+                        batch.keys, rng.uniform(0.1, 2.0, len(batch.keys)), incarnation=batch.incarnation
+                    )
                 except ApexError as err:
                     errors.append(err)
                     return
@@ -61,8 +62,8 @@ def test_concurrent_writers_sampler_and_updater_lose_nothing(shard_processes):
     with ReplayClient(shard.address) as client:
         info = client.info()
         sent = WRITERS * BATCHES * ROWS
-        assert info.inserted_total == sent                      # nothing lost, nothing stored twice
-        assert info.size + info.evicted_total == sent           # inserted = stored + evicted
+        assert info.inserted_total == sent  # nothing lost, nothing stored twice
+        assert info.size + info.evicted_total == sent  # inserted = stored + evicted
         assert info.size == CAPACITY and info.duplicate_batches_total == 0
         assert info.sampled_total == counts["sampled"] > 0
         assert info.updated_total == counts["applied"] and info.stale_updates_total == counts["stale"]

@@ -14,8 +14,9 @@ from apexrl.replay_server.table import TableConfig
 
 
 def test_the_server_closes_a_connection_left_idle_and_the_client_reconnects(make_shard):
-    shard = make_shard(TableConfig(capacity=100, seed=0),
-                       connections=ConnectionPolicy(max_connection_idle_seconds=1.0))
+    shard = make_shard(
+        TableConfig(capacity=100, seed=0), connections=ConnectionPolicy(max_connection_idle_seconds=1.0)
+    )
     states: list[grpc.ChannelConnectivity] = []
     went_idle = threading.Event()
 
@@ -29,21 +30,31 @@ def test_the_server_closes_a_connection_left_idle_and_the_client_reconnects(make
         channel.subscribe(watch, try_to_connect=False)
         stub.Info(replay_pb2.InfoRequest(), timeout=30)
         assert went_idle.wait(60), f"the server never closed the idle connection: {states}"
-        assert stub.Info(replay_pb2.InfoRequest(), timeout=30).capacity == 100  # a new connection, transparently
+        assert (
+            stub.Info(replay_pb2.InfoRequest(), timeout=30).capacity == 100
+        )  # a new connection, transparently
         channel.unsubscribe(watch)
 
 
 def test_server_options_follow_the_policy():
-    options = dict(ConnectionPolicy(keepalive_seconds=30, max_connection_idle_seconds=0,
-                                    max_connection_age_seconds=600).server_options())
+    options = dict(
+        ConnectionPolicy(
+            keepalive_seconds=30, max_connection_idle_seconds=0, max_connection_age_seconds=600
+        ).server_options()
+    )
     assert options["grpc.keepalive_time_ms"] == 30_000 and options["grpc.max_connection_age_ms"] == 600_000
     assert "grpc.max_connection_idle_ms" not in options
 
 
-@pytest.mark.parametrize(("setting", "value"), [
-    ("keepalive_seconds", 0.5), ("keepalive_timeout_seconds", float("nan")),
-    ("max_connection_idle_seconds", -1.0), ("max_connection_age_seconds", float("inf")),
-])
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("keepalive_seconds", 0.5),
+        ("keepalive_timeout_seconds", float("nan")),
+        ("max_connection_idle_seconds", -1.0),
+        ("max_connection_age_seconds", float("inf")),
+    ],
+)
 def test_bad_connection_settings_are_refused_naming_the_setting(setting, value):
     with pytest.raises(ValueError, match=setting):
         ConnectionPolicy(**{setting: value})

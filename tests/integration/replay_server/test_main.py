@@ -24,14 +24,18 @@ def _free_port() -> int:
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_shard_process_exports_metrics_and_stops_cleanly_on_sigterm(tmp_path):
     metrics_port = _free_port()
-    shard = start_shard_process(tmp_path, "cli", "--capacity", "300", "--alpha", "1.0",
-                                "--metrics-port", str(metrics_port))
+    shard = start_shard_process(
+        tmp_path, "cli", "--capacity", "300", "--alpha", "1.0", "--metrics-port", str(metrics_port)
+    )
     try:
         check_metrics_and_sigterm(shard, metrics_port, tmp_path)
     finally:
@@ -47,7 +51,9 @@ def check_metrics_and_sigterm(shard, metrics_port: int, tmp_path) -> None:
         client.flush()
         batch = client.sample(64)
         client.update_priorities(batch.keys, np.full(64, 3.0), incarnation=batch.incarnation)
-        client.update_priorities(np.array([0, 1], dtype=np.uint64), np.ones(2), incarnation=batch.incarnation)  # evicted: stale
+        client.update_priorities(
+            np.array([0, 1], dtype=np.uint64), np.ones(2), incarnation=batch.incarnation
+        )  # evicted: stale
 
     m = _scrape(metrics_port)
     assert m[("apexrl_replay_inserted_rows_total", ())] == 400
@@ -65,17 +71,41 @@ def check_metrics_and_sigterm(shard, metrics_port: int, tmp_path) -> None:
     assert 1 <= inserts <= 4
     for method, calls in (("Insert", inserts), ("Sample", 1), ("UpdatePriorities", 2)):
         assert m[("apexrl_replay_request_duration_seconds_count", (("method", method),))] == calls
-        assert m[("apexrl_replay_request_duration_seconds_bucket", (("le", "+Inf"), ("method", method)))] == calls
+        assert (
+            m[("apexrl_replay_request_duration_seconds_bucket", (("le", "+Inf"), ("method", method)))]
+            == calls
+        )
 
     assert shard.stop(signal.SIGTERM, timeout=15) == 0
     log = (tmp_path / "cli.log").read_text()
-    assert "received SIGTERM" in log and "replay shard stopped: 300 rows held, 400 inserted, 64 sampled" in log
+    assert (
+        "received SIGTERM" in log and "replay shard stopped: 300 rows held, 400 inserted, 64 sampled" in log
+    )
 
 
 def test_bad_configuration_exits_2_with_the_reason(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "apexrl.launcher", "replay", "--port", "0", "--metrics-port", "-1",
-                          "--capacity", "10", "--min-size-to-sample", "20"], capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "replay",
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--capacity",
+            "10",
+            "--min-size-to-sample",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2
-    assert "apexrl replay: error: --min-size-to-sample: min_size_to_sample (20) exceeds capacity (10)" in run.stderr
+    assert (
+        "apexrl replay: error: --min-size-to-sample: min_size_to_sample (20) exceeds capacity (10)"
+        in run.stderr
+    )
     assert "serving" not in run.stderr

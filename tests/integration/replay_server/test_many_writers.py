@@ -37,8 +37,10 @@ def test_64_open_insert_streams_do_not_stall_sampling_or_updates(shard_processes
             except BaseException as err:  # noqa: BLE001 (reported below)
                 errors.append(err)
 
-        busy = [threading.Thread(target=keep_inserting, args=(w, 1_000_000 * (i + 1)), daemon=True)
-                for i, w in enumerate(writers[:8])]
+        busy = [
+            threading.Thread(target=keep_inserting, args=(w, 1_000_000 * (i + 1)), daemon=True)
+            for i, w in enumerate(writers[:8])
+        ]
         for thread in busy:
             thread.start()
 

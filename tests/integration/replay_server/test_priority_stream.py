@@ -31,9 +31,15 @@ def test_updates_are_applied_or_counted_stale_and_flush_waits_for_the_answers(fi
         stream = client.priority_stream(max_in_flight=4)
         try:
             for i in range(10):  # more messages than may be in flight: send blocks, then goes on
-                assert stream.send(np.arange(10 * i, 10 * i + 5, dtype=np.uint64), np.full(5, 3.0), incarnation)
-            assert stream.send(np.array([100, 5000], dtype=np.uint64), np.full(2, 9.0), incarnation)  # unknown
-            assert stream.send(np.arange(3, dtype=np.uint64), np.full(3, 9.0), incarnation ^ 2)  # restarted shard
+                assert stream.send(
+                    np.arange(10 * i, 10 * i + 5, dtype=np.uint64), np.full(5, 3.0), incarnation
+                )
+            assert stream.send(
+                np.array([100, 5000], dtype=np.uint64), np.full(2, 9.0), incarnation
+            )  # unknown
+            assert stream.send(
+                np.arange(3, dtype=np.uint64), np.full(3, 9.0), incarnation ^ 2
+            )  # restarted shard
             assert stream.flush(timeout=10)
             assert (stream.applied, stream.stale, stream.dropped, stream.failures) == (50, 5, 0, 0)
         finally:
@@ -88,7 +94,6 @@ def test_updates_in_flight_when_the_shard_stops_are_dropped_and_the_stream_recon
                 proc.process.wait(10)
 
 
-
 def test_send_gives_up_at_its_deadline_when_the_stream_is_backed_up(filled):
     original = filled.table.update_priorities
     release = threading.Event()
@@ -104,7 +109,9 @@ def test_send_gives_up_at_its_deadline_when_the_stream_is_backed_up(filled):
             incarnation = filled.table.incarnation
             assert stream.send(np.zeros(1, np.uint64), np.ones(1), incarnation)
             assert stream.send(np.ones(1, np.uint64), np.ones(1), incarnation)
-            assert not stream.send(np.full(1, 2, np.uint64), np.ones(1), incarnation, timeout=0.2)  # not queued
+            assert not stream.send(
+                np.full(1, 2, np.uint64), np.ones(1), incarnation, timeout=0.2
+            )  # not queued
             assert not stream.flush(timeout=0.2)
             release.set()
             assert stream.flush(timeout=10)

@@ -24,21 +24,32 @@ def refusals(shard, limit: str) -> float:
 
 
 def test_one_connection_cannot_hold_more_calls_than_its_quota(make_shard):
-    shard = make_shard(TableConfig(capacity=100, min_size_to_sample=10, seed=0),
-                       quotas=QuotaSettings(max_calls_per_connection=8))
+    shard = make_shard(
+        TableConfig(capacity=100, min_size_to_sample=10, seed=0),
+        quotas=QuotaSettings(max_calls_per_connection=8),
+    )
     with ReplayClient(shard.address, timeout=60.0) as greedy:
-        waiting = [greedy.sample_future(4, timeout=60.0) for _ in range(8)]  # an empty shard: all of them wait
-        wait_until(lambda: shard.registry.get_sample_value("apexrl_replay_open_calls") == 8, "8 calls are open",
-                   timeout=30)
-        with pytest.raises(ResourceExhaustedError, match=r"already has 8 calls open, the limit "
-                                                         r"\(max_calls_per_connection\) 8$"):
+        waiting = [
+            greedy.sample_future(4, timeout=60.0) for _ in range(8)
+        ]  # an empty shard: all of them wait
+        wait_until(
+            lambda: shard.registry.get_sample_value("apexrl_replay_open_calls") == 8,
+            "8 calls are open",
+            timeout=30,
+        )
+        with pytest.raises(
+            ResourceExhaustedError,
+            match=r"already has 8 calls open, the limit "
+            r"\(max_calls_per_connection\) 8$",
+        ):
             greedy.sample(4, timeout=30.0)
         assert refusals(shard, "calls_per_connection") == 1
         # Another connection is not affected (channels of one process share a connection unless told not to).
         with grpc.insecure_channel(shard.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
             with pytest.raises(grpc.RpcError) as other:
                 replay_pb2_grpc.ReplayServiceStub(channel).Sample(
-                    replay_pb2.SampleRequest(batch_size=4, no_wait=True), timeout=30)
+                    replay_pb2.SampleRequest(batch_size=4, no_wait=True), timeout=30
+                )
             assert other.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # too few rows, not the quota
         shard.table.insert(cartpole_batch(16), np.ones(16))
         for call in waiting:  # rows arrived: the held calls are answered, and the connection may call again
@@ -48,13 +59,17 @@ def test_one_connection_cannot_hold_more_calls_than_its_quota(make_shard):
 
 
 def test_calls_waiting_for_the_table_are_capped_across_connections(make_shard):
-    shard = make_shard(TableConfig(capacity=100, min_size_to_sample=10, seed=0),
-                       quotas=QuotaSettings(max_waiting_calls=3))
+    shard = make_shard(
+        TableConfig(capacity=100, min_size_to_sample=10, seed=0), quotas=QuotaSettings(max_waiting_calls=3)
+    )
     clients = [ReplayClient(shard.address, timeout=60.0) for _ in range(4)]
     try:
         waiting = [c.sample_future(4, timeout=60.0) for c in clients[:3]]
-        wait_until(lambda: shard.registry.get_sample_value("apexrl_replay_waiting_calls", {"call": "sample"}) == 3,
-                   "3 samples wait", timeout=30)
+        wait_until(
+            lambda: shard.registry.get_sample_value("apexrl_replay_waiting_calls", {"call": "sample"}) == 3,
+            "3 samples wait",
+            timeout=30,
+        )
         with pytest.raises(ResourceExhaustedError, match=r"limit \(max_waiting_calls\) 3"):
             clients[3].sample(4, timeout=30.0)
         for call in waiting:
@@ -66,8 +81,9 @@ def test_calls_waiting_for_the_table_are_capped_across_connections(make_shard):
 
 
 def test_a_call_waits_at_most_max_wait_seconds_whatever_its_deadline(make_shard):
-    shard = make_shard(TableConfig(capacity=100, min_size_to_sample=10, seed=0),
-                       quotas=QuotaSettings(max_wait_seconds=0.5))
+    shard = make_shard(
+        TableConfig(capacity=100, min_size_to_sample=10, seed=0), quotas=QuotaSettings(max_wait_seconds=0.5)
+    )
     with ReplayClient(shard.address, timeout=120.0) as patient:
         started = time.monotonic()
         with pytest.raises(DeadlineExceededError, match="max_wait_seconds 0.5"):
@@ -77,22 +93,37 @@ def test_a_call_waits_at_most_max_wait_seconds_whatever_its_deadline(make_shard)
 
 def test_inserts_waiting_on_the_rate_limiter_hold_bounded_bytes(make_shard):
     # The ratio limiter lets 10 rows in, then holds inserts until the learner samples: the second batch waits.
-    shard = make_shard(TableConfig(capacity=1000, min_size_to_sample=1, samples_per_insert=1.0,
-                                   samples_per_insert_tolerance=1.0, seed=0),
-                       quotas=QuotaSettings(max_waiting_insert_bytes=100))
+    shard = make_shard(
+        TableConfig(
+            capacity=1000,
+            min_size_to_sample=1,
+            samples_per_insert=1.0,
+            samples_per_insert_tolerance=1.0,
+            seed=0,
+        ),
+        quotas=QuotaSettings(max_waiting_insert_bytes=100),
+    )
     with ReplayClient(shard.address, timeout=30.0, writer_id="w") as writer:
         writer.insert(cartpole_batch(10), priorities=np.ones(10))
         writer.flush(timeout=30)
         writer.insert(cartpole_batch(10, start=10), priorities=np.ones(10))
-        with pytest.raises(ResourceExhaustedError, match=r"over the limit \(max_waiting_insert_bytes\) of 100$"):
+        with pytest.raises(
+            ResourceExhaustedError, match=r"over the limit \(max_waiting_insert_bytes\) of 100$"
+        ):
             writer.flush(timeout=30)
     assert shard.table.info().size == 10 and refusals(shard, "waiting_insert_bytes") == 1
 
 
-@pytest.mark.parametrize(("setting", "value"), [
-    ("max_calls_per_connection", 0), ("max_waiting_calls", -1), ("max_waiting_insert_bytes", 0),
-    ("max_wait_seconds", float("inf")), ("max_wait_seconds", -1.0),
-])
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("max_calls_per_connection", 0),
+        ("max_waiting_calls", -1),
+        ("max_waiting_insert_bytes", 0),
+        ("max_wait_seconds", float("inf")),
+        ("max_wait_seconds", -1.0),
+    ],
+)
 def test_bad_quota_settings_are_refused_naming_the_setting(setting, value):
     with pytest.raises(ValueError, match=setting):
         QuotaSettings(**{setting: value})

@@ -28,8 +28,9 @@ def test_inserted_rows_come_back_intact_with_their_keys(shard):
         client.flush()
         info = client.info()
         assert (info.size, info.inserted_total, info.evicted_total) == (600, 600, 0)
-        assert str(info.signature) == ("obs:float32[4],action:int64[],reward:float32[],discount:float32[],"
-                                       "next_obs:float32[4]")
+        assert str(info.signature) == (
+            "obs:float32[4],action:int64[],reward:float32[],discount:float32[],next_obs:float32[4]"
+        )
         batch = client.sample(256)
     ids = batch.columns["action"]
     # Keys are insertion indices, and each row is exactly what was inserted under it.
@@ -57,7 +58,7 @@ def test_new_rows_get_the_largest_priority_seen(shard):
         client.insert(cartpole_batch(10, 10))  # no priorities: gets max seen = 5.0
         client.flush()
         batch = client.sample(64)
-    assert np.allclose(batch.priorities, 5.0 ** 0.6)
+    assert np.allclose(batch.priorities, 5.0**0.6)
 
 
 def test_priority_updates_apply_and_stale_keys_are_counted(make_shard):
@@ -85,7 +86,9 @@ def test_duplicate_keys_in_one_update_last_value_wins(make_shard):
     with ReplayClient(shard.address) as client:
         client.insert(cartpole_batch(10), priorities=np.ones(10))
         client.flush()
-        client.update_priorities(np.array([3, 3, 3], dtype=np.uint64), np.array([7.0, 2.0, 4.0]), incarnation=0)
+        client.update_priorities(
+            np.array([3, 3, 3], dtype=np.uint64), np.array([7.0, 2.0, 4.0]), incarnation=0
+        )
         assert client.info().total_priority == pytest.approx(9 + 4.0)
 
 
@@ -115,7 +118,10 @@ def _request(writer: str, sequence: int, rows: int = 8, start: int = 0) -> repla
 
 def test_resent_batches_are_acknowledged_but_stored_once(shard):
     acks = _raw_insert(shard.address, [_request("w", 1), _request("w", 2, start=8)])
-    assert [(a.sequence, a.duplicate, a.first_key, a.rows) for a in acks] == [(1, False, 0, 8), (2, False, 8, 8)]
+    assert [(a.sequence, a.duplicate, a.first_key, a.rows) for a in acks] == [
+        (1, False, 0, 8),
+        (2, False, 8, 8),
+    ]
     # A new stream resends 2 (already stored) then sends 3: only 3 is stored.
     acks = _raw_insert(shard.address, [_request("w", 2, start=8), _request("w", 3, start=16)])
     assert [(a.sequence, a.duplicate) for a in acks] == [(2, True), (3, False)]
@@ -126,7 +132,9 @@ def test_resent_batches_are_acknowledged_but_stored_once(shard):
     assert (info.size, info.inserted_total, info.duplicate_batches_total) == (32, 32, 1)
 
 
-def _merged(writer: str, sequence: int, batches: int, rows: int = 8, start: int = 0) -> replay_pb2.InsertRequest:
+def _merged(
+    writer: str, sequence: int, batches: int, rows: int = 8, start: int = 0
+) -> replay_pb2.InsertRequest:
     """One request carrying `batches` batches of `rows` rows numbered sequence, sequence + 1, ... (batch_rows)."""
     request = _request(writer, sequence, rows * batches, start)
     request.batch_rows.extend([rows] * batches)
@@ -136,21 +144,28 @@ def _merged(writer: str, sequence: int, batches: int, rows: int = 8, start: int 
 def _stored_ids(shard) -> np.ndarray:
     info = shard.table.info()
     assert info.size == info.inserted_total  # nothing evicted: the ring holds rows in key order
-    return shard.table._storage["action"][:info.size]  # white box: the stored rows in key order
+    return shard.table._storage["action"][: info.size]  # white box: the stored rows in key order
 
 
 def test_merged_requests_store_each_batch_once_and_are_answered_by_one_ack(shard):
     """A merged request is its batches sent one by one: stored in order under their own sequence numbers, and
     answered by one ack naming the last one; one-batch requests keep one ack each (batches = 1)."""
-    acks = _raw_insert(shard.address, [_request("w", 1), _merged("w", 2, 4, start=8), _request("w", 6, start=40)])
+    acks = _raw_insert(
+        shard.address, [_request("w", 1), _merged("w", 2, 4, start=8), _request("w", 6, start=40)]
+    )
     assert [(a.sequence, a.batches, a.duplicate, a.first_key, a.rows, a.error_code) for a in acks] == [
-        (1, 1, False, 0, 8, 0), (5, 4, False, 8, 32, 0), (6, 1, False, 40, 8, 0)]
+        (1, 1, False, 0, 8, 0),
+        (5, 4, False, 8, 32, 0),
+        (6, 1, False, 40, 8, 0),
+    ]
     assert len({a.incarnation for a in acks}) == 1 and acks[0].incarnation == shard.table.incarnation
     # After a broken stream a client resends 4..6 merged differently: 4..6 are duplicates, 7..8 are new. Each
     # batch is judged on its own number, so nothing is stored twice and nothing is lost.
     acks = _raw_insert(shard.address, [_merged("w", 4, 5, start=24)])
     assert [(a.sequence, a.batches, a.duplicate, a.first_key, a.rows) for a in acks] == [
-        (6, 3, True, 0, 0), (8, 2, False, 48, 16)]
+        (6, 3, True, 0, 0),
+        (8, 2, False, 48, 16),
+    ]
     np.testing.assert_array_equal(_stored_ids(shard), np.arange(64))
     info = shard.table.info()
     assert info.duplicate_batches_total == 3
@@ -265,8 +280,11 @@ def test_health_reflection_and_token(make_shard):
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
         with pytest.raises(grpc.RpcError) as err:  # reflection needs the token like every other service
-            list(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                                 timeout=5))
+            list(
+                reflection.ServerReflectionInfo(
+                    iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+                )
+            )
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with pytest.raises(UnauthenticatedError):
         ReplayClient(shard.address).info()
@@ -276,9 +294,10 @@ def test_health_reflection_and_token(make_shard):
         assert client.info().size == 0
     with make_channel(shard.address, token="s3cret") as channel:
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = list(reflection.ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+        replies = list(
+            reflection.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+            )
+        )
         names = {s.name for s in replies[0].list_services_response.service}
     assert {"apexrl.v1.ReplayService", "grpc.health.v1.Health"} <= names
-
-

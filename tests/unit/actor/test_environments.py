@@ -86,7 +86,11 @@ def test_unknown_ids_and_unsupported_spaces_are_refused():
 
 def test_a_box_action_space_gives_its_bounds_per_dimension():
     spaces = env_spaces("Pendulum-v1")
-    assert spaces == EnvSpaces.box((3,), (-2.0,), (2.0,)) and spaces.action_kind == BOX and spaces.action_dim == 1
+    assert (
+        spaces == EnvSpaces.box((3,), (-2.0,), (2.0,))
+        and spaces.action_kind == BOX
+        and spaces.action_dim == 1
+    )
     env = gym.make("CartPole-v1")
     env.action_space = gym.spaces.Box(np.array([-1, 0, -5], np.float32), np.array([3, 1, -4], np.float32))
     try:

@@ -119,8 +119,16 @@ def test_stack_transitions_columns_and_dtypes() -> None:
         stack_transitions([])
 
 
-@pytest.mark.parametrize(("dtype", "stored"), [(np.uint8, np.uint8), (np.bool_, np.bool_), (np.float64, np.float32),
-                                               (np.float32, np.float32), (np.int32, np.int32)])
+@pytest.mark.parametrize(
+    ("dtype", "stored"),
+    [
+        (np.uint8, np.uint8),
+        (np.bool_, np.bool_),
+        (np.float64, np.float32),
+        (np.float32, np.float32),
+        (np.int32, np.int32),
+    ],
+)
 def test_observations_keep_their_dtype_except_floats_which_become_float32(dtype, stored) -> None:
     """uint8 pixels and bool planes go to replay at one byte per value; floats as float32."""
     acc = NStepAccumulator(n=2, gamma=0.5)
@@ -148,13 +156,17 @@ def test_image_columns_are_compressed_one_frame_per_row_and_vectors_stay_raw():
     columns = {
         "obs": rng.integers(0, 3, (5, 4, 84, 84)).astype(np.uint8),  # Atari-like stacks
         "next_obs": rng.random((5, 10, 10, 4)) < 0.1,  # MinAtar-like bool planes
-        "action": np.arange(5), "reward": np.ones(5, np.float32),
+        "action": np.arange(5),
+        "reward": np.ones(5, np.float32),
     }
     out = compress_image_columns(columns, "zstd")
     for name in ("obs", "next_obs"):
         assert isinstance(out[name], CompressedColumn) and out[name].compression == "zstd"
         np.testing.assert_array_equal(decompress(out[name])[0], columns[name])
     assert out["action"] is columns["action"]
-    assert compress_image_columns(columns, "none") is columns and compress_image_columns(columns, None) is columns
+    assert (
+        compress_image_columns(columns, "none") is columns
+        and compress_image_columns(columns, None) is columns
+    )
     vectors = {"obs": np.zeros((5, 4), np.float32), "next_obs": np.zeros((5, 8), np.uint8)}
     assert compress_image_columns(vectors, "lz4") == vectors  # float vectors and 1-d rows stay raw

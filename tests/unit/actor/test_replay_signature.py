@@ -26,7 +26,9 @@ def written_columns(env_id: str, compression: str) -> dict:
         next_obs, reward, *_ = env.step(action)
     finally:
         env.close()
-    transitions = [Transition(stored_obs(obs), stored_action(action), float(reward), 0.99, stored_obs(next_obs))] * 3
+    transitions = [
+        Transition(stored_obs(obs), stored_action(action), float(reward), 0.99, stored_obs(next_obs))
+    ] * 3
     columns = stack_transitions(transitions)
     columns[ROW_VERSION_COLUMN] = np.zeros(3, dtype=np.int64)
     return compress_image_columns(columns, compression)
@@ -45,7 +47,9 @@ def test_the_pinned_signature_is_what_the_actor_writes(env_id, compression):
 
 def test_pixels_are_pinned_compressed_and_vectors_raw():
     pytest.importorskip("minatar")
-    assert str(replay_signature(env_spaces("CartPole-v1"), "zstd")).startswith("obs:float32[4],action:int64[]")
+    assert str(replay_signature(env_spaces("CartPole-v1"), "zstd")).startswith(
+        "obs:float32[4],action:int64[]"
+    )
     assert str(replay_signature(env_spaces("MinAtar/Breakout-v1"), "lz4")).startswith("obs:bool[10,10,4]@lz4")
 
 
@@ -53,10 +57,18 @@ def test_apexrl_signature_prints_what_a_shard_takes_as_signature():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "apexrl.launcher", "signature", "--env", "Pendulum-v1"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "signature", "--env", "Pendulum-v1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert Signature.parse(done.stdout.strip()) == replay_signature(env_spaces("Pendulum-v1"), "zstd")
-    bad = subprocess.run([sys.executable, "-m", "apexrl.launcher", "signature", "--env", "NoSuchEnv-v0"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "signature", "--env", "NoSuchEnv-v0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

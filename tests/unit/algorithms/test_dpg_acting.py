@@ -38,10 +38,15 @@ def columns(spaces: EnvSpaces, rows: int = 32) -> dict[str, np.ndarray]:
     else:
         obs = rng.normal(size=(rows, *spaces.obs_shape)).astype(np.float32)
         next_obs = rng.normal(size=(rows, *spaces.obs_shape)).astype(np.float32)
-    return {"obs": obs, "next_obs": next_obs,
-            "action": rng.uniform(spaces.action_low, spaces.action_high, (rows, spaces.action_dim)).astype(np.float32),
-            "reward": rng.normal(size=rows).astype(np.float32),
-            "discount": rng.choice([0.0, 0.97], rows).astype(np.float32)}
+    return {
+        "obs": obs,
+        "next_obs": next_obs,
+        "action": rng.uniform(spaces.action_low, spaces.action_high, (rows, spaces.action_dim)).astype(
+            np.float32
+        ),
+        "reward": rng.normal(size=rows).astype(np.float32),
+        "discount": rng.choice([0.0, 0.97], rows).astype(np.float32),
+    }
 
 
 @pytest.mark.parametrize("spaces", [SPACES, IMAGES], ids=["vector-numpy", "image-torch"])
@@ -107,29 +112,45 @@ def test_gaussian_noise_is_scaled_per_dimension_to_half_its_range_and_clipped_to
 
 
 def test_random_warm_up_steps_then_the_noisy_policy():
-    explorer = GaussianNoise(0.0, np.array([-1.0, 0.0]), np.array([3.0, 1.0]), np.random.default_rng(0),
-                             random_steps=1000)
+    explorer = GaussianNoise(
+        0.0, np.array([-1.0, 0.0]), np.array([3.0, 1.0]), np.random.default_rng(0), random_steps=1000
+    )
     centre = Constant([1.0, 0.5])
     warm = np.concatenate([explorer.actions(centre, np.zeros((100, 3))) for _ in range(10)])
-    assert (warm[:, 0] >= -1).all() and (warm[:, 0] <= 3).all() and (warm[:, 1] >= 0).all() and (warm[:, 1] <= 1).all()
+    assert (
+        (warm[:, 0] >= -1).all()
+        and (warm[:, 0] <= 3).all()
+        and (warm[:, 1] >= 0).all()
+        and (warm[:, 1] <= 1).all()
+    )
     np.testing.assert_allclose(warm.mean(axis=0), [1.0, 0.5], atol=0.1)
     np.testing.assert_allclose(warm.std(axis=0), [4 / np.sqrt(12), 1 / np.sqrt(12)], rtol=0.1)  # uniform
     np.testing.assert_array_equal(explorer.actions(centre, np.zeros((5, 3))), centre.greedy(np.zeros((5, 3))))
 
 
 def actor_settings(**changes):
-    values = {"actor_index": 0, "num_actors": 4, "evaluate": False, "epsilon": None, "noise_scale": None,
-              "random_steps": 500, **changes}
+    values = {
+        "actor_index": 0,
+        "num_actors": 4,
+        "evaluate": False,
+        "epsilon": None,
+        "noise_scale": None,
+        "random_steps": 500,
+        **changes,
+    }
     return SimpleNamespace(**values)
 
 
 def test_each_actor_gets_its_own_scale_and_the_evaluator_plays_greedily():
     rng = np.random.default_rng(0)
-    assert [make_explorer(actor_settings(actor_index=i), SPACES, rng).scale for i in range(4)] == \
-        pytest.approx([apex_noise_scale(i, 4) for i in range(4)])
+    assert [
+        make_explorer(actor_settings(actor_index=i), SPACES, rng).scale for i in range(4)
+    ] == pytest.approx([apex_noise_scale(i, 4) for i in range(4)])
     fixed = make_explorer(actor_settings(actor_index=3, noise_scale=0.3), SPACES, rng)
     assert fixed.scale == 0.3 and fixed.random_steps == 500
     evaluator = make_explorer(actor_settings(evaluate=True), SPACES, rng)
     assert evaluator.scale == 0.0 and evaluator.random_steps == 0
     policy = Constant([0.25, 0.75])
-    np.testing.assert_array_equal(evaluator.actions(policy, np.zeros((7, 3))), policy.greedy(np.zeros((7, 3))))
+    np.testing.assert_array_equal(
+        evaluator.actions(policy, np.zeros((7, 3))), policy.greedy(np.zeros((7, 3)))
+    )

@@ -50,8 +50,8 @@ class LinearCritic(nn.Module):
 def test_the_critic_target_bootstraps_with_the_target_policy_and_the_smaller_target_critic():
     next_obs = torch.tensor([[1.0, 2.0], [0.0, -1.0]])
     policy = FixedPolicy([[0.5, 1.0], [2.0, 0.0]], [-1, 0], [3, 1])
-    q1 = LinearCritic([1.0, 0.0], [1.0, 1.0], 0.0)   # row 0: 1 + 1.5 = 2.5; row 1: 0 + 2 = 2
-    q2 = LinearCritic([0.0, 1.0], [0.0, 2.0], 1.0)   # row 0: 2 + 2 + 1 = 5; row 1: -1 + 0 + 1 = 0
+    q1 = LinearCritic([1.0, 0.0], [1.0, 1.0], 0.0)  # row 0: 1 + 1.5 = 2.5; row 1: 0 + 2 = 2
+    q2 = LinearCritic([0.0, 1.0], [0.0, 2.0], 1.0)  # row 0: 2 + 2 + 1 = 5; row 1: -1 + 0 + 1 = 0
     reward, discount = torch.tensor([1.0, -2.0]), torch.tensor([0.9, 0.0])
     y = critic_target(policy, [q1, q2], reward, discount, next_obs)
     torch.testing.assert_close(y, torch.tensor([1.0 + 0.9 * 2.5, -2.0 + 0.0 * 0.0]))
@@ -71,8 +71,15 @@ def test_target_policy_smoothing_stays_inside_the_bounds_and_within_the_clip():
         seen.append(action.clone())
         return critic(obs, action)
 
-    critic_target(policy, [spy], torch.zeros(4096), torch.ones(4096), torch.zeros(4096, 1), target_noise=5.0,
-                  noise_clip=0.25)
+    critic_target(
+        policy,
+        [spy],
+        torch.zeros(4096),
+        torch.ones(4096),
+        torch.zeros(4096, 1),
+        target_noise=5.0,
+        noise_clip=0.25,
+    )
     noisy = seen[0]
     half = torch.tensor([2.0, 0.5])
     offset = noisy - torch.tensor(centre)
@@ -122,19 +129,23 @@ def test_the_policy_is_squashed_onto_asymmetric_bounds_and_the_critic_reads_acti
 
 
 def settings(**changes) -> LearnerConfig:
-    config = LearnerConfig(replay=("fake:1",), env="Fake-v0", algorithm="dpg", hidden_sizes=(16,), device="cpu",
-                           **changes)
+    config = LearnerConfig(
+        replay=("fake:1",), env="Fake-v0", algorithm="dpg", hidden_sizes=(16,), device="cpu", **changes
+    )
     return with_defaults(config, get("dpg"), "learner")
 
 
 def batch(rows: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
     rng = np.random.default_rng(seed)
-    return {"obs": torch.as_tensor(rng.normal(size=(rows, 2)), dtype=torch.float32),
-            "action": torch.as_tensor(rng.uniform(SPACES.action_low, SPACES.action_high, (rows, 2)),
-                                      dtype=torch.float32),
-            "reward": torch.as_tensor(rng.normal(size=rows), dtype=torch.float32),
-            "discount": torch.as_tensor(rng.choice([0.0, 0.97], rows), dtype=torch.float32),
-            "next_obs": torch.as_tensor(rng.normal(size=(rows, 2)), dtype=torch.float32)}
+    return {
+        "obs": torch.as_tensor(rng.normal(size=(rows, 2)), dtype=torch.float32),
+        "action": torch.as_tensor(
+            rng.uniform(SPACES.action_low, SPACES.action_high, (rows, 2)), dtype=torch.float32
+        ),
+        "reward": torch.as_tensor(rng.normal(size=rows), dtype=torch.float32),
+        "discount": torch.as_tensor(rng.choice([0.0, 0.97], rows), dtype=torch.float32),
+        "next_obs": torch.as_tensor(rng.normal(size=(rows, 2)), dtype=torch.float32),
+    }
 
 
 def params(net: nn.Module) -> list[torch.Tensor]:
@@ -147,8 +158,9 @@ def test_an_update_returns_the_td_error_of_the_stored_action_before_it_steps():
     b = batch()
     critics, target_policy = copy.deepcopy(learning.critics), copy.deepcopy(learning.target_policy)
     target_critics = copy.deepcopy(learning.target_critics)
-    y = b["reward"] + b["discount"] * torch.minimum(*(c(b["next_obs"], target_policy(b["next_obs"]))
-                                                      for c in target_critics))
+    y = b["reward"] + b["discount"] * torch.minimum(
+        *(c(b["next_obs"], target_policy(b["next_obs"])) for c in target_critics)
+    )
     want = (y - critics[0](b["obs"], b["action"])).abs().detach()
     result = learning.update(b, torch.ones(16), step=1)
     torch.testing.assert_close(result.td_abs, want)
@@ -159,8 +171,9 @@ def test_an_update_returns_the_td_error_of_the_stored_action_before_it_steps():
 
 def test_the_policy_moves_every_policy_delay_updates_and_targets_follow_by_polyak_averaging():
     torch.manual_seed(0)
-    learning = DPGLearning(settings(policy_delay=2, target_tau=0.25, target_update_period=1), SPACES,
-                           torch.device("cpu"))
+    learning = DPGLearning(
+        settings(policy_delay=2, target_tau=0.25, target_update_period=1), SPACES, torch.device("cpu")
+    )
     policy_before = params(learning.policy)
     target_before, online_before = params(learning.target_critics[0]), params(learning.critics[0])
     learning.update(batch(seed=1), torch.ones(16), step=1)
@@ -175,16 +188,23 @@ def test_the_policy_moves_every_policy_delay_updates_and_targets_follow_by_polya
 
 def test_hard_copies_every_k_updates_and_one_critic_without_td3():
     torch.manual_seed(0)
-    learning = DPGLearning(settings(twin_critics=False, policy_delay=1, target_noise=0.0, target_tau=1.0,
-                                    target_update_period=3), SPACES, torch.device("cpu"))
+    learning = DPGLearning(
+        settings(
+            twin_critics=False, policy_delay=1, target_noise=0.0, target_tau=1.0, target_update_period=3
+        ),
+        SPACES,
+        torch.device("cpu"),
+    )
     assert len(learning.critics) == 1
     initial = params(learning.target_policy)
     for step in (1, 2):
         learning.update(batch(seed=step), torch.ones(16), step=step)
         assert all(torch.equal(a, b) for a, b in zip(initial, params(learning.target_policy), strict=True))
     learning.update(batch(seed=3), torch.ones(16), step=3)
-    assert all(torch.equal(a, b) for a, b in
-               zip(params(learning.policy), params(learning.target_policy), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(params(learning.policy), params(learning.target_policy), strict=True)
+    )
 
 
 def test_importance_weights_scale_the_critic_loss():
@@ -201,8 +221,14 @@ def test_importance_weights_scale_the_critic_loss():
 
 def test_dqn_settings_are_refused_for_a_dpg_run_and_dpg_settings_for_a_dqn_run():
     config = LearnerConfig(replay=("fake:1",), twin_critics=False)
-    with pytest.raises(ValueError, match="twin_critics: a setting of algorithm dpg, but this run's algorithm is dqn"):
+    with pytest.raises(
+        ValueError, match="twin_critics: a setting of algorithm dpg, but this run's algorithm is dqn"
+    ):
         with_defaults(config, get("dqn"), "learner")
     filled = with_defaults(dataclasses.replace(config, twin_critics=None), get("dpg"), "learner")
-    assert (filled.twin_critics, filled.policy_delay, filled.target_tau, filled.target_update_period) == \
-        (True, 2, 0.005, 1)
+    assert (filled.twin_critics, filled.policy_delay, filled.target_tau, filled.target_update_period) == (
+        True,
+        2,
+        0.005,
+        1,
+    )

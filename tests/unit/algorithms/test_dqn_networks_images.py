@@ -17,10 +17,19 @@ MINATAR = EnvSpaces((10, 10, 4), "bool", 3)  # MinAtar/Breakout-v1
 CARTPOLE = EnvSpaces.vector(4, 2)
 
 
-@pytest.mark.parametrize(("shape", "layout"), [
-    ((4,), VECTOR), ((84, 84), HW), ((4, 84, 84), CHW), ((3, 64, 64), CHW),
-    ((10, 10, 4), HWC), ((10, 10, 10), HWC), ((210, 160, 3), HWC), ((84, 84, 4), HWC),
-])
+@pytest.mark.parametrize(
+    ("shape", "layout"),
+    [
+        ((4,), VECTOR),
+        ((84, 84), HW),
+        ((4, 84, 84), CHW),
+        ((3, 64, 64), CHW),
+        ((10, 10, 4), HWC),
+        ((10, 10, 10), HWC),
+        ((210, 160, 3), HWC),
+        ((84, 84, 4), HWC),
+    ],
+)
 def test_image_layout_reads_the_channel_axis_from_the_shape(shape, layout):
     assert image_layout(shape) == layout
 
@@ -58,13 +67,19 @@ def test_nature_network_shapes_names_and_default_sizes():
     assert isinstance(net, ConvDuelingQNetwork)
     shapes = {name: tuple(t.shape) for name, t in net.state_dict().items()}
     assert shapes == {
-        "conv.0.weight": (32, 4, 8, 8), "conv.0.bias": (32,),
-        "conv.2.weight": (64, 32, 4, 4), "conv.2.bias": (64,),
-        "conv.4.weight": (64, 64, 3, 3), "conv.4.bias": (64,),
+        "conv.0.weight": (32, 4, 8, 8),
+        "conv.0.bias": (32,),
+        "conv.2.weight": (64, 32, 4, 4),
+        "conv.2.bias": (64,),
+        "conv.4.weight": (64, 64, 3, 3),
+        "conv.4.bias": (64,),
         "conv_strides": (3,),
-        "torso.0.weight": (512, 64 * 7 * 7), "torso.0.bias": (512,),  # 84 -> 20 -> 9 -> 7
-        "value.weight": (1, 512), "value.bias": (1,),
-        "advantage.weight": (6, 512), "advantage.bias": (6,),
+        "torso.0.weight": (512, 64 * 7 * 7),
+        "torso.0.bias": (512,),  # 84 -> 20 -> 9 -> 7
+        "value.weight": (1, 512),
+        "value.bias": (1,),
+        "advantage.weight": (6, 512),
+        "advantage.bias": (6,),
     }
     assert net.conv_strides.tolist() == [4, 2, 1]
     assert not any(name == "conv_strides" for name, _ in net.named_parameters())  # never trained
@@ -125,7 +140,9 @@ def test_convolutional_weights_round_trip_as_named_numpy_arrays():
     assert not torch.equal(source(obs), dest(obs))
     load_numpy_state_dict(dest, weights)
     torch.testing.assert_close(dest(obs), source(obs), rtol=0, atol=0)
-    with pytest.raises(ValueError, match=r"conv\.0\.weight: shape \(16, 4, 3, 3\) != expected \(32, 4, 8, 8\)"):
+    with pytest.raises(
+        ValueError, match=r"conv\.0\.weight: shape \(16, 4, 3, 3\) != expected \(32, 4, 8, 8\)"
+    ):
         load_numpy_state_dict(dest, state_dict_to_numpy(build_network("minatar", ATARI)))
 
 
@@ -157,10 +174,15 @@ def test_the_learner_trains_publishes_and_checkpoints_a_network_for_images(tmp_p
     version, weights = publish.published[-1]
     assert weights["conv.0.weight"].shape == (16, 4, 3, 3) and weights["conv_strides"].tolist() == [1]
     saved = load_checkpoint(learner.save())
-    assert (saved.architecture["network"], saved.architecture["hidden_sizes"], saved.spaces) == \
-        ("minatar", [128], MINATAR)
+    assert (saved.architecture["network"], saved.architecture["hidden_sizes"], saved.spaces) == (
+        "minatar",
+        [128],
+        MINATAR,
+    )
     # The same run directory with another torso is refused, naming both.
-    with pytest.raises(SettingsError, match=r"has another network: network minatar there, mlp in the configuration"):
+    with pytest.raises(
+        SettingsError, match=r"has another network: network minatar there, mlp in the configuration"
+    ):
         Learner(config(tmp_path, hidden_sizes=(128,), network="mlp"), MINATAR, FakeSampler(), Publisher())
 
 
@@ -171,8 +193,18 @@ def test_a_checkpoint_of_a_convolutional_network_plays_with_apexrl_evaluate(tmp_
 
     torch.manual_seed(0)
     net = build_network("auto", MINATAR)
-    save_checkpoint(tmp_path / "checkpoint.pt", Checkpoint(
-        env_id="MinAtar/Breakout-v1", algorithm="dqn", spaces=MINATAR, architecture={"network": "minatar"},
-        state={}, acting_weights=state_dict_to_numpy(net), updates=0, weight_version=1))
+    save_checkpoint(
+        tmp_path / "checkpoint.pt",
+        Checkpoint(
+            env_id="MinAtar/Breakout-v1",
+            algorithm="dqn",
+            spaces=MINATAR,
+            architecture={"network": "minatar"},
+            state={},
+            acting_weights=state_dict_to_numpy(net),
+            updates=0,
+            weight_version=1,
+        ),
+    )
     assert cli.main(["evaluate", str(tmp_path), "--episodes", "2", "--seed", "0"]) == 0
     assert '"episodes": 2' in capsys.readouterr().out

@@ -35,10 +35,12 @@ def test_initial_priorities_are_the_td_error_of_the_actor_network():
         "discount": rng.choice([0.0, 0.97], 40).astype(np.float32),
         "next_obs": rng.normal(size=(40, 4)).astype(np.float32),
     }
-    want = td_error_abs(net, net, *(torch.as_tensor(columns[k]) for k in ("obs", "action", "reward", "discount",
-                                                                          "next_obs"))).numpy()
-    np.testing.assert_allclose(NumpyDuelingPolicy(state_dict_to_numpy(net)).initial_priorities(columns), want,
-                               rtol=1e-4, atol=1e-5)
+    want = td_error_abs(
+        net, net, *(torch.as_tensor(columns[k]) for k in ("obs", "action", "reward", "discount", "next_obs"))
+    ).numpy()
+    np.testing.assert_allclose(
+        NumpyDuelingPolicy(state_dict_to_numpy(net)).initial_priorities(columns), want, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_weights_of_another_network_are_refused():

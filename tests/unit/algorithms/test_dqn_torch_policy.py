@@ -28,12 +28,16 @@ def observations(spaces: EnvSpaces, rows: int, seed: int) -> np.ndarray:
     return rng.normal(size=(rows, *spaces.obs_shape)).astype(np.float32)
 
 
-@pytest.mark.parametrize(("spaces", "network"), [(ATARI, "nature"), (MINATAR, "minatar"), (ATARI, "minatar"),
-                                                 (MINATAR, "mlp"), (CARTPOLE, "mlp")])
+@pytest.mark.parametrize(
+    ("spaces", "network"),
+    [(ATARI, "nature"), (MINATAR, "minatar"), (ATARI, "minatar"), (MINATAR, "mlp"), (CARTPOLE, "mlp")],
+)
 def test_torch_policy_equals_the_learners_network_on_the_same_weights(spaces, network):
     torch.manual_seed(0)
     net = build_network(network, spaces)
-    policy = TorchDuelingPolicy(state_dict_to_numpy(net), layout=spaces.layout, input_scale=spaces.input_scale)
+    policy = TorchDuelingPolicy(
+        state_dict_to_numpy(net), layout=spaces.layout, input_scale=spaces.input_scale
+    )
     obs = observations(spaces, 7, seed=1)
     with torch.no_grad():
         want = net(torch.as_tensor(obs)).numpy()
@@ -46,12 +50,16 @@ def test_torch_policy_priorities_are_the_learners_td_errors(spaces):
     torch.manual_seed(4)
     net = build_network("auto", spaces)
     rng = np.random.default_rng(5)
-    columns = {"obs": observations(spaces, 9, seed=6), "action": rng.integers(0, spaces.num_actions, 9),
-               "reward": rng.normal(size=9).astype(np.float32),
-               "discount": rng.choice([0.0, 0.97], 9).astype(np.float32),
-               "next_obs": observations(spaces, 9, seed=7)}
-    want = td_error_abs(net, net, *(torch.as_tensor(columns[k]) for k in ("obs", "action", "reward", "discount",
-                                                                          "next_obs"))).numpy()
+    columns = {
+        "obs": observations(spaces, 9, seed=6),
+        "action": rng.integers(0, spaces.num_actions, 9),
+        "reward": rng.normal(size=9).astype(np.float32),
+        "discount": rng.choice([0.0, 0.97], 9).astype(np.float32),
+        "next_obs": observations(spaces, 9, seed=7),
+    }
+    want = td_error_abs(
+        net, net, *(torch.as_tensor(columns[k]) for k in ("obs", "action", "reward", "discount", "next_obs"))
+    ).numpy()
     policy = make_policy(state_dict_to_numpy(net), spaces)
     np.testing.assert_allclose(policy.initial_priorities(columns), want, rtol=1e-4, atol=1e-4)
 
@@ -67,11 +75,15 @@ def test_numpy_and_torch_agree_on_an_mlp(spaces):
 
 
 def test_make_policy_uses_numpy_for_an_mlp_and_torch_for_convolutions():
-    assert isinstance(make_policy(state_dict_to_numpy(build_network("auto", CARTPOLE)), CARTPOLE),
-                      NumpyDuelingPolicy)
-    assert isinstance(make_policy(state_dict_to_numpy(build_network("mlp", MINATAR)), MINATAR), NumpyDuelingPolicy)
-    assert isinstance(make_policy(state_dict_to_numpy(build_network("auto", MINATAR)), MINATAR),
-                      TorchDuelingPolicy)
+    assert isinstance(
+        make_policy(state_dict_to_numpy(build_network("auto", CARTPOLE)), CARTPOLE), NumpyDuelingPolicy
+    )
+    assert isinstance(
+        make_policy(state_dict_to_numpy(build_network("mlp", MINATAR)), MINATAR), NumpyDuelingPolicy
+    )
+    assert isinstance(
+        make_policy(state_dict_to_numpy(build_network("auto", MINATAR)), MINATAR), TorchDuelingPolicy
+    )
 
 
 def test_inconsistent_weights_are_refused():

@@ -32,25 +32,35 @@ def test_auto_picks_dqn_for_discrete_and_dpg_for_box_actions():
 
 
 def test_a_named_algorithm_is_refused_on_a_space_it_cannot_play_naming_one_that_can():
-    with pytest.raises(ValueError, match=r"algorithm dqn needs a Discrete action space; Pendulum-v1 has a Box one "
-                                         r"\(algorithms for it: dpg\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"algorithm dqn needs a Discrete action space; Pendulum-v1 has a Box one "
+        r"\(algorithms for it: dpg\)",
+    ):
         for_action_kind("dqn", BOX, "Pendulum-v1")
-    with pytest.raises(ValueError, match="algorithm dpg needs a Box action space; CartPole-v1 has a Discrete one"):
+    with pytest.raises(
+        ValueError, match="algorithm dpg needs a Box action space; CartPole-v1 has a Discrete one"
+    ):
         for_action_kind("dpg", DISCRETE, "CartPole-v1")
     with pytest.raises(ValueError, match=r"algorithm \('ppo'\) must be one of auto, dqn, dpg"):
         get("ppo")
 
 
-@pytest.mark.parametrize(("role", "config"), [
-    ("fleet", FleetSettings()),
-    ("learner", LearnerConfig(replay=("a:1",))),
-    ("actor", ActorConfig(params="a:1", replay=("a:2",))),
-])
+@pytest.mark.parametrize(
+    ("role", "config"),
+    [
+        ("fleet", FleetSettings()),
+        ("learner", LearnerConfig(replay=("a:1",))),
+        ("actor", ActorConfig(params="a:1", replay=("a:2",))),
+    ],
+)
 def test_defaults_fill_only_what_is_left_at_none_and_name_real_settings(role, config):
     for algorithm in algorithms().values():
         filled = with_defaults(config, algorithm, role)
         for name, value in algorithm.defaults.get(role, {}).items():
-            assert getattr(config, name) is None, f"{algorithm.name}: {role}.{name} has no None default to fill"
+            assert getattr(config, name) is None, (
+                f"{algorithm.name}: {role}.{name} has no None default to fill"
+            )
             assert getattr(filled, name) == value
         given = {name: getattr(filled, name) for name in algorithm.defaults.get(role, {})}
         if given:  # a value given explicitly wins over the algorithm's default

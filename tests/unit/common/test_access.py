@@ -20,24 +20,32 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
 def tokens_dir(tmp_path):
     directory = tmp_path / "tokens"
     directory.mkdir()
-    for name, token in {"actor": "t-actor", "actor.m2": "t-actor-m2", "learner": "t-learner",
-                        "evaluator": "t-eval", "operator": "t-op"}.items():
+    for name, token in {
+        "actor": "t-actor",
+        "actor.m2": "t-actor-m2",
+        "learner": "t-learner",
+        "evaluator": "t-eval",
+        "operator": "t-op",
+    }.items():
         (directory / name).write_text(token + "\n")
     return directory
 
 
-@pytest.mark.parametrize(("method", "allowed"), [
-    (f"{REPLAY}/Insert", {"actor", "learner", "operator"}),
-    (f"{REPLAY}/Sample", {"learner"}),
-    (f"{REPLAY}/UpdatePriorities", {"learner"}),
-    (f"{REPLAY}/StreamUpdatePriorities", {"learner"}),
-    (f"{REPLAY}/Info", {"actor", "evaluator", "learner", "operator"}),
-    (f"{REPLAY}/Checkpoint", {"operator"}),
-    (f"{PARAMS}/Publish", {"learner"}),
-    (f"{PARAMS}/Fetch", {"actor", "evaluator", "learner", "operator"}),
-    (f"{PARAMS}/GetVersion", {"actor", "evaluator", "learner", "operator"}),
-    (f"{REPLAY}/NoSuchMethod", set()),
-])
+@pytest.mark.parametrize(
+    ("method", "allowed"),
+    [
+        (f"{REPLAY}/Insert", {"actor", "learner", "operator"}),
+        (f"{REPLAY}/Sample", {"learner"}),
+        (f"{REPLAY}/UpdatePriorities", {"learner"}),
+        (f"{REPLAY}/StreamUpdatePriorities", {"learner"}),
+        (f"{REPLAY}/Info", {"actor", "evaluator", "learner", "operator"}),
+        (f"{REPLAY}/Checkpoint", {"operator"}),
+        (f"{PARAMS}/Publish", {"learner"}),
+        (f"{PARAMS}/Fetch", {"actor", "evaluator", "learner", "operator"}),
+        (f"{PARAMS}/GetVersion", {"actor", "evaluator", "learner", "operator"}),
+        (f"{REPLAY}/NoSuchMethod", set()),
+    ],
+)
 def test_each_role_may_call_only_what_it_needs(method, allowed):
     for role in Role:
         assert access.allows(role, method) is (role is Role.FLEET or role.value in allowed), role
@@ -79,24 +87,33 @@ def test_single_token_and_open_policies_allow_everything():
 def test_certificates_name_the_role_by_common_name():
     policy = AccessPolicy(certificate_roles=True)
     assert policy.decide(f"{REPLAY}/Sample", ()) is None  # read in the call, from its auth context
-    assert policy.identify((), lambda: {"x509_common_name": [b"learner"]}) == Identity("learner", Role.LEARNER)
-    assert policy.identify((), lambda: {"x509_common_name": [b"actor.pod-3"]}) == Identity("actor.pod-3",
-                                                                                         Role.ACTOR)
-    for context, code in (({"x509_common_name": [b"localhost"]}, "PERMISSION_DENIED"),
-                          ({"x509_common_name": [b"fleet"]}, "PERMISSION_DENIED"), ({}, "UNAUTHENTICATED")):
+    assert policy.identify((), lambda: {"x509_common_name": [b"learner"]}) == Identity(
+        "learner", Role.LEARNER
+    )
+    assert policy.identify((), lambda: {"x509_common_name": [b"actor.pod-3"]}) == Identity(
+        "actor.pod-3", Role.ACTOR
+    )
+    for context, code in (
+        ({"x509_common_name": [b"localhost"]}, "PERMISSION_DENIED"),
+        ({"x509_common_name": [b"fleet"]}, "PERMISSION_DENIED"),
+        ({}, "UNAUTHENTICATED"),
+    ):
         with pytest.raises(AccessDenied) as denied:
             policy.identify((), lambda context=context: context)
         assert denied.value.code == code
 
 
-@pytest.mark.parametrize(("files", "message"), [
-    ({"robot": "x"}, "names no role"),
-    ({"fleet": "x"}, "names no role"),
-    ({"actor": ""}, "must hold one token"),
-    ({"actor": "two words"}, "must hold one token"),
-    ({"actor": "same", "learner": "same"}, "same token"),
-    ({}, "holds no token files"),
-])
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"robot": "x"}, "names no role"),
+        ({"fleet": "x"}, "names no role"),
+        ({"actor": ""}, "must hold one token"),
+        ({"actor": "two words"}, "must hold one token"),
+        ({"actor": "same", "learner": "same"}, "same token"),
+        ({}, "holds no token files"),
+    ],
+)
 def test_bad_role_token_directories_are_refused_in_one_line(tmp_path, files, message):
     for name, text in files.items():
         (tmp_path / name).write_text(text)

@@ -15,39 +15,51 @@ from apexrl.common.addresses import (
 )
 
 
-@pytest.mark.parametrize(("text", "parsed"), [
-    ("127.0.0.1:7000", Address("127.0.0.1", 7000)),
-    ("localhost:1", Address("localhost", 1)),
-    ("apexrl-replay.apexrl.svc.cluster.local:65535", Address("apexrl-replay.apexrl.svc.cluster.local", 65535)),
-    ("replay_0:7000", Address("replay_0", 7000)),
-    ("[::1]:7000", Address("::1", 7000)),
-    ("[fd00::12:3]:7200", Address("fd00::12:3", 7200)),
-])
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("127.0.0.1:7000", Address("127.0.0.1", 7000)),
+        ("localhost:1", Address("localhost", 1)),
+        (
+            "apexrl-replay.apexrl.svc.cluster.local:65535",
+            Address("apexrl-replay.apexrl.svc.cluster.local", 65535),
+        ),
+        ("replay_0:7000", Address("replay_0", 7000)),
+        ("[::1]:7000", Address("::1", 7000)),
+        ("[fd00::12:3]:7200", Address("fd00::12:3", 7200)),
+    ],
+)
 def test_good_addresses_parse_and_print_back(text, parsed):
     assert parse_address(text, "params") == parsed
     assert str(parsed) == text
 
 
-@pytest.mark.parametrize(("text", "fault"), [
-    ("localhost", "has no port: give HOST:PORT (e.g. localhost:7000)"),  # gRPC would dial 443
-    ("127.0.0.1:99999", "has a port out of range (99999; ports are 1..65535)"),  # gRPC would wrap it to 34463
-    ("127.0.0.1:0", "has a port out of range (0;"),
-    ("localhost:abc", "has a port that is not a number ('abc')"),  # gRPC would retry it forever
-    ("localhost:-1", "has a port that is not a number ('-1')"),
-    ("my host:7000", "holds a space"),
-    (" localhost:7000", "holds a space"),
-    ("", "is empty"),
-    (":7000", "has no host"),
-    ("http://localhost:7000", "has a scheme"),
-    ("::1:7000", "must put an IPv6 address in brackets: [IPV6]:PORT"),
-    ("[::1]", "has no port"),
-    ("[::1]7000", "must be [IPV6]:PORT"),
-    ("[::1:7000", "has no closing ']'"),
-    ("[localhost]:7000", "has a host ('localhost') that is not an IPv6 address"),
-    ("300.1.2.3:7000", "has a host ('300.1.2.3') that is not an IPv4 address"),
-    ("a..b:7000", "that is not a host name"),
-    ("host!:7000", "that is not a host name"),
-])
+@pytest.mark.parametrize(
+    ("text", "fault"),
+    [
+        ("localhost", "has no port: give HOST:PORT (e.g. localhost:7000)"),  # gRPC would dial 443
+        (
+            "127.0.0.1:99999",
+            "has a port out of range (99999; ports are 1..65535)",
+        ),  # gRPC would wrap it to 34463
+        ("127.0.0.1:0", "has a port out of range (0;"),
+        ("localhost:abc", "has a port that is not a number ('abc')"),  # gRPC would retry it forever
+        ("localhost:-1", "has a port that is not a number ('-1')"),
+        ("my host:7000", "holds a space"),
+        (" localhost:7000", "holds a space"),
+        ("", "is empty"),
+        (":7000", "has no host"),
+        ("http://localhost:7000", "has a scheme"),
+        ("::1:7000", "must put an IPv6 address in brackets: [IPV6]:PORT"),
+        ("[::1]", "has no port"),
+        ("[::1]7000", "must be [IPV6]:PORT"),
+        ("[::1:7000", "has no closing ']'"),
+        ("[localhost]:7000", "has a host ('localhost') that is not an IPv6 address"),
+        ("300.1.2.3:7000", "has a host ('300.1.2.3') that is not an IPv4 address"),
+        ("a..b:7000", "that is not a host name"),
+        ("host!:7000", "that is not a host name"),
+    ],
+)
 def test_bad_addresses_are_refused_naming_the_setting_the_value_and_the_fault(text, fault):
     with pytest.raises(ValueError) as raised:
         parse_address(text, "params")
@@ -71,14 +83,17 @@ def test_hosts_alone_take_names_and_both_address_families(host):
     check_host(host, "host")
 
 
-@pytest.mark.parametrize(("host", "fault"), [
-    ("my host", "holds a space"),
-    ("", "is empty"),
-    ("10.0.0.1:7000", "holds a port"),
-    ("256.0.0.1", "is not an IPv4 address"),
-    ("[m1]", "is not an IPv6 address"),
-    ("m1/24", "is not a host name"),
-])
+@pytest.mark.parametrize(
+    ("host", "fault"),
+    [
+        ("my host", "holds a space"),
+        ("", "is empty"),
+        ("10.0.0.1:7000", "holds a port"),
+        ("256.0.0.1", "is not an IPv4 address"),
+        ("[m1]", "is not an IPv6 address"),
+        ("m1/24", "is not a host name"),
+    ],
+)
 def test_bad_hosts_are_refused(host, fault):
     with pytest.raises(ValueError) as raised:
         check_host(host, "[hosts] m1")

@@ -31,8 +31,12 @@ def test_every_dtype_and_shape_round_trips_exactly(dtype, shape):
     assert not got.flags.writeable  # a zero-copy view of the message bytes
 
 
-@given(hnp.arrays(st.sampled_from([np.float32, np.float64, np.int64, np.uint8, np.float16]),
-                  hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)))
+@given(
+    hnp.arrays(
+        st.sampled_from([np.float32, np.float64, np.int64, np.uint8, np.float16]),
+        hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5),
+    )
+)
 @settings(max_examples=60, deadline=None)
 def test_any_array_round_trips_bit_for_bit(array):
     got = round_trip(array)
@@ -63,17 +67,20 @@ def tensor(dtype: int = tensor_pb2.FLOAT32, shape=(2, 2), data: bytes = b"\0" * 
     return tensor_pb2.Tensor(dtype=dtype, shape=shape, data=data)
 
 
-@pytest.mark.parametrize(("msg", "message"), [
-    (tensor(dtype=tensor_pb2.DTYPE_UNSPECIFIED), "obs: unknown or unspecified dtype 0"),
-    (tensor(dtype=99), "obs: unknown or unspecified dtype 99"),
-    (tensor(shape=(2, -2)), "obs: dimension -2 out of range [0, 2147483648] in shape [2, -2]"),
-    (tensor(shape=(1 << 40,)), "obs: dimension 1099511627776 out of range"),
-    (tensor(data=b"\0" * 15), "obs: 15 data bytes, but shape [2, 2] of float32 needs 16"),
-    (tensor(data=b"\0" * 17), "obs: 17 data bytes, but shape [2, 2] of float32 needs 16"),
-    (tensor(shape=(), data=b""), "obs: 0 data bytes, but shape [] of float32 needs 4"),
-    # The product of in-range dimensions is checked against the payload, never allocated.
-    (tensor(shape=(1 << 31, 1 << 31, 1 << 31)), "needs 39614081257132168796771975168"),
-])
+@pytest.mark.parametrize(
+    ("msg", "message"),
+    [
+        (tensor(dtype=tensor_pb2.DTYPE_UNSPECIFIED), "obs: unknown or unspecified dtype 0"),
+        (tensor(dtype=99), "obs: unknown or unspecified dtype 99"),
+        (tensor(shape=(2, -2)), "obs: dimension -2 out of range [0, 2147483648] in shape [2, -2]"),
+        (tensor(shape=(1 << 40,)), "obs: dimension 1099511627776 out of range"),
+        (tensor(data=b"\0" * 15), "obs: 15 data bytes, but shape [2, 2] of float32 needs 16"),
+        (tensor(data=b"\0" * 17), "obs: 17 data bytes, but shape [2, 2] of float32 needs 16"),
+        (tensor(shape=(), data=b""), "obs: 0 data bytes, but shape [] of float32 needs 4"),
+        # The product of in-range dimensions is checked against the payload, never allocated.
+        (tensor(shape=(1 << 31, 1 << 31, 1 << 31)), "needs 39614081257132168796771975168"),
+    ],
+)
 def test_malformed_headers_are_refused_precisely(msg, message):
     with pytest.raises(InvalidArgumentError) as err:
         codec.decode_tensor(msg, "obs")
@@ -81,7 +88,11 @@ def test_malformed_headers_are_refused_precisely(msg, message):
 
 
 def test_batches_round_trip_and_refuse_bad_column_names():
-    columns = {"obs": np.ones((3, 4), np.float32), "action": np.arange(3), "done": np.array([True, False, True])}
+    columns = {
+        "obs": np.ones((3, 4), np.float32),
+        "action": np.arange(3),
+        "done": np.array([True, False, True]),
+    }
     got = codec.decode_batch(tensor_pb2.Batch.FromString(codec.encode_batch(columns).SerializeToString()))
     assert list(got) == list(columns)
     for name, array in columns.items():
@@ -116,7 +127,8 @@ def test_signatures_round_trip_and_an_empty_one_means_none():
 
 def test_wire_dtype_numbers_are_the_proto_enum():
     assert {name: codec.dtype_to_wire(np.dtype(name)) for name in SUPPORTED_DTYPES} == {
-        name: tensor_pb2.DType.Value(name.upper()) for name in SUPPORTED_DTYPES}
+        name: tensor_pb2.DType.Value(name.upper()) for name in SUPPORTED_DTYPES
+    }
     assert codec.dtype_to_wire(np.dtype(">f4")) == tensor_pb2.FLOAT32
 
 
@@ -161,18 +173,28 @@ def _lengths(*values: int) -> bytes:
     return np.array(values, "<u4").tobytes()
 
 
-@pytest.mark.parametrize(("msg", "message"), [
-    (_compressed(compression=7), "obs: unknown compression 7"),
-    (_compressed(compression=tensor_pb2.COMPRESSION_NONE), "obs: frame_lengths given without a compression"),
-    (_compressed(shape=[]), "needs a first dimension"),
-    (_compressed(frame_lengths=b"\0" * 11), "obs: 11 bytes of frame_lengths, 3 rows need 12"),
-    (_compressed(frame_lengths=_lengths(3, 4, 5)), "obs: frame 0 is 3 bytes; frames of rows of 28224 bytes must "
-                                                   "be 4 .. 29468 bytes"),
-    (_compressed(frame_lengths=_lengths(4, 4, 30000)), "obs: frame 2 is 30000 bytes"),
-    (_compressed(frame_lengths=_lengths(4, 4, 4)), "obs: frame_lengths sum to 12, data holds"),
-    (_compressed(data=b"\x01\x02\x03\x04" * 3, frame_lengths=_lengths(4, 4, 4)),
-     "obs: frame 0 does not start with the zstd magic number 28 b5 2f fd (3 of 3 frames)"),
-])
+@pytest.mark.parametrize(
+    ("msg", "message"),
+    [
+        (_compressed(compression=7), "obs: unknown compression 7"),
+        (
+            _compressed(compression=tensor_pb2.COMPRESSION_NONE),
+            "obs: frame_lengths given without a compression",
+        ),
+        (_compressed(shape=[]), "needs a first dimension"),
+        (_compressed(frame_lengths=b"\0" * 11), "obs: 11 bytes of frame_lengths, 3 rows need 12"),
+        (
+            _compressed(frame_lengths=_lengths(3, 4, 5)),
+            "obs: frame 0 is 3 bytes; frames of rows of 28224 bytes must be 4 .. 29468 bytes",
+        ),
+        (_compressed(frame_lengths=_lengths(4, 4, 30000)), "obs: frame 2 is 30000 bytes"),
+        (_compressed(frame_lengths=_lengths(4, 4, 4)), "obs: frame_lengths sum to 12, data holds"),
+        (
+            _compressed(data=b"\x01\x02\x03\x04" * 3, frame_lengths=_lengths(4, 4, 4)),
+            "obs: frame 0 does not start with the zstd magic number 28 b5 2f fd (3 of 3 frames)",
+        ),
+    ],
+)
 def test_malformed_compressed_tensors_are_refused_without_decompressing(msg, message):
     with pytest.raises(InvalidArgumentError) as err:
         codec.decode_tensor(msg, "obs")

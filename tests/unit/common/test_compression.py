@@ -29,7 +29,7 @@ def frames_like(rows: int = 6, seed: int = 0) -> np.ndarray:
     for i in range(rows):
         for k in range(4):
             y, x = rng.integers(0, 80, 2)
-            out[i, k, y:y + 4, x:x + 2] = 236
+            out[i, k, y : y + 4, x : x + 2] = 236
     return out
 
 

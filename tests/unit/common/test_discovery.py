@@ -22,17 +22,29 @@ class Name:
         return list(self.addresses)
 
 
-@pytest.mark.parametrize("target, parsed", [
-    ("dns:///apexrl-replay:7000", ("apexrl-replay", 7000)),
-    ("dns:///apexrl-replay.ns.svc.cluster.local:7001", ("apexrl-replay.ns.svc.cluster.local", 7001)),
-    ("dns:///[::1]:7000", ("::1", 7000)),
-])
+@pytest.mark.parametrize(
+    "target, parsed",
+    [
+        ("dns:///apexrl-replay:7000", ("apexrl-replay", 7000)),
+        ("dns:///apexrl-replay.ns.svc.cluster.local:7001", ("apexrl-replay.ns.svc.cluster.local", 7001)),
+        ("dns:///[::1]:7000", ("::1", 7000)),
+    ],
+)
 def test_split_target(target, parsed):
     assert split_target(target) == parsed
 
 
-@pytest.mark.parametrize("target", ["dns:///name", "dns:///:7000", "dns:///name:0", "dns:///name:70000",
-                                    "dns://name:7000", "dns:///name:port"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "dns:///name",
+        "dns:///:7000",
+        "dns:///name:0",
+        "dns:///name:70000",
+        "dns://name:7000",
+        "dns:///name:port",
+    ],
+)
 def test_malformed_targets_are_refused_with_the_target_named(target):
     with pytest.raises(ValueError, match="is not dns:///NAME:PORT"):
         check_targets(["127.0.0.1:7000", target])

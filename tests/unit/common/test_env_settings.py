@@ -21,48 +21,76 @@ def test_env_kwargs_are_a_json_object_kept_as_canonical_text():
     kwargs = EnvKwargs.parse('{"map_name": "8x8", "is_slippery": false}')
     assert kwargs.as_dict() == {"map_name": "8x8", "is_slippery": False}
     assert str(kwargs) == '{"is_slippery": false, "map_name": "8x8"}'
-    assert kwargs == EnvKwargs({"is_slippery": False, "map_name": "8x8"}) and hash(kwargs) == hash(EnvKwargs.parse(str(kwargs)))
+    assert kwargs == EnvKwargs({"is_slippery": False, "map_name": "8x8"}) and hash(kwargs) == hash(
+        EnvKwargs.parse(str(kwargs))
+    )
     assert not NO_KWARGS and kwargs
     changed = kwargs.as_dict()
     changed["map_name"] = "4x4"
     assert kwargs.as_dict()["map_name"] == "8x8"  # a copy each time
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("[1, 2]", "must be a JSON object"), ("{map_name: 1}", "not JSON"), ('{"not an identifier": 1}', "identifiers"),
-    ('{"x": NaN}', "JSON values only"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[1, 2]", "must be a JSON object"),
+        ("{map_name: 1}", "not JSON"),
+        ('{"not an identifier": 1}', "identifiers"),
+        ('{"x": NaN}', "JSON values only"),
+    ],
+)
 def test_bad_env_kwargs_are_refused_naming_what_is_wrong(text, message):
     with pytest.raises(ValueError, match=message):
         EnvKwargs.parse(text)
 
 
 def test_every_role_takes_the_same_flags_and_writes_them_back():
-    argv = ["--params", "127.0.0.1:7100", "--evaluate", "--env", "my_envs:Corridor-v0", "--env-module",
-            "my_envs,more_envs", "--env-kwargs", '{"length": 8}']
+    argv = [
+        "--params",
+        "127.0.0.1:7100",
+        "--evaluate",
+        "--env",
+        "my_envs:Corridor-v0",
+        "--env-module",
+        "my_envs,more_envs",
+        "--env-kwargs",
+        '{"length": 8}',
+    ]
     actor = parse_argv(ActorConfig, argv, prog="apexrl actor")
     assert actor.env_module == ("my_envs", "more_envs") and actor.env_kwargs == EnvKwargs({"length": 8})
     assert parse_argv(ActorConfig, to_argv(actor), prog="apexrl actor") == actor
-    learner = parse_argv(LearnerConfig, ["--replay", "127.0.0.1:7000", "--env-kwargs", '{"length": 8}'], prog="x")
+    learner = parse_argv(
+        LearnerConfig, ["--replay", "127.0.0.1:7000", "--env-kwargs", '{"length": 8}'], prog="x"
+    )
     assert learner.env_kwargs.as_dict() == {"length": 8} and learner.env_module == ()
     evaluate = parse_argv(EvaluateConfig, ["runs/x", "--env-kwargs", "{}"], prog="apexrl evaluate")
     assert evaluate.env_kwargs == NO_KWARGS and evaluate.env_module is None
     with pytest.raises(SettingsError, match="--env-kwargs"):
-        parse_argv(ActorConfig, ["--params", "127.0.0.1:7100", "--evaluate", "--env-kwargs", "8"], prog="apexrl actor")
+        parse_argv(
+            ActorConfig,
+            ["--params", "127.0.0.1:7100", "--evaluate", "--env-kwargs", "8"],
+            prog="apexrl actor",
+        )
 
 
 def test_a_fleet_files_env_kwargs_table_reaches_the_learner_every_actor_and_the_evaluator(tmp_path):
-    config = parse_config(fleet(fleet={"env": "Line-v0", "env_module": ["tests.support.custom_envs"],
-                                       "env_kwargs": {"length": 8}}))
+    config = parse_config(
+        fleet(
+            fleet={"env": "Line-v0", "env_module": ["tests.support.custom_envs"], "env_kwargs": {"length": 8}}
+        )
+    )
     assert config.env_kwargs == EnvKwargs({"length": 8})
     by_name = {r.name: r for r in roles(config)}
     for name, host in (("learner", "m1"), ("actor-0", "m2"), ("actor-4", "m1"), ("evaluator", "m1")):
         argv = command(config, by_name[name], wiring(config, host), tmp_path)
         assert argv[argv.index("--env-kwargs") + 1] == '{"length": 8}', name
         assert argv[argv.index("--env-module") + 1] == "tests.support.custom_envs", name
-    assert parse_config(fleet(fleet={"env": "X-v0", "env_kwargs": '{"length": 3}'})).env_kwargs.as_dict() == \
-        {"length": 3}
-    assert "[fleet]: env_kwargs: env_kwargs must be a JSON object" in error(fleet(fleet={"env": "X", "env_kwargs": 3}))
+    assert parse_config(fleet(fleet={"env": "X-v0", "env_kwargs": '{"length": 3}'})).env_kwargs.as_dict() == {
+        "length": 3
+    }
+    assert "[fleet]: env_kwargs: env_kwargs must be a JSON object" in error(
+        fleet(fleet={"env": "X", "env_kwargs": 3})
+    )
     assert "set by the launcher" in error(fleet(learner={"host": "m1", "env_kwargs": {"length": 2}}))
 
 

@@ -21,8 +21,15 @@ START = 1_700_000_000.0
 
 
 def record(k: int, role: str = EVALUATE, actor: int = 0) -> EpisodeRecord:
-    return EpisodeRecord(wall_time=START + k, actor=actor, role=role, env_steps=10 * k,
-                         episode_return=100.0 + k + 0.25, length=100 + k, weight_version=k // 3)
+    return EpisodeRecord(
+        wall_time=START + k,
+        actor=actor,
+        role=role,
+        env_steps=10 * k,
+        episode_return=100.0 + k + 0.25,
+        length=100 + k,
+        weight_version=k // 3,
+    )
 
 
 def test_a_log_round_trips_every_field_and_writes_the_header_once(tmp_path):
@@ -65,12 +72,14 @@ def test_a_half_written_line_waits_and_a_malformed_line_is_skipped(tmp_path):
     assert tail.read_new() == []  # the half-written line is not a record yet
     with open(path, "a") as f:
         f.write("uate,990,490.0,490,2\n")
-        f.write("not,a,record\n")                                   # wrong number of columns
-        f.write(f"{START + 201},0,evaluate,xx,1.0,1,1\n")            # env_steps not an integer
+        f.write("not,a,record\n")  # wrong number of columns
+        f.write(f"{START + 201},0,evaluate,xx,1.0,1,1\n")  # env_steps not an integer
         f.write(f"{START + 202:.3f},0,evaluate,991,491.5,491,2\n")
     new = tail.read_new()
     assert [(r.role, r.env_steps, r.episode_return, r.length, r.weight_version) for r in new] == [
-        (EVALUATE, 990, 490.0, 490, 2), (EVALUATE, 991, 491.5, 491, 2)]
+        (EVALUATE, 990, 490.0, 490, 2),
+        (EVALUATE, 991, 491.5, 491, 2),
+    ]
 
 
 def test_a_missing_file_reads_as_no_episodes_until_it_appears(tmp_path):
@@ -84,8 +93,10 @@ def test_a_missing_file_reads_as_no_episodes_until_it_appears(tmp_path):
 
 def test_files_merge_sorted_by_wall_time(tmp_path):
     evaluator, actor = tmp_path / "evaluator.csv", tmp_path / "actor-0.csv"
-    for path, records in ((evaluator, [record(k) for k in (0, 2, 4)]),
-                          (actor, [record(k, EXPLORE, actor=0) for k in (1, 3)])):
+    for path, records in (
+        (evaluator, [record(k) for k in (0, 2, 4)]),
+        (actor, [record(k, EXPLORE, actor=0) for k in (1, 3)]),
+    ):
         log = EpisodeLog(path)
         for r in records:
             log.write(r)

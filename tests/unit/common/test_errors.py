@@ -20,9 +20,17 @@ class FakeRpcError(grpc.RpcError):
         return self._details
 
 
-CLASSES = [errors.InvalidArgumentError, errors.ResourceExhaustedError, errors.FailedPreconditionError,
-           errors.DeadlineExceededError, errors.UnavailableError, errors.UnauthenticatedError, errors.NotFoundError,
-           errors.CancelledError, errors.InternalError]
+CLASSES = [
+    errors.InvalidArgumentError,
+    errors.ResourceExhaustedError,
+    errors.FailedPreconditionError,
+    errors.DeadlineExceededError,
+    errors.UnavailableError,
+    errors.UnauthenticatedError,
+    errors.NotFoundError,
+    errors.CancelledError,
+    errors.InternalError,
+]
 
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -39,12 +47,21 @@ def test_codes_without_a_class_keep_their_code():
     assert errors.status_code_from_int(12345) == grpc.StatusCode.UNKNOWN
 
 
-@pytest.mark.parametrize(("cls", "transient"), [
-    (errors.UnavailableError, True), (errors.DeadlineExceededError, True), (errors.CancelledError, True),
-    (errors.InternalError, True), (errors.FailedPreconditionError, True), (errors.ApexError, True),
-    (errors.InvalidArgumentError, False), (errors.ResourceExhaustedError, False),
-    (errors.UnauthenticatedError, False), (errors.NotFoundError, False),
-])
+@pytest.mark.parametrize(
+    ("cls", "transient"),
+    [
+        (errors.UnavailableError, True),
+        (errors.DeadlineExceededError, True),
+        (errors.CancelledError, True),
+        (errors.InternalError, True),
+        (errors.FailedPreconditionError, True),
+        (errors.ApexError, True),
+        (errors.InvalidArgumentError, False),
+        (errors.ResourceExhaustedError, False),
+        (errors.UnauthenticatedError, False),
+        (errors.NotFoundError, False),
+    ],
+)
 def test_transient_errors_are_the_ones_worth_retrying(cls, transient):
     assert errors.is_transient(cls("x")) is transient
 

@@ -20,7 +20,9 @@ def test_work_runs_in_order_and_hands_back_results_and_errors():
                 raise ValueError("two")
             return i * 10
 
-        results = await asyncio.gather(*(lane.run(lambda i=i: work(i)) for i in range(4)), return_exceptions=True)
+        results = await asyncio.gather(
+            *(lane.run(lambda i=i: work(i)) for i in range(4)), return_exceptions=True
+        )
         return order, results, len(lane)
 
     order, results, left = asyncio.run(main())

@@ -89,15 +89,25 @@ def test_a_module_in_the_working_directory_is_found_as_python_m_would(tmp_path):
     (tmp_path / "my_cwd_envs.py").write_text(
         "import gymnasium as gym\n"
         "gym.register('CwdCartPole-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv', "
-        "reward_threshold=123.0)\n")
-    code = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')]\n"
-            "from apexrl.common.environments import env_spaces, reward_threshold\n"
-            "from apexrl.common.env_settings import EnvChoice\n"
-            "c = EnvChoice('CwdCartPole-v0', ('my_cwd_envs',))\n"
-            "print(env_spaces(c).obs_shape, reward_threshold(c), reward_threshold('my_cwd_envs:CwdCartPole-v0'))")
+        "reward_threshold=123.0)\n"
+    )
+    code = (
+        "import sys; sys.path = [p for p in sys.path if p not in ('', '.')]\n"
+        "from apexrl.common.environments import env_spaces, reward_threshold\n"
+        "from apexrl.common.env_settings import EnvChoice\n"
+        "c = EnvChoice('CwdCartPole-v0', ('my_cwd_envs',))\n"
+        "print(env_spaces(c).obs_shape, reward_threshold(c), reward_threshold('my_cwd_envs:CwdCartPole-v0'))"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                         env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    )
     assert out.stdout.split() == ["(4,)", "123.0", "123.0"], out.stderr
 
 
@@ -119,7 +129,9 @@ def test_a_gym_0_26_environment_runs_through_the_adapter_with_its_arguments_and_
         env.close()
     assert env_spaces(choice).num_actions == 2
     assert reward_threshold(choice) == OLD_LINE_THRESHOLD
-    vector = make_vector_env(choice, 2)  # what an actor plays: numpy 2 and gym's checker (np.bool8) stay apart
+    vector = make_vector_env(
+        choice, 2
+    )  # what an actor plays: numpy 2 and gym's checker (np.bool8) stay apart
     try:
         vector.reset(seed=1)
         for _ in range(10):

@@ -29,24 +29,40 @@ from apexrl.parameter_server.config import ParamsConfig
 from apexrl.replay_server.config import ReplayConfig
 from tests.support.certs import make_certs
 
-ROLE_CONFIGS = {"replay": ReplayConfig, "params": ParamsConfig, "learner": LearnerConfig, "actor": ActorConfig}
+ROLE_CONFIGS = {
+    "replay": ReplayConfig,
+    "params": ParamsConfig,
+    "learner": LearnerConfig,
+    "actor": ActorConfig,
+}
 # Keys a role's fleet-file table uses for placement (which machine, which ports); the rest are its settings.
-PLACEMENT = {"replay": ("host", "port", "metrics_port"), "learner": ("host", "port", "metrics_port"),
-             "actor": ("host", "count", "first_index", "metrics_port")}
+PLACEMENT = {
+    "replay": ("host", "port", "metrics_port"),
+    "learner": ("host", "port", "metrics_port"),
+    "actor": ("host", "count", "first_index", "metrics_port"),
+}
 # Fields every listening process has, by the same names.
 SERVER_FIELDS = ("host", "port", "metrics_port", "token", "port_file")
 
 
 def config_classes():
-    classes = {name: importlib.import_module(module).CONFIG for name, module in SUBCOMMANDS.items()
-               if hasattr(importlib.import_module(module), "CONFIG")}
+    classes = {
+        name: importlib.import_module(module).CONFIG
+        for name, module in SUBCOMMANDS.items()
+        if hasattr(importlib.import_module(module), "CONFIG")
+    }
     assert set(ROLE_CONFIGS) <= set(classes)
     return classes
 
 
 def help_text(subcommand: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "apexrl.launcher", subcommand, "--help"], capture_output=True,
-                         text=True, check=True, timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", subcommand, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     return " ".join(out.split())  # argparse wraps lines: compare with normalised whitespace
 
 
@@ -77,17 +93,21 @@ def test_every_setting_is_a_fleet_key_or_says_who_sets_it(role):
         value = s.default if not s.required else ("127.0.0.1:1",)
         table = {s.name: list(value) if isinstance(value, tuple) else value}
         if s.wiring:
-            with pytest.raises(SettingsError, match=re.escape(f"{s.name} is set by the launcher from {s.wiring}")):
+            with pytest.raises(
+                SettingsError, match=re.escape(f"{s.name} is set by the launcher from {s.wiring}")
+            ):
                 coerce_table(cls, table, f"[{role}]", placement=PLACEMENT[role])
         else:
             assert coerce_table(cls, table, f"[{role}]", placement=PLACEMENT[role]) == {s.name: s.default}
 
 
 def test_a_fleet_file_setting_reaches_the_role_under_the_same_name():
-    data = {"shard": [{"host": "m", "port": 7000, "alpha": 0.7, "max_sample_batch_size": 512}],
-            "learner": {"host": "m", "port": 7200, "batch_size": 64, "hidden_sizes": [32, 16]},
-            "actors": [{"host": "m", "count": 1, "num_envs": 3}],
-            "fleet": {"max_seconds": 9, "stop_grace": 1.5}}
+    data = {
+        "shard": [{"host": "m", "port": 7000, "alpha": 0.7, "max_sample_batch_size": 512}],
+        "learner": {"host": "m", "port": 7200, "batch_size": 64, "hidden_sizes": [32, 16]},
+        "actors": [{"host": "m", "count": 1, "num_envs": 3}],
+        "fleet": {"max_seconds": 9, "stop_grace": 1.5},
+    }
     config = parse_config(data)
     assert config.shards[0].settings == {"alpha": 0.7, "max_sample_batch_size": 512}
     assert config.learner.settings == {"batch_size": 64, "hidden_sizes": (32, 16)}
@@ -115,8 +135,13 @@ def test_argv_round_trips_every_setting(cls, tmp_path):
     if cls is LearnerConfig:  # with --params it hosts no parameter service to guard
         changed.update(role_tokens=None, certificate_roles=False)
     certs = make_certs(tmp_path)  # the TLS settings must name readable PEM files
-    changed.update({k: v for k, v in {"tls_cert": certs.cert, "tls_key": certs.key, "tls_ca": certs.ca}.items()
-                    if k in changed})
+    changed.update(
+        {
+            k: v
+            for k, v in {"tls_cert": certs.cert, "tls_key": certs.key, "tls_ca": certs.ca}.items()
+            if k in changed
+        }
+    )
     config = cls(**changed)
     assert parse_argv(cls, to_argv(config), prog="test") == config
 
@@ -125,16 +150,36 @@ def _other_value(s):
     kind = s.base_type
     if typing.get_origin(kind) is tuple:
         return ("127.0.0.1:7001", "127.0.0.1:7002") if typing.get_args(kind)[0] is str else (64, 32)
-    special = {"alpha": 0.5, "capacity": 5000, "min_size_to_sample": 10, "samples_per_insert": 4.0,
-               "samples_per_insert_tolerance": 99.0, "epsilon": 0.25, "gamma": 0.9, "actor_index": 1,
-               "num_actors": 3, "beta_start": 0.5, "beta_end": 0.9, "metrics_port": 9999, "port": 7777,
-               "max_message_bytes": 1 << 20, "env": "Acrobot-v1", "host": "0.0.0.0", "device": "cpu",
-               "signature": None, "evaluation_cpu_share": 0.5, "target_tau": 0.5, "params": "127.0.0.1:7101"}
+    special = {
+        "alpha": 0.5,
+        "capacity": 5000,
+        "min_size_to_sample": 10,
+        "samples_per_insert": 4.0,
+        "samples_per_insert_tolerance": 99.0,
+        "epsilon": 0.25,
+        "gamma": 0.9,
+        "actor_index": 1,
+        "num_actors": 3,
+        "beta_start": 0.5,
+        "beta_end": 0.9,
+        "metrics_port": 9999,
+        "port": 7777,
+        "max_message_bytes": 1 << 20,
+        "env": "Acrobot-v1",
+        "host": "0.0.0.0",
+        "device": "cpu",
+        "signature": None,
+        "evaluation_cpu_share": 0.5,
+        "target_tau": 0.5,
+        "params": "127.0.0.1:7101",
+    }
     if s.name in special:
         return special[s.name]
     if s.choices is not None:
         return next(c for c in s.choices if c != s.default)
-    if isinstance(kind, type) and hasattr(kind, "from_value"):  # a value with its own fleet-file form (EnvKwargs)
+    if isinstance(kind, type) and hasattr(
+        kind, "from_value"
+    ):  # a value with its own fleet-file form (EnvKwargs)
         return kind.from_value({"x": [1, "two"]})
     if kind is bool:
         return not s.default
@@ -155,8 +200,10 @@ def test_no_two_roles_default_to_the_same_port():
                 assert s.default not in ports, f"{role} {s.flag} {s.default} is also {ports[s.default]}'s"
                 ports[s.default] = f"{role} {s.flag}"
     assert len(ports) == 6  # replay 2, params 2, learner 2
-    actors = {ActorConfig(params="h:1", replay=("h:2",), actor_index=i, num_actors=8).serving_metrics_port: i
-              for i in range(8)}
+    actors = {
+        ActorConfig(params="h:1", replay=("h:2",), actor_index=i, num_actors=8).serving_metrics_port: i
+        for i in range(8)
+    }
     evaluator = ActorConfig(params="h:1", evaluate=True).serving_metrics_port
     assert len(actors) == 8 and evaluator not in actors and not set(ports) & {*actors, evaluator}
 
@@ -184,7 +231,9 @@ def test_names_defaults_and_help_are_declared_once():
         names = [s.name for s in settings_of(cls)]
         assert len(names) == len(set(names))
         assert all(s.help and not s.help.endswith(".") for s in settings_of(cls)), cls
-    assert set(settable_keys(LearnerConfig)).isdisjoint({"replay", "env", "run_dir", "seed", "min_replay_size"})
+    assert set(settable_keys(LearnerConfig)).isdisjoint(
+        {"replay", "env", "run_dir", "seed", "min_replay_size"}
+    )
 
 
 def test_bad_values_are_refused_with_the_flag_named():

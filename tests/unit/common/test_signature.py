@@ -13,9 +13,13 @@ CARTPOLE = "obs:float32[4],action:int64[],reward:float32[],discount:float32[],ne
 
 
 def cartpole(rows: int = 3) -> dict[str, np.ndarray]:
-    return {"obs": np.zeros((rows, 4), np.float32), "action": np.zeros(rows, np.int64),
-            "reward": np.zeros(rows, np.float32), "discount": np.zeros(rows, np.float32),
-            "next_obs": np.zeros((rows, 4), np.float32)}
+    return {
+        "obs": np.zeros((rows, 4), np.float32),
+        "action": np.zeros(rows, np.int64),
+        "reward": np.zeros(rows, np.float32),
+        "discount": np.zeros(rows, np.float32),
+        "next_obs": np.zeros((rows, 4), np.float32),
+    }
 
 
 def test_parse_gives_ordered_fields_and_prints_back_the_same_text():
@@ -30,21 +34,27 @@ def test_parse_gives_ordered_fields_and_prints_back_the_same_text():
 def test_parse_accepts_spaces_multi_dimensional_shapes_and_no_brackets():
     signature = Signature.parse(" frames : uint8 [2, 84,84] , done:bool , id.x-1:uint64[ ] ")
     assert [(f.name, f.dtype.name, f.shape) for f in signature.fields] == [
-        ("frames", "uint8", (2, 84, 84)), ("done", "bool", ()), ("id.x-1", "uint64", ())]
+        ("frames", "uint8", (2, 84, 84)),
+        ("done", "bool", ()),
+        ("id.x-1", "uint64", ()),
+    ]
     assert signature.fields[0].row_nbytes == 2 * 84 * 84
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("obs", "cannot parse signature field 'obs'"),
-    ("obs:float32[4", "cannot parse signature field"),
-    ("1obs:float32", "cannot parse signature field '1obs:float32'"),
-    ("obs:float32[a]", "cannot parse signature field"),
-    ("obs:complex64", "unsupported dtype complex64"),
-    ("obs:nonsense", "field 'obs': unknown dtype 'nonsense'"),
-    ("obs:float32,obs:int64", "duplicate field names in signature: ['obs']"),
-    ("", "a signature needs at least one field"),
-    (" , ", "a signature needs at least one field"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("obs", "cannot parse signature field 'obs'"),
+        ("obs:float32[4", "cannot parse signature field"),
+        ("1obs:float32", "cannot parse signature field '1obs:float32'"),
+        ("obs:float32[a]", "cannot parse signature field"),
+        ("obs:complex64", "unsupported dtype complex64"),
+        ("obs:nonsense", "field 'obs': unknown dtype 'nonsense'"),
+        ("obs:float32,obs:int64", "duplicate field names in signature: ['obs']"),
+        ("", "a signature needs at least one field"),
+        (" , ", "a signature needs at least one field"),
+    ],
+)
 def test_parse_refuses_bad_text(text, message):
     with pytest.raises(InvalidArgumentError) as err:
         Signature.parse(text)
@@ -75,19 +85,26 @@ def _change(**replace) -> dict[str, np.ndarray]:
     return columns
 
 
-@pytest.mark.parametrize(("columns", "message"), [
-    (_change(reward=None), "missing ['reward'], unknown []"),
-    (_change(bonus=np.zeros(3, np.float32)), "missing [], unknown ['bonus']"),
-    (_change(obs=np.zeros((3, 4), np.float64)),
-     "column 'obs' is float64[4] per row, the table signature wants float32[4]"),
-    (_change(obs=np.zeros((3, 5), np.float32)), "column 'obs' is float32[5] per row"),
-    (_change(action=np.zeros((3, 1), np.int64)), "column 'action' is int64[1] per row, the table signature wants "
-                                                 "int64[]"),
-    (_change(reward=np.zeros(2, np.float32)), "ragged batch: columns have different lengths"),
-    (_change(reward=np.float32(1)), "column 'reward' is a scalar"),
-    ({}, "batch has no columns"),
-    ({k: v[:0] for k, v in cartpole().items()}, "batch has 0 rows"),
-])
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        (_change(reward=None), "missing ['reward'], unknown []"),
+        (_change(bonus=np.zeros(3, np.float32)), "missing [], unknown ['bonus']"),
+        (
+            _change(obs=np.zeros((3, 4), np.float64)),
+            "column 'obs' is float64[4] per row, the table signature wants float32[4]",
+        ),
+        (_change(obs=np.zeros((3, 5), np.float32)), "column 'obs' is float32[5] per row"),
+        (
+            _change(action=np.zeros((3, 1), np.int64)),
+            "column 'action' is int64[1] per row, the table signature wants int64[]",
+        ),
+        (_change(reward=np.zeros(2, np.float32)), "ragged batch: columns have different lengths"),
+        (_change(reward=np.float32(1)), "column 'reward' is a scalar"),
+        ({}, "batch has no columns"),
+        ({k: v[:0] for k, v in cartpole().items()}, "batch has 0 rows"),
+    ],
+)
 def test_check_batch_names_the_first_difference(columns, message):
     with pytest.raises(InvalidArgumentError) as err:
         Signature.parse(CARTPOLE).check_batch(columns)
@@ -116,12 +133,15 @@ def test_compressed_fields_parse_print_back_and_count_their_fixed_bytes():
     assert Signature.parse("obs:uint8[2]@zstd") != Signature.parse("obs:uint8[2]")
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("obs:uint8[4]@gzip", "field 'obs': unknown compression 'gzip' (known: zstd, lz4)"),
-    ("obs:uint8[4]@", "cannot parse signature field"),
-    ("obs:uint8[4]zstd", "cannot parse signature field"),
-    ("obs:uint8[4]@zstd@lz4", "cannot parse signature field"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("obs:uint8[4]@gzip", "field 'obs': unknown compression 'gzip' (known: zstd, lz4)"),
+        ("obs:uint8[4]@", "cannot parse signature field"),
+        ("obs:uint8[4]zstd", "cannot parse signature field"),
+        ("obs:uint8[4]@zstd@lz4", "cannot parse signature field"),
+    ],
+)
 def test_bad_compressions_are_refused(text, message):
     with pytest.raises(InvalidArgumentError) as err:
         Signature.parse(text)
@@ -137,8 +157,11 @@ def test_a_batch_of_compressed_columns_implies_and_matches_its_signature():
     assert str(signature).startswith("obs:uint8[4,84,84]@zstd,action:int64[]")
     assert signature.check_batch(columns) == 3
     raw = dict(columns, obs=np.zeros((3, 4, 84, 84), np.uint8))
-    with pytest.raises(InvalidArgumentError, match=r"column 'obs' is uint8\[4, 84, 84\] per row, the table "
-                                                   r"signature wants uint8\[4, 84, 84\]@zstd"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"column 'obs' is uint8\[4, 84, 84\] per row, the table "
+        r"signature wants uint8\[4, 84, 84\]@zstd",
+    ):
         signature.check_batch(raw)
     lz4 = dict(columns, obs=compress(np.zeros((3, 4, 84, 84), np.uint8), "lz4"))
     with pytest.raises(InvalidArgumentError, match=r"is uint8\[4, 84, 84\]@lz4 per row"):

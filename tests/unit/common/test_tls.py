@@ -37,7 +37,10 @@ def certs(tmp_path_factory):
 
 def make(cls, **tls):
     """A config of `cls` with the given TLS settings and otherwise its defaults (plus what it requires)."""
-    required = {LearnerConfig: {"replay": REPLAY}, ActorConfig: {"params": "127.0.0.1:7200", "replay": REPLAY}}
+    required = {
+        LearnerConfig: {"replay": REPLAY},
+        ActorConfig: {"params": "127.0.0.1:7200", "replay": REPLAY},
+    }
     return cls(**required.get(cls, {}), **tls)
 
 
@@ -99,19 +102,31 @@ def test_flags_name_the_bad_setting(cls, certs, tmp_path):
     with pytest.raises(SettingsError, match=r"^--tls-key: tls_key is missing"):
         parse_argv(cls, ["--tls-cert", certs.cert], prog="test")
     with pytest.raises(SettingsError, match=r"^--tls-ca: tls_ca \(.*missing.pem\) cannot be read"):
-        parse_argv(cls, ["--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-ca",
-                         str(tmp_path / "missing.pem")], prog="test")
-    config = parse_argv(cls, ["--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-ca", certs.ca,
-                              "--health-port", "8123"], prog="test")
-    assert (config.tls_cert, config.tls_key, config.tls_ca, config.health_port) == \
-        (certs.cert, certs.key, certs.ca, 8123)
+        parse_argv(
+            cls,
+            ["--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-ca", str(tmp_path / "missing.pem")],
+            prog="test",
+        )
+    config = parse_argv(
+        cls,
+        ["--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-ca", certs.ca, "--health-port", "8123"],
+        prog="test",
+    )
+    assert (config.tls_cert, config.tls_key, config.tls_ca, config.health_port) == (
+        certs.cert,
+        certs.key,
+        certs.ca,
+        8123,
+    )
 
 
 @pytest.mark.parametrize("cls", [*SERVERS, LearnerConfig])
 def test_health_port_is_a_port_other_than_the_service_port(cls):
     assert make(cls, health_port=8123).health_port == 8123
     for bad in (0, 70000, 7777):
-        with pytest.raises(ValueError, match=rf"^health_port \({bad}\) must be a port in 1..65535 other than port"):
+        with pytest.raises(
+            ValueError, match=rf"^health_port \({bad}\) must be a port in 1..65535 other than port"
+        ):
             cls(**({"replay": REPLAY} if cls is LearnerConfig else {}), port=7777, health_port=bad)
 
 
@@ -146,13 +161,18 @@ def test_every_role_gets_the_machines_tls_files(certs, tmp_path):
     links = Wiring(("127.0.0.1:7000", "127.0.0.1:7001"), "127.0.0.1:7100")
     for name in ("shard-0", "learner", "actor-1", "evaluator"):
         role_settings = role_config(config, by_name[name], links, tmp_path)
-        assert (role_settings.tls_cert, role_settings.tls_key, role_settings.tls_ca) == \
-            (certs.cert, certs.key, certs.ca), name
+        assert (role_settings.tls_cert, role_settings.tls_key, role_settings.tls_ca) == (
+            certs.cert,
+            certs.key,
+            certs.ca,
+        ), name
 
 
 def test_a_server_machine_needs_a_certificate_with_its_ca(certs, tmp_path):
     config = local_fleet(num_shards=1, num_actors=1, tls_ca=certs.ca)  # fine for [fleet]: clients may do this
-    with pytest.raises(ConfigError, match=r"^shard-0: .*tls_ca \(.*\) needs tls_cert and tls_key on a server"):
+    with pytest.raises(
+        ConfigError, match=r"^shard-0: .*tls_ca \(.*\) needs tls_cert and tls_key on a server"
+    ):
         check_commands(config, config.learner.host, tmp_path, {})
 
 
@@ -162,9 +182,15 @@ def test_a_role_table_may_not_set_its_own_tls_files(certs):
 
 
 def test_health_ports_may_not_collide(certs):
-    data = fleet(shard=[{"host": "m1", "port": 7000, "health_port": 8000},
-                        {"host": "m1", "port": 7001, "health_port": 8000}])
-    assert "port 8000 on host 'm1' is used by both shard-0 (health_port) and shard-1 (health_port)" in error(data)
+    data = fleet(
+        shard=[
+            {"host": "m1", "port": 7000, "health_port": 8000},
+            {"host": "m1", "port": 7001, "health_port": 8000},
+        ]
+    )
+    assert "port 8000 on host 'm1' is used by both shard-0 (health_port) and shard-1 (health_port)" in error(
+        data
+    )
     data = fleet(learner={"host": "m1", "port": 7100, "health_port": 7000})
     assert "used by both shard-0 (port) and learner (health_port)" in error(data)
 
@@ -172,8 +198,11 @@ def test_health_ports_may_not_collide(certs):
 def test_the_launcher_checks_health_over_tls_or_on_the_health_port(certs, tmp_path):
     """The launcher's own health checks use the machine's TLS files, or a server's plaintext health port."""
     tls = {"tls_cert": certs.cert, "tls_key": certs.key, "tls_ca": certs.ca}
-    config = parse_config(fleet(fleet=tls, shard=[{"host": "m1", "port": 7000, "health_port": 8000},
-                                                  {"host": "m1", "port": 7001}]))
+    config = parse_config(
+        fleet(
+            fleet=tls, shard=[{"host": "m1", "port": 7000, "health_port": 8000}, {"host": "m1", "port": 7001}]
+        )
+    )
     launcher = Fleet(config, "m2", tmp_path, extra_args={}, stop=threading.Event())
     assert launcher._probe("m1", 7000, launcher._health_port(0)) == ("10.0.0.1:8000", None)
     assert launcher._probe("m1", 7001, launcher._health_port(1)) == ("10.0.0.1:7001", config.tls_files())
@@ -182,30 +211,51 @@ def test_the_launcher_checks_health_over_tls_or_on_the_health_port(certs, tmp_pa
 
 def test_a_key_that_is_not_the_certificates_is_refused_when_binding(certs):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    with pytest.raises(OSError, match=r"cannot serve TLS on 127.0.0.1:0: .*is tls_key the private key of tls_cert"):
+    with pytest.raises(
+        OSError, match=r"cannot serve TLS on 127.0.0.1:0: .*is tls_key the private key of tls_cert"
+    ):
         grpc_util.bind(server, "127.0.0.1:0", tls=TlsFiles.read(certs.cert, certs.foreign_key))
 
 
 # ------------------------------------------------------------------------------------------------ tls_server_name
 @pytest.mark.parametrize("cls", [LearnerConfig, ActorConfig])
 def test_a_client_checks_certificates_against_tls_server_name(cls, certs):
-    config = make(cls, tls_ca=certs.ca, tls_server_name="apexrl-replay.apexrl.svc",
-                  **({"params": "127.0.0.1:7100"} if cls is LearnerConfig else {}))
+    config = make(
+        cls,
+        tls_ca=certs.ca,
+        tls_server_name="apexrl-replay.apexrl.svc",
+        **({"params": "127.0.0.1:7100"} if cls is LearnerConfig else {}),
+    )
     assert tls_of(config).server_name == "apexrl-replay.apexrl.svc"
-    parsed = parse_argv(cls, ["--replay", "dns:///apexrl-replay:7000", "--params", "127.0.0.1:7200", "--tls-ca",
-                              certs.ca, "--tls-server-name", "apexrl-replay.apexrl.svc"], prog="test")
+    parsed = parse_argv(
+        cls,
+        [
+            "--replay",
+            "dns:///apexrl-replay:7000",
+            "--params",
+            "127.0.0.1:7200",
+            "--tls-ca",
+            certs.ca,
+            "--tls-server-name",
+            "apexrl-replay.apexrl.svc",
+        ],
+        prog="test",
+    )
     assert tls_of(parsed).server_name == "apexrl-replay.apexrl.svc"
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("apexrl-replay.apexrl.svc", None),
-    ("10.0.0.7", None),
-    ("*.apexrl.svc", "must be a name the certificate covers, not a wildcard"),
-    ("apexrl-replay:7000", "must be a host name"),
-    ("dns:///apexrl-replay", "must be a host name"),
-    ("two words", "must be a host name"),
-    ("", "must be a host name"),
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("apexrl-replay.apexrl.svc", None),
+        ("10.0.0.7", None),
+        ("*.apexrl.svc", "must be a name the certificate covers, not a wildcard"),
+        ("apexrl-replay:7000", "must be a host name"),
+        ("dns:///apexrl-replay", "must be a host name"),
+        ("two words", "must be a host name"),
+        ("", "must be a host name"),
+    ],
+)
 def test_tls_server_name_is_a_host_name(certs, name, expected):
     if expected is None:
         assert TlsFiles.read(ca=certs.ca, server_name=name).server_name == name
@@ -224,18 +274,28 @@ def test_tls_server_name_needs_tls_files(certs):
 @pytest.mark.parametrize("cls", SERVERS)
 def test_a_pure_server_has_no_tls_server_name(cls, certs):
     with pytest.raises(SettingsError, match="unrecognized arguments: --tls-server-name"):
-        parse_argv(cls, ["--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-server-name", "x"], prog="test")
+        parse_argv(
+            cls, ["--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-server-name", "x"], prog="test"
+        )
 
 
 def test_the_launcher_gives_tls_server_name_to_every_role_that_dials(certs, tmp_path):
-    config = local_fleet(num_shards=2, num_actors=2, tls_cert=certs.named_cert, tls_key=certs.named_key,
-                         tls_ca=certs.ca, tls_server_name="apexrl-replay.apexrl.svc")
+    config = local_fleet(
+        num_shards=2,
+        num_actors=2,
+        tls_cert=certs.named_cert,
+        tls_key=certs.named_key,
+        tls_ca=certs.ca,
+        tls_server_name="apexrl-replay.apexrl.svc",
+    )
     check_commands(config, config.learner.host, tmp_path, {})
     assert config.tls_files().server_name == "apexrl-replay.apexrl.svc"  # the launcher's own health checks
     by_name = {r.name: r for r in roles(config)}
     links = Wiring(("127.0.0.1:7000", "127.0.0.1:7001"), "127.0.0.1:7100")
     for name in ("learner", "actor-1", "evaluator"):
-        assert role_config(config, by_name[name], links, tmp_path).tls_server_name == "apexrl-replay.apexrl.svc"
+        assert (
+            role_config(config, by_name[name], links, tmp_path).tls_server_name == "apexrl-replay.apexrl.svc"
+        )
     assert not hasattr(role_config(config, by_name["shard-0"], links, tmp_path), "tls_server_name")
     message = error(fleet(learner={"host": "m1", "port": 7100, "tls_server_name": "x.svc"}))
     assert "tls_server_name is set by the launcher from [fleet] tls_server_name" in message

@@ -37,17 +37,24 @@ def write(volume: SecretVolume, identity) -> None:
 def test_check_gives_the_earliest_expiry_of_the_chain_and_of_the_ca_bundle():
     identity = issue(not_after=moment(10))
     other = issue(not_after=moment(20))
-    expiry = certificates.check(TlsFiles(cert=identity.cert, key=identity.key, ca=identity.ca_pem + other.cert))
+    expiry = certificates.check(
+        TlsFiles(cert=identity.cert, key=identity.key, ca=identity.ca_pem + other.cert)
+    )
     assert expiry["cert"] == moment(10).timestamp()
-    assert expiry["ca"] == moment(20).timestamp()  # the bundle's earliest: `other`'s certificate, not the CA's
+    assert (
+        expiry["ca"] == moment(20).timestamp()
+    )  # the bundle's earliest: `other`'s certificate, not the CA's
     assert certificates.check(TlsFiles(ca=identity.ca_pem)).keys() == {"ca"}
 
 
 def test_check_names_the_file_that_is_not_usable(volume):
     old, new = issue(), issue()
     volume.write(cert=new.cert, key=old.key, ca=new.ca_pem)
-    with pytest.raises(ValueError, match=r"tls_key \(.*tls\.key\) is not the private key of the first certificate "
-                                         r"in tls_cert \(.*tls\.crt\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"tls_key \(.*tls\.key\) is not the private key of the first certificate "
+        r"in tls_cert \(.*tls\.crt\)",
+    ):
         certificates.check(TlsFiles.read(volume.cert, volume.key))
     volume.write(cert=new.cert[:200], key=new.key, ca=b"-----BEGIN CERTIFICATE-----\nnot base64\n")
     with pytest.raises(ValueError, match=r"tls_cert \(.*tls\.crt\) does not parse as PEM certificates"):
@@ -86,7 +93,10 @@ def test_a_broken_renewal_is_logged_once_and_the_previous_files_kept_until_a_goo
         assert not watch.refresh()
     assert watch.snapshot()[0].cert == old.cert
     [error] = [r.getMessage() for r in caplog.records]
-    assert "TLS files of the server on test changed but are not usable; keeping the previous ones: tls_key" in error
+    assert (
+        "TLS files of the server on test changed but are not usable; keeping the previous ones: tls_key"
+        in error
+    )
     assert "cannot be read" in error
     write(volume, new)
     assert watch.refresh() and watch.snapshot()[0].key == new.key
@@ -121,7 +131,9 @@ class FakeChannel:
     def __init__(self, files: TlsFiles) -> None:
         self.files, self.closed, self.calls = files, False, []
 
-    def unary_unary(self, method, request_serializer=None, response_deserializer=None, _registered_method=False):
+    def unary_unary(
+        self, method, request_serializer=None, response_deserializer=None, _registered_method=False
+    ):
         channel = self
 
         class MultiCallable:
@@ -132,6 +144,7 @@ class FakeChannel:
             def future(self, request, timeout=None):
                 channel.calls.append((method, request))
                 return FakeCall()
+
         return MultiCallable()
 
     def close(self) -> None:
@@ -147,15 +160,18 @@ def test_calls_started_after_a_renewal_use_a_channel_of_the_renewed_files(volume
         opened.append(FakeChannel(files))
         return opened[-1]
 
-    channel = ReloadingChannel(TlsFiles.read(volume.cert, volume.key, volume.ca), open_channel, "test",
-                               check_every=0.0)
+    channel = ReloadingChannel(
+        TlsFiles.read(volume.cert, volume.key, volume.ca), open_channel, "test", check_every=0.0
+    )
     call = channel.unary_unary("/apexrl.v1.Test/Call")  # what a stub keeps
     assert call(b"1") == old.cert
     in_flight = call.future(b"2")
     write(volume, new)
     assert call(b"3") == new.cert and len(opened) == 2
-    assert [c.calls for c in opened] == [[("/apexrl.v1.Test/Call", b"1"), ("/apexrl.v1.Test/Call", b"2")],
-                                         [("/apexrl.v1.Test/Call", b"3")]]
+    assert [c.calls for c in opened] == [
+        [("/apexrl.v1.Test/Call", b"1"), ("/apexrl.v1.Test/Call", b"2")],
+        [("/apexrl.v1.Test/Call", b"3")],
+    ]
     assert not opened[0].closed  # a call is still in flight on it
     in_flight.finish()
     tls_reload_threads_done()
@@ -171,8 +187,12 @@ def test_a_renewal_that_is_not_usable_keeps_the_channel(volume):
     old, new = issue(), issue()
     write(volume, old)
     opened: list[FakeChannel] = []
-    channel = ReloadingChannel(TlsFiles.read(volume.cert, volume.key, volume.ca),
-                               lambda files: opened.append(FakeChannel(files)) or opened[-1], "test", check_every=0.0)
+    channel = ReloadingChannel(
+        TlsFiles.read(volume.cert, volume.key, volume.ca),
+        lambda files: opened.append(FakeChannel(files)) or opened[-1],
+        "test",
+        check_every=0.0,
+    )
     volume.write(cert=new.cert, key=old.key, ca=new.ca_pem)
     assert channel.unary_unary("/apexrl.v1.Test/Call")(b"1") == old.cert and len(opened) == 1
     channel.close()
@@ -190,5 +210,7 @@ def test_a_server_refuses_at_start_the_files_it_would_refuse_as_a_renewal(volume
     identity = issue()
     volume.write(cert=identity.cert[:300], key=identity.key, ca=identity.ca_pem)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    with pytest.raises(OSError, match=r"cannot serve TLS on 127.0.0.1:0: tls_cert \(.*tls\.crt\) does not parse"):
+    with pytest.raises(
+        OSError, match=r"cannot serve TLS on 127.0.0.1:0: tls_cert \(.*tls\.crt\) does not parse"
+    ):
         grpc_util.bind(server, "127.0.0.1:0", tls=TlsFiles.read(volume.cert, volume.key))

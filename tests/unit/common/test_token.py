@@ -42,8 +42,12 @@ def test_surrounding_whitespace_is_stripped_from_the_file_and_the_variable(token
 
 @pytest.mark.parametrize("case", ["missing", "empty", "blank", "directory"])
 def test_a_token_file_that_gives_no_token_is_one_line_naming_the_path(case, token_file, tmp_path):
-    path = {"missing": str(tmp_path / "nope"), "empty": token_file(""), "blank": token_file(" \n\t\n"),
-            "directory": str(tmp_path)}[case]
+    path = {
+        "missing": str(tmp_path / "nope"),
+        "empty": token_file(""),
+        "blank": token_file(" \n\t\n"),
+        "directory": str(tmp_path),
+    }[case]
     with pytest.raises(SettingsError) as err:
         resolve_token(None, path, {TOKEN_VARIABLE: "from-env"})  # a file asked for never falls back silently
     message = str(err.value)
@@ -113,9 +117,20 @@ def test_the_servers_compare_tokens_in_constant_time(monkeypatch):
     assert len(compared) == 2 and all(isinstance(a, bytes) and isinstance(b, bytes) for a, b in compared)
 
 
-@pytest.mark.parametrize(("host", "loopback"), [
-    ("127.0.0.1", True), ("127.0.0.2", True), ("localhost", True), ("[::1]", True), ("::1", True),
-    ("0.0.0.0", False), ("[::]", False), ("", False), ("10.0.0.5", False), ("apexrl-replay", False),
-])
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("localhost", True),
+        ("[::1]", True),
+        ("::1", True),
+        ("0.0.0.0", False),
+        ("[::]", False),
+        ("", False),
+        ("10.0.0.5", False),
+        ("apexrl-replay", False),
+    ],
+)
 def test_loopback_addresses(host, loopback):
     assert grpc_util.is_loopback(host) is loopback

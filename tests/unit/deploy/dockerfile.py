@@ -23,8 +23,8 @@ DOCKERIGNORE = REPO / ".dockerignore"
 
 @dataclass
 class Instruction:
-    keyword: str      # upper case: FROM, RUN, COPY, ...
-    args: str         # the rest of the (joined) line
+    keyword: str  # upper case: FROM, RUN, COPY, ...
+    args: str  # the rest of the (joined) line
     line: int
 
     def flags_and_words(self) -> tuple[dict[str, str], list[str]]:
@@ -138,10 +138,15 @@ def parse(path: Path = DOCKERFILE) -> Dockerfile:
 
 
 def ignore_patterns(path: Path = DOCKERIGNORE) -> list[str]:
-    patterns = [line.strip() for line in path.read_text().splitlines()
-                if line.strip() and not line.strip().startswith("#")]
+    patterns = [
+        line.strip()
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
     if any(p.startswith("!") for p in patterns):
-        raise ValueError(".dockerignore exceptions (!) are not understood by these tests; keep it a plain list")
+        raise ValueError(
+            ".dockerignore exceptions (!) are not understood by these tests; keep it a plain list"
+        )
     return patterns
 
 

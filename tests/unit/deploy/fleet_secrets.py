@@ -47,7 +47,7 @@ class FleetCredentials:
     namespace: str
     ca: bytes
     ca_key: ec.EllipticCurvePrivateKey = field(repr=False)
-    certs: dict[str, Pem] = field(default_factory=dict)   # holder -> its certificate and key
+    certs: dict[str, Pem] = field(default_factory=dict)  # holder -> its certificate and key
     tokens: dict[str, str] = field(default_factory=dict)  # role -> its bearer token
 
     @property
@@ -57,10 +57,19 @@ class FleetCredentials:
 
     def secrets(self) -> list[dict]:
         """Every Secret: one kubernetes.io/tls per certificate holder, one Opaque token Secret per role."""
-        made = [_secret(tls_secret_name(h), self.namespace, {"tls.crt": p.cert, "tls.key": p.key, "ca.crt": self.ca},
-                        "kubernetes.io/tls") for h, p in self.certs.items()]
-        made += [_secret(token_secret_name(r), self.namespace, {TOKEN_KEY: t.encode()}, "Opaque")
-                 for r, t in self.tokens.items()]
+        made = [
+            _secret(
+                tls_secret_name(h),
+                self.namespace,
+                {"tls.crt": p.cert, "tls.key": p.key, "ca.crt": self.ca},
+                "kubernetes.io/tls",
+            )
+            for h, p in self.certs.items()
+        ]
+        made += [
+            _secret(token_secret_name(r), self.namespace, {TOKEN_KEY: t.encode()}, "Opaque")
+            for r, t in self.tokens.items()
+        ]
         return made
 
     def write(self, directory: Path) -> dict[str, dict[str, str]]:
@@ -93,19 +102,40 @@ def make_fleet_credentials(namespace: str = "apexrl") -> FleetCredentials:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "apexrl fleet CA")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=30))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     ca_pem = ca.public_bytes(serialization.Encoding.PEM)
     creds = FleetCredentials(namespace, ca_pem, ca_key)
     svc = f"{namespace}.svc"
-    services = [f"apexrl-replay.{svc}", f"apexrl-replay.{svc}.cluster.local",
-                f"apexrl-learner.{svc}", f"apexrl-learner.{svc}.cluster.local"]
+    services = [
+        f"apexrl-replay.{svc}",
+        f"apexrl-replay.{svc}.cluster.local",
+        f"apexrl-learner.{svc}",
+        f"apexrl-learner.{svc}.cluster.local",
+    ]
     creds.certs["replay"] = creds.issue(f"apexrl-replay.{svc}", services[:2], server=True, client=False)
     creds.certs["learner"] = creds.issue("learner", services, server=True, client=True)
     for role in ("actor", "evaluator", "operator"):
@@ -114,28 +144,51 @@ def make_fleet_credentials(namespace: str = "apexrl") -> FleetCredentials:
     return creds
 
 
-def _issue(ca_pem: bytes, ca_key: ec.EllipticCurvePrivateKey, common_name: str, dns_names: list[str], *,
-           server: bool, client: bool) -> Pem:
+def _issue(
+    ca_pem: bytes,
+    ca_key: ec.EllipticCurvePrivateKey,
+    common_name: str,
+    dns_names: list[str],
+    *,
+    server: bool,
+    client: bool,
+) -> Pem:
     ca = x509.load_pem_x509_certificate(ca_pem)
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
-    usages = [*([ExtendedKeyUsageOID.SERVER_AUTH] if server else []),
-              *([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])]
-    builder = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-               .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=7))
-               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-               .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
+    usages = [
+        *([ExtendedKeyUsageOID.SERVER_AUTH] if server else []),
+        *([ExtendedKeyUsageOID.CLIENT_AUTH] if client else []),
+    ]
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=7))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    )
     if dns_names:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]),
-                                        critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False
+        )
     cert = builder.sign(ca_key, hashes.SHA256())
-    return Pem(cert.public_bytes(serialization.Encoding.PEM),
-               key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                 serialization.NoEncryption()))
+    return Pem(
+        cert.public_bytes(serialization.Encoding.PEM),
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+    )
 
 
 def _secret(name: str, namespace: str, data: dict[str, bytes], kind: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Secret", "type": kind, "metadata": {"name": name, "namespace": namespace},
-            "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+    }

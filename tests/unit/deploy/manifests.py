@@ -53,7 +53,9 @@ VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
 def kubectl_missing() -> str | None:
-    return None if shutil.which("kubectl") else "kubectl is not installed (needed to render k8s/ with kustomize)"
+    return (
+        None if shutil.which("kubectl") else "kubectl is not installed (needed to render k8s/ with kustomize)"
+    )
 
 
 def render(root: Path) -> list[dict[str, Any]]:
@@ -114,7 +116,9 @@ class Fleet:
             return None
         if self._projected is None:
             self._projected = tempfile.TemporaryDirectory(prefix="apexrl-secrets-")
-        directory = Path(self._projected.name) / c.workload["kind"] / c.workload["metadata"]["name"] / mount["name"]
+        directory = (
+            Path(self._projected.name) / c.workload["kind"] / c.workload["metadata"]["name"] / mount["name"]
+        )
         if not directory.exists():
             for relative, data in files.items():
                 (directory / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -126,7 +130,7 @@ class Fleet:
         """A path as the container sees it: a projected Secret volume's directory back to its mountPath."""
         for directory, mount_path in self._mounted_at.items():
             if path == directory or path.startswith(directory + "/"):
-                return mount_path.rstrip("/") + path[len(directory):]
+                return mount_path.rstrip("/") + path[len(directory) :]
         return path
 
     def original_path_in(self, text: str) -> str:
@@ -184,8 +188,11 @@ def secret_sources(volume: dict) -> list[tuple[str, dict]]:
     """(Secret name, its source) of every Secret a `secret` or `projected` volume holds."""
     if "secret" in volume:
         return [(volume["secret"].get("secretName", ""), volume["secret"])]
-    return [(s["secret"].get("name", ""), s["secret"]) for s in (volume.get("projected") or {}).get("sources", [])
-            if "secret" in s]
+    return [
+        (s["secret"].get("name", ""), s["secret"])
+        for s in (volume.get("projected") or {}).get("sources", [])
+        if "secret" in s
+    ]
 
 
 def volume_files(fleet: Fleet, volume: dict) -> tuple[dict[str, bytes] | None, list[str]]:
@@ -218,9 +225,13 @@ def file_mode(volume: dict, relative: str) -> int:
 def tls_secret(name: str, namespace: str, cert: bytes, key: bytes, ca: bytes) -> dict:
     """The Secret `kubectl create secret tls` (plus ca.crt) or cert-manager would make: type kubernetes.io/tls."""
     data = {"tls.crt": cert, "tls.key": key, "ca.crt": ca}
-    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-            "metadata": {"name": name, "namespace": namespace},
-            "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+    }
 
 
 def secret_mounts(c: Container) -> list[dict]:
@@ -278,8 +289,9 @@ def container_env(fleet: Fleet, c: Container, ordinal: int) -> tuple[dict[str, s
                 env[var["name"]] = f"{c.workload['metadata']['name']}-{ordinal}"
             elif label and label.group(1) == POD_INDEX_LABEL:
                 if c.workload["kind"] != "StatefulSet":
-                    problems.append(f"{c.name}: {var['name']} reads {POD_INDEX_LABEL}, which only StatefulSet "
-                                    f"pods carry")
+                    problems.append(
+                        f"{c.name}: {var['name']} reads {POD_INDEX_LABEL}, which only StatefulSet pods carry"
+                    )
                 env[var["name"]] = str(ordinal)
             elif label and label.group(1) in labels:
                 env[var["name"]] = labels[label.group(1)]
@@ -289,8 +301,9 @@ def container_env(fleet: Fleet, c: Container, ordinal: int) -> tuple[dict[str, s
             key_ref = ref["configMapKeyRef"]
             data = fleet.config_map_data(key_ref["name"]) or {}
             if key_ref["key"] not in data:
-                problems.append(f"{c.name}: {var['name']} reads missing ConfigMap key {key_ref['name']}/"
-                                f"{key_ref['key']}")
+                problems.append(
+                    f"{c.name}: {var['name']} reads missing ConfigMap key {key_ref['name']}/{key_ref['key']}"
+                )
             env[var["name"]] = data.get(key_ref["key"], "")
         else:
             problems.append(f"{c.name}: {var['name']} has a source these checks do not know: {ref}")
@@ -309,7 +322,9 @@ def container_argv(fleet: Fleet, c: Container, ordinal: int) -> tuple[list[str],
     argv = []
     for arg in [*c.spec.get("command", []), *c.spec.get("args", [])]:
         value, missing = expand(str(arg), env)
-        problems += [f"{c.name}: arg {arg!r} uses $({m}), defined by neither env nor envFrom" for m in missing]
+        problems += [
+            f"{c.name}: arg {arg!r} uses $({m}), defined by neither env nor envFrom" for m in missing
+        ]
         argv.append(value)
     return argv, problems
 
@@ -351,9 +366,11 @@ def project_secrets(fleet: Fleet, c: Container, argv: list[str]) -> tuple[list[s
         if directory is None:
             volume = next(v for v in pod_spec(c.workload)["volumes"] if v["name"] == mount["name"])
             for name in volume_files(fleet, volume)[1]:
-                problems.append(f"{c.name}: volume {mount['name']} mounts Secret {name!r}, which is not among the "
-                                f"objects (it is made outside the manifests; the checks need one to read the files "
-                                f"the flags name)")
+                problems.append(
+                    f"{c.name}: volume {mount['name']} mounts Secret {name!r}, which is not among the "
+                    f"objects (it is made outside the manifests; the checks need one to read the files "
+                    f"the flags name)"
+                )
             continue
         prefixes[mount["mountPath"].rstrip("/")] = str(directory)
     projected = []
@@ -361,7 +378,7 @@ def project_secrets(fleet: Fleet, c: Container, argv: list[str]) -> tuple[list[s
         flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
         for prefix, local in prefixes.items():
             if value == prefix or value.startswith(prefix + "/"):
-                value = local + value[len(prefix):]
+                value = local + value[len(prefix) :]
         projected.append(f"{flag}{eq}{value}")
     return projected, problems
 
@@ -387,8 +404,10 @@ def _parse_containers(fleet: Fleet) -> tuple[list[tuple[Container, int, Parsed]]
             problems += found if ordinal == ordinals(c.workload)[0] else []
             parsed, error = parse_apexrl(projected)
             if error:
-                problems.append(f"{c.name} (pod {ordinal}): `apexrl {' '.join(argv)}` is refused: "
-                                f"{fleet.original_path_in(error)}")
+                problems.append(
+                    f"{c.name} (pod {ordinal}): `apexrl {' '.join(argv)}` is refused: "
+                    f"{fleet.original_path_in(error)}"
+                )
             else:
                 result.append((c, ordinal, parsed))
     return result, problems
@@ -411,8 +430,11 @@ def service_port_target(fleet: Fleet, service: dict, port: int) -> tuple[list[di
     numbers = set()
     for w in selected:
         for c in pod_spec(w)["containers"]:
-            found = Container(w, c).ports().get(target) if isinstance(target, str) else (
-                target if target in Container(w, c).port_numbers() else None)
+            found = (
+                Container(w, c).ports().get(target)
+                if isinstance(target, str)
+                else (target if target in Container(w, c).port_numbers() else None)
+            )
             if found is not None:
                 numbers.add(found)
     if len(numbers) != 1:
@@ -420,7 +442,9 @@ def service_port_target(fleet: Fleet, service: dict, port: int) -> tuple[list[di
     return selected, numbers.pop(), None
 
 
-def resolve_address(fleet: Fleet, address: str, where: str) -> tuple[list[dict], int | None, dict | None, list[str]]:
+def resolve_address(
+    fleet: Fleet, address: str, where: str
+) -> tuple[list[dict], int | None, dict | None, list[str]]:
     """Follow `[dns:///]NAME[.NAMESPACE[.svc.cluster.local]]:PORT` to a Service, the workloads behind it and the
     containerPort the connection lands on."""
     dns = address.startswith("dns:")
@@ -434,14 +458,22 @@ def resolve_address(fleet: Fleet, address: str, where: str) -> tuple[list[dict],
     if len(parts) > 2 and parts[2:] != ["svc", "cluster", "local"]:
         problems.append(f"{where}: {host!r} is not a Service name (NAME.NAMESPACE.svc.cluster.local)")
     if namespace != fleet.namespace:
-        problems.append(f"{where}: {address!r} points into namespace {namespace!r}, the fleet is in "
-                        f"{fleet.namespace!r}")
+        problems.append(
+            f"{where}: {address!r} points into namespace {namespace!r}, the fleet is in {fleet.namespace!r}"
+        )
     service = fleet.get("Service", name)
     if service is None:
-        return [], None, None, [*problems, f"{where}: {address!r} names Service {name!r}, which is not rendered"]
+        return (
+            [],
+            None,
+            None,
+            [*problems, f"{where}: {address!r} names Service {name!r}, which is not rendered"],
+        )
     if dns and service["spec"].get("clusterIP") != "None":
-        problems.append(f"{where}: {address!r} resolves every shard only through a headless Service; {name} has a "
-                        f"cluster IP")
+        problems.append(
+            f"{where}: {address!r} resolves every shard only through a headless Service; {name} has a "
+            f"cluster IP"
+        )
     selected, number, why = service_port_target(fleet, service, int(port_text))
     if why:
         problems.append(f"{where}: {address!r}: {why}")
@@ -465,7 +497,9 @@ def check_services(fleet: Fleet) -> list[str]:
         name = sts["spec"].get("serviceName")
         svc = fleet.get("Service", name or "")
         if svc is None:
-            problems.append(f"StatefulSet {sts['metadata']['name']}: serviceName {name!r} is not a rendered Service")
+            problems.append(
+                f"StatefulSet {sts['metadata']['name']}: serviceName {name!r} is not a rendered Service"
+            )
         elif svc["spec"].get("clusterIP") != "None":
             problems.append(f"StatefulSet {sts['metadata']['name']}: Service {name} is not headless")
         elif sts not in fleet.selected(svc["spec"].get("selector", {})):
@@ -478,7 +512,9 @@ def check_workload_selectors(fleet: Fleet) -> list[str]:
     for w in fleet.workloads():
         selector = w["spec"]["selector"].get("matchLabels", {})
         if not selector or not labels_match(selector, pod_labels(w)):
-            problems.append(f"{w['kind']} {w['metadata']['name']}: selector {selector} does not match its pods")
+            problems.append(
+                f"{w['kind']} {w['metadata']['name']}: selector {selector} does not match its pods"
+            )
         others = [o["metadata"]["name"] for o in fleet.selected(selector) if o is not w]
         if others:
             problems.append(f"{w['kind']} {w['metadata']['name']}: selector also matches {others}")
@@ -500,14 +536,17 @@ def check_probes(fleet: Fleet) -> list[str]:
             if "grpc" in ports:
                 name = HEALTH_PORT if HEALTH_PORT in ports else "grpc"
                 if probe.get("grpc", {}).get("port") != ports[name]:
-                    problems.append(f"{c.name}: {kind} must be grpc on the {name} containerPort {ports[name]}, "
-                                    f"is {probe}")
+                    problems.append(
+                        f"{c.name}: {kind} must be grpc on the {name} containerPort {ports[name]}, is {probe}"
+                    )
             else:
                 http = probe.get("httpGet", {})
                 port = http.get("port")
                 number = ports.get(port) if isinstance(port, str) else port
                 if http.get("path") != "/metrics" or number is None or number != ports.get("metrics"):
-                    problems.append(f"{c.name}: {kind} must GET /metrics on the metrics containerPort, is {probe}")
+                    problems.append(
+                        f"{c.name}: {kind} must GET /metrics on the metrics containerPort, is {probe}"
+                    )
     return problems
 
 
@@ -529,23 +568,31 @@ def check_args(fleet: Fleet) -> list[str]:
         if cfg.host != "0.0.0.0":
             problems.append(f"{where}: --host is {cfg.host}; pods must listen on 0.0.0.0")
         if cfg.metrics_port != ports.get("metrics"):
-            problems.append(f"{where}: --metrics-port {cfg.metrics_port} is not its containerPort 'metrics' "
-                            f"{ports.get('metrics')}")
+            problems.append(
+                f"{where}: --metrics-port {cfg.metrics_port} is not its containerPort 'metrics' "
+                f"{ports.get('metrics')}"
+            )
         if p.subcommand in ("replay", "learner", "params") and cfg.port != ports.get("grpc"):
             problems.append(f"{where}: --port {cfg.port} is not its containerPort 'grpc' {ports.get('grpc')}")
         if getattr(cfg, "health_port", None) != ports.get(HEALTH_PORT):
-            problems.append(f"{where}: --health-port {getattr(cfg, 'health_port', None)} is not its containerPort "
-                            f"'{HEALTH_PORT}' {ports.get(HEALTH_PORT)}")
+            problems.append(
+                f"{where}: --health-port {getattr(cfg, 'health_port', None)} is not its containerPort "
+                f"'{HEALTH_PORT}' {ports.get(HEALTH_PORT)}"
+            )
         expected_image = "apexrl-replay" if p.subcommand == "replay" else "apexrl-train"
         if expected_image not in c.spec["image"]:
-            problems.append(f"{where}: `apexrl {p.subcommand}` runs from image {c.spec['image']}, not {expected_image}")
+            problems.append(
+                f"{where}: `apexrl {p.subcommand}` runs from image {c.spec['image']}, not {expected_image}"
+            )
         for address in getattr(cfg, "replay", ()) or ():
             selected, number, _, found = resolve_address(fleet, address, f"{where} --replay")
             problems += found
             if selected and any(component(w) != "replay" for w in selected):
                 problems.append(f"{where}: --replay {address} reaches {[component(w) for w in selected]}")
             if number is not None and selected and number != _grpc_port(selected[0]):
-                problems.append(f"{where}: --replay {address} lands on port {number}, not the shards' grpc port")
+                problems.append(
+                    f"{where}: --replay {address} lands on port {number}, not the shards' grpc port"
+                )
         params = getattr(cfg, "params", None)
         if params:
             selected, number, _, found = resolve_address(fleet, params, f"{where} --params")
@@ -553,20 +600,32 @@ def check_args(fleet: Fleet) -> list[str]:
             if selected and [component(w) for w in selected] not in (["learner"], ["params"]):
                 problems.append(f"{where}: --params {params} reaches {[component(w) for w in selected]}")
             if number is not None and selected and number != _grpc_port(selected[0]):
-                problems.append(f"{where}: --params {params} lands on port {number}, not the learner's grpc port")
+                problems.append(
+                    f"{where}: --params {params} lands on port {number}, not the learner's grpc port"
+                )
         for flag in ("run_dir", "episodes_csv", "port_file"):
             path = getattr(cfg, flag, None)
             if path and not _writable(c, path):
-                problems.append(f"{where}: --{flag.replace('_', '-')} {path} is not on a writable volume (the root "
-                                f"filesystem is read-only)")
+                problems.append(
+                    f"{where}: --{flag.replace('_', '-')} {path} is not on a writable volume (the root "
+                    f"filesystem is read-only)"
+                )
         replicas = c.workload["spec"].get("replicas", 1)
-        if p.subcommand == "actor" and not cfg.evaluate and c.workload["kind"] == "StatefulSet" \
-                and cfg.num_actors != replicas:
-            problems.append(f"{where}: --num-actors {cfg.num_actors} differs from the StatefulSet's {replicas} "
-                            f"replicas")
+        if (
+            p.subcommand == "actor"
+            and not cfg.evaluate
+            and c.workload["kind"] == "StatefulSet"
+            and cfg.num_actors != replicas
+        ):
+            problems.append(
+                f"{where}: --num-actors {cfg.num_actors} differs from the StatefulSet's {replicas} replicas"
+            )
     for cm in fleet.all("ConfigMap"):
-        referenced = any(src.get("configMapRef", {}).get("name") == cm["metadata"]["name"]
-                         for c in fleet.containers() for src in c.spec.get("envFrom", []))
+        referenced = any(
+            src.get("configMapRef", {}).get("name") == cm["metadata"]["name"]
+            for c in fleet.containers()
+            for src in c.spec.get("envFrom", [])
+        )
         if referenced:
             unused = sorted(set(cm.get("data", {})) - used_vars)
             if unused:
@@ -579,14 +638,25 @@ def _grpc_port(workload: dict) -> int | None:
 
 
 def _writable(c: Container, path: str) -> bool:
-    return any(path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
-               for m in c.spec.get("volumeMounts", []) if not m.get("readOnly"))
+    return any(
+        path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
+        for m in c.spec.get("volumeMounts", [])
+        if not m.get("readOnly")
+    )
 
 
 def check_volumes(fleet: Fleet) -> list[str]:
     """Every mount names a volume (or a volumeClaimTemplate), every volume has exactly one source, /tmp is a
     writable emptyDir, every PVC a pod names is rendered."""
-    sources = ("emptyDir", "persistentVolumeClaim", "configMap", "secret", "projected", "downwardAPI", "ephemeral")
+    sources = (
+        "emptyDir",
+        "persistentVolumeClaim",
+        "configMap",
+        "secret",
+        "projected",
+        "downwardAPI",
+        "ephemeral",
+    )
     problems = []
     for w in fleet.workloads():
         spec = pod_spec(w)
@@ -598,15 +668,18 @@ def check_volumes(fleet: Fleet) -> list[str]:
                 problems.append(f"{w['kind']} {w['metadata']['name']}: volume {name} has sources {given}")
             claim = (v.get("persistentVolumeClaim") or {}).get("claimName")
             if claim and fleet.get("PersistentVolumeClaim", claim) is None:
-                problems.append(f"{w['kind']} {w['metadata']['name']}: volume {name} claims {claim}, not rendered")
+                problems.append(
+                    f"{w['kind']} {w['metadata']['name']}: volume {name} claims {claim}, not rendered"
+                )
         for c in spec["containers"]:
             mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
             for path, name in mounts.items():
                 if name not in volumes and name not in claims:
                     problems.append(f"{Container(w, c).name}: mount {path} names no volume ({name})")
             if "emptyDir" not in volumes.get(mounts.get("/tmp", ""), {}):
-                problems.append(f"{Container(w, c).name}: /tmp is not an emptyDir (the root filesystem is "
-                                f"read-only)")
+                problems.append(
+                    f"{Container(w, c).name}: /tmp is not an emptyDir (the root filesystem is read-only)"
+                )
     return problems
 
 
@@ -630,11 +703,15 @@ def check_security(fleet: Fleet, uid: int, stop_grace: float) -> list[str]:
         if account is None:
             problems.append(f"{name}: serviceAccountName {spec.get('serviceAccountName')!r} is not rendered")
         elif account.get("automountServiceAccountToken") is not False:
-            problems.append(f"ServiceAccount {account['metadata']['name']}: automountServiceAccountToken not false")
+            problems.append(
+                f"ServiceAccount {account['metadata']['name']}: automountServiceAccountToken not false"
+            )
         grace = spec.get("terminationGracePeriodSeconds")
         if grace is None or grace <= stop_grace:
-            problems.append(f"{name}: terminationGracePeriodSeconds {grace} is not above the roles' stop grace "
-                            f"{stop_grace:g} s")
+            problems.append(
+                f"{name}: terminationGracePeriodSeconds {grace} is not above the roles' stop grace "
+                f"{stop_grace:g} s"
+            )
         for c in spec["containers"]:
             cname = Container(w, c).name
             sc = c.get("securityContext", {})
@@ -673,13 +750,20 @@ def check_pdb(fleet: Fleet) -> list[str]:
             problems.append(f"{name} sets no budget")
         if any(component(w) == "replay" for w in selected):
             if [component(w) for w in selected] != ["replay"]:
-                problems.append(f"{name} selects {[w['metadata']['name'] for w in selected]}, not the shards only")
+                problems.append(
+                    f"{name} selects {[w['metadata']['name'] for w in selected]}, not the shards only"
+                )
             if pdb["spec"].get("maxUnavailable") != 1 or "minAvailable" in pdb["spec"]:
-                problems.append(f"{name}: maxUnavailable {pdb['spec'].get('maxUnavailable')}, minAvailable "
-                                f"{pdb['spec'].get('minAvailable')}: drains must take one shard at a time "
-                                f"(maxUnavailable 1)")
-    problems += [f"StatefulSet {w['metadata']['name']}: no PodDisruptionBudget selects the shards"
-                 for w in shards if id(w) not in covered]
+                problems.append(
+                    f"{name}: maxUnavailable {pdb['spec'].get('maxUnavailable')}, minAvailable "
+                    f"{pdb['spec'].get('minAvailable')}: drains must take one shard at a time "
+                    f"(maxUnavailable 1)"
+                )
+    problems += [
+        f"StatefulSet {w['metadata']['name']}: no PodDisruptionBudget selects the shards"
+        for w in shards
+        if id(w) not in covered
+    ]
     return problems
 
 
@@ -691,7 +775,7 @@ def check_pdb(fleet: Fleet) -> list[str]:
 class Endpoint:
     """A pod as NetworkPolicies see it (or, with `ip` and no namespace, an address outside the cluster)."""
 
-    name: str                                  # a role (the component label) or a stranger's name
+    name: str  # a role (the component label) or a stranger's name
     namespace: str | None
     labels: dict[str, str] = field(default_factory=dict)
     namespace_labels: dict[str, str] = field(default_factory=dict)
@@ -707,10 +791,19 @@ def namespace_labels(fleet: Fleet, namespace: str) -> dict[str, str]:
 
 def workload_endpoint(fleet: Fleet, workload: dict) -> Endpoint:
     """One pod of `workload` as NetworkPolicies see it (its template's labels, its named ports)."""
-    ports = {p["name"]: (p["containerPort"], p.get("protocol", "TCP")) for c in pod_spec(workload)["containers"]
-             for p in c.get("ports", []) if "name" in p}
-    return Endpoint(component(workload), fleet.namespace, dict(pod_labels(workload)),
-                    namespace_labels(fleet, fleet.namespace), ports)
+    ports = {
+        p["name"]: (p["containerPort"], p.get("protocol", "TCP"))
+        for c in pod_spec(workload)["containers"]
+        for p in c.get("ports", [])
+        if "name" in p
+    }
+    return Endpoint(
+        component(workload),
+        fleet.namespace,
+        dict(pod_labels(workload)),
+        namespace_labels(fleet, fleet.namespace),
+        ports,
+    )
 
 
 def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
@@ -720,8 +813,12 @@ def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
         return False
     for expr in selector.get("matchExpressions") or []:
         key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-        if not {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
-                "Exists": key in labels, "DoesNotExist": key not in labels}[op]:
+        if not {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]:
             return False
     return True
 
@@ -729,10 +826,13 @@ def selector_matches(selector: dict | None, labels: dict[str, str]) -> bool:
 def _peer_matches(peer: dict, policy_namespace: str, ep: Endpoint) -> bool:
     if "ipBlock" in peer:
         if ep.ip is None:
-            return False  # pod traffic is matched by pod and namespace selectors (CNIs differ on pod IPs here)
+            return (
+                False  # pod traffic is matched by pod and namespace selectors (CNIs differ on pod IPs here)
+            )
         address = ipaddress.ip_address(ep.ip)
         return address in ipaddress.ip_network(peer["ipBlock"]["cidr"]) and not any(
-            address in ipaddress.ip_network(cidr) for cidr in peer["ipBlock"].get("except") or [])
+            address in ipaddress.ip_network(cidr) for cidr in peer["ipBlock"].get("except") or []
+        )
     if ep.namespace is None:
         return False
     if "namespaceSelector" in peer:
@@ -771,21 +871,35 @@ def policy_types(policy: dict) -> list[str]:
 def isolating(fleet: Fleet, ep: Endpoint, direction: str) -> list[dict]:
     """The NetworkPolicies that select `ep` for `direction` (Ingress or Egress): it is isolated that way when any
     does, and then admits only what one of their rules allows."""
-    return [pol for pol in fleet.all("NetworkPolicy")
-            if ep.namespace == pol["metadata"].get("namespace", fleet.namespace)
-            and direction in policy_types(pol) and selector_matches(pol["spec"].get("podSelector"), ep.labels)]
+    return [
+        pol
+        for pol in fleet.all("NetworkPolicy")
+        if ep.namespace == pol["metadata"].get("namespace", fleet.namespace)
+        and direction in policy_types(pol)
+        and selector_matches(pol["spec"].get("podSelector"), ep.labels)
+    ]
 
 
-def connection_allowed(fleet: Fleet, source: Endpoint, destination: Endpoint, number: int,
-                       protocol: str = "TCP") -> bool:
+def connection_allowed(
+    fleet: Fleet, source: Endpoint, destination: Endpoint, number: int, protocol: str = "TCP"
+) -> bool:
     """Whether the rendered NetworkPolicies let `source` open a connection to `destination`'s port `number`:
     the source's egress policies (if any select it) and the destination's ingress policies (likewise) must both
     allow it. Traffic from a pod's own node (the kubelet's probes) is always allowed and is not asked about here."""
+
     def allows(policies: list[dict], rules_key: str, peers_key: str, peer: Endpoint) -> bool:
-        return any(_port_matches(rule.get("ports"), number, protocol, destination)
-                   and (not rule.get(peers_key) or any(_peer_matches(x, pol["metadata"].get(
-                       "namespace", fleet.namespace), peer) for x in rule[peers_key]))
-                   for pol in policies for rule in pol["spec"].get(rules_key) or [])
+        return any(
+            _port_matches(rule.get("ports"), number, protocol, destination)
+            and (
+                not rule.get(peers_key)
+                or any(
+                    _peer_matches(x, pol["metadata"].get("namespace", fleet.namespace), peer)
+                    for x in rule[peers_key]
+                )
+            )
+            for pol in policies
+            for rule in pol["spec"].get(rules_key) or []
+        )
 
     egress = isolating(fleet, source, "Egress") if source.namespace is not None else []
     if egress and not allows(egress, "egress", "to", destination):
@@ -798,13 +912,20 @@ def connection_allowed(fleet: Fleet, source: Endpoint, destination: Endpoint, nu
 # destination's port name). Everything else is denied: nobody reaches the actors or the evaluator but Prometheus,
 # nobody reaches a health port (the kubelet does, from the node), pods outside the fleet reach nothing.
 FLEET_ROLES = ("replay", "learner", "actor", "evaluator")
-NETWORK_DESIGN = frozenset({
-    ("actor", "replay", "grpc"), ("actor", "learner", "grpc"),
-    ("evaluator", "learner", "grpc"),
-    ("learner", "replay", "grpc"),
-    *(("prometheus", role, "metrics") for role in FLEET_ROLES),
-    *((role, "kube-dns", port) for role in (*FLEET_ROLES, "fleet-labelled") for port in ("dns", "dns-tcp")),
-})
+NETWORK_DESIGN = frozenset(
+    {
+        ("actor", "replay", "grpc"),
+        ("actor", "learner", "grpc"),
+        ("evaluator", "learner", "grpc"),
+        ("learner", "replay", "grpc"),
+        *(("prometheus", role, "metrics") for role in FLEET_ROLES),
+        *(
+            (role, "kube-dns", port)
+            for role in (*FLEET_ROLES, "fleet-labelled")
+            for port in ("dns", "dns-tcp")
+        ),
+    }
+)
 
 
 def strangers(fleet: Fleet) -> list[Endpoint]:
@@ -815,10 +936,19 @@ def strangers(fleet: Fleet) -> list[Endpoint]:
     ns, ns_labels = fleet.namespace, namespace_labels(fleet, fleet.namespace)
     actor = next((pod_labels(w) for w in fleet.workloads() if component(w) == "actor"), {})
     return [
-        Endpoint("prometheus", "monitoring", {"app.kubernetes.io/name": "prometheus"},
-                 {"kubernetes.io/metadata.name": "monitoring"}),
-        Endpoint("kube-dns", "kube-system", {"k8s-app": "kube-dns"}, {"kubernetes.io/metadata.name": "kube-system"},
-                 {"dns": (53, "UDP"), "dns-tcp": (53, "TCP")}),
+        Endpoint(
+            "prometheus",
+            "monitoring",
+            {"app.kubernetes.io/name": "prometheus"},
+            {"kubernetes.io/metadata.name": "monitoring"},
+        ),
+        Endpoint(
+            "kube-dns",
+            "kube-system",
+            {"k8s-app": "kube-dns"},
+            {"kubernetes.io/metadata.name": "kube-system"},
+            {"dns": (53, "UDP"), "dns-tcp": (53, "TCP")},
+        ),
         Endpoint("no-fleet-label", ns, {"app.kubernetes.io/name": "debug"}, ns_labels),
         Endpoint("fleet-labelled", ns, {key: value}, ns_labels),
         Endpoint("actor-elsewhere", "elsewhere", dict(actor), {"kubernetes.io/metadata.name": "elsewhere"}),
@@ -858,32 +988,47 @@ def check_network_policy(fleet: Fleet) -> list[str]:
     if not policies:
         return [*problems, "no NetworkPolicy"]
     fleet_eps = [workload_endpoint(fleet, w) for w in fleet.workloads()]
-    deny_all = [p for p in policies if {"Ingress", "Egress"} <= set(policy_types(p))
-                and not p["spec"].get("ingress") and not p["spec"].get("egress")
-                and all(selector_matches(p["spec"].get("podSelector"), e.labels) for e in fleet_eps)]
+    deny_all = [
+        p
+        for p in policies
+        if {"Ingress", "Egress"} <= set(policy_types(p))
+        and not p["spec"].get("ingress")
+        and not p["spec"].get("egress")
+        and all(selector_matches(p["spec"].get("podSelector"), e.labels) for e in fleet_eps)
+    ]
     if not deny_all:
-        problems.append("no default-deny NetworkPolicy: none selects every fleet pod for Ingress and Egress "
-                        "without rules")
+        problems.append(
+            "no default-deny NetworkPolicy: none selects every fleet pod for Ingress and Egress without rules"
+        )
     port_names = {name for e in fleet_eps for name in e.ports} | {"dns", "dns-tcp"}
     for pol in policies:
         for rule in [*(pol["spec"].get("ingress") or []), *(pol["spec"].get("egress") or [])]:
             for port in rule.get("ports") or []:
                 named = port.get("port")
                 if isinstance(named, str) and not named.isdigit() and named not in port_names:
-                    problems.append(f"NetworkPolicy {pol['metadata']['name']}: port {named!r} names no "
-                                    f"containerPort of the fleet")
+                    problems.append(
+                        f"NetworkPolicy {pol['metadata']['name']}: port {named!r} names no "
+                        f"containerPort of the fleet"
+                    )
     allowed = network_matrix(fleet)
-    ports = {(e.name, name): f"{n}/{proto}" for e in fleet_eps + strangers(fleet) for name, (n, proto) in
-             e.ports.items()}
+    ports = {
+        (e.name, name): f"{n}/{proto}"
+        for e in fleet_eps + strangers(fleet)
+        for name, (n, proto) in e.ports.items()
+    }
     for src, dst, port in sorted(allowed - NETWORK_DESIGN):
-        why = "which only the kubelet needs (and always reaches)" if port == HEALTH_PORT else \
-            "which the design (k8s/base/networkpolicy.yaml) does not allow"
+        why = (
+            "which only the kubelet needs (and always reaches)"
+            if port == HEALTH_PORT
+            else "which the design (k8s/base/networkpolicy.yaml) does not allow"
+        )
         problems.append(f"NetworkPolicies let {src} reach {dst}:{port} ({ports[(dst, port)]}), {why}")
     roles = {e.name for e in fleet_eps}
     for src, dst, port in sorted(NETWORK_DESIGN - allowed):
         if {src, dst} & set(FLEET_ROLES) <= roles and (dst, port) in ports:
-            problems.append(f"NetworkPolicies keep {src} from {dst}:{port} ({ports[(dst, port)]}), which the "
-                            f"design needs")
+            problems.append(
+                f"NetworkPolicies keep {src} from {dst}:{port} ({ports[(dst, port)]}), which the design needs"
+            )
     for src, dst, port in sorted(dialled(fleet) - NETWORK_DESIGN):
         problems.append(f"{src} dials {dst}:{port}, which the network design does not allow")
     return problems
@@ -900,13 +1045,21 @@ def _dialled(fleet: Fleet) -> set[tuple[str, str, str]]:
     parsed, _ = parsed_containers(fleet)
     found = set()
     for c, _, p in parsed:
-        targets = [*(getattr(p.config, "replay", ()) or ()), *([p.config.params] if getattr(p.config, "params", None)
-                                                                 else [])]
+        targets = [
+            *(getattr(p.config, "replay", ()) or ()),
+            *([p.config.params] if getattr(p.config, "params", None) else []),
+        ]
         for address in targets:
             selected, number, _, _ = resolve_address(fleet, address, c.name)
             for w in selected:
-                name = next((n for n, port in Container(w, pod_spec(w)["containers"][0]).ports().items()
-                             if port == number), None)
+                name = next(
+                    (
+                        n
+                        for n, port in Container(w, pod_spec(w)["containers"][0]).ports().items()
+                        if port == number
+                    ),
+                    None,
+                )
                 if name is not None:
                     found.add((component(c.workload), component(w), name))
     return found
@@ -941,8 +1094,10 @@ def check_tls(fleet: Fleet) -> list[str]:
     mutual = any(cfg.tls_ca is not None for _, _, cfg in servers if cfg.tls_cert is not None)
     for c, ordinal, cfg in servers:
         if cfg.tls_cert is not None and cfg.health_port is None:
-            problems.append(f"{c.name} (pod {ordinal}): serves TLS without --health-port (Kubernetes' gRPC probes "
-                            f"cannot do TLS)")
+            problems.append(
+                f"{c.name} (pod {ordinal}): serves TLS without --health-port (Kubernetes' gRPC probes "
+                f"cannot do TLS)"
+            )
     for c, ordinal, cfg in clients:
         where = f"{c.name} (pod {ordinal})"
         if tls_on and cfg.tls_ca is None:
@@ -953,8 +1108,10 @@ def check_tls(fleet: Fleet) -> list[str]:
             problems.append(f"{where}: dials TLS, but the servers serve plaintext")
         dns = [t for t in getattr(cfg, "replay", ()) or () if t.startswith("dns:")]
         if tls_on and dns and cfg.tls_server_name is None:
-            problems.append(f"{where}: dials the shards by the addresses {dns[0]} resolves to, which no certificate "
-                            f"names: set --tls-server-name to the name the certificate holds")
+            problems.append(
+                f"{where}: dials the shards by the addresses {dns[0]} resolves to, which no certificate "
+                f"names: set --tls-server-name to the name the certificate holds"
+            )
     return problems
 
 
@@ -972,8 +1129,13 @@ def server_and_client_configs(parsed: list[tuple[Container, int, Parsed]]) -> tu
 
 
 # Flags that name credential files (or, --role-tokens, a directory of them), and what each holds.
-CREDENTIAL_FLAGS = {"tls_cert": "certificate", "tls_key": "private key", "tls_ca": "CA bundle",
-                    "token_file": "bearer token", "role_tokens": "role tokens"}
+CREDENTIAL_FLAGS = {
+    "tls_cert": "certificate",
+    "tls_key": "private key",
+    "tls_ca": "CA bundle",
+    "token_file": "bearer token",
+    "role_tokens": "role tokens",
+}
 SECRET_FLAGS = ("tls_key", "token_file", "role_tokens")  # what must stay readable by the pod's user alone
 
 
@@ -993,23 +1155,28 @@ def check_credentials(fleet: Fleet) -> list[str]:
         mounts = {mt["mountPath"].rstrip("/"): mt for mt in secret_mounts(c)}
         used: set[str] = set()
         if getattr(p.config, "token", None):
-            problems.append(f"{c.name}: a token on the command line (--token): use --token-file from a Secret")
+            problems.append(
+                f"{c.name}: a token on the command line (--token): use --token-file from a Secret"
+            )
         for flag, what in CREDENTIAL_FLAGS.items():
             local = getattr(p.config, flag, None)
             if local is None:
                 continue
             path = fleet.original_path(local).rstrip("/")
-            mount = next((mt for point, mt in mounts.items() if path == point or path.startswith(point + "/")), None)
+            mount = next(
+                (mt for point, mt in mounts.items() if path == point or path.startswith(point + "/")), None
+            )
             option = f"--{flag.replace('_', '-')}"
             if mount is None:
                 problems.append(f"{c.name} (pod {ordinal}): {option} {path} is not in a Secret volume")
                 continue
             used.add(mount["name"])
             if not mount.get("readOnly"):
-                problems.append(f"{c.name}: Secret volume {mount['name']} at {mount['mountPath']} is not mounted "
-                                f"readOnly")
+                problems.append(
+                    f"{c.name}: Secret volume {mount['name']} at {mount['mountPath']} is not mounted readOnly"
+                )
             volume = volumes[mount["name"]]
-            relative = path[len(mount["mountPath"].rstrip("/")) + 1:]
+            relative = path[len(mount["mountPath"].rstrip("/")) + 1 :]
             if flag in SECRET_FLAGS and first:
                 files = [relative] if relative else sorted(volume_files(fleet, volume)[0] or {})
                 for name in files:
@@ -1021,12 +1188,16 @@ def check_credentials(fleet: Fleet) -> list[str]:
             for mt in secret_mounts(c):
                 if mt["name"] not in used:
                     secrets = [name for name, _ in secret_sources(volumes[mt["name"]])]
-                    problems.append(f"{c.name}: mounts Secret {', '.join(secrets)} at {mt['mountPath']}, which none "
-                                    f"of its flags reads: a credential in a pod that does not use it")
+                    problems.append(
+                        f"{c.name}: mounts Secret {', '.join(secrets)} at {mt['mountPath']}, which none "
+                        f"of its flags reads: a credential in a pod that does not use it"
+                    )
     for (option, secret), roles in sorted(holders.items()):
         if len(roles) > 1:
-            problems.append(f"Secret {secret} is the {option} of several roles ({', '.join(sorted(roles))}): each "
-                            f"role needs its own, so that one pod's files are its role's credentials only")
+            problems.append(
+                f"Secret {secret} is the {option} of several roles ({', '.join(sorted(roles))}): each "
+                f"role needs its own, so that one pod's files are its role's credentials only"
+            )
     return problems
 
 
@@ -1035,11 +1206,15 @@ def _secret_file_problems(c: Container, volume: dict, relative: str, what: str) 
     mode = file_mode(volume, relative)
     fs_group = pod_spec(c.workload).get("securityContext", {}).get("fsGroup")
     if mode & 0o004:
-        return [f"{c.name}: the {what} {relative} has mode {mode:#o}: every user in the container may read it "
-                f"(defaultMode 0440 with the pod's fsGroup keeps it to the fleet's user)"]
+        return [
+            f"{c.name}: the {what} {relative} has mode {mode:#o}: every user in the container may read it "
+            f"(defaultMode 0440 with the pod's fsGroup keeps it to the fleet's user)"
+        ]
     if fs_group is None:
-        return [f"{c.name}: the {what} {relative} (mode {mode:#o}, owned by root) is unreadable for the pod's "
-                f"user: the pod needs an fsGroup, whose group the kubelet gives the volume's files"]
+        return [
+            f"{c.name}: the {what} {relative} (mode {mode:#o}, owned by root) is unreadable for the pod's "
+            f"user: the pod needs an fsGroup, whose group the kubelet gives the volume's files"
+        ]
     return []
 
 
@@ -1074,25 +1249,35 @@ def check_roles(fleet: Fleet) -> list[str]:
             verified = {f.name for f in directory.iterdir() if f.is_file() and not f.name.startswith(".")}
             verified_roles = {name.split(".", 1)[0] for name in verified}
             for missing in sorted(callers.get(role, set()) - verified_roles):
-                problems.append(f"{c.name}: {missing} dials it, but --role-tokens holds no {missing} token: every "
-                                f"{missing} call is refused (UNAUTHENTICATED)")
+                problems.append(
+                    f"{c.name}: {missing} dials it, but --role-tokens holds no {missing} token: every "
+                    f"{missing} call is refused (UNAUTHENTICATED)"
+                )
             for extra in sorted(verified_roles - callers.get(role, set()) - {OPERATOR}):
-                problems.append(f"{c.name}: --role-tokens holds the {extra} token, but no {extra} dials it: a "
-                                f"server keeps only the tokens it verifies")
+                problems.append(
+                    f"{c.name}: --role-tokens holds the {extra} token, but no {extra} dials it: a "
+                    f"server keeps only the tokens it verifies"
+                )
             if getattr(cfg, "certificate_roles", False):
-                problems.append(f"{c.name}: --certificate-roles beside --role-tokens: a caller without a token "
-                                f"would act in its certificate's role, so either credential would do")
+                problems.append(
+                    f"{c.name}: --certificate-roles beside --role-tokens: a caller without a token "
+                    f"would act in its certificate's role, so either credential would do"
+                )
             if role == "replay" and cfg.signature is None:
-                problems.append(f"{c.name}: verifies roles but pins no --signature: only the learner or the "
-                                f"operator may fix a table's signature, so every actor's first insert is refused")
+                problems.append(
+                    f"{c.name}: verifies roles but pins no --signature: only the learner or the "
+                    f"operator may fix a table's signature, so every actor's first insert is refused"
+                )
         for c, ordinal, cfg in clients:
             role = component(c.workload)
             if role not in CLIENT_ROLES:
                 problems.append(f"{c.name}: component {role!r} is no client role ({', '.join(CLIENT_ROLES)})")
                 continue
             if cfg.token_file is None:
-                problems.append(f"{c.name} (pod {ordinal}): the servers verify role tokens, but it sends none "
-                                f"(--token-file)")
+                problems.append(
+                    f"{c.name} (pod {ordinal}): the servers verify role tokens, but it sends none "
+                    f"(--token-file)"
+                )
                 continue
             sent = Path(cfg.token_file).read_bytes().strip()
             for sc, _, scfg in servers:
@@ -1100,8 +1285,10 @@ def check_roles(fleet: Fleet) -> list[str]:
                     continue
                 held = Path(scfg.role_tokens) / role
                 if held.is_file() and held.read_bytes().strip() != sent:
-                    problems.append(f"{c.name}: the token it sends ({fleet.original_path(cfg.token_file)}) is not "
-                                    f"the {role} token {sc.name} verifies: its calls are refused")
+                    problems.append(
+                        f"{c.name}: the token it sends ({fleet.original_path(cfg.token_file)}) is not "
+                        f"the {role} token {sc.name} verifies: its calls are refused"
+                    )
     problems += _signature_problems(parsed, servers)
     return problems
 
@@ -1112,8 +1299,11 @@ def _dialled_by(fleet: Fleet, role: str) -> set[str]:
 
 def _signature_problems(parsed: list[tuple[Container, int, Parsed]], servers: list) -> list[str]:
     """A shard's pinned signature against what every exploring actor writes (their env and compression)."""
-    written = {(p.config.env, p.config.compress) for _, _, p in parsed
-               if p.subcommand == "actor" and not p.config.evaluate}
+    written = {
+        (p.config.env, p.config.compress)
+        for _, _, p in parsed
+        if p.subcommand == "actor" and not p.config.evaluate
+    }
     problems = []
     for c, _, cfg in servers:
         pinned = getattr(cfg, "signature", None)
@@ -1122,8 +1312,10 @@ def _signature_problems(parsed: list[tuple[Container, int, Parsed]], servers: li
         for env, compress in sorted(written):
             wanted = actor_signature(env, compress)
             if str(pinned) != wanted:
-                problems.append(f"{c.name}: --signature {pinned} is not what the actors write for {env} "
-                                f"({wanted}): every insert would be refused (INVALID_ARGUMENT)")
+                problems.append(
+                    f"{c.name}: --signature {pinned} is not what the actors write for {env} "
+                    f"({wanted}): every insert would be refused (INVALID_ARGUMENT)"
+                )
     return problems
 
 
@@ -1160,11 +1352,17 @@ def check_documented(fleet: Fleet) -> list[str]:
                 continue
             _, _, service, _ = resolve_address(fleet, address, c.name)
             if service is not None and service["spec"].get("publishNotReadyAddresses"):
-                problems.append(f"Service {service['metadata']['name']}: publishNotReadyAddresses is true, so "
-                                f"{address} also answers with shards that are not Ready ({c.name} would dial them)")
+                problems.append(
+                    f"Service {service['metadata']['name']}: publishNotReadyAddresses is true, so "
+                    f"{address} also answers with shards that are not Ready ({c.name} would dial them)"
+                )
         if p.subcommand == "actor" and c.workload["kind"] == "StatefulSet" and cfg.actor_index != ordinal:
-            problems.append(f"{c.name}: pod {ordinal} acts as --actor-index {cfg.actor_index}, not its ordinal")
-        if component(c.workload) == "evaluator" and (p.subcommand != "actor" or not cfg.evaluate or cfg.replay):
+            problems.append(
+                f"{c.name}: pod {ordinal} acts as --actor-index {cfg.actor_index}, not its ordinal"
+            )
+        if component(c.workload) == "evaluator" and (
+            p.subcommand != "actor" or not cfg.evaluate or cfg.replay
+        ):
             problems.append(f"{c.name}: the evaluator must run `apexrl actor --evaluate` and dial no shard")
     for sts in fleet.all("StatefulSet"):
         name = f"StatefulSet {sts['metadata']['name']}"
@@ -1174,14 +1372,18 @@ def check_documented(fleet: Fleet) -> list[str]:
             retention = sts["spec"].get("persistentVolumeClaimRetentionPolicy") or {}
             for when in ("whenScaled", "whenDeleted"):
                 if retention.get(when, "Retain") != "Retain":  # Retain is the default
-                    problems.append(f"{name}: persistentVolumeClaimRetentionPolicy.{when} is {retention[when]}, not "
-                                    f"Retain: its pods' volumes (the shards' checkpoints) would be deleted")
+                    problems.append(
+                        f"{name}: persistentVolumeClaimRetentionPolicy.{when} is {retention[when]}, not "
+                        f"Retain: its pods' volumes (the shards' checkpoints) would be deleted"
+                    )
     for c in fleet.containers():
         for source in c.spec.get("envFrom", []):
             ref = source.get("configMapRef", {}).get("name", "")
             if ref and not re.search(r"-[a-z0-9]{10}$", ref):
-                problems.append(f"{c.name}: reads ConfigMap {ref}, whose name carries no content hash: changing "
-                                f"a setting would not roll the pods")
+                problems.append(
+                    f"{c.name}: reads ConfigMap {ref}, whose name carries no content hash: changing "
+                    f"a setting would not roll the pods"
+                )
     return problems
 
 
@@ -1201,12 +1403,15 @@ def check_custom_resources(fleet: Fleet) -> list[str]:
         if not endpoints:
             problems.append(f"{name}: no podMetricsEndpoints")
         for ep in endpoints:
-            if ep.get("port") != "metrics" or not any("metrics" in Container(selected[0], c).ports()
-                                                      for c in pod_spec(selected[0])["containers"]):
+            if ep.get("port") != "metrics" or not any(
+                "metrics" in Container(selected[0], c).ports() for c in pod_spec(selected[0])["containers"]
+            ):
                 problems.append(f"{name}: endpoint port {ep.get('port')!r} is not the pods' metrics port")
             jobs = [r.get("replacement") for r in ep.get("relabelings", []) if r.get("targetLabel") == "job"]
             if jobs != [f"apexrl-{role}"]:
-                problems.append(f"{name}: job label {jobs}, expected apexrl-{role} (as in the file-SD targets)")
+                problems.append(
+                    f"{name}: job label {jobs}, expected apexrl-{role} (as in the file-SD targets)"
+                )
     for rule in fleet.all("PrometheusRule"):
         name = f"PrometheusRule {rule['metadata']['name']}"
         groups = rule.get("spec", {}).get("groups")
@@ -1226,8 +1431,17 @@ def check_custom_resources(fleet: Fleet) -> list[str]:
 def quantity(text: Any) -> float:
     """A Kubernetes resource quantity ("500m", "2", "512Mi", "4G") as a number."""
     s = str(text)
-    suffixes = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-                "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    suffixes = {
+        "m": 1e-3,
+        "k": 1e3,
+        "M": 1e6,
+        "G": 1e9,
+        "T": 1e12,
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+    }
     for suffix in sorted(suffixes, key=len, reverse=True):
         if s.endswith(suffix):
             return float(s[: -len(suffix)]) * suffixes[suffix]

@@ -15,7 +15,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-TARGETS = {"replay": "replay", "train": "train"}   # image target -> install.sh target
+TARGETS = {"replay": "replay", "train": "train"}  # image target -> install.sh target
 OCI_LABELS = ("title", "description", "version", "revision", "created", "source", "licenses")
 
 
@@ -36,7 +36,7 @@ def install_runs(recipe: d.Dockerfile, target: str) -> list[list[str]]:
         for i in stage.all("RUN"):
             words = i.args.split()
             if "docker/install.sh" in words:
-                runs.append(words[words.index("docker/install.sh") + 1:])
+                runs.append(words[words.index("docker/install.sh") + 1 :])
     return runs
 
 
@@ -44,8 +44,12 @@ def test_targets_exist_and_each_installs_into_a_stage_of_its_own(recipe):
     names = [s.name for s in recipe.stages]
     assert len(names) == len(set(names)), f"duplicate stage names: {names}"
     for target, install_target in TARGETS.items():
-        copies = [(flags, srcs, dest) for stage in recipe.chain(target) for (s, _i, flags, srcs, dest)
-                  in recipe.copies() if s is stage and "from" in flags]
+        copies = [
+            (flags, srcs, dest)
+            for stage in recipe.chain(target)
+            for (s, _i, flags, srcs, dest) in recipe.copies()
+            if s is stage and "from" in flags
+        ]
         assert len(copies) == 1, f"target {target} should take its environment from one build stage: {copies}"
         flags, srcs, dest = copies[0]
         assert srcs == ["/opt/apexrl"] and dest == "/opt/apexrl"
@@ -58,20 +62,26 @@ def test_targets_exist_and_each_installs_into_a_stage_of_its_own(recipe):
 def test_no_install_step_outside_docker_install_sh(recipe):
     for stage in recipe.stages:
         for i in stage.all("RUN"):
-            assert not re.search(r"\bpip\b|\bapt-get\b|\bapk\b", i.args), \
+            assert not re.search(r"\bpip\b|\bapt-get\b|\bapk\b", i.args), (
                 f"Dockerfile:{i.line}: install steps belong in docker/install.sh (the tests run it), not {i.args!r}"
+            )
 
 
 def test_targets_run_apexrl_as_a_fixed_non_root_user(recipe):
     for target in TARGETS:
         user = recipe.effective(target, "USER")
         assert user is not None, f"{target} sets no USER"
-        assert re.fullmatch(r"[1-9][0-9]*(:[1-9][0-9]*)?", user.args), \
+        assert re.fullmatch(r"[1-9][0-9]*(:[1-9][0-9]*)?", user.args), (
             f"{target}: USER {user.args!r} must be a numeric non-root uid (Kubernetes checks runAsNonRoot on it)"
+        )
         entry = recipe.effective(target, "ENTRYPOINT")
-        assert entry is not None and entry.flags_and_words()[1] == ["apexrl"], f"{target}: ENTRYPOINT is not apexrl"
+        assert entry is not None and entry.flags_and_words()[1] == ["apexrl"], (
+            f"{target}: ENTRYPOINT is not apexrl"
+        )
         path = next(i for s in recipe.chain(target) for i in s.all("ENV") if i.args.startswith("PATH="))
-        assert path.args.startswith("PATH=/opt/apexrl/bin:"), "the installed environment must come first on PATH"
+        assert path.args.startswith("PATH=/opt/apexrl/bin:"), (
+            "the installed environment must come first on PATH"
+        )
     # The user is created with that uid, so tools that look the user up (and Python's home) find it.
     run = " ".join(i.args for s in recipe.chain("replay") for i in s.all("RUN"))
     uid = d.image_uid("replay")
@@ -82,11 +92,16 @@ def test_oci_labels_and_version(recipe, pyproject):
     for target in TARGETS:
         labels = recipe.labels(target)
         for key in OCI_LABELS:
-            assert f"org.opencontainers.image.{key}" in labels, f"{target} lacks org.opencontainers.image.{key}"
+            assert f"org.opencontainers.image.{key}" in labels, (
+                f"{target} lacks org.opencontainers.image.{key}"
+            )
         assert all(k.startswith("org.opencontainers.image.") for k in labels), labels
         assert target in labels["org.opencontainers.image.title"]
         assert recipe.args(target)["VERSION"] == pyproject["project"]["version"]
-    assert recipe.labels("replay")["org.opencontainers.image.licenses"] == pyproject["project"]["license"]["text"]
+    assert (
+        recipe.labels("replay")["org.opencontainers.image.licenses"]
+        == pyproject["project"]["license"]["text"]
+    )
 
 
 def test_torch_build_arguments_agree_with_install_sh_and_setup_sh(recipe):
@@ -110,19 +125,31 @@ def test_every_copied_path_exists_is_in_the_context_and_covers_the_package(recip
             continue
         for src in srcs:
             assert (d.REPO / src).exists(), f"Dockerfile:{i.line}: COPY {src}: no such path"
-            assert not d.ignored(src.rstrip("/"), patterns), f"Dockerfile:{i.line}: .dockerignore excludes {src}"
+            assert not d.ignored(src.rstrip("/"), patterns), (
+                f"Dockerfile:{i.line}: .dockerignore excludes {src}"
+            )
             sources.append(src.rstrip("/"))
     # What `pip install .` reads: pyproject.toml, the readme it names, every package folder it maps.
-    needed = ["pyproject.toml", pyproject["project"]["readme"], "docker/install.sh",
-              *pyproject["tool"]["setuptools"]["package-dir"].values()]
+    needed = [
+        "pyproject.toml",
+        pyproject["project"]["readme"],
+        "docker/install.sh",
+        *pyproject["tool"]["setuptools"]["package-dir"].values(),
+    ]
     missing = [n for n in needed if n not in sources]
     assert not missing, f"the Dockerfile does not COPY {missing}"
 
 
 def test_dockerignore_keeps_build_junk_out(tmp_path):
     patterns = d.ignore_patterns()
-    for junk in (".git/config", ".venv/bin/python", "common/__pycache__/x.cpython-311.pyc", "runs/a/b.csv",
-                 "apexrl.egg-info/PKG-INFO", "tests/conftest.py"):
+    for junk in (
+        ".git/config",
+        ".venv/bin/python",
+        "common/__pycache__/x.cpython-311.pyc",
+        "runs/a/b.csv",
+        "apexrl.egg-info/PKG-INFO",
+        "tests/conftest.py",
+    ):
         assert d.ignored(junk, patterns), f".dockerignore lets {junk} into the context"
     sources = d.build_context(tmp_path)
     assert (tmp_path / "docker" / "install.sh").is_file() and (tmp_path / "pyproject.toml").is_file()

@@ -17,11 +17,15 @@ def fleet(**changes) -> dict:
     data = {
         "fleet": {"env": "CartPole-v1", "seed": 3},
         "hosts": {"m1": "10.0.0.1", "m2": "10.0.0.2"},
-        "shard": [{"host": "m1", "port": 7000, "metrics_port": 9100},
-                  {"host": "m1", "port": 7001, "metrics_port": 9101}],
+        "shard": [
+            {"host": "m1", "port": 7000, "metrics_port": 9100},
+            {"host": "m1", "port": 7001, "metrics_port": 9101},
+        ],
         "learner": {"host": "m1", "port": 7100, "metrics_port": 9200},
-        "actors": [{"host": "m2", "count": 3, "metrics_port": 9300},
-                   {"host": "m1", "count": 2, "metrics_port": 9300}],
+        "actors": [
+            {"host": "m2", "count": 3, "metrics_port": 9300},
+            {"host": "m1", "count": 2, "metrics_port": 9300},
+        ],
         "evaluator": {"host": "m1", "metrics_port": 9400},
     }
     data.update(changes)

@@ -27,8 +27,9 @@ print(max(pool["num_threads"] for pool in threadpoolctl.threadpool_info() if poo
 def _blas_threads(env_overrides: dict[str, str]) -> int:
     env = {name: value for name, value in os.environ.items() if not name.endswith("_NUM_THREADS")}
     env.update(env_overrides)
-    result = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
     return int(result.stdout.strip().splitlines()[-1])
 
 

@@ -46,11 +46,10 @@ def test_command_lines_carry_the_wiring(tmp_path):
     assert len(set(seeds[2:])) == len(seeds) - 2  # learner, actors and evaluator all seeded differently
 
 
-
-
 def test_role_configs_share_the_fleet_settings_out():
-    config = parse_config(fleet(fleet={"replay_capacity": 1001, "min_replay_size": 301, "samples_per_insert": 4.0,
-                                       "seed": 3}))
+    config = parse_config(
+        fleet(fleet={"replay_capacity": 1001, "min_replay_size": 301, "samples_per_insert": 4.0, "seed": 3})
+    )
     by_name = {r.name: r for r in roles(config)}
     links = wiring(config, "m1")
     shard = role_config(config, by_name["shard-1"], links, Path("/run"))
@@ -68,16 +67,23 @@ def test_role_configs_share_the_fleet_settings_out():
     assert learner.algorithm == "dqn" and shard.capacity == 501  # the algorithm named; given settings kept
 
 
-@pytest.mark.parametrize(("fleet_settings", "expected"), [
-    ({"env": "CartPole-v1"}, 100),  # one round: the 100 episodes of one policy that "solved" is defined on
-    ({"env": "ALE/Pong-v5"}, 10),  # Atari: rounds of a conv net over thousands of frames stay short
-    ({"env": "ALE/Pong-v5", "evaluation_episodes": 30}, 30),
-    ({"env": "CartPole-v1", "evaluation_episodes": 7}, 7),
-])
+@pytest.mark.parametrize(
+    ("fleet_settings", "expected"),
+    [
+        (
+            {"env": "CartPole-v1"},
+            100,
+        ),  # one round: the 100 episodes of one policy that "solved" is defined on
+        ({"env": "ALE/Pong-v5"}, 10),  # Atari: rounds of a conv net over thousands of frames stay short
+        ({"env": "ALE/Pong-v5", "evaluation_episodes": 30}, 30),
+        ({"env": "CartPole-v1", "evaluation_episodes": 7}, 7),
+    ],
+)
 def test_the_evaluators_round_size_follows_the_environment_unless_set(fleet_settings, expected):
     config = parse_config(fleet(fleet={"seed": 3, **fleet_settings}))
-    evaluator = role_config(config, {r.name: r for r in roles(config)}["evaluator"], wiring(config, "m1"),
-                            Path("/run"))
+    evaluator = role_config(
+        config, {r.name: r for r in roles(config)}["evaluator"], wiring(config, "m1"), Path("/run")
+    )
     assert evaluator.num_envs == expected
 
 
@@ -88,12 +94,18 @@ def test_the_evaluator_gets_the_actors_pass_through_args_first():
     assert extra_args_for("replay", extra) == []
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"replay": ["--alpha", "11"]}, "shard-0: --alpha: alpha (11.0) must be in [0, 10]"),
-    ({"learner": ["--batch-size"]}, "learner: apexrl learner (learner): argument --batch-size: expected one argument"),
-    ({"actor": ["--bogus"]}, "actor-0: apexrl actor (actor-0): unrecognized arguments: --bogus"),
-    ({"actor": ["--epsilon", "3"]}, "actor-0: --epsilon: epsilon (3.0) must be in [0, 1]"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"replay": ["--alpha", "11"]}, "shard-0: --alpha: alpha (11.0) must be in [0, 10]"),
+        (
+            {"learner": ["--batch-size"]},
+            "learner: apexrl learner (learner): argument --batch-size: expected one argument",
+        ),
+        ({"actor": ["--bogus"]}, "actor-0: apexrl actor (actor-0): unrecognized arguments: --bogus"),
+        ({"actor": ["--epsilon", "3"]}, "actor-0: --epsilon: epsilon (3.0) must be in [0, 1]"),
+    ],
+)
 def test_check_commands_parses_every_local_role_as_the_role_will(tmp_path, extra, message):
     config = parse_config(fleet(actors=[{"host": "m1", "count": 2}]))
     check_commands(config, "m1", tmp_path, {})  # the fleet as written is fine
@@ -113,20 +125,33 @@ def test_shards_are_started_with_the_signature_the_fleets_actors_write():
     config = parse_config(fleet())
     by_name = {r.name: r for r in roles(config)}
     argv = command(config, by_name["shard-0"], wiring(config, "m1"), Path("/run"))
-    assert argv[argv.index("--signature") + 1] == ("obs:float32[4],action:int64[],reward:float32[],"
-                                                   "discount:float32[],next_obs:float32[4],weight_version:int64[]")
+    assert argv[argv.index("--signature") + 1] == (
+        "obs:float32[4],action:int64[],reward:float32[],"
+        "discount:float32[],next_obs:float32[4],weight_version:int64[]"
+    )
     pendulum = parse_config(fleet(fleet={"env": "Pendulum-v1"}))
-    shard = role_config(pendulum, {r.name: r for r in roles(pendulum)}["shard-0"], wiring(pendulum, "m1"),
-                        Path("/run"))
+    shard = role_config(
+        pendulum, {r.name: r for r in roles(pendulum)}["shard-0"], wiring(pendulum, "m1"), Path("/run")
+    )
     assert str(shard.signature.fields[1]) == "action:float32[1]"
 
 
 def test_a_shards_own_signature_wins_and_actors_that_disagree_pin_none():
     own = "obs:float32[4],action:int64[]"
     config = parse_config(fleet(shard=[{"host": "m1", "port": 7000, "signature": own}]))
-    shard = role_config(config, {r.name: r for r in roles(config)}["shard-0"], wiring(config, "m1"), Path("/run"))
+    shard = role_config(
+        config, {r.name: r for r in roles(config)}["shard-0"], wiring(config, "m1"), Path("/run")
+    )
     assert str(shard.signature) == own
-    mixed = parse_config(fleet(actors=[{"host": "m2", "count": 1, "compress": "lz4"},
-                                       {"host": "m1", "count": 1, "compress": "zstd"}]))
-    shard = role_config(mixed, {r.name: r for r in roles(mixed)}["shard-0"], wiring(mixed, "m1"), Path("/run"))
+    mixed = parse_config(
+        fleet(
+            actors=[
+                {"host": "m2", "count": 1, "compress": "lz4"},
+                {"host": "m1", "count": 1, "compress": "zstd"},
+            ]
+        )
+    )
+    shard = role_config(
+        mixed, {r.name: r for r in roles(mixed)}["shard-0"], wiring(mixed, "m1"), Path("/run")
+    )
     assert shard.signature is None

@@ -20,9 +20,19 @@ def write_run(tmp_path, eval_episodes: int = 150):
         writer = csv.DictWriter(f, fieldnames=ProgressRow.columns())
         writer.writeheader()
         for tick in range(1, 31):
-            writer.writerow({"wall_seconds": 5.0 * tick, "env_steps": 1000 * tick, "episodes": 10 * tick,
-                             "updates": 100 * tick, "updates_per_second": 20.0, "mean_return_100": "",
-                             "mean_explore_return_100": "", "weight_version": tick, "unix_time": START + 5.0 * tick})
+            writer.writerow(
+                {
+                    "wall_seconds": 5.0 * tick,
+                    "env_steps": 1000 * tick,
+                    "episodes": 10 * tick,
+                    "updates": 100 * tick,
+                    "updates_per_second": 20.0,
+                    "mean_return_100": "",
+                    "mean_explore_return_100": "",
+                    "weight_version": tick,
+                    "unix_time": START + 5.0 * tick,
+                }
+            )
     episodes = tmp_path / "episodes.csv"
     rng = np.random.default_rng(0)
     with open(episodes, "w", newline="") as f:
@@ -38,7 +48,9 @@ def write_run(tmp_path, eval_episodes: int = 150):
 
 def test_learning_curve_png(tmp_path):
     progress, episodes = write_run(tmp_path)
-    out = plot_learning_curve(progress, episodes, tmp_path / "curve.png", target_return=475.0, title="CartPole-v1")
+    out = plot_learning_curve(
+        progress, episodes, tmp_path / "curve.png", target_return=475.0, title="CartPole-v1"
+    )
     data = out.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
     assert not list(tmp_path.glob(".*tmp*"))  # written atomically
@@ -56,5 +68,3 @@ def test_rolling_mean_and_eval_filter(tmp_path):
     _, episodes = write_run(tmp_path, eval_episodes=3)
     times, returns = read_eval_returns(episodes)
     assert times.tolist() == [START + 1, START + 2, START + 3] and returns.size == 3
-
-

@@ -14,8 +14,15 @@ from apexrl.learner.learner import Learner
 from apexrl.learner.sharded_client import PrioritizedBatch
 
 
-def make_batch(keys, obs_dim: int = 4, num_actions: int = 2, shards: int = 2, seed: int = 0,
-               row_version: int | None = None, action_dim: int | None = None) -> PrioritizedBatch:
+def make_batch(
+    keys,
+    obs_dim: int = 4,
+    num_actions: int = 2,
+    shards: int = 2,
+    seed: int = 0,
+    row_version: int | None = None,
+    action_dim: int | None = None,
+) -> PrioritizedBatch:
     """A CartPole-shaped batch: row j has key keys[j], lives on shard keys[j] % shards, and its columns, probability
     and weight are functions of its key (so a row can be recognised after shuffling). With `row_version`, every
     row also carries that weight_version; with `action_dim`, actions are float32 vectors in [-1, 1] (a Box)."""
@@ -24,10 +31,12 @@ def make_batch(keys, obs_dim: int = 4, num_actions: int = 2, shards: int = 2, se
     rng = np.random.default_rng(seed)
     versions = {} if row_version is None else {"weight_version": np.full(len(k), row_version, dtype=np.int64)}
     return PrioritizedBatch(
-        columns={**versions,
+        columns={
+            **versions,
             "obs": (rng.normal(size=(len(k), obs_dim)) + k[:, None]).astype(np.float32),
-            "action": (k % num_actions).astype(np.int64) if action_dim is None else
-            np.sin(k[:, None] + np.arange(action_dim)).astype(np.float32),
+            "action": (k % num_actions).astype(np.int64)
+            if action_dim is None
+            else np.sin(k[:, None] + np.arange(action_dim)).astype(np.float32),
             "reward": (k % 3).astype(np.float32),
             "discount": np.where(k % 5 == 0, 0.0, 0.97).astype(np.float32),
             "next_obs": rng.normal(size=(len(k), obs_dim)).astype(np.float32),
@@ -46,8 +55,15 @@ class FakeSampler:
 
     `fleet_sizes` are the successive values refresh() reports; `failures` are exceptions sample() raises first."""
 
-    def __init__(self, *, fleet_sizes=(1000,), failures=(), obs_dim: int = 4, row_version: int | None = None,
-                 action_dim: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        fleet_sizes=(1000,),
+        failures=(),
+        obs_dim: int = 4,
+        row_version: int | None = None,
+        action_dim: int | None = None,
+    ) -> None:
         self.row_version = row_version
         self.action_dim = action_dim
         self._lock = threading.Lock()
@@ -77,8 +93,13 @@ class FakeSampler:
             self.sample_calls.append((batch_size, beta))
             if self.failures:
                 raise self.failures.pop(0)
-            batch = make_batch(range(self._next_key, self._next_key + batch_size), obs_dim=self.obs_dim,
-                               seed=self._next_key, row_version=self.row_version, action_dim=self.action_dim)
+            batch = make_batch(
+                range(self._next_key, self._next_key + batch_size),
+                obs_dim=self.obs_dim,
+                seed=self._next_key,
+                row_version=self.row_version,
+                action_dim=self.action_dim,
+            )
             self._next_key += batch_size
             self.drawn.append(batch)
             return batch
@@ -105,10 +126,24 @@ class Publisher:
 
 
 def config(tmp_path=None, **changes) -> LearnerConfig:
-    values = {"replay": ("fake:1",), "device": "cpu", "seed": 0, "hidden_sizes": (16,), "batch_size": 8,
-              "learning_rate": 1e-2, "target_update_period": 3, "publish_every": 2, "min_replay_size": 1,
-              "beta_start": 0.4, "beta_end": 1.0, "beta_anneal_updates": 10, "prefetch_depth": 2,
-              "sample_batches_per_call": 1, "run_dir": str(tmp_path) if tmp_path else None, **changes}
+    values = {
+        "replay": ("fake:1",),
+        "device": "cpu",
+        "seed": 0,
+        "hidden_sizes": (16,),
+        "batch_size": 8,
+        "learning_rate": 1e-2,
+        "target_update_period": 3,
+        "publish_every": 2,
+        "min_replay_size": 1,
+        "beta_start": 0.4,
+        "beta_end": 1.0,
+        "beta_anneal_updates": 10,
+        "prefetch_depth": 2,
+        "sample_batches_per_call": 1,
+        "run_dir": str(tmp_path) if tmp_path else None,
+        **changes,
+    }
     return LearnerConfig(**values)
 
 

@@ -25,10 +25,17 @@ def checkpoint(**changes) -> Checkpoint:
     torch.manual_seed(0)
     online_net = DuelingQNetwork(4, 2, (8,))
     online, target = online_net.state_dict(), DuelingQNetwork(4, 2, (8,)).state_dict()
-    values = {"env_id": "CartPole-v1", "algorithm": "dqn", "spaces": EnvSpaces.vector(4, 2),
-              "architecture": {"network": "mlp", "hidden_sizes": [8]},
-              "state": {"online": online, "target": target, "optimizer": None},
-              "acting_weights": state_dict_to_numpy(online_net), "updates": 42, "weight_version": 5, **changes}
+    values = {
+        "env_id": "CartPole-v1",
+        "algorithm": "dqn",
+        "spaces": EnvSpaces.vector(4, 2),
+        "architecture": {"network": "mlp", "hidden_sizes": [8]},
+        "state": {"online": online, "target": target, "optimizer": None},
+        "acting_weights": state_dict_to_numpy(online_net),
+        "updates": 42,
+        "weight_version": 5,
+        **changes,
+    }
     return Checkpoint(**values)
 
 
@@ -39,11 +46,17 @@ def test_a_checkpoint_round_trips_and_is_found_from_its_run_directory(tmp_path):
     for where in (path, tmp_path / "checkpoints", tmp_path):
         assert resolve_checkpoint(where) == path
         loaded = load_checkpoint(where)
-        assert (loaded.env_id, loaded.algorithm, loaded.spaces, loaded.architecture, loaded.updates,
-                loaded.weight_version) == ("CartPole-v1", "dqn", EnvSpaces.vector(4, 2),
-                                           {"network": "mlp", "hidden_sizes": [8]}, 42, 5)
-        assert same(loaded.state["online"], saved.state["online"]) and same(loaded.state["target"],
-                                                                             saved.state["target"])
+        assert (
+            loaded.env_id,
+            loaded.algorithm,
+            loaded.spaces,
+            loaded.architecture,
+            loaded.updates,
+            loaded.weight_version,
+        ) == ("CartPole-v1", "dqn", EnvSpaces.vector(4, 2), {"network": "mlp", "hidden_sizes": [8]}, 42, 5)
+        assert same(loaded.state["online"], saved.state["online"]) and same(
+            loaded.state["target"], saved.state["target"]
+        )
         assert loaded.state["optimizer"] is None
         assert loaded.acting_weights.keys() == saved.acting_weights.keys()
         for name, array in saved.acting_weights.items():
@@ -86,8 +99,12 @@ def test_a_new_learner_on_the_same_run_directory_resumes_exactly(tmp_path):
 
     second, sampler, publisher2 = learner(config(tmp_path, publish_every=2, target_update_period=3, seed=1))
     assert (second.updates, second.weight_version) == (7, 3)
-    assert same(params(second.learning.online), params(first.learning.online)) and same(params(second.learning.target), params(first.learning.target))
-    assert not same(params(second.learning.online), params(second.learning.target))  # both networks came back, not one twice
+    assert same(params(second.learning.online), params(first.learning.online)) and same(
+        params(second.learning.target), params(first.learning.target)
+    )
+    assert not same(
+        params(second.learning.online), params(second.learning.target)
+    )  # both networks came back, not one twice
     first_state, second_state = first.learning.optimizer.state_dict(), second.learning.optimizer.state_dict()
     assert first_state["param_groups"] == second_state["param_groups"]
     for key, value in first_state["state"].items():
@@ -105,7 +122,9 @@ def test_a_checkpoint_of_another_network_shape_is_refused(tmp_path):
     first, _, _ = learner(config(tmp_path, hidden_sizes=(16,)))
     first.train_step(make_batch(range(8)))
     first.save()
-    with pytest.raises(ValueError, match=r"has another network: hidden_sizes \[16\] there, \[32\] in the configuration"):
+    with pytest.raises(
+        ValueError, match=r"has another network: hidden_sizes \[16\] there, \[32\] in the configuration"
+    ):
         learner(config(tmp_path, hidden_sizes=(32,)))
     assert load_checkpoint(tmp_path).updates == 1  # left as it was
 
@@ -116,10 +135,22 @@ def test_a_checkpoint_of_the_dqn_only_format_still_loads_and_resumes(tmp_path):
     first, _, _ = learner(config(tmp_path))
     first.train_step(make_batch(range(8)))
     state = first.learning.state_dict()
-    torch.save({"format": "apexrl-dqn-v1", "env_id": "CartPole-v1", "obs_dim": 4, "num_actions": 2,
-                "hidden_sizes": [16], "online": state["online"], "target": state["target"],
-                "optimizer": state["optimizer"], "updates": 1, "weight_version": 0, "network": "mlp"},
-               tmp_path / "checkpoints" / CHECKPOINT_NAME if (tmp_path / "checkpoints").mkdir() is None else None)
+    torch.save(
+        {
+            "format": "apexrl-dqn-v1",
+            "env_id": "CartPole-v1",
+            "obs_dim": 4,
+            "num_actions": 2,
+            "hidden_sizes": [16],
+            "online": state["online"],
+            "target": state["target"],
+            "optimizer": state["optimizer"],
+            "updates": 1,
+            "weight_version": 0,
+            "network": "mlp",
+        },
+        tmp_path / "checkpoints" / CHECKPOINT_NAME if (tmp_path / "checkpoints").mkdir() is None else None,
+    )
     loaded = load_checkpoint(tmp_path)
     assert (loaded.algorithm, loaded.spaces, loaded.updates) == ("dqn", EnvSpaces.vector(4, 2), 1)
     np.testing.assert_array_equal(loaded.acting_weights["value.bias"], state["online"]["value.bias"].numpy())

@@ -27,8 +27,16 @@ def test_train_step_sends_back_td_error_plus_epsilon_for_exactly_the_batchs_rows
     batch = make_batch([5, 17, 2, 40, 33, 8, 11, 26])
     online, target = copy.deepcopy(lrn.learning.online), copy.deepcopy(lrn.learning.target)
     cols = {k: torch.as_tensor(v) for k, v in batch.columns.items()}
-    want_loss, want_td = double_dqn_loss(online, target, cols["obs"], cols["action"], cols["reward"],
-                                         cols["discount"], cols["next_obs"], torch.as_tensor(batch.weights))
+    want_loss, want_td = double_dqn_loss(
+        online,
+        target,
+        cols["obs"],
+        cols["action"],
+        cols["reward"],
+        cols["discount"],
+        cols["next_obs"],
+        torch.as_tensor(batch.weights),
+    )
     before = params(lrn.learning.online)
     loss = lrn.train_step(batch)
     assert loss == pytest.approx(want_loss.item(), rel=1e-6)
@@ -97,9 +105,14 @@ def test_a_busy_or_refusing_service_costs_a_publish_and_a_bad_request_stops_the_
 
     registry = CollectorRegistry()
     lrn = Learner(config(publish_every=1), EnvSpaces.vector(4, 2), FakeSampler(), Publisher(), registry)
-    for refusal in (ResourceExhaustedError("4 Publish calls are in progress"), VersionRefusedError("not greater")):
+    for refusal in (
+        ResourceExhaustedError("4 Publish calls are in progress"),
+        VersionRefusedError("not greater"),
+    ):
+
         def refuse(weights, version, refusal=refusal):
             raise refusal
+
         lrn._publish = refuse
         lrn.train_step(make_batch(range(8)))
         assert lrn.weight_version == 0
@@ -107,6 +120,7 @@ def test_a_busy_or_refusing_service_costs_a_publish_and_a_bad_request_stops_the_
 
     def malformed(weights, version):
         raise InvalidArgumentError("weights have no tensors")
+
     lrn._publish = malformed
     with pytest.raises(InvalidArgumentError, match="no tensors"):
         lrn.train_step(make_batch(range(8)))
@@ -131,7 +145,11 @@ def test_run_trains_to_max_updates_publishing_checkpointing_and_flushing(tmp_pat
     runner.join(60)
     assert not runner.is_alive()
     assert lrn.updates == 12 and len(sampler.updates) == 12
-    assert [v for v, _ in publisher.published] == [1, 2, 3]  # at start (before any update), then after 5 and 10
+    assert [v for v, _ in publisher.published] == [
+        1,
+        2,
+        3,
+    ]  # at start (before any update), then after 5 and 10
     assert sampler.flushed == 1
     betas = [beta for _, beta in sampler.sample_calls]
     assert betas[0] == 0.4 and betas == sorted(betas) and betas[-1] > 0.4  # drawn with the current beta
@@ -173,8 +191,13 @@ def test_make_sampler_builds_a_sampler_process_by_default():
 
 
 def test_make_sampler_builds_the_sharded_client_the_settings_describe():
-    cfg = config(replay=("127.0.0.1:1", "127.0.0.1:2"), batch_size=128, priority_coalesce_batches=4,
-                 sample_timeout=3.0, sampler_process=False)
+    cfg = config(
+        replay=("127.0.0.1:1", "127.0.0.1:2"),
+        batch_size=128,
+        priority_coalesce_batches=4,
+        sample_timeout=3.0,
+        sampler_process=False,
+    )
     sampler = make_sampler(cfg)
     try:
         assert isinstance(sampler, ShardedReplayClient)
@@ -184,10 +207,13 @@ def test_make_sampler_builds_the_sharded_client_the_settings_describe():
         sampler.close()
 
 
-@pytest.mark.parametrize(("network", "given", "expected"), [
-    ("mlp", None, 2e-3),  # vectors: the MLP's default (algorithms/dqn/networks.py DEFAULT_LEARNING_RATE)
-    ("mlp", 5e-4, 5e-4),  # a given rate always wins
-])
+@pytest.mark.parametrize(
+    ("network", "given", "expected"),
+    [
+        ("mlp", None, 2e-3),  # vectors: the MLP's default (algorithms/dqn/networks.py DEFAULT_LEARNING_RATE)
+        ("mlp", 5e-4, 5e-4),  # a given rate always wins
+    ],
+)
 def test_adam_uses_the_networks_default_learning_rate_unless_one_is_given(network, given, expected):
     trainer, _, _ = learner(config(network=network, learning_rate=given))
     assert trainer.learning.learning_rate == expected
@@ -196,6 +222,7 @@ def test_adam_uses_the_networks_default_learning_rate_unless_one_is_given(networ
 
 def test_a_convolutional_learner_keeps_the_lower_default_learning_rate():
     spaces = EnvSpaces((10, 10, 4), "bool", 3)  # MinAtar's planes
-    trainer = Learner(config(network="auto", learning_rate=None, hidden_sizes=None), spaces, FakeSampler(),
-                      Publisher())
+    trainer = Learner(
+        config(network="auto", learning_rate=None, hidden_sizes=None), spaces, FakeSampler(), Publisher()
+    )
     assert trainer.learning.network == "minatar" and trainer.learning.learning_rate == 1e-3

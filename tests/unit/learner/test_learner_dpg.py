@@ -25,13 +25,18 @@ def dpg(cfg, registry=None) -> tuple[Learner, FakeSampler, Publisher]:
 
 
 def params(learner: Learner) -> dict[str, torch.Tensor]:
-    return {f"{i}.{k}": v.detach().clone() for i, net in enumerate((learner.learning.policy, *learner.learning.critics))
-            for k, v in net.state_dict().items()}
+    return {
+        f"{i}.{k}": v.detach().clone()
+        for i, net in enumerate((learner.learning.policy, *learner.learning.critics))
+        for k, v in net.state_dict().items()
+    }
 
 
 def test_a_box_space_trains_dpg_and_publishes_the_policy_and_the_critic():
     registry = CollectorRegistry()
-    lrn, sampler, publisher = dpg(config(max_updates=40, publish_every=10, target_update_period=None), registry)
+    lrn, sampler, publisher = dpg(
+        config(max_updates=40, publish_every=10, target_update_period=None), registry
+    )
     assert lrn.algorithm.name == "dpg" and lrn.config.target_tau == 0.005 and lrn.config.twin_critics
     lrn.run(threading.Event())
     assert lrn.updates == 40 and len(sampler.updates) == 40
@@ -55,7 +60,9 @@ def test_dpg_resumes_exactly_from_its_checkpoint(tmp_path):
     assert saved.algorithm == "dpg" and saved.spaces == SPACES and saved.architecture["critics"] == 2
     second, _, _ = dpg(config(tmp_path, publish_every=3, seed=1))
     assert second.updates == 5 and second.weight_version == first.weight_version
-    assert all(torch.equal(a, b) for a, b in zip(params(first).values(), params(second).values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(params(first).values(), params(second).values(), strict=True)
+    )
     batch = make_batch(range(100, 108), action_dim=2)
     torch.manual_seed(7)  # the same target-smoothing noise for both
     want = first.train_step(batch)

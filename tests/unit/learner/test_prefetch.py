@@ -61,7 +61,9 @@ def test_a_large_draw_is_split_into_parts_that_keep_each_rows_probability_and_we
     drawn = sampler.drawn[0]
     assert [len(p.keys) for p in parts] == [8] * 4
     assert sorted(np.concatenate([p.keys for p in parts]).tolist()) == drawn.keys.tolist()
-    assert [p.keys.tolist() for p in parts] != [drawn.keys[8 * i:8 * i + 8].tolist() for i in range(4)]  # shuffled
+    assert [p.keys.tolist() for p in parts] != [
+        drawn.keys[8 * i : 8 * i + 8].tolist() for i in range(4)
+    ]  # shuffled
     row = {int(k): j for j, k in enumerate(drawn.keys)}
     for part in parts:
         idx = [row[int(k)] for k in part.keys]
@@ -77,7 +79,9 @@ def test_sampling_waits_until_the_fleet_holds_the_minimum(started):
     sampler = FakeSampler(fleet_sizes=[10, 60, 500])
     prefetcher = started(sampler, min_fleet_size=100)
     get(prefetcher)
-    assert sampler.refreshes == 3 and sampler.sample_calls[0][0] == 8  # no draw before the fleet held 100 rows
+    assert (
+        sampler.refreshes == 3 and sampler.sample_calls[0][0] == 8
+    )  # no draw before the fleet held 100 rows
 
 
 def test_transient_sampling_errors_are_retried(started):
@@ -101,7 +105,9 @@ def test_stop_ends_the_thread_even_when_the_queue_is_full(started):
     sampler = FakeSampler()
     prefetcher = started(sampler, depth=1)
     get(prefetcher)
-    wait_until(lambda: len(sampler.sample_calls) >= 3, "one batch queued and one held while the queue is full")
+    wait_until(
+        lambda: len(sampler.sample_calls) >= 3, "one batch queued and one held while the queue is full"
+    )
     assert len(prefetch_threads()) == 1
     prefetcher.stop()
     assert not prefetch_threads()
@@ -136,11 +142,19 @@ def pixel_version(batch: PrioritizedBatch, bad: int | None = None) -> Prioritize
     ids = batch.keys.astype(np.int64)
     frames = compress(pixel_frames(ids), "zstd").frames()
     for i in np.flatnonzero(ids == bad):
-        frames[i] = compress(pixel_frames(ids[i:i + 1], shape=(2, 16, 8)), "zstd").frame(0)
+        frames[i] = compress(pixel_frames(ids[i : i + 1], shape=(2, 16, 8)), "zstd").frame(0)
     obs = CompressedColumn.from_frames("zstd", np.uint8, (2, 16, 16), frames)
     writers = np.array([f"actor-{k % 3}" for k in ids], dtype=object)
-    return PrioritizedBatch({**batch.columns, "obs": obs}, batch.shard_ids, batch.keys, batch.probabilities,
-                            batch.weights, batch.incarnations, batch.fleet_size, writers)
+    return PrioritizedBatch(
+        {**batch.columns, "obs": obs},
+        batch.shard_ids,
+        batch.keys,
+        batch.probabilities,
+        batch.weights,
+        batch.incarnations,
+        batch.fleet_size,
+        writers,
+    )
 
 
 def test_compressed_columns_arrive_decompressed_from_the_prefetch_thread(started):
@@ -178,6 +192,8 @@ def test_a_row_that_does_not_decompress_is_named_zeroed_and_replaced_by_a_good_r
     # A writer is named once a minute at most; every bad row still counts and is zeroed.
     caplog.clear()
     decompressor(pixel_version(make_batch([5, 6]), bad=5))
-    assert decompressor.rows_rejected == 2 and not [r for r in caplog.records if "rejected row" in r.getMessage()]
+    assert decompressor.rows_rejected == 2 and not [
+        r for r in caplog.records if "rejected row" in r.getMessage()
+    ]
     # A batch with no good row is dropped.
     assert decompressor(pixel_version(make_batch([5, 5]), bad=5)) is None and sampler.zeroed[-1] == [5, 5]

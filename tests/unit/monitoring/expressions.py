@@ -23,7 +23,7 @@ _ALERT = re.compile(r"^(?P<lhs>.+?)\s*(?P<op>==|!=|>=|<=|>|<)\s*(?P<rhs>-?[0-9]+
 @dataclass(frozen=True)
 class Expression:
     where: str  # "dashboard apexrl-fleet.json / Loss / A", "rule job:...", "alert ApexrlLearnerStalled"
-    expr: str   # as written
+    expr: str  # as written
     query: str  # what to run in Prometheus: variables filled in, an alert's comparison turned into `bool`
 
 
@@ -38,8 +38,13 @@ def dashboard_expressions() -> list[Expression]:
     for path in sorted(DASHBOARDS.glob("*.json")):
         for panel in json.loads(path.read_text())["panels"]:
             for target in panel.get("targets", []):
-                found.append(Expression(f"dashboard {path.name} / {panel['title']} / {target['refId']}",
-                                        target["expr"], _fill(target["expr"])))
+                found.append(
+                    Expression(
+                        f"dashboard {path.name} / {panel['title']} / {target['refId']}",
+                        target["expr"],
+                        _fill(target["expr"]),
+                    )
+                )
     return found
 
 
@@ -61,7 +66,9 @@ def rule_expressions() -> list[Expression]:
         if "record" in rule:
             found.append(Expression(f"rule {rule['record']}", rule["expr"], rule["expr"]))
         else:
-            found.append(Expression(f"alert {rule['alert']}", rule["expr"], alert_without_comparison(rule["expr"])))
+            found.append(
+                Expression(f"alert {rule['alert']}", rule["expr"], alert_without_comparison(rule["expr"]))
+            )
     return found
 
 

@@ -13,8 +13,16 @@ import yaml
 from tests.unit.monitoring.expressions import DASHBOARDS, dashboard_expressions
 from tests.unit.monitoring.tools import load_script, needs_promtool, promtool
 
-ROWS = ["Fleet", "Replay shards", "Learner", "Episode return", "Weights", "RPC latency", "Where the time goes",
-        "Queues (flow control)"]
+ROWS = [
+    "Fleet",
+    "Replay shards",
+    "Learner",
+    "Episode return",
+    "Weights",
+    "RPC latency",
+    "Where the time goes",
+    "Queues (flow control)",
+]
 
 
 def test_committed_files_are_what_the_generator_builds():
@@ -51,7 +59,9 @@ def test_each_dashboard_has_every_row_and_importable_panels(name, rows):
     for panel in panels:
         pos = panel["gridPos"]
         assert pos["x"] + pos["w"] <= 24
-        area = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+        area = {
+            (x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])
+        }
         assert not cells & area, panel["title"]
         cells |= area
 
@@ -70,8 +80,16 @@ def test_every_dashboard_expression_parses(tmp_path):
     assert len(expressions) >= 30
     for e in expressions:
         assert "$" not in e.query, f"unfilled variable in {e.where}: {e.query}"
-    rules = {"groups": [{"name": "dashboards", "rules": [
-        {"record": f"dashboard:expr:{i}", "expr": e.query} for i, e in enumerate(expressions)]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboards",
+                "rules": [
+                    {"record": f"dashboard:expr:{i}", "expr": e.query} for i, e in enumerate(expressions)
+                ],
+            }
+        ]
+    }
     path = tmp_path / "dashboard_rules.yml"
     path.write_text(yaml.safe_dump(rules))
     result = promtool("check", "rules", str(path))

@@ -20,13 +20,19 @@ def test_every_family_of_every_role_is_documented_with_type_unit_labels_and_mean
         assert metric.help, metric.family
         assert f"| `{metric.series[0]}`" in text, metric.family
     blocked = metrics["apexrl_replay_rate_limiter_blocked_seconds"]
-    assert (blocked.kind, blocked.unit, blocked.labels, blocked.jobs) == ("counter", "seconds", {"call"},
-                                                                           ["apexrl-replay"])
+    assert (blocked.kind, blocked.unit, blocked.labels, blocked.jobs) == (
+        "counter",
+        "seconds",
+        {"call"},
+        ["apexrl-replay"],
+    )
     latency = metrics["apexrl_replay_request_duration_seconds"]
     assert latency.kind == "histogram" and latency.labels == {"method"}
-    assert latency.series == ["apexrl_replay_request_duration_seconds_bucket",
-                              "apexrl_replay_request_duration_seconds_sum",
-                              "apexrl_replay_request_duration_seconds_count"]
+    assert latency.series == [
+        "apexrl_replay_request_duration_seconds_bucket",
+        "apexrl_replay_request_duration_seconds_sum",
+        "apexrl_replay_request_duration_seconds_count",
+    ]
     # The hosted parameter service's series come from the learner's process as well as from `apexrl params`.
     assert metrics["apexrl_params_current_version"].jobs == ["apexrl-learner", "apexrl-params"]
     assert metrics["apexrl_actor_weight_version"].jobs == ["apexrl-actor", "apexrl-evaluator"]

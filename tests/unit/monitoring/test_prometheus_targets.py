@@ -25,7 +25,10 @@ def test_each_role_is_one_target_labelled_with_its_job_role_and_machine():
         {"targets": ["10.0.0.1:9200"], "labels": {"job": "apexrl-learner", "role": "learner", "host": "m1"}},
         {"targets": ["10.0.0.1:9300"], "labels": {"job": "apexrl-actor", "role": "actor-3", "host": "m1"}},
         {"targets": ["10.0.0.1:9301"], "labels": {"job": "apexrl-actor", "role": "actor-4", "host": "m1"}},
-        {"targets": ["10.0.0.1:9400"], "labels": {"job": "apexrl-evaluator", "role": "evaluator", "host": "m1"}},
+        {
+            "targets": ["10.0.0.1:9400"],
+            "labels": {"job": "apexrl-evaluator", "role": "evaluator", "host": "m1"},
+        },
     ]
     on_m2 = target_groups(config, "m2", roles_on(config, "m2"))
     assert [g["targets"] for g in on_m2] == [["10.0.0.2:9300"], ["10.0.0.2:9301"], ["10.0.0.2:9302"]]
@@ -34,7 +37,13 @@ def test_each_role_is_one_target_labelled_with_its_job_role_and_machine():
 def test_a_fleet_on_loopback_is_scraped_on_loopback_and_roles_without_a_port_are_left_out():
     config = parse_config(fleet())  # bind 127.0.0.1: only this machine can reach the ports
     assert {g["targets"][0] for g in target_groups(config, "m1", roles_on(config, "m1"))} == {
-        "127.0.0.1:9100", "127.0.0.1:9101", "127.0.0.1:9200", "127.0.0.1:9300", "127.0.0.1:9301", "127.0.0.1:9400"}
+        "127.0.0.1:9100",
+        "127.0.0.1:9101",
+        "127.0.0.1:9200",
+        "127.0.0.1:9300",
+        "127.0.0.1:9301",
+        "127.0.0.1:9400",
+    }
     local = local_fleet(num_shards=1, num_actors=1)  # ports are picked at start: none known yet
     assert target_groups(local, "local", roles(local)) == []
 
@@ -48,10 +57,15 @@ def test_the_written_file_is_valid_file_sd_for_prometheus(tmp_path, caplog):
     assert len(json.loads(path.read_text())) == 6
     assert f"file_sd_configs: [{{files: ['{path}']}}]" in caplog.text  # how to point Prometheus at it
     prometheus_yml = tmp_path / "prometheus.yml"
-    prometheus_yml.write_text(yaml.safe_dump(
-        {"scrape_configs": [{"job_name": "apexrl", "file_sd_configs": [{"files": [str(path)]}]}]}))
+    prometheus_yml.write_text(
+        yaml.safe_dump(
+            {"scrape_configs": [{"job_name": "apexrl", "file_sd_configs": [{"files": [str(path)]}]}]}
+        )
+    )
     result = promtool("check", "config", str(prometheus_yml))
-    assert result.returncode == 0 and "WARNING" not in result.stdout + result.stderr, result.stdout + result.stderr
+    assert result.returncode == 0 and "WARNING" not in result.stdout + result.stderr, (
+        result.stdout + result.stderr
+    )
 
 
 @needs_promtool

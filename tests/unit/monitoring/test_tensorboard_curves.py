@@ -22,9 +22,17 @@ def read_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
 
 
 def row(env_steps: int, evaluation: float | None, exploration: float | None) -> ProgressRow:
-    return ProgressRow(wall_seconds=1.0, env_steps=env_steps, episodes=3, updates=None, updates_per_second=None,
-                       mean_return_100=evaluation, mean_explore_return_100=exploration, weight_version=None,
-                       unix_time=time.time())
+    return ProgressRow(
+        wall_seconds=1.0,
+        env_steps=env_steps,
+        episodes=3,
+        updates=None,
+        updates_per_second=None,
+        mean_return_100=evaluation,
+        mean_explore_return_100=exploration,
+        weight_version=None,
+        unix_time=time.time(),
+    )
 
 
 def test_the_progress_writer_puts_both_returns_against_env_steps_beside_progress_csv(tmp_path):
@@ -61,11 +69,15 @@ def test_the_launchers_curves_load_no_model_library(tmp_path):
     """The launcher must not load torch: its writer is tensorboard's own (checked in a fresh interpreter)."""
     import subprocess
 
-    code = ("import sys, time; from apexrl.launcher.progress import ProgressCsv, ProgressRow; "
-            f"p = ProgressCsv({str(tmp_path / 'p.csv')!r}, tensorboard_dir={str(tmp_path / 'tb')!r}); "
-            "p.write(ProgressRow(1.0, 10, 1, None, None, 5.0, 6.0, None, time.time())); p.close(); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tensorflow')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    code = (
+        "import sys, time; from apexrl.launcher.progress import ProgressCsv, ProgressRow; "
+        f"p = ProgressCsv({str(tmp_path / 'p.csv')!r}, tensorboard_dir={str(tmp_path / 'tb')!r}); "
+        "p.write(ProgressRow(1.0, 10, 1, None, None, 5.0, 6.0, None, time.time())); p.close(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tensorflow')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == "[]"
     assert read_scalars(tmp_path / "tb")["return/exploration_mean_100"] == [(10, 6.0)]
 
@@ -106,15 +118,31 @@ def test_a_learner_training_from_a_real_shard_leaves_its_curves_in_the_run_direc
     shard = make_shard(TableConfig(capacity=1000, seed=0))
     rng = np.random.default_rng(0)
     with ReplayClient(shard.address) as client:
-        client.insert({"obs": rng.normal(size=(400, 4)).astype(np.float32), "action": rng.integers(0, 2, 400),
-                       "reward": np.ones(400, np.float32), "discount": np.full(400, 0.97, np.float32),
-                       "next_obs": rng.normal(size=(400, 4)).astype(np.float32)})
+        client.insert(
+            {
+                "obs": rng.normal(size=(400, 4)).astype(np.float32),
+                "action": rng.integers(0, 2, 400),
+                "reward": np.ones(400, np.float32),
+                "discount": np.full(400, 0.97, np.float32),
+                "next_obs": rng.normal(size=(400, 4)).astype(np.float32),
+            }
+        )
         client.flush()
-    config = LearnerConfig(replay=(shard.address,), run_dir=str(tmp_path / "run"), device="cpu", seed=0,
-                           hidden_sizes=(16,), batch_size=16, min_replay_size=100, max_updates=60,
-                           sample_batches_per_call=1)
+    config = LearnerConfig(
+        replay=(shard.address,),
+        run_dir=str(tmp_path / "run"),
+        device="cpu",
+        seed=0,
+        hidden_sizes=(16,),
+        batch_size=16,
+        min_replay_size=100,
+        max_updates=60,
+        sample_batches_per_call=1,
+    )
     curves = TrainingCurves(Path(config.run_dir) / "tensorboard" / "learner")
-    learner = Learner(config, EnvSpaces.vector(4, 2), make_sampler(config), WeightStore().publish, curves=curves)
+    learner = Learner(
+        config, EnvSpaces.vector(4, 2), make_sampler(config), WeightStore().publish, curves=curves
+    )
     runner = threading.Thread(target=learner.run, args=(threading.Event(),), kwargs={"progress_every": 0.01})
     runner.start()
     runner.join(90)

@@ -14,7 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool not found: Debian's prometheus package (scripts/setup.sh installs it as root)")
+    PROMTOOL is None,
+    reason="promtool not found: Debian's prometheus package (scripts/setup.sh installs it as root)",
+)
 
 
 def promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

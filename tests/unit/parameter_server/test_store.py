@@ -57,8 +57,14 @@ def test_store_wait_newer_and_snapshot_isolation():
 
 def test_check_layout_accepts_any_order_and_empty_tensors():
     f4 = np.dtype("<f4")
-    check_layout([TensorEntry("b", f4, (2,), 8, 8), TensorEntry("e", f4, (0,), 16, 0),
-                  TensorEntry("a", f4, (2,), 0, 8)], 16)
+    check_layout(
+        [
+            TensorEntry("b", f4, (2,), 8, 8),
+            TensorEntry("e", f4, (0,), 16, 0),
+            TensorEntry("a", f4, (2,), 0, 8),
+        ],
+        16,
+    )
     with pytest.raises(InvalidArgumentError, match="needs"):
         check_layout([TensorEntry("a", f4, (1 << 31, 1 << 31, 1 << 31), 0, 0)], 0)  # no int64 overflow
 
@@ -70,7 +76,9 @@ def test_versions_strictly_increase_and_a_refused_publish_changes_nothing():
     assert store.publish({"w": np.ones(2, np.float32)}, version=5) == 5
     assert store.publish({"w": np.full(2, 2.0, np.float32)}) == 6
     for bad in (6, 3):
-        with pytest.raises(VersionRefusedError, match=f"version {bad} is not greater than the current version 6"):
+        with pytest.raises(
+            VersionRefusedError, match=f"version {bad} is not greater than the current version 6"
+        ):
             store.publish({"w": np.full(2, 9.0, np.float32)}, version=bad)
         with pytest.raises(VersionRefusedError, match="not greater"):
             store.check_version(bad)
@@ -84,8 +92,12 @@ def test_versions_strictly_increase_and_a_refused_publish_changes_nothing():
 
 
 def test_pack_and_unpack_keep_order_dtype_shape_and_alignment():
-    weights = {"b": np.arange(3, dtype=np.int8), "a": np.arange(6, dtype=">f8").reshape(2, 3),
-               "s": np.float32(1.5), "m": np.array([True, False])}
+    weights = {
+        "b": np.arange(3, dtype=np.int8),
+        "a": np.arange(6, dtype=">f8").reshape(2, 3),
+        "s": np.float32(1.5),
+        "m": np.array([True, False]),
+    }
     layout, payload = pack(weights)
     assert [e.name for e in layout] == ["b", "a", "s", "m"]
     assert [e.offset for e in layout] == [0, 3, 51, 55] and payload.nbytes == 57
@@ -115,11 +127,16 @@ def test_a_version_beyond_the_window_above_the_current_one_is_refused_and_change
     store = WeightStore()
     assert store.publish({"w": np.zeros(2, np.float32)}, version=7) == 7
     for far in (2**64 - 1, 2**63, MAX_VERSION, 7 + MAX_VERSION_STEP + 1):
-        for attempt in (lambda v=far: store.check_version(v),
-                        lambda v=far: store.publish({"w": np.ones(2, np.float32)}, version=v),
-                        lambda v=far: store.publish_packed(*pack({"w": np.ones(2, np.float32)}), version=v)):
-            with pytest.raises(VersionRefusedError, match=rf"version {far} is .*the current version is 7, so the "
-                                                          rf"next must be in \[8, {7 + MAX_VERSION_STEP}\]"):
+        for attempt in (
+            lambda v=far: store.check_version(v),
+            lambda v=far: store.publish({"w": np.ones(2, np.float32)}, version=v),
+            lambda v=far: store.publish_packed(*pack({"w": np.ones(2, np.float32)}), version=v),
+        ):
+            with pytest.raises(
+                VersionRefusedError,
+                match=rf"version {far} is .*the current version is 7, so the "
+                rf"next must be in \[8, {7 + MAX_VERSION_STEP}\]",
+            ):
                 attempt()
     assert issubclass(VersionRefusedError, FailedPreconditionError)
     assert store.version == 7 and store.published_total == 1
@@ -132,7 +149,9 @@ def test_at_the_largest_version_no_version_is_left(monkeypatch):
     monkeypatch.setattr(store_module, "MAX_VERSION_STEP", MAX_VERSION)
     store = WeightStore()
     assert store.publish({"w": np.zeros(2, np.float32)}, version=MAX_VERSION) == MAX_VERSION
-    with pytest.raises(VersionRefusedError, match=f"no version is left after the current one \\({MAX_VERSION}"):
+    with pytest.raises(
+        VersionRefusedError, match=f"no version is left after the current one \\({MAX_VERSION}"
+    ):
         store.publish({"w": np.zeros(2, np.float32)})
     with pytest.raises(VersionRefusedError, match=f"above the largest version {MAX_VERSION}"):
         store.publish({"w": np.zeros(2, np.float32)}, version=MAX_VERSION + 1)

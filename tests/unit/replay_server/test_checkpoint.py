@@ -28,8 +28,12 @@ def filled(rows: int = 130, **config) -> ReplayTable:
     """A table that wrapped around, with distinct priorities, two writers and some updates."""
     t = table(**config)
     for start in range(0, rows, 10):
-        t.insert(cartpole_batch(10, start), np.arange(start, start + 10) + 1.0,
-                 writer_id=f"w{start % 20 // 10}", sequence=start)
+        t.insert(
+            cartpole_batch(10, start),
+            np.arange(start, start + 10) + 1.0,
+            writer_id=f"w{start % 20 // 10}",
+            sequence=start,
+        )
     batch = t.sample(16)
     t.update_priorities(batch.keys, np.full(16, 500.0))
     return t
@@ -43,8 +47,12 @@ def contents(t: ReplayTable) -> dict[int, tuple]:
     for key in range(info.inserted_total - info.size, info.inserted_total):
         slot = key % info.capacity
         s = t._storage
-        out[key] = (int(s["action"][slot]), float(s["obs"][slot, 0]), float(s["next_obs"][slot, 0]),
-                    float(leaves[slot]))
+        out[key] = (
+            int(s["action"][slot]),
+            float(s["obs"][slot, 0]),
+            float(s["next_obs"][slot, 0]),
+            float(leaves[slot]),
+        )
     return out
 
 
@@ -54,8 +62,12 @@ def read_back(path: Path) -> dict[int, tuple]:
     with CheckpointReader(path) as reader:
         for first, columns, leaves in reader.blocks():
             for i in range(len(leaves)):
-                out[first + i] = (int(columns["action"][i]), float(columns["obs"][i, 0]),
-                                  float(columns["next_obs"][i, 0]), float(leaves[i]))
+                out[first + i] = (
+                    int(columns["action"][i]),
+                    float(columns["obs"][i, 0]),
+                    float(columns["next_obs"][i, 0]),
+                    float(leaves[i]),
+                )
     return out
 
 
@@ -91,11 +103,22 @@ def test_round_trip_keeps_every_row_key_priority_writer_and_counter(tmp_path):
     r = restored(path)
     after = r.info()
     assert contents(r) == before
-    for field in ("size", "inserted_total", "evicted_total", "sampled_total", "updated_total", "max_priority",
-                  "inserted_bytes_total", "total_priority", "min_priority"):
+    for field in (
+        "size",
+        "inserted_total",
+        "evicted_total",
+        "sampled_total",
+        "updated_total",
+        "max_priority",
+        "inserted_bytes_total",
+        "total_priority",
+        "min_priority",
+    ):
         assert getattr(after, field) == getattr(info, field), field
     assert after.incarnation != info.incarnation  # a new process lifetime...
-    assert r.insert(cartpole_batch(10, 0), writer_id="w0", sequence=120).duplicate  # ...that knows the writers
+    assert r.insert(
+        cartpole_batch(10, 0), writer_id="w0", sequence=120
+    ).duplicate  # ...that knows the writers
     assert r.insert(cartpole_batch(10, 130), writer_id="w0", sequence=130).first_key == 130  # keys go on
 
 
@@ -115,7 +138,9 @@ def test_a_truncated_file_is_refused_naming_the_file(tmp_path, cut):
     data = path.read_bytes()
     end = int(len(data) * cut) if isinstance(cut, float) else (cut if cut >= 0 else len(data) + cut)
     path.write_bytes(data[:end])
-    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {path} is corrupt: .*(trunc|trailer|short)"):
+    with pytest.raises(
+        CorruptCheckpointError, match=f"checkpoint {path} is corrupt: .*(trunc|trailer|short)"
+    ):
         CheckpointReader(path)
 
 
@@ -151,7 +176,7 @@ def test_the_file_holds_no_pickle_and_a_footer_anyone_can_read(tmp_path):
 
     data = save(filled(), tmp_path / "c").read_bytes()
     footer_len = struct.unpack("<Q", data[-24:-16])[0]
-    meta = json.loads(data[-24 - footer_len:-24])
+    meta = json.loads(data[-24 - footer_len : -24])
     assert meta["format"] == 1 and meta["signature"].startswith("obs:float32[4]")
     assert data[:8] == b"APEXRLCK" and data[-8:] == b"APXRLEND"
 
@@ -249,8 +274,8 @@ def test_old_keys_update_the_same_rows_after_a_restore_and_never_others(tmp_path
     held = [k for k in sampled.keys.tolist() if k >= 40]  # the insert above evicted keys 30..39
     # Applied to the rows both shards hold under the same keys; never to the new rows 130..139.
     assert (result.applied, result.stale) == (len(held), len(old_keys) - len(held))
-    assert all(contents(r)[k][3] == pytest.approx(3.0 ** 0.5) for k in held)
-    assert all(contents(r)[k][3] == pytest.approx(500.0 ** 0.5) for k in range(130, 140))  # the max priority
+    assert all(contents(r)[k][3] == pytest.approx(3.0**0.5) for k in held)
+    assert all(contents(r)[k][3] == pytest.approx(500.0**0.5) for k in range(130, 140))  # the max priority
     unknown = r.update_priorities(sampled.keys, np.ones(64), incarnation=12345)
     assert unknown.stale == 64
 
@@ -259,8 +284,12 @@ def test_a_table_restored_twice_still_knows_the_first_incarnation(tmp_path):
     t = filled()
     r1 = restored(save(t, tmp_path / "c1"))
     r2 = restored(save(r1, tmp_path / "c2"))
-    assert r2.update_priorities(np.array([120], np.uint64), np.ones(1), incarnation=t.incarnation).applied == 1
-    assert r2.update_priorities(np.array([120], np.uint64), np.ones(1), incarnation=r1.incarnation).applied == 1
+    assert (
+        r2.update_priorities(np.array([120], np.uint64), np.ones(1), incarnation=t.incarnation).applied == 1
+    )
+    assert (
+        r2.update_priorities(np.array([120], np.uint64), np.ones(1), incarnation=r1.incarnation).applied == 1
+    )
 
 
 def test_a_failed_restore_leaves_an_empty_table_ready_for_the_next(tmp_path):
@@ -290,8 +319,12 @@ def compressed_filled(rows: int = 130, **config) -> ReplayTable:
 
     t = table(**config)
     for start in range(0, rows, 10):
-        t.insert(pixel_batch(10, start), np.arange(start, start + 10) + 1.0, writer_id=f"w{start % 20 // 10}",
-                 sequence=start)
+        t.insert(
+            pixel_batch(10, start),
+            np.arange(start, start + 10) + 1.0,
+            writer_id=f"w{start % 20 // 10}",
+            sequence=start,
+        )
     return t
 
 
@@ -300,9 +333,16 @@ def compressed_contents(t: ReplayTable) -> dict[int, tuple]:
     info = t.info()
     leaves = t._tree.leaf_values()
     s = t._storage
-    return {key: (int(s["action"][key % 100]), s["obs"][key % 100], s["next_obs"][key % 100],
-                  t._row_writers[key % 100], float(leaves[key % 100]))
-            for key in range(info.inserted_total - info.size, info.inserted_total)}
+    return {
+        key: (
+            int(s["action"][key % 100]),
+            s["obs"][key % 100],
+            s["next_obs"][key % 100],
+            t._row_writers[key % 100],
+            float(leaves[key % 100]),
+        )
+        for key in range(info.inserted_total - info.size, info.inserted_total)
+    }
 
 
 def test_compressed_fields_and_row_writers_round_trip_frame_for_frame(tmp_path):
@@ -319,8 +359,13 @@ def test_compressed_fields_and_row_writers_round_trip_frame_for_frame(tmp_path):
         for first, columns, leaves in reader.blocks():
             assert isinstance(columns["obs"], CompressedColumn)
             for i in range(len(leaves)):
-                seen[first + i] = (int(columns["action"][i]), columns["obs"].frame(i), columns["next_obs"].frame(i),
-                                   columns[ROW_WRITER][i], float(leaves[i]))
+                seen[first + i] = (
+                    int(columns["action"][i]),
+                    columns["obs"].frame(i),
+                    columns["next_obs"].frame(i),
+                    columns[ROW_WRITER][i],
+                    float(leaves[i]),
+                )
     assert seen == before
     r = restored(path)
     assert compressed_contents(r) == before

@@ -56,7 +56,9 @@ def test_an_empty_directory_restores_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
-def test_a_corrupt_newest_checkpoint_is_named_in_the_log_and_skipped_for_the_previous(tmp_path, caplog, damage):
+def test_a_corrupt_newest_checkpoint_is_named_in_the_log_and_skipped_for_the_previous(
+    tmp_path, caplog, damage
+):
     ck = checkpoints_of(tmp_path, [10, 20, 30])
     newest = ck.files()[-1]
     data = bytearray(newest.read_bytes())
@@ -81,11 +83,15 @@ def test_a_corrupt_newest_checkpoint_is_named_in_the_log_and_skipped_for_the_pre
 
 
 INVALID_CONTENT = {  # what a checkpoint with valid checksums may still hold: how to write it, what the log names
-    "a NaN priority": ({"leaves": lambda leaves: np.where(np.arange(len(leaves)) == 3, np.nan, leaves)},
-                       "row 3 has priority ** alpha nan"),
+    "a NaN priority": (
+        {"leaves": lambda leaves: np.where(np.arange(len(leaves)) == 3, np.nan, leaves)},
+        "row 3 has priority ** alpha nan",
+    ),
     "a negative priority": ({"leaves": lambda leaves: -leaves}, "row 0 has priority ** alpha -"),
-    "an infinite priority": ({"leaves": lambda leaves: np.where(leaves > 0, np.inf, leaves)},
-                             "row 0 has priority ** alpha inf"),
+    "an infinite priority": (
+        {"leaves": lambda leaves: np.where(leaves > 0, np.inf, leaves)},
+        "row 0 has priority ** alpha inf",
+    ),
     "a NaN max_priority": ({"max_priority": float("nan")}, "max_priority must be finite"),
     "a NaN alpha": ({"alpha": float("nan")}, "alpha (nan) must be in [0, 10]"),
     "a key past 2**63": ({"next_key": 2**63 + 59}, f"next key {2**63 + 59}"),
@@ -96,7 +102,8 @@ INVALID_CONTENT = {  # what a checkpoint with valid checksums may still hold: ho
 
 @pytest.mark.parametrize("content", list(INVALID_CONTENT))
 def test_a_newest_checkpoint_with_valid_checksums_but_invalid_content_is_set_aside_like_a_corrupt_one(
-        tmp_path, caplog, content):
+    tmp_path, caplog, content
+):
     """Checksums prove the file is the one written, not that it makes sense: such a file is named, renamed
     *.corrupt and counted, and the previous checkpoint is restored (before: the shard failed to start on it)."""
     from tests.support.tampered import rewrite_checkpoint
@@ -169,7 +176,10 @@ def test_another_alpha_refuses_to_start(tmp_path):
 
 def test_signature_difference_names_order_changes():
     a = Signature.parse("a:int8[],b:int8[]")
-    assert signature_difference(a, Signature.parse("b:int8[],a:int8[]")) == "the fields are in another order (a, b there)"
+    assert (
+        signature_difference(a, Signature.parse("b:int8[],a:int8[]"))
+        == "the fields are in another order (a, b there)"
+    )
 
 
 def test_only_the_newest_k_checkpoints_are_kept(tmp_path):
@@ -266,6 +276,8 @@ def test_the_rate_limiter_starts_afresh_after_a_restore(tmp_path):
     assert WriteAheadLog(tmp_path / "wal").replay(restored, restored=False) == 50
     restored.refuse_calls(None)
     restored.sample(10)
-    restored.sample(10)  # 20 sampled for 0 inserted: at the tolerance (each call looks at the state before it)
+    restored.sample(
+        10
+    )  # 20 sampled for 0 inserted: at the tolerance (each call looks at the state before it)
     with pytest.raises(FailedPreconditionError, match="rate limiter"):
         restored.sample(10, wait=False)

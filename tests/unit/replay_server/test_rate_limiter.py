@@ -22,7 +22,9 @@ def test_without_a_ratio_only_the_minimum_size_holds_sampling_back():
 def test_rows_inserted_before_the_minimum_size_do_not_count_toward_the_ratio():
     limiter = RateLimiter(min_size=100, samples_per_insert=2.0, tolerance=10)
     limiter.inserted(60, size_after=60)
-    limiter.inserted(60, size_after=120)  # the table reached its minimum with this batch: counted from here on
+    limiter.inserted(
+        60, size_after=120
+    )  # the table reached its minimum with this batch: counted from here on
     assert "0 rows sampled for 60 inserted (diff 120, tolerance 10)" in limiter.describe()
     assert not limiter.can_insert()  # 120 rows of sampling are owed, above the tolerance
     assert limiter.can_sample(120)
@@ -30,25 +32,25 @@ def test_rows_inserted_before_the_minimum_size_do_not_count_toward_the_ratio():
 
 def test_the_sampler_waits_when_it_runs_ahead_by_more_than_the_tolerance():
     limiter = RateLimiter(min_size=1, samples_per_insert=1.0, tolerance=16)
-    limiter.inserted(32, size_after=32)      # diff 32
-    limiter.sampled(32)                      # diff 0
+    limiter.inserted(32, size_after=32)  # diff 32
+    limiter.sampled(32)  # diff 0
     assert limiter.can_sample(32)
-    limiter.sampled(16)                      # diff -16: exactly the tolerance is still allowed
+    limiter.sampled(16)  # diff -16: exactly the tolerance is still allowed
     assert limiter.can_sample(32)
-    limiter.sampled(1)                       # diff -17
+    limiter.sampled(1)  # diff -17
     assert not limiter.can_sample(32) and limiter.can_insert()
-    limiter.inserted(1, size_after=33)       # diff -16
+    limiter.inserted(1, size_after=33)  # diff -16
     assert limiter.can_sample(33)
 
 
 def test_writers_wait_when_they_run_ahead_by_more_than_the_tolerance():
     """The insert side: the shipped launcher turns the ratio on, so actors ahead of the learner must wait."""
     limiter = RateLimiter(min_size=1, samples_per_insert=8.0, tolerance=1024)
-    limiter.inserted(128, size_after=128)    # diff 1024: exactly the tolerance is still allowed
+    limiter.inserted(128, size_after=128)  # diff 1024: exactly the tolerance is still allowed
     assert limiter.can_insert()
-    limiter.inserted(1, size_after=129)      # diff 1032
+    limiter.inserted(1, size_after=129)  # diff 1032
     assert not limiter.can_insert() and limiter.can_sample(129)
-    limiter.sampled(8)                       # diff 1024
+    limiter.sampled(8)  # diff 1024
     assert limiter.can_insert()
 
 
@@ -67,10 +69,14 @@ def test_the_ratio_is_held_within_tolerance_plus_one_batch(spi, tolerance):
         diff = inserted * spi - sampled
         assert -tolerance - 64 <= diff <= tolerance + 50 * spi
     assert sampled > 0 and inserted > 0
-    assert sampled / (inserted * spi) == pytest.approx(1.0, abs=(tolerance + 64 + 50 * spi) / (inserted * spi))
+    assert sampled / (inserted * spi) == pytest.approx(
+        1.0, abs=(tolerance + 64 + 50 * spi) / (inserted * spi)
+    )
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["insert", "sample"]), st.integers(1, 300)), min_size=1, max_size=200)
+OPS = st.lists(
+    st.tuples(st.sampled_from(["insert", "sample"]), st.integers(1, 300)), min_size=1, max_size=200
+)
 
 
 @given(min_size=st.integers(1, 500), spi=st.floats(0.01, 64.0), tolerance=st.floats(0.5, 2000.0), ops=OPS)

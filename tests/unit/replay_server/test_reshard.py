@@ -35,15 +35,19 @@ def rows_in(directory) -> list[tuple[int, int, float]]:
     with CheckpointReader(path) as reader:
         for first, columns, leaves in reader.blocks():
             for i in range(len(leaves)):
-                assert columns["obs"][i, 0] == columns["action"][i] and columns["next_obs"][i, 0] == \
-                    columns["action"][i] + 1
+                assert (
+                    columns["obs"][i, 0] == columns["action"][i]
+                    and columns["next_obs"][i, 0] == columns["action"][i] + 1
+                )
                 out.append((first + i, int(columns["action"][i]), float(leaves[i])))
     return out
 
 
 @pytest.mark.parametrize(("sources", "targets"), [(2, 3), (3, 1), (1, 4), (3, 3)])
 def test_every_row_goes_to_exactly_one_new_shard_with_its_priority(tmp_path, sources, targets):
-    spec = [(range(1000 * m, 1000 * m + 700 + 150 * m), 500 + 100 * m) for m in range(sources)]  # some wrapped
+    spec = [
+        (range(1000 * m, 1000 * m + 700 + 150 * m), 500 + 100 * m) for m in range(sources)
+    ]  # some wrapped
     src = [tmp_path / f"old{m}" for m in range(sources)]
     for m, (ids, capacity) in enumerate(spec):
         saved_shard(src[m], ids, capacity, seed=m)
@@ -63,7 +67,7 @@ def test_every_row_goes_to_exactly_one_new_shard_with_its_priority(tmp_path, sou
     # Each target holds an even share of each source, and of its old and new halves (ages interleaved).
     for ids, _ in spec:
         held = sorted(i for _, i, _ in before if ids.start <= i < ids.stop)
-        halves = held[: len(held) // 2], held[len(held) // 2:]
+        halves = held[: len(held) // 2], held[len(held) // 2 :]
         for part in after:
             mine = {i for _, i, _ in part}
             for half in halves:
@@ -98,9 +102,14 @@ def test_resharding_in_place_replaces_the_old_checkpoints(tmp_path):
     before = Counter(i for d in src for _, i, _ in rows_in(d))
     dst = [*src, tmp_path / "2"]
     result = reshard(src, dst)
-    assert [p.name for p in result.paths] == ["checkpoint-0000000002.apexrl", "checkpoint-0000000002.apexrl",
-                                              "checkpoint-0000000001.apexrl"]
-    assert Counter(i for d in dst for _, i, _ in rows_in(d)) == before  # rows_in: one checkpoint per directory
+    assert [p.name for p in result.paths] == [
+        "checkpoint-0000000002.apexrl",
+        "checkpoint-0000000002.apexrl",
+        "checkpoint-0000000001.apexrl",
+    ]
+    assert (
+        Counter(i for d in dst for _, i, _ in rows_in(d)) == before
+    )  # rows_in: one checkpoint per directory
 
 
 def test_what_is_refused(tmp_path):

@@ -37,14 +37,20 @@ def stored(t: ReplayTable) -> dict[int, float]:
 def test_keys_are_insertion_indices_and_the_oldest_rows_are_evicted_first():
     t = table()
     results = [t.insert(cartpole_batch(4, 4 * i)) for i in range(4)]  # 16 rows into 10 slots: wraps around
-    assert [(r.first_key, r.rows, r.duplicate) for r in results] == [(0, 4, False), (4, 4, False), (8, 4, False),
-                                                                    (12, 4, False)]
+    assert [(r.first_key, r.rows, r.duplicate) for r in results] == [
+        (0, 4, False),
+        (4, 4, False),
+        (8, 4, False),
+        (12, 4, False),
+    ]
     info = t.info()
     assert (info.size, info.inserted_total, info.evicted_total, info.capacity) == (10, 16, 6, 10)
     batch = t.sample(500)
     assert set(batch.keys.tolist()) == set(range(6, 16))  # the newest 10 rows, every one of them drawn
     ids = batch.columns["action"]
-    np.testing.assert_array_equal(batch.keys.astype(np.int64), ids)  # each key names the row inserted under it
+    np.testing.assert_array_equal(
+        batch.keys.astype(np.int64), ids
+    )  # each key names the row inserted under it
     np.testing.assert_array_equal(batch.columns["obs"][:, 0], ids.astype(np.float32))
     np.testing.assert_array_equal(batch.columns["next_obs"][:, 0], ids + 1.0)
 
@@ -67,7 +73,10 @@ def test_stale_and_unknown_keys_are_ignored_and_counted_never_applied_to_the_slo
     t.insert(cartpole_batch(10), np.ones(10))
     t.insert(cartpole_batch(5, 10), np.full(5, 2.0))  # keys 0..4 evicted; their slots hold keys 10..14
     result = t.update_priorities(np.array([0, 3, 4, 5, 14, 15, 99], dtype=np.uint64), np.full(7, 50.0))
-    assert (result.applied, result.stale) == (2, 5)  # 5 and 14 are live; 0, 3, 4 evicted; 15, 99 never existed
+    assert (result.applied, result.stale) == (
+        2,
+        5,
+    )  # 5 and 14 are live; 0, 3, 4 evicted; 15, 99 never existed
     priorities = stored(t)
     assert priorities[5] == 50.0 and priorities[14] == 50.0
     assert [priorities[k] for k in (10, 13)] == [2.0, 2.0]  # slots of the evicted keys 0 and 3: untouched
@@ -84,10 +93,15 @@ def test_updates_of_another_incarnation_are_all_stale():
     t.insert(cartpole_batch(10), np.ones(10))
     assert t.incarnation != 0 and t.incarnation % 2 == 1  # never 0: 0 means "this shard, whatever it is"
     assert ReplayTable(TableConfig(capacity=10)).incarnation != t.incarnation
-    result = t.update_priorities(np.arange(10, dtype=np.uint64), np.full(10, 7.0), incarnation=t.incarnation ^ 2)
+    result = t.update_priorities(
+        np.arange(10, dtype=np.uint64), np.full(10, 7.0), incarnation=t.incarnation ^ 2
+    )
     assert (result.applied, result.stale) == (0, 10)
     assert t.info().total_priority == 10.0
-    assert t.update_priorities(np.arange(2, dtype=np.uint64), np.full(2, 7.0), incarnation=t.incarnation).applied == 2
+    assert (
+        t.update_priorities(np.arange(2, dtype=np.uint64), np.full(2, 7.0), incarnation=t.incarnation).applied
+        == 2
+    )
     assert t.update_priorities(np.arange(2, 4, dtype=np.uint64), np.full(2, 7.0), incarnation=0).applied == 2
     assert t.info().total_priority == 6.0 + 4 * 7.0
 
@@ -112,14 +126,17 @@ def test_repeated_keys_in_one_update_last_value_wins_and_each_entry_counts():
     assert stored(t)[3] == 4.0
 
 
-@pytest.mark.parametrize(("keys", "priorities", "message"), [
-    (np.arange(3, dtype=np.uint64), np.array([1.0, np.nan, 1.0]), "index 1 = nan"),
-    (np.arange(3, dtype=np.uint64), np.array([1.0, 1.0, -2.0]), "index 2 = -2.0"),
-    (np.arange(3, dtype=np.uint64), np.ones(2), "priorities has shape [2], expected [3]"),
-    (np.arange(3, dtype=np.uint64), np.ones(3, np.int64), "must be float32 or float64, got int64"),
-    (np.arange(3, dtype=np.float64), np.ones(3), "keys must be uint64 or int64, got float64"),
-    (np.zeros((2, 2), np.uint64), np.ones(2), "keys has shape [2, 2], expected [n]"),
-])
+@pytest.mark.parametrize(
+    ("keys", "priorities", "message"),
+    [
+        (np.arange(3, dtype=np.uint64), np.array([1.0, np.nan, 1.0]), "index 1 = nan"),
+        (np.arange(3, dtype=np.uint64), np.array([1.0, 1.0, -2.0]), "index 2 = -2.0"),
+        (np.arange(3, dtype=np.uint64), np.ones(2), "priorities has shape [2], expected [3]"),
+        (np.arange(3, dtype=np.uint64), np.ones(3, np.int64), "must be float32 or float64, got int64"),
+        (np.arange(3, dtype=np.float64), np.ones(3), "keys must be uint64 or int64, got float64"),
+        (np.zeros((2, 2), np.uint64), np.ones(2), "keys has shape [2, 2], expected [n]"),
+    ],
+)
 def test_bad_updates_are_refused_and_change_nothing(keys, priorities, message):
     t = table()
     t.insert(cartpole_batch(10), np.ones(10))
@@ -139,8 +156,12 @@ def test_a_resent_batch_is_reported_as_duplicate_and_stored_once():
     assert (again.duplicate, again.rows, again.first_key) == (True, 0, 0)
     assert t.insert(cartpole_batch(3), writer_id="w", sequence=0).duplicate  # older than the last stored
     assert t.insert(cartpole_batch(3, 3), writer_id="w", sequence=5).first_key == 3  # gaps are fine
-    assert not t.insert(cartpole_batch(3, 6), writer_id="other", sequence=1).duplicate  # writers are independent
-    assert not t.insert(cartpole_batch(3, 9)).duplicate and not t.insert(cartpole_batch(3, 12)).duplicate  # no id
+    assert not t.insert(
+        cartpole_batch(3, 6), writer_id="other", sequence=1
+    ).duplicate  # writers are independent
+    assert (
+        not t.insert(cartpole_batch(3, 9)).duplicate and not t.insert(cartpole_batch(3, 12)).duplicate
+    )  # no id
     info = t.info()
     assert (info.size, info.inserted_total, info.duplicate_batches_total) == (15, 15, 2)
 
@@ -159,8 +180,9 @@ def test_the_first_insert_fixes_the_signature_and_later_batches_must_match():
     t = table()
     assert t.signature is None and t.info().signature is None
     t.insert(cartpole_batch(2))
-    assert str(t.signature) == ("obs:float32[4],action:int64[],reward:float32[],discount:float32[],"
-                                "next_obs:float32[4]")
+    assert str(t.signature) == (
+        "obs:float32[4],action:int64[],reward:float32[],discount:float32[],next_obs:float32[4]"
+    )
     wrong = cartpole_batch(2)
     wrong["obs"] = wrong["obs"].astype(np.float64)
     with pytest.raises(InvalidArgumentError, match="column 'obs' is float64\\[4\\] per row"):
@@ -194,8 +216,11 @@ def test_rows_are_drawn_in_proportion_to_priority_to_the_alpha(alpha):
         batch = t.sample(256)
         np.testing.assert_allclose(batch.priorities, leaves[batch.keys.astype(np.int64)])
         np.testing.assert_allclose(batch.probabilities, batch.priorities / leaves.sum())
-        assert (batch.total_priority, batch.size, batch.incarnation) == (pytest.approx(leaves.sum()), 8,
-                                                                         t.incarnation)
+        assert (batch.total_priority, batch.size, batch.incarnation) == (
+            pytest.approx(leaves.sum()),
+            8,
+            t.incarnation,
+        )
         assert batch.min_priority == pytest.approx(leaves[leaves > 0].min())
         counts += np.bincount(batch.keys.astype(np.int64), minlength=8)
     assert counts[6] == 0  # priority 0 is never drawn
@@ -270,7 +295,9 @@ def test_a_sampler_ahead_of_the_ratio_waits_until_an_insert_lets_it_go():
     t.insert(cartpole_batch(32))
     t.sample(32)
     t.sample(32)  # diff 32 - 64 = -32 < -16
-    with pytest.raises(FailedPreconditionError, match="rate limiter: samples_per_insert 1.0: 64 rows sampled"):
+    with pytest.raises(
+        FailedPreconditionError, match="rate limiter: samples_per_insert 1.0: 64 rows sampled"
+    ):
         t.sample(8, wait=False)
     waiting = Blocked(t.sample, batch_size=8, timeout=30)
     assert waiting.thread.is_alive()
@@ -341,21 +368,26 @@ def test_compressed_fields_are_stored_and_sampled_as_their_frames_with_their_wri
     first = pixel_batch(6, 0)
     t.insert(first, writer_id="actor-a", sequence=1)
     t.insert(pixel_batch(6, 6), writer_id="actor-b", sequence=1)  # 12 rows into 10 slots
-    assert str(t.signature) == ("obs:uint8[2,16,16]@zstd,action:int64[],reward:float32[],discount:float32[],"
-                                "next_obs:uint8[2,16,16]@zstd")
+    assert str(t.signature) == (
+        "obs:uint8[2,16,16]@zstd,action:int64[],reward:float32[],discount:float32[],"
+        "next_obs:uint8[2,16,16]@zstd"
+    )
     batch = t.sample(200)
     obs = batch.columns["obs"]
     assert isinstance(obs, CompressedColumn) and len(obs) == 200
     ids = batch.columns["action"]
-    np.testing.assert_array_equal(frame_ids(decompress(obs)[0]), ids)  # each row's own frame, never decompressed
+    np.testing.assert_array_equal(
+        frame_ids(decompress(obs)[0]), ids
+    )  # each row's own frame, never decompressed
     np.testing.assert_array_equal(frame_ids(decompress(batch.columns["next_obs"])[0]), ids + 1)
     assert set(ids.tolist()) == set(range(2, 12))
     assert list(batch.writers) == ["actor-a" if i < 6 else "actor-b" for i in ids]
     info = t.info()
     frames = sum(pixel_batch(1, i)[n].nbytes for i in range(2, 12) for n in ("obs", "next_obs"))
     assert info.stored_bytes == 10 * (8 + 4 + 4) + frames  # the frames as they came, plus the raw fields
-    assert info.inserted_bytes_total == 12 * 16 + first["obs"].nbytes + first["next_obs"].nbytes + \
-        sum(pixel_batch(6, 6)[n].nbytes for n in ("obs", "next_obs"))
+    assert info.inserted_bytes_total == 12 * 16 + first["obs"].nbytes + first["next_obs"].nbytes + sum(
+        pixel_batch(6, 6)[n].nbytes for n in ("obs", "next_obs")
+    )
     plain = table()  # a table without compressed fields returns no writers
     plain.insert(cartpole_batch(3), writer_id="w", sequence=1)
     assert plain.sample(4).writers == () and plain.info().stored_bytes == 3 * 48
@@ -364,11 +396,18 @@ def test_compressed_fields_are_stored_and_sampled_as_their_frames_with_their_wri
 def test_a_compressed_signature_takes_only_frames_of_its_compression():
     from tests.conftest import pixel_batch
 
-    t = table(signature=Signature.parse("obs:uint8[2,16,16]@zstd,action:int64[],reward:float32[],"
-                                        "discount:float32[],next_obs:uint8[2,16,16]@zstd"))
+    t = table(
+        signature=Signature.parse(
+            "obs:uint8[2,16,16]@zstd,action:int64[],reward:float32[],"
+            "discount:float32[],next_obs:uint8[2,16,16]@zstd"
+        )
+    )
     t.insert(pixel_batch(3))
-    with pytest.raises(InvalidArgumentError, match=r"column 'obs' is uint8\[2, 16, 16\]@lz4 per row, the table "
-                                                   r"signature wants uint8\[2, 16, 16\]@zstd"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"column 'obs' is uint8\[2, 16, 16\]@lz4 per row, the table "
+        r"signature wants uint8\[2, 16, 16\]@zstd",
+    ):
         t.insert(pixel_batch(3, compression="lz4"))
 
 
@@ -381,7 +420,9 @@ def test_max_bytes_evicts_the_oldest_rows_first_and_their_keys_go_stale():
     assert set(t.sample(300).keys.tolist()) == set(range(6, 16))
     assert t.update_priorities(np.arange(16, dtype=np.uint64), np.ones(16)).stale == 6
     assert t.info().total_priority == pytest.approx(10.0)  # evicted rows left the sum tree
-    with pytest.raises(InvalidArgumentError, match=r"batch of 528 bytes exceeds the table's max_bytes \(480\)"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"batch of 528 bytes exceeds the table's max_bytes \(480\)"
+    ):
         t.insert(cartpole_batch(11))
     with pytest.raises(ValueError, match="max_bytes"):
         TableConfig(max_bytes=0)
@@ -391,7 +432,9 @@ def test_max_bytes_counts_compressed_rows_as_stored_and_releases_their_frames():
     from tests.conftest import pixel_batch
 
     one = pixel_batch(1)
-    row = 16 + one["obs"].nbytes + one["next_obs"].nbytes  # about 70 bytes: every frame is about the same size
+    row = (
+        16 + one["obs"].nbytes + one["next_obs"].nbytes
+    )  # about 70 bytes: every frame is about the same size
     t = table(capacity=1000, max_bytes=50 * row)
     for i in range(20):
         t.insert(pixel_batch(10, 10 * i), writer_id="w", sequence=i)
@@ -401,7 +444,8 @@ def test_max_bytes_counts_compressed_rows_as_stored_and_releases_their_frames():
     held = [frame for frame in t._storage["obs"] if frame is not None]
     assert len(held) == info.size  # the evicted rows' frames were released
     assert info.stored_bytes == info.size * 16 + sum(map(len, held)) + sum(
-        len(f) for f in t._storage["next_obs"] if f is not None)
+        len(f) for f in t._storage["next_obs"] if f is not None
+    )
 
 
 def test_rows_evicted_by_bytes_while_a_snapshot_is_read_come_back_in_it():
@@ -413,7 +457,9 @@ def test_rows_evicted_by_bytes_while_a_snapshot_is_read_come_back_in_it():
     held = t.info().size
     snapshot = t.begin_snapshot(chunk_rows=8)
     for i in range(3, 8):
-        t.insert(pixel_batch(10, 10 * i), writer_id="w", sequence=i)  # evicts (by bytes) what the snapshot holds
+        t.insert(
+            pixel_batch(10, 10 * i), writer_id="w", sequence=i
+        )  # evicts (by bytes) what the snapshot holds
     seen = {}
     for slot, columns, _ in snapshot.chunks():
         for j, frame in enumerate(columns["obs"]):
@@ -423,9 +469,14 @@ def test_rows_evicted_by_bytes_while_a_snapshot_is_read_come_back_in_it():
     from apexrl.common.compression import CompressedColumn, decompress
 
     state = snapshot.state
-    ids = [int(frame_ids(decompress(CompressedColumn.from_frames("zstd", np.uint8, (2, 16, 16),
-                                                                 [seen[k % 100]]))[0])[0])
-           for k in range(state.first_key, state.next_key)]
+    ids = [
+        int(
+            frame_ids(
+                decompress(CompressedColumn.from_frames("zstd", np.uint8, (2, 16, 16), [seen[k % 100]]))[0]
+            )[0]
+        )
+        for k in range(state.first_key, state.next_key)
+    ]
     assert ids == list(range(30 - held, 30))
 
 
@@ -441,7 +492,11 @@ def test_a_journal_that_raises_fails_the_insert_and_leaves_the_table_unchanged()
     so never sampled, counted or acknowledged)."""
     t = table(capacity=100)
     t.insert(cartpole_batch(10), np.full(10, 2.0), writer_id="w", sequence=1)
-    before, writers, leaves = t.info(), dict(t._writers), t._tree.leaf_values().copy()  # white box: exact state
+    before, writers, leaves = (
+        t.info(),
+        dict(t._writers),
+        t._tree.leaf_values().copy(),
+    )  # white box: exact state
     t.set_journal(_disk_full)
     with pytest.raises(OSError, match="No space left on device"):
         t.insert(cartpole_batch(10, 10), np.full(10, 7.0), writer_id="w", sequence=2)

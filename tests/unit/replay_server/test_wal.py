@@ -39,8 +39,10 @@ def logged(directory, batches: int, rows: int = 10, t: ReplayTable | None = None
 def rows(t: ReplayTable) -> dict[int, tuple[int, float]]:
     info = t.info()
     leaves = t._tree.leaf_values()
-    return {k: (int(t._storage["action"][k % info.capacity]), float(leaves[k % info.capacity]))
-            for k in range(info.inserted_total - info.size, info.inserted_total)}
+    return {
+        k: (int(t._storage["action"][k % info.capacity]), float(leaves[k % info.capacity]))
+        for k in range(info.inserted_total - info.size, info.inserted_total)
+    }
 
 
 def replayed(directory, restored_from: ReplayTable | None = None, **config) -> ReplayTable:
@@ -67,7 +69,7 @@ def _state_and_blocks(source: ReplayTable):
         for start, columns, leaves in blocks:
             if start <= slot < start + len(leaves):
                 i = slot - start
-                keyed.append((key, {k: v[i:i + 1] for k, v in columns.items()}, leaves[i:i + 1]))
+                keyed.append((key, {k: v[i : i + 1] for k, v in columns.items()}, leaves[i : i + 1]))
     return state, keyed
 
 
@@ -78,8 +80,12 @@ def test_a_log_replayed_from_scratch_gives_back_every_row_priority_and_writer(tm
     assert t.lineage == original.lineage
     assert t.insert(cartpole_batch(10), writer_id="w1", sequence=29).duplicate
     # Keys sampled from the process that wrote the log name the same rows here.
-    assert t.update_priorities(np.arange(300, dtype=np.uint64), np.ones(300),
-                               incarnation=original.incarnation).applied == 300
+    assert (
+        t.update_priorities(
+            np.arange(300, dtype=np.uint64), np.ones(300), incarnation=original.incarnation
+        ).applied
+        == 300
+    )
 
 
 def test_replay_after_a_checkpoint_skips_what_the_checkpoint_holds(tmp_path):
@@ -203,15 +209,18 @@ def test_a_missing_segment_is_a_gap_logged_as_an_error_and_counted(tmp_path, cap
     t.refuse_calls("restoring")
     with caplog.at_level(logging.ERROR, "apexrl.replay.wal"):
         assert log.replay(t, restored=False) == 30
-    assert (f"WRITE-AHEAD LOG GAP: segment {segments[2]} starts at key 60, after key 30: rows 30..59 are lost"
-            in caplog.text)
+    assert (
+        f"WRITE-AHEAD LOG GAP: segment {segments[2]} starts at key 60, after key 30: rows 30..59 are lost"
+        in caplog.text
+    )
     assert log.stats.wal_replay_gaps == 1
     assert segments[2].with_name(segments[2].name + ".orphan").exists() and not segments[2].exists()
 
 
 @pytest.mark.parametrize("record", ["empty", "short", "NaN priorities", "a key that does not follow"])
-def test_a_record_whose_checksum_holds_but_cannot_be_replayed_is_a_gap_and_never_comes_back(tmp_path, caplog,
-                                                                                          record):
+def test_a_record_whose_checksum_holds_but_cannot_be_replayed_is_a_gap_and_never_comes_back(
+    tmp_path, caplog, record
+):
     """A record with a valid CRC whose content is invalid (written by a bug or by someone else): the replay stops
     there, loudly (ERROR, counted), cuts the segment at it and sets the rest aside, so a later restart, whose
     checkpoint may cover that record's keys, never replays the old rows after it over the new rows that took
@@ -237,7 +246,9 @@ def test_a_record_whose_checksum_holds_but_cannot_be_replayed_is_a_gap_and_never
     assert f"WRITE-AHEAD LOG GAP: {segments[0]}: the record at byte " in caplog.text
     assert "the rows from key 10 on are lost" in caplog.text and log.stats.wal_replay_gaps == 1
     (aside,) = tmp_path.glob("wal-00000000000000000000.log.from-byte-*.orphan")
-    assert sorted(p.name for p in tmp_path.glob("wal-*.log")) == [segments[0].name]  # the later ones set aside
+    assert sorted(p.name for p in tmp_path.glob("wal-*.log")) == [
+        segments[0].name
+    ]  # the later ones set aside
     # The shard goes on: new rows take keys 10.. in a new segment, and a checkpoint is taken at key 20 (it covers
     # the bad record, not the old one after it at key 20).
     t.refuse_calls(None)
@@ -305,7 +316,9 @@ def test_a_batch_the_log_cannot_append_is_not_stored_and_the_log_refuses_every_l
     assert restarted.insert(cartpole_batch(10), writer_id="w0", sequence=9).duplicate
 
 
-def test_after_a_failed_write_the_table_refuses_inserts_and_the_failure_is_reported_once(tmp_path, monkeypatch):
+def test_after_a_failed_write_the_table_refuses_inserts_and_the_failure_is_reported_once(
+    tmp_path, monkeypatch
+):
     t = table()
     log = WriteAheadLog(tmp_path)
     failures: list = []
@@ -337,8 +350,10 @@ def test_after_a_failed_write_the_table_refuses_inserts_and_the_failure_is_repor
 def _no_thread_left_behind():
     before = set(threading.enumerate())
     yield
-    wait_until(lambda: not [t for t in threading.enumerate() if t not in before and t.name == "apexrl-wal"],
-               "the log threads ended")
+    wait_until(
+        lambda: not [t for t in threading.enumerate() if t not in before and t.name == "apexrl-wal"],
+        "the log threads ended",
+    )
 
 
 def test_compressed_rows_are_logged_as_their_frames_and_replayed_with_their_writers(tmp_path):
@@ -348,8 +363,7 @@ def test_compressed_rows_are_logged_as_their_frames_and_replayed_with_their_writ
     log = WriteAheadLog(tmp_path)
     log.open(original)
     for i in range(6):
-        original.insert(pixel_batch(10, 10 * i), np.full(10, 1.0 + i),
-                        writer_id=f"w{i % 2}", sequence=i)
+        original.insert(pixel_batch(10, 10 * i), np.full(10, 1.0 + i), writer_id=f"w{i % 2}", sequence=i)
     done = threading.Event()
     log.when_durable(original.next_key, lambda error: done.set())
     assert done.wait(10)

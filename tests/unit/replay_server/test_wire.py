@@ -80,7 +80,13 @@ def test_inserts_and_acks_round_trip():
     assert wire.decode_insert(wire.encode_insert(columns, None, "w"))[1] is None
     ack = over_the_wire(wire.encode_ack(4, 11, wire.InsertResult(first_key=20, rows=5, duplicate=False)))
     assert (ack.sequence, ack.incarnation, ack.first_key, ack.rows, ack.duplicate, ack.error_code) == (
-        4, 11, 20, 5, False, 0)
+        4,
+        11,
+        20,
+        5,
+        False,
+        0,
+    )
     refused = over_the_wire(wire.encode_ack(5, 11, error_code=3, error_message="bad"))
     assert (refused.rows, refused.error_code, refused.error_message) == (0, 3, "bad")
     broken = wire.encode_insert(columns, None, "w")
@@ -98,10 +104,15 @@ def test_merged_inserts_carry_their_batch_boundaries_and_acks_their_batch_count(
     merged.sequence = 7
     assert list(merged.batch_rows) == [2, 3, 4]
     assert wire.merged_batch_offsets(merged, *wire.decode_insert(merged)) == [0, 2, 5, 9]
-    ack = over_the_wire(wire.encode_ack(9, 1, wire.InsertResult(first_key=0, rows=9, duplicate=False), batches=3))
+    ack = over_the_wire(
+        wire.encode_ack(9, 1, wire.InsertResult(first_key=0, rows=9, duplicate=False), batches=3)
+    )
     assert (ack.sequence, ack.batches, ack.rows) == (9, 3, 9)
     assert over_the_wire(wire.encode_ack(4, 1, error_code=3)).batches == 1
     merged.batch_rows[1] = 4
-    with pytest.raises(InvalidArgumentError, match=r"merged request 7 \(3 batches\): column 'obs' has 9 rows; "
-                                                   r"batch_rows sum to 10"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"merged request 7 \(3 batches\): column 'obs' has 9 rows; "
+        r"batch_rows sum to 10",
+    ):
         wire.merged_batch_offsets(merged, *wire.decode_insert(merged))

@@ -35,11 +35,17 @@ SERVICE = "apexrl-netns-test-svc.invalid"
 
 # --- pure -----------------------------------------------------------------------------------------------------------
 
+
 def test_hosts_file_keeps_localhost_and_maps_one_name_to_several_addresses():
     text = render_hosts({"m1": ["10.213.5.1"], "svc": ["10.213.5.1", "10.213.5.2"]}, "test")
     lines = [line.split("\t") for line in text.splitlines() if not line.startswith("#")]
-    assert lines == [["127.0.0.1", "localhost"], ["::1", "localhost ip6-localhost ip6-loopback"],
-                     ["10.213.5.1", "m1"], ["10.213.5.1", "svc"], ["10.213.5.2", "svc"]]
+    assert lines == [
+        ["127.0.0.1", "localhost"],
+        ["::1", "localhost ip6-localhost ip6-loopback"],
+        ["10.213.5.1", "m1"],
+        ["10.213.5.1", "svc"],
+        ["10.213.5.2", "svc"],
+    ]
     with pytest.raises(ValueError, match="10.213.5.300"):
         render_hosts({"m1": ["10.213.5.300"]}, "test")
     with pytest.raises(ValueError, match="no address"):
@@ -72,6 +78,7 @@ def test_run_ids_name_the_creating_process():
 
 # --- real namespaces ------------------------------------------------------------------------------------------------
 
+
 def resolve(network: NamespaceNetwork, inside: str, name: str) -> set[str]:
     """The IPv4 addresses `name` resolves to inside namespace `inside` (empty when it does not resolve)."""
     code = textwrap.dedent(f"""
@@ -89,25 +96,45 @@ def resolve(network: NamespaceNetwork, inside: str, name: str) -> set[str]:
 def test_two_namespaces_reach_each_other_by_name_over_tcp(netns_network):
     network = netns_network(["alpha", "beta"])
     assert network.address("alpha") != network.address("beta")
-    server = network.popen("beta", [sys.executable, "-c", textwrap.dedent("""
+    server = network.popen(
+        "beta",
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import socket
         with socket.create_server(("0.0.0.0", 5050)) as s:
             print("listening", flush=True)
             conn, peer = s.accept()
             conn.sendall(conn.recv(100).upper() + b" from " + peer[0].encode())
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert server.stdout.readline().strip() == "listening"
-    client = network.run("alpha", [sys.executable, "-c", textwrap.dedent("""
+    client = network.run(
+        "alpha",
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import socket
         with socket.create_connection(("beta", 5050), timeout=10) as c:
             c.sendall(b"ping")
             print(c.recv(100).decode())
-    """)], timeout=20, check=True)
+    """),
+        ],
+        timeout=20,
+        check=True,
+    )
     assert client.stdout.strip() == f"PING from {network.address('alpha')}"
     assert server.wait(10) == 0
     # Each namespace has its own loopback: beta's port 5050 is not alpha's.
-    closed = network.run("alpha", [sys.executable, "-c",
-                                   "import socket; socket.create_connection(('127.0.0.1', 5050), timeout=5)"])
+    closed = network.run(
+        "alpha",
+        [sys.executable, "-c", "import socket; socket.create_connection(('127.0.0.1', 5050), timeout=5)"],
+    )
     assert closed.returncode != 0 and "ConnectionRefusedError" in closed.stderr
 
 
@@ -118,20 +145,31 @@ def test_names_resolve_to_the_mapped_addresses_inside_and_not_outside(netns_netw
     a, b, c = (network.address(n) for n in ("alpha", "beta", "gamma"))
     network.set_hosts({SERVICE: [a, b]}, only=["alpha"])
 
-    assert resolve(network, "alpha", SERVICE) == {a, b}   # one name, several addresses (a headless Service)
-    assert resolve(network, "alpha", "gamma") == {c}      # every namespace's name, by default
+    assert resolve(network, "alpha", SERVICE) == {a, b}  # one name, several addresses (a headless Service)
+    assert resolve(network, "alpha", "gamma") == {c}  # every namespace's name, by default
     assert resolve(network, "alpha", "localhost") == {"127.0.0.1"}
-    assert resolve(network, "beta", SERVICE) == set()      # only alpha's hosts file has it
+    assert resolve(network, "beta", SERVICE) == set()  # only alpha's hosts file has it
     with pytest.raises(socket.gaierror):
-        socket.getaddrinfo(SERVICE, 80)                    # nor does this machine
+        socket.getaddrinfo(SERVICE, 80)  # nor does this machine
     assert Path("/etc/hosts").read_bytes() == host_file
 
     # A process already running in the namespace sees a changed mapping on its next lookup.
-    watcher = network.popen("alpha", [sys.executable, "-u", "-c", textwrap.dedent(f"""
+    watcher = network.popen(
+        "alpha",
+        [
+            sys.executable,
+            "-u",
+            "-c",
+            textwrap.dedent(f"""
         import socket, sys
         for _ in sys.stdin:
             print(" ".join(sorted({{a[4][0] for a in socket.getaddrinfo({SERVICE!r}, 80, socket.AF_INET)}})))
-    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         seen = []
         for mapping in ([a, b], [c], [a, b, c]):

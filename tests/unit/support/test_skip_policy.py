@@ -53,10 +53,14 @@ ALLOWED_SKIPS = (
 @pytest.fixture
 def suite(pytester: pytest.Pytester):
     def make(*, module_listed: bool = False) -> None:
-        extra = ('    AllowedSkip(test="test_module.py", reason="threadpoolctl", why="not on CI machines"),\n'
-                 if module_listed else "")
+        extra = (
+            '    AllowedSkip(test="test_module.py", reason="threadpoolctl", why="not on CI machines"),\n'
+            if module_listed
+            else ""
+        )
         pytester.makepyfile(test_suite=SUITE, test_module=MODULE_SKIPPED, allowed=LIST.format(extra=extra))
         pytester.makeini("[pytest]\nallowed_skips = allowed.py\n")
+
     return make
 
 
@@ -70,27 +74,34 @@ def test_on_ci_a_skip_not_on_the_list_fails_naming_the_test_and_how_to_list_it(s
     result = run(pytester)
     result.assert_outcomes(passed=1, skipped=2, failed=3, xfailed=1)  # skipped: the listed test, the module
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([
-        "*test_suite.py::test_unlisted skipped on CI (CI=true): kubectl is not installed",
-        "*list it in allowed.py:",
-        "*AllowedSkip(test='test_suite.py::test_unlisted', reason='kubectl is not installed', why=\"...\")",
-        "*test_suite.py::test_listed_for_another_reason[[]1[]] skipped on CI (CI=true): promtool is not installed",
-        "*skips allowed on CI*",
-        "test_suite.py::test_listed: root reads any file (CI runs as root)",
-        "*skips that fail this CI run*",
-        "test_module.py: threadpoolctl is not installed",
-        "test_suite.py::test_unlisted: kubectl is not installed",
-        "test_suite.py::test_listed_for_another_reason[[]1[]]: promtool is not installed",
-        "test_suite.py::test_listed_for_another_reason[[]2[]]: promtool is not installed",
-        "Install what they need in scripts/setup.sh, or list them in allowed.py with their reason and why*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_suite.py::test_unlisted skipped on CI (CI=true): kubectl is not installed",
+            "*list it in allowed.py:",
+            "*AllowedSkip(test='test_suite.py::test_unlisted', reason='kubectl is not installed', why=\"...\")",
+            "*test_suite.py::test_listed_for_another_reason[[]1[]] skipped on CI (CI=true): promtool is not installed",
+            "*skips allowed on CI*",
+            "test_suite.py::test_listed: root reads any file (CI runs as root)",
+            "*skips that fail this CI run*",
+            "test_module.py: threadpoolctl is not installed",
+            "test_suite.py::test_unlisted: kubectl is not installed",
+            "test_suite.py::test_listed_for_another_reason[[]1[]]: promtool is not installed",
+            "test_suite.py::test_listed_for_another_reason[[]2[]]: promtool is not installed",
+            "Install what they need in scripts/setup.sh, or list them in allowed.py with their reason and why*",
+        ]
+    )
 
 
 def test_on_ci_a_run_whose_only_skips_are_listed_passes(suite, pytester, monkeypatch):
     monkeypatch.setenv("CI", "true")
     suite(module_listed=True)
-    result = run(pytester, "--deselect", "test_suite.py::test_unlisted", "--deselect",
-                 "test_suite.py::test_listed_for_another_reason")
+    result = run(
+        pytester,
+        "--deselect",
+        "test_suite.py::test_unlisted",
+        "--deselect",
+        "test_suite.py::test_listed_for_another_reason",
+    )
     result.assert_outcomes(passed=1, skipped=2, xfailed=1)
     assert result.ret == pytest.ExitCode.OK
 
