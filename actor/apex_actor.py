@@ -5,7 +5,7 @@ of the networks, streamed to the replay shards round-robin with failover.
 It never names an algorithm: the policy, its exploration and the initial priorities come from the acting half of
 the algorithm that plays the environment's action space (`apexrl.algorithms`: Ape-X DQN's epsilon-greedy Q-network,
 Ape-X DPG's deterministic policy with Gaussian noise). Written on the public SDK only (ReplayClient,
-ParameterClient), as a custom actor would be.
+ParameterClient, ShardedWriter), as a custom actor would be.
 """
 
 from __future__ import annotations
@@ -16,22 +16,23 @@ import time
 from collections import deque
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from apexrl.actor.config import ActorConfig
+from apexrl.actor.metrics import ActorMetrics
 from apexrl.actor.nstep import NStepAccumulator, Transition, compress_image_columns, stack_transitions
 from apexrl.algorithms.base import ActingPolicy
 from apexrl.algorithms.registry import for_spaces, with_defaults
-from apexrl.common.discovery import ShardAddresses
 from apexrl.common.env_settings import EnvChoice
 from apexrl.common.environments import check_spaces, clips_rewards, make_vector_env
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
-from apexrl.common.errors import ApexError, DeadlineExceededError, is_transient
+from apexrl.common.errors import ApexError, is_transient
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import ROW_VERSION_COLUMN
 from apexrl.common.tls import tls_of
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.sharded_writer import ShardedWriter
 
 log = logging.getLogger("apexrl.actor")
 
@@ -64,74 +65,6 @@ def log_round(number: int, weight_version: int, returns: list[float], seconds: f
         max(returns),
         seconds,
     )
-
-
-class ActorMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.env_steps = Counter("apexrl_actor_env_steps", "Environment steps taken", registry=registry)
-        self.episodes = Counter("apexrl_actor_episodes", "Episodes finished", registry=registry)
-        self.transitions_sent = Counter(
-            "apexrl_actor_transitions_sent",
-            "n-step transitions handed to the SDK for insertion",
-            registry=registry,
-        )
-        self.failovers = Counter(
-            "apexrl_actor_insert_failovers",
-            "Batches sent to another shard because the round-robin shard's backlog was full",
-            registry=registry,
-        )
-        self.fetch_failures = Counter(
-            "apexrl_actor_weight_fetch_failures",
-            "Weight pulls that failed (the actor kept its weights)",
-            registry=registry,
-        )
-        self.weight_version = Gauge(
-            "apexrl_actor_weight_version", "Version of the weights in use", registry=registry
-        )
-        self.weight_lag = Gauge(
-            "apexrl_actor_weight_version_lag_versions",
-            "Versions the weights in use were behind "
-            "the newest published when the actor last pulled (its policy's staleness)",
-            registry=registry,
-        )
-        self.epsilon = Gauge(
-            "apexrl_actor_epsilon",
-            "DQN: this actor's exploration rate (probability of a uniformly random action)",
-            registry=registry,
-        )
-        self.noise_scale = Gauge(
-            "apexrl_actor_noise_scale",
-            "DPG: standard deviation of this actor's Gaussian action noise, in half action ranges",
-            registry=registry,
-        )
-        self.last_return = Gauge(
-            "apexrl_actor_last_episode_return", "Return of the last finished episode", registry=registry
-        )
-        self.mean_return = Gauge(
-            "apexrl_actor_mean_episode_return_100", "Mean return of the last 100 episodes", registry=registry
-        )
-        # Where an actor's time goes (rate() of each is the fraction of wall time spent there).
-        self.act_seconds = Counter(
-            "apexrl_actor_act_seconds",
-            "Time spent choosing actions and stepping the environments",
-            registry=registry,
-        )
-        self.send_seconds = Counter(
-            "apexrl_actor_send_seconds",
-            "Time spent handing batches to the shards (priorities, encoding, waiting for room in a backlog)",
-            registry=registry,
-        )
-        self.pull_seconds = Counter(
-            "apexrl_actor_pull_seconds",
-            "Time spent checking for and pulling newer weights",
-            registry=registry,
-        )
-        self.insert_backlog = Gauge(
-            "apexrl_actor_insert_backlog_batches",
-            "Insert batches sent or queued to a shard and not yet acknowledged",
-            ["shard"],
-            registry=registry,
-        )
 
 
 class ApeXActor:
@@ -171,12 +104,19 @@ class ApeXActor:
         self.accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in range(config.num_envs)]
         self.tls = tls_of(config)
         self.params = ParameterClient(config.params, timeout=5.0, token=config.token, tls=self.tls)
-        self.shards: list[ReplayClient] = []
-        self._addresses = ShardAddresses(
-            () if config.evaluate else config.replay, resolve_every=config.replay_resolve_seconds
-        )
-        self._sync_shards(force=True)
-        self._next_shard = config.actor_index % max(1, len(self.shards))
+        # Round-robin from shard actor_index mod S with failover, back pressure and dns:/// membership (the SDK's).
+        self.writer: ShardedWriter | None = None  # the evaluator inserts nothing
+        if not config.evaluate:
+            self.writer = ShardedWriter(
+                config.replay,
+                first_shard=config.actor_index,
+                timeout=30.0,
+                max_in_flight=8,
+                token=config.token,
+                tls=self.tls,
+                resolve_every=config.replay_resolve_seconds,
+            )
+            self.metrics.insert_backlog.source = self.writer.backlog
         self.policy: ActingPolicy | None = None
         self.weight_version = 0
         self.env_steps = 0
@@ -250,70 +190,28 @@ class ApeXActor:
         )
 
     # ------------------------------------------------------------------------------------------------- replay
-    def _sync_shards(self, force: bool = False) -> None:
-        """Follow what `dns:///` replay addresses resolve to now: connect to new shards, drop departed ones
-        (their unacknowledged batches are lost with them and counted)."""
-        if self.shards and not self._addresses.dynamic:
-            return
-        present = self._addresses.current(force=force)
-        for client in [c for c in self.shards if c.address not in present]:
-            self.shards.remove(client)
-            lost = client.pending
-            client.close()
-            self.metrics.insert_backlog.remove(client.address)
-            log.info("shard %s left; %d unacknowledged batches dropped with it", client.address, lost)
-        known = {c.address for c in self.shards}
-        for address in present:
-            if address not in known:
-                client = ReplayClient(
-                    address, timeout=30.0, token=self.config.token, tls=self.tls, max_in_flight=8
-                )
-                self.shards.append(client)
-                self.metrics.insert_backlog.labels(address).set_function(lambda c=client: c.pending)
-                if not force:  # at start-up the start line names the shards
-                    log.info("shard %s joined", address)
+    @property
+    def shards(self) -> list[ReplayClient]:
+        """The clients of the shards this actor writes to now (none for the evaluator)."""
+        return [] if self.writer is None else self.writer.shards
 
     def _send(self, transitions: list[Transition], versions: list[int], stop: threading.Event) -> None:
-        """Insert one batch: round-robin over shards; a shard whose backlog is full (down or slow) is skipped;
-        when every shard is full, wait on the round-robin one (back pressure from the shards' rate limiters).
-        Each row carries the weights version that was acting when it was completed (`weight_version`), so the
-        learner can measure policy staleness. Image observations are compressed (setting `compress`)."""
+        """Insert one batch through the writer: round-robin over shards; a shard whose backlog is full (down or
+        slow) is skipped; when every shard is full, wait on the round-robin one (back pressure from the shards' rate
+        limiters) until `stop` is set. Each row carries the weights version that was acting when it was completed
+        (`weight_version`), so the learner can measure policy staleness. Image observations are compressed (setting `compress`)."""
         columns = stack_transitions(transitions)
         columns[ROW_VERSION_COLUMN] = np.asarray(versions, dtype=np.int64)
         priorities = self.policy.initial_priorities(columns) + MIN_PRIORITY
         columns = compress_image_columns(
             columns, self.config.compress
         )  # after the priorities: they need pixels
-        self._sync_shards()
-        start = self._next_shard
-        while not stop.is_set():
-            n = len(self.shards)
-            if n == 0:  # a name that resolves to no shard yet
-                if not stop.wait(1.0):
-                    self._sync_shards(force=True)
-                continue
-            start %= n
-            self._next_shard = (start + 1) % n
-            for attempt in range(n):
-                client = self.shards[(start + attempt) % n]
-                try:
-                    client.insert(columns, priorities, timeout=0.0)
-                except DeadlineExceededError:
-                    continue
-                if attempt:
-                    self.metrics.failovers.inc()
-                self.metrics.transitions_sent.inc(len(transitions))
-                return
-            try:
-                self.shards[start].insert(columns, priorities, timeout=1.0)
-                self.metrics.transitions_sent.inc(len(transitions))
-                return
-            except DeadlineExceededError:
-                # Every shard is full. Follow the names meanwhile: a shard that joined since (a headless Service
-                # that listed only the pods Ready when this actor started) may have room; without this, actors
-                # blocked on the first shard's rate limiter never learn of the others and the learner waits forever
-                # for its minimum replay size.
-                self._sync_shards()
+        placed = self.writer.insert(columns, priorities, stop=stop)
+        if placed is None:  # stopped while every shard was full
+            return
+        if placed.failed_over:
+            self.metrics.failovers.inc()
+        self.metrics.transitions_sent.inc(len(transitions))
 
     # --------------------------------------------------------------------------------------------------- loop
     def run(self, stop: threading.Event) -> None:
@@ -446,14 +344,8 @@ class ApeXActor:
     def close(self, flush_timeout: float = 2.0) -> None:
         """Flush what was handed to the SDK within `flush_timeout` seconds in total (the learner may be gone and
         the shards' rate limiters holding inserts back), then close connections and environments."""
-        closers = [
-            threading.Thread(target=client.close, kwargs={"flush_timeout": flush_timeout}, daemon=True)
-            for client in self.shards
-        ]  # together: a dead shard must not use up the live ones' time
-        for closer in closers:
-            closer.start()
-        for closer in closers:
-            closer.join(flush_timeout + 6.0)
+        if self.writer is not None:
+            self.writer.close(flush_timeout=flush_timeout)
         self.params.close()
         self.envs.close()
         if self.episode_log is not None:

@@ -4,6 +4,9 @@
     policy = apexrl.load_policy("runs/CartPole-v1-20250101-120000")
     action = policy.act(obs)
 
+    with apexrl.launch(apexrl.local_fleet(num_actors=2, max_seconds=300)) as run:   # a local fleet, from code
+        result = run.wait()
+
 Each name is imported on first use, so `import apexrl` loads neither torch nor gymnasium (the SDK's clients live
 beside their services: `apexrl.replay_server.client`, `apexrl.parameter_server.client`, re-exported by
 `apexrl.actor` and `apexrl.learner`).
@@ -15,14 +18,37 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from apexrl.launcher.api import FleetRun, launch, resume
+    from apexrl.launcher.fleet_config import ConfigError, FleetConfig, local_fleet
+    from apexrl.launcher.progress import ProgressRow
+    from apexrl.launcher.run import RunResult
     from apexrl.learner.policy import TrainedPolicy, load_policy
 
 # Public name -> the module that defines it.
 _EXPORTS = {
     "load_policy": "apexrl.learner.policy",
     "TrainedPolicy": "apexrl.learner.policy",
+    "launch": "apexrl.launcher.api",
+    "resume": "apexrl.launcher.api",
+    "FleetRun": "apexrl.launcher.api",
+    "local_fleet": "apexrl.launcher.fleet_config",
+    "FleetConfig": "apexrl.launcher.fleet_config",
+    "ConfigError": "apexrl.launcher.fleet_config",
+    "ProgressRow": "apexrl.launcher.progress",
+    "RunResult": "apexrl.launcher.run",
 }
-__all__ = ["TrainedPolicy", "load_policy"]  # the keys of _EXPORTS
+__all__ = [  # the keys of _EXPORTS
+    "ConfigError",
+    "FleetConfig",
+    "FleetRun",
+    "ProgressRow",
+    "RunResult",
+    "TrainedPolicy",
+    "launch",
+    "load_policy",
+    "local_fleet",
+    "resume",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,7 @@ on a stream.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -82,8 +82,10 @@ class TableShard:
         self.address = address
         self._on_totals = on_totals
 
-    def sample_future(self, batch_size: int, *, timeout: float | None = None) -> Completed[SampledBatch]:
-        return Completed(lambda: self.table.sample(batch_size, timeout=timeout))
+    def sample_future(
+        self, batch_size: int, *, timeout: float | None = None, batch_rows: Sequence[int] = ()
+    ) -> Completed[SampledBatch]:
+        return Completed(lambda: self.table.sample(batch_size, timeout=timeout, batch_rows=batch_rows))
 
     def info_future(self, *, timeout: float | None = None) -> Completed[ShardInfo]:
         return Completed(self.table.info)

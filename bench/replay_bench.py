@@ -118,7 +118,14 @@ def run_grpc(
             if "shard" in args.sections:
                 fill_rate = fill_shard(shards["cartpole"].address, args.capacity, rng)
                 measure_full_shard(
-                    results, ceiling, shards["cartpole"], timing, args.window, args.sample_window, rng
+                    results,
+                    ceiling,
+                    shards["cartpole"],
+                    timing,
+                    args.window,
+                    args.sample_window,
+                    rng,
+                    sample_batches=args.sample_batches,
                 )
         finally:
             ceiling.close()
@@ -175,6 +182,13 @@ def _add_size_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=4,
         help="samples in flight for the pipelined sample figure (default 4)",
+    )
+    parser.add_argument(
+        "--sample-batches",
+        type=int,
+        default=4,
+        help="256-row batches per Sample answer for the multi-batch figures (SampleRequest.batch_rows; "
+        "default 4, the learner's sample_batches_per_call)",
     )
     parser.add_argument(
         "--pong-rows",

@@ -24,8 +24,11 @@ from harness.results import Results
 from harness.timing import Timing, measure_bidi, measure_loop, measure_window, with_cpu
 from workloads import FILL_BATCH, SAMPLE_BATCH, UPDATE_BATCH, cartpole_batch, priorities, row_nbytes
 
-TARGET_SAMPLE = 500  # sample(256)/s on a full shard
 TARGET_UPDATE = 1_000  # update_priorities(256)/s on a full shard
+# Issue 17: shares of the raw gRPC ceiling of the same call shape and message sizes, measured in the same run.
+RATIO_SAMPLE = 0.85  # Sample, blocking
+RATIO_SAMPLE_WINDOW = 0.6  # Sample, --sample-window in flight
+RATIO_STREAM_UPDATE = 0.8  # StreamUpdatePriorities
 
 
 def fill_shard(address: str, capacity: int, rng: np.random.Generator) -> float | None:
@@ -67,6 +70,9 @@ class FullShard:
     sample_bytes: int  # a SampleResponse of 256 CartPole rows
     request_bytes: int  # a SampleRequest (at least the 8 bytes the ceiling server reads)
     update_bytes: int  # an UpdatePrioritiesRequest of 256 keys
+    batches: int  # 256-row batches per answer for the multi-batch figures
+    multi_sample_bytes: int  # a SampleResponse of `batches` batches of 256 rows
+    multi_request_bytes: int  # its SampleRequest
     key_pool: list[np.ndarray]
     pri_pool: list[np.ndarray]
     counter: int = 0
@@ -77,7 +83,7 @@ class FullShard:
         return self.key_pool[i], self.pri_pool[i]
 
 
-def open_full_shard(shard: Child, rng: np.random.Generator) -> FullShard:
+def open_full_shard(shard: Child, rng: np.random.Generator, batches: int) -> FullShard:
     from apexrl.proto import replay_pb2
     from apexrl.replay_server import wire
     from apexrl.replay_server.client import ReplayClient
@@ -88,6 +94,9 @@ def open_full_shard(shard: Child, rng: np.random.Generator) -> FullShard:
         client.close()
         raise RuntimeError(f"shard is not full: {info.size} of {info.capacity}")
     first = client.sample(SAMPLE_BATCH)
+    multi = client.sample(SAMPLE_BATCH * batches, batch_rows=[SAMPLE_BATCH] * batches)
+    if batches > 1 and multi.batch_rows != (SAMPLE_BATCH,) * batches:
+        raise RuntimeError(f"the shard answered batch_rows {multi.batch_rows} to a request for {batches}")
     key_pool = [client.sample(SAMPLE_BATCH).keys for _ in range(16)]
     pri_pool = [priorities(UPDATE_BATCH, rng, np.float64) * 3 for _ in range(16)]
     return FullShard(
@@ -99,6 +108,14 @@ def open_full_shard(shard: Child, rng: np.random.Generator) -> FullShard:
         sample_bytes=wire.encode_sample(first).ByteSize(),
         request_bytes=max(8, replay_pb2.SampleRequest(batch_size=SAMPLE_BATCH).ByteSize()),
         update_bytes=wire.encode_update(key_pool[0], pri_pool[0], first.incarnation).ByteSize(),
+        batches=batches,
+        multi_sample_bytes=wire.encode_sample(multi).ByteSize(),
+        multi_request_bytes=max(
+            8,
+            wire.encode_sample_request(
+                SAMPLE_BATCH * batches, batch_rows=[SAMPLE_BATCH] * batches
+            ).ByteSize(),
+        ),
         key_pool=key_pool,
         pri_pool=pri_pool,
     )
@@ -112,10 +129,12 @@ def measure_full_shard(
     window: int,
     sample_window: int,
     rng: np.random.Generator,
+    sample_batches: int = 4,
 ) -> None:
-    full = open_full_shard(shard, rng)
+    full = open_full_shard(shard, rng, sample_batches)
     try:
         measure_samples(results, ceiling, full, timing, sample_window)
+        measure_multi_samples(results, ceiling, full, timing, sample_window)
         measure_updates(results, ceiling, full, timing, window)
         measure_update_stream(results, ceiling, full, timing, window)
         measure_cycle(results, full, timing, window)
@@ -150,7 +169,7 @@ def measure_samples(
         row_bytes=mb,
         ceiling=c,
         ceiling_name="blocking unary, same answer size",
-        target=TARGET_SAMPLE,
+        ratio_target=RATIO_SAMPLE,
         note=f"answer {size:,} B, decoded to numpy",
     )
 
@@ -181,8 +200,69 @@ def measure_samples(
         row_bytes=mb,
         ceiling=c,
         ceiling_name="unary futures, same window and answer size",
-        target=TARGET_SAMPLE,
+        ratio_target=RATIO_SAMPLE_WINDOW,
     )
+
+
+def measure_multi_samples(
+    results: Results, ceiling: CeilingClient, full: FullShard, timing: Timing, sample_window: int
+) -> None:
+    """`batches` 256-row batches per Sample answer (SampleRequest.batch_rows), in batches/s. The ceiling is the
+    raw unary call with an answer of exactly that answer's size, in the same pattern, times `batches`: the ratio
+    compares messages of the same size, so batching earns nothing against it by itself."""
+    client, t, n = full.client, timing, full.batches
+    size, request = full.multi_sample_bytes, full.multi_request_bytes
+    rows, batch_rows = SAMPLE_BATCH * n, [SAMPLE_BATCH] * n
+    one_batch = (
+        results.by_key["ceiling_unary_sample"].value,
+        results.by_key["ceiling_unary_sample_window"].value,
+    )
+    for window, key, name, target in (
+        (1, "grpc_sample_multi", "blocking", RATIO_SAMPLE),
+        (sample_window, "grpc_sample_multi_window", f"{sample_window} in flight", RATIO_SAMPLE_WINDOW),
+    ):
+        shape = "blocking unary" if window == 1 else f"unary futures (window {window})"
+        progress(f"ceiling: {shape}, {request} B request -> {size:,} B answer")
+        measured = (
+            ceiling.unary(request, size) if window == 1 else ceiling.unary_window(request, size, window)
+        )
+        c = results.ceiling(
+            f"ceiling_{key}", f"{shape}, {size:,} B answer ({n} x 256 rows)", measured, "calls/s", size
+        )
+        progress(f"apexrl: ReplayClient.sample({n} x 256 per answer), {name}")
+        if window == 1:
+            m = with_cpu(
+                full.child.pid,
+                measure_loop,
+                lambda: client.sample(rows, batch_rows=batch_rows),
+                t.seconds,
+                t.warmup,
+            )
+        else:
+            m = with_cpu(
+                full.child.pid,
+                measure_window,
+                lambda: client.sample_future(rows, batch_rows=batch_rows),
+                lambda f: f.result(),
+                window,
+                t.seconds,
+                t.warmup,
+            )
+        value = m.rate * n
+        versus = value / one_batch[0 if window == 1 else 1]
+        results.figure(
+            key,
+            full.section,
+            f"sample({n} x 256 per answer), {name}",
+            m,
+            "batches/s",
+            per_call=n,
+            row_bytes=SAMPLE_BATCH * full.row_bytes,
+            ceiling=c * n,
+            ceiling_name=f"{shape}, same answer size, x {n} batches per call",
+            ratio_target=target,
+            note=f"answer {size:,} B; {versus:.2f}x the one-batch ceiling's batches/s",
+        )
 
 
 def measure_updates(
@@ -290,7 +370,7 @@ def measure_update_stream(
         "msgs/s",
         ceiling=c,
         ceiling_name="bidi stream, same window and message size",
-        target=TARGET_UPDATE,
+        ratio_target=RATIO_STREAM_UPDATE,
     )
 
 

@@ -4,10 +4,14 @@ TD3 on the continuous-control tasks (Pendulum-v1, LunarLanderContinuous-v3, Inve
 Run by `bench/solve_race.py` with the interpreter of its own virtual environment (SB3 is not an apexrl
 dependency); it imports nothing from apexrl. Every `--eval-every` env steps the current policy plays
 `--eval-episodes` greedy episodes on a vectorised copy of the env; training stops at the first evaluation whose
-mean return is >= `--target`. Evaluation time is measured apart and left out of `train_seconds` (the figure
-compared), so SB3 is not charged for the evaluation apexrl runs in a separate process.
+mean return is >= `--target` (solve mode, bench/solve_race.py), or once `--max-train-seconds` of training have
+passed (budget mode, bench/budget_race.py), or after `--max-steps`. Evaluation time is measured apart and left out
+of `train_seconds` (the figure compared and the one the budget counts), so SB3 is not charged for the evaluation
+apexrl runs in a separate process. Training ends with an evaluation of the final policy unless the last one was
+already at the final step.
 
-Prints one JSON line: solved, env_steps, train_seconds, wall_seconds (training + evaluation), evaluations.
+Prints one JSON line: solved, env_steps, train_seconds, wall_seconds (training + evaluation), final_return (the
+final evaluation's mean), evaluations ([env_steps, train_seconds, mean_return] each).
 """
 
 from __future__ import annotations
@@ -106,27 +110,40 @@ class ZooScheduleDQN(DQN):
         self.exploration_rate = 1.0 + fraction * (ZOO_CARTPOLE["exploration_final_eps"] - 1.0)
 
 
-class SolveCallback(BaseCallback):
-    def __init__(self, args: argparse.Namespace) -> None:
+class EvaluatingCallback(BaseCallback):
+    """Evaluates every `--eval-every` steps and stops training at the target or at the training-time budget;
+    the clock is the caller's `started`, less the time spent evaluating."""
+
+    def __init__(self, args: argparse.Namespace, started: float) -> None:
         super().__init__()
         self.args = args
+        self.started = started
         self.eval_seconds = 0.0
-        self.evaluations: list[tuple[int, float]] = []
+        self.evaluations: list[tuple[int, float, float]] = []
         self.solved_at: int | None = None
 
-    def _on_step(self) -> bool:
-        if self.num_timesteps % self.args.eval_every:
-            return True
+    def train_seconds(self) -> float:
+        return time.perf_counter() - self.started - self.eval_seconds
+
+    def evaluate(self) -> float:
+        """One greedy evaluation, recorded as (env_steps, train_seconds, mean_return)."""
+        train_seconds = self.train_seconds()
         started = time.perf_counter()
         mean = greedy_mean_return(
             self.model, self.args.env, self.args.eval_episodes, seed=10_000 + len(self.evaluations)
         )
         self.eval_seconds += time.perf_counter() - started
-        self.evaluations.append((self.num_timesteps, round(mean, 1)))
-        if mean >= self.args.target:
-            self.solved_at = self.num_timesteps
-            return False
-        return True
+        self.evaluations.append((self.model.num_timesteps, round(train_seconds, 2), round(mean, 1)))
+        return mean
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps % self.args.eval_every == 0:
+            mean = self.evaluate()
+            if self.args.target is not None and mean >= self.args.target:
+                self.solved_at = self.num_timesteps
+                return False
+        budget = self.args.max_train_seconds
+        return budget is None or self.train_seconds() < budget
 
 
 def main() -> None:
@@ -136,9 +153,18 @@ def main() -> None:
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--target", type=float, default=475.0, help="greedy mean return that counts as solved"
+        "--target",
+        type=float,
+        default=None,
+        help="greedy mean return that counts as solved and stops training (none: no target)",
     )
     parser.add_argument("--max-steps", type=int, default=200_000, help="give up after this many env steps")
+    parser.add_argument(
+        "--max-train-seconds",
+        type=float,
+        default=None,
+        help="stop once this much training time (evaluations excluded) has passed (none: no time budget)",
+    )
     parser.add_argument("--eval-every", type=int, default=2_000, help="env steps between evaluations")
     parser.add_argument("--eval-episodes", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the zoo's runs use 1)")
@@ -147,16 +173,20 @@ def main() -> None:
 
     started = time.perf_counter()
     model = make_model(args.env, args.seed)
-    callback = SolveCallback(args)
+    callback = EvaluatingCallback(args, started)
     model.learn(total_timesteps=args.max_steps, callback=callback)
+    train_seconds = callback.train_seconds()
+    if not callback.evaluations or callback.evaluations[-1][0] != model.num_timesteps:
+        callback.evaluate()  # the final policy, at the end of the budget
     wall = time.perf_counter() - started
     print(
         json.dumps(
             {
                 "solved": callback.solved_at is not None,
                 "env_steps": callback.solved_at if callback.solved_at is not None else model.num_timesteps,
-                "train_seconds": round(wall - callback.eval_seconds, 2),
+                "train_seconds": round(train_seconds, 2),
                 "wall_seconds": round(wall, 2),
+                "final_return": callback.evaluations[-1][2],
                 "evaluations": callback.evaluations,
             }
         ),

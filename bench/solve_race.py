@@ -21,6 +21,9 @@ What is compared ("solved" = mean return of 100 greedy episodes >= --target):
   100-episode evaluations left out (`train_seconds`), env steps at the first solving evaluation.
 Printed: each run, the median of each side, and the ratios apexrl / SB3 of the medians (the issue's target is a
 wall-time ratio <= 0.5). Run it on an idle machine: the footer shows the load average.
+
+Tasks with no "solved" (HalfCheetah-v5) are raced on a time budget instead: bench/budget_race.py, which reuses the
+command builders here.
 """
 
 from __future__ import annotations
@@ -85,23 +88,52 @@ def ensure_sb3_venv(venv: Path) -> Path:
     return python
 
 
-def run_sb3(python: Path, seed: int, args: argparse.Namespace) -> dict:
-    command = [
-        str(python),
-        str(HERE / "sb3_worker.py"),
+def sb3_command(python: Path, env: str, seed: int, *flags: str) -> list[str]:
+    """bench/sb3_worker.py's command line in the SB3 venv (the race modes add their own flags)."""
+    return [str(python), str(HERE / "sb3_worker.py"), "--env", env, "--seed", str(seed), *flags]
+
+
+def launch_command(
+    python: str, env: str, seed: int, max_seconds: float, run_dir: Path, target: float, extra: list[str]
+) -> list[str]:
+    """`apexrl launch` with its defaults, `extra` flags (each text split on spaces) appended."""
+    return [
+        python,
+        "-m",
+        "apexrl.launcher",
+        "launch",
         "--env",
-        args.env,
+        env,
         "--seed",
         str(seed),
-        "--target",
-        str(args.target),
-        "--max-steps",
-        str(args.sb3_max_steps),
+        "--target-return",
+        str(target),
+        "--max-seconds",
+        str(max_seconds),
+        "--run-dir",
+        str(run_dir),
+        "--progress-seconds",
+        "5",
+        *(a for text in extra for a in text.split()),
     ]
+
+
+def last_json_line(done: subprocess.CompletedProcess, what: str) -> dict:
+    """The JSON object a run printed last (the launcher's and the worker's result line)."""
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"{what} printed nothing:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def run_sb3(python: Path, seed: int, args: argparse.Namespace) -> dict:
+    command = sb3_command(
+        python, args.env, seed, "--target", str(args.target), "--max-steps", str(args.sb3_max_steps)
+    )
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds * 5)
     if done.returncode != 0:
         raise RuntimeError(f"SB3 seed {seed} failed:\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = last_json_line(done, f"SB3 seed {seed}")
     return {
         "system": "sb3",
         "seed": seed,
@@ -114,31 +146,12 @@ def run_sb3(python: Path, seed: int, args: argparse.Namespace) -> dict:
 
 def run_apexrl(seed: int, args: argparse.Namespace, workdir: Path, system: str = "apexrl") -> dict:
     python = sys.executable if system == "apexrl" else args.base_python
-    command = [
-        python,
-        "-m",
-        "apexrl.launcher",
-        "launch",
-        "--env",
-        args.env,
-        "--seed",
-        str(seed),
-        "--target-return",
-        str(args.target),
-        "--max-seconds",
-        str(args.max_seconds),
-        "--run-dir",
-        str(workdir / f"{system}-{seed}"),
-        "--progress-seconds",
-        "5",
-        *(a for text in args.apexrl_arg for a in text.split()),
-        *(a for text in (args.base_arg if system == "base" else []) for a in text.split()),
-    ]
+    extra = [*args.apexrl_arg, *(args.base_arg if system == "base" else [])]
+    command = launch_command(
+        python, args.env, seed, args.max_seconds, workdir / f"{system}-{seed}", args.target, extra
+    )
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds + 120)
-    lines = done.stdout.strip().splitlines()
-    if not lines:
-        raise RuntimeError(f"apexrl seed {seed} printed nothing:\n{done.stderr[-3000:]}")
-    result = json.loads(lines[-1])
+    result = last_json_line(done, f"apexrl seed {seed}")
     return {
         "system": system,
         "seed": seed,

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -24,6 +24,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from apexrl.common.access import AUDITED_METHODS, AccessDenied, AccessPolicy, Identity, is_open_method
+from apexrl.common.errors import ApexError, ErrorCode
 from apexrl.common.grpc_util import (
     HEALTH_SERVICE,
     audit_allowed,
@@ -41,6 +42,19 @@ from apexrl.common.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def grpc_status(code: ErrorCode) -> grpc.StatusCode:
+    """The gRPC status of an apexrl error code (same name and number)."""
+    return grpc.StatusCode[code.name]
+
+
+async def abort(context: grpc.aio.ServicerContext, err: ApexError) -> NoReturn:
+    """End the call with `err`'s status and message: the one place an apexrl error becomes a gRPC status."""
+    await context.abort(grpc_status(err.code), str(err))
+    raise AssertionError(
+        "context.abort returned"
+    )  # grpc.aio's abort raises; this line makes the exit visible
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):

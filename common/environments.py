@@ -143,6 +143,8 @@ def make_env(env: EnvChoice | str, *, render_mode: str | None = None) -> gym.Env
 
 
 def _make(env_id: str, kwargs: dict) -> gym.Env:
+    if _uses_mujoco(env_id):
+        route_mujoco_warnings()
     if env_id not in gym.registry and gym26_registered(env_id):
         return make_gym26(env_id, **kwargs)
     if is_atari(env_id):
@@ -156,6 +158,34 @@ def _make(env_id: str, kwargs: dict) -> gym.Env:
     if env_id.startswith("MinAtar/"):
         return gym.make(env_id, **{"max_episode_steps": MINATAR_MAX_EPISODE_STEPS, **kwargs})
     return gym.make(env_id, **kwargs)
+
+
+def _uses_mujoco(env_id: str) -> bool:
+    """True for Gymnasium's MuJoCo environments and any environment whose module already loaded MuJoCo."""
+    if "mujoco" in sys.modules:
+        return True
+    spec = gym.registry.get(env_id)
+    return spec is not None and "mujoco" in str(spec.entry_point)
+
+
+_mujoco_messages: set[str] = set()
+
+
+def route_mujoco_warnings() -> None:
+    """Send MuJoCo's warnings to the log instead of MUJOCO_LOG.TXT, a file MuJoCo appends to in the working
+    directory of every process that makes an environment. Each distinct message is logged once: deprecations
+    in the models Gymnasium ships at DEBUG (nothing a user can act on), anything else (unstable simulation: NaN,
+    Inf or huge values) at WARNING."""
+    import mujoco
+
+    def warn(message: str) -> None:
+        if message in _mujoco_messages:
+            return
+        _mujoco_messages.add(message)
+        level = logging.DEBUG if "is deprecated" in message else logging.WARNING
+        log.log(level, "MuJoCo: %s", message.strip())
+
+    mujoco.set_mju_user_warning(warn)
 
 
 def make_vector_env(

@@ -38,6 +38,7 @@ from apexrl.common.access import (
     audit_log,
     method_name,
 )
+from apexrl.common.addresses import check_address
 from apexrl.common.errors import CancelledError, DeadlineExceededError, from_rpc_error
 from apexrl.common.tls import TlsFiles
 from apexrl.common.tls_reload import ReloadingChannel, reloading_server_credentials
@@ -258,10 +259,15 @@ def make_channel(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     token: str | None = None,
     tls: TlsFiles | None = None,
+    what: str = "address",
 ) -> grpc.Channel:
     """A channel to an apexrl server: TLS when `tls` is given (see channel_credentials; the server's
     certificate checked against tls.server_name when set, else the address; files renewed on disk used by the
-    calls started after the renewal), else plaintext; the bearer token on every call when set."""
+    calls started after the renewal), else plaintext; the bearer token on every call when set.
+
+    `address` must be HOST:PORT (ValueError naming `what` otherwise): gRPC itself would dial `localhost` at 443,
+    wrap an out-of-range port and retry `localhost:abc` forever."""
+    check_address(address, what)
     options = message_size_options(max_message_bytes) + [
         # Keep idle connections alive through NATs and notice dead peers within ~30 s.
         ("grpc.keepalive_time_ms", 30_000),

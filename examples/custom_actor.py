@@ -1,10 +1,11 @@
 """A custom actor written on the apexrl SDK only: plays CartPole with its own (random or greedy) policy and
-streams 1-step transitions to a replay shard, pulling weights when a parameter service is given.
+streams 1-step transitions to the replay shards, pulling weights when a parameter service is given.
 
-    python examples/custom_actor.py --replay 127.0.0.1:7000 [--params 127.0.0.1:7200] --steps 2000
+    python examples/custom_actor.py --replay 127.0.0.1:7000,127.0.0.1:7001 [--params 127.0.0.1:7200] --steps 2000
 
-Any language can do the same from protos/apexrl/proto/*.proto; the SDK adds batching, acknowledged streaming
-with resend, and deadlines.
+`--replay` takes every shard's host:port, or dns:///NAME:PORT for every address NAME resolves to. Any language can
+do the same from protos/apexrl/proto/*.proto; the SDK adds batching, acknowledged streaming with resend,
+deadlines, and (ShardedWriter) round-robin over the shards with failover and back pressure.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import gymnasium as gym
 import numpy as np
 
-from apexrl.actor import ParameterClient, ReplayClient
+from apexrl.actor import ParameterClient, ShardedWriter
 from apexrl.common.errors import UnavailableError
 
 
@@ -22,15 +23,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--replay", required=True, help="host:port of a replay shard")
+    parser.add_argument(
+        "--replay", required=True, help="comma-separated host:port of the replay shards (or dns:///NAME:PORT)"
+    )
     parser.add_argument("--params", default=None, help="host:port of a parameter service (optional)")
     parser.add_argument("--steps", type=int, default=2000, help="environment steps to play")
     parser.add_argument("--batch-size", type=int, default=64, help="transitions per insert")
+    parser.add_argument("--actor-index", type=int, default=0, help="this actor's number: its first shard")
     args = parser.parse_args()
 
     env = gym.make("CartPole-v1")
     rng = np.random.default_rng(0)
-    replay = ReplayClient(args.replay)
+    # One batch to each shard in turn (from shard actor_index mod S); a shard that is down is skipped until it is
+    # back, and inserts wait when every shard's backlog is full.
+    replay = ShardedWriter(args.replay.split(","), first_shard=args.actor_index)
     params = ParameterClient(args.params) if args.params else None
     version, weights = 0, None
     obs, _ = env.reset(seed=0)
@@ -60,9 +66,11 @@ def main() -> None:
                 priorities=np.ones(len(rows)),  # or |TD error| from your own network
             )
             rows.clear()
-    replay.flush()  # wait for the shard's acknowledgements
-    info = replay.info()
-    print(f"shard holds {info.size} rows; weights version {version}")
+    replay.flush()  # wait for the shards' acknowledgements
+    sizes = [shard.info().size for shard in replay.shards]
+    print(
+        f"{len(sizes)} shards hold {sum(sizes)} rows ({', '.join(map(str, sizes))}); weights version {version}"
+    )
     replay.close()
     if params is not None:
         params.close()

@@ -120,12 +120,14 @@ class Fleet:
         *,
         extra_args: Mapping[str, Sequence[str]],
         stop: threading.Event,
+        inherit_fds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.host = host
         self.run_dir = run_dir
         self.extra_args = extra_args
         self.stop_requested = stop
+        self.inherit_fds = tuple(inherit_fds)  # open in every child too (the run directory's lock)
         self.children: list[Child] = []
         self.restarts: dict[str, list[float]] = {}  # role -> monotonic times of its restarts
         self._due: dict[str, float] = {}  # role -> when its pending restart is due
@@ -245,6 +247,7 @@ class Fleet:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            pass_fds=self.inherit_fds,
         )
         child = Child(role, argv, log_path, process, log_file)
         self.children.append(child)

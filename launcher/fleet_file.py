@@ -111,17 +111,19 @@ def load_config(path: str | os.PathLike) -> FleetConfig:
         raise ConfigError(f"{path}: {err}") from None
 
 
-def parse_config(data: Mapping[str, Any]) -> FleetConfig:
-    """Validate a parsed fleet file (see the module docstring for the schema)."""
+def parse_config(data: Mapping[str, Any], *, picked_ports: bool = False) -> FleetConfig:
+    """Validate a parsed fleet file (see the module docstring for the schema). With `picked_ports` (a fleet
+    recorded by the launcher, `launcher/resume.py`), a shard or learner without a port gets one picked at launch,
+    as in the local fleet; a fleet file must fix them, as other machines connect to them."""
     try:
-        return _parse(data)
+        return _parse(data, picked_ports)
     except ConfigError:
         raise
     except SettingsError as err:
         raise ConfigError(str(err)) from None
 
 
-def _parse(data: Mapping[str, Any]) -> FleetConfig:
+def _parse(data: Mapping[str, Any], picked_ports: bool) -> FleetConfig:
     _table(data, "the fleet file")
     unknown = sorted(set(map(str, data)) - set(_TOP_KEYS))
     if unknown:
@@ -148,7 +150,7 @@ def _parse(data: Mapping[str, Any]) -> FleetConfig:
         shards.append(
             ShardSpec(
                 _host(entry, where),
-                _port(entry, "port", where, required=True),
+                _port(entry, "port", where, required=not picked_ports) or 0,
                 _port(entry, "metrics_port", where),
                 settings,
             )
@@ -160,7 +162,7 @@ def _parse(data: Mapping[str, Any]) -> FleetConfig:
     settings = coerce_table(LearnerConfig, entry, "[learner]", placement=("host", "port", "metrics_port"))
     learner = LearnerSpec(
         _host(entry, "[learner]"),
-        _port(entry, "port", "[learner]", required=True),
+        _port(entry, "port", "[learner]", required=not picked_ports),
         _port(entry, "metrics_port", "[learner]"),
         settings,
     )

@@ -2,31 +2,32 @@
 
 With no arguments: a complete local fleet that trains CartPole-v1 (2 replay shards, the learner hosting the
 parameter service, 4 exploring actors and 1 evaluator). With `--config FLEET.toml --host-name NAME`: the roles
-the fleet file assigns to NAME (see `apexrl.launcher.fleet_file` for the schema and examples/fleet.toml).
+the fleet file assigns to NAME (see `apexrl.launcher.fleet_file` for the schema and examples/fleet.toml). With
+`--resume RUN_DIR`: the interrupted run recorded there (launcher/record.py).
+
+The flags, the progress lines, the final JSON line and the signal handlers are this module's; planning, checking and
+running the fleet are launcher/api.py's, the same code `apexrl.launch` runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import shlex
 import sys
 import threading
-import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from apexrl.common.env_settings import EnvChoice
-from apexrl.common.files import atomic_write
-from apexrl.common.process import EXIT_BAD_CONFIG, stop_on_signals, with_token
+from apexrl.common.process import EXIT_BAD_CONFIG, stop_on_signals
 from apexrl.common.settings import SettingsError, settings_of
 from apexrl.common.settings import add_arguments as add_settings
 from apexrl.launcher.fleet_config import ConfigError, FleetConfig, FleetSettings, local_fleet
 from apexrl.launcher.fleet_file import load_config
-from apexrl.launcher.topology import host_names, roles_on
+from apexrl.launcher.progress import ProgressRow, format_row
+from apexrl.launcher.record import REDACTED, redacted  # noqa: F401 (their home before launcher/record.py)
+from apexrl.launcher.run_dir import default_run_dir  # noqa: F401 (its home before launcher/run_dir.py)
 
 log = logging.getLogger("apexrl.launch")
 
@@ -53,11 +54,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "The bearer token (--token, else --token-file, else the APEXRL_TOKEN environment variable) reaches each "
         "role in its environment as APEXRL_TOKEN, never on a command line, in config.json or in a log. RUN_DIR "
         "(when the launcher creates it), RUN_DIR/logs and RUN_DIR/checkpoints are mode 0700, the logs 0600.\n\n"
+        "--resume RUN_DIR continues an interrupted run in its own directory with the fleet its config.json "
+        "records: the learner from its checkpoint (networks, optimiser, update count), shards from theirs where "
+        "their tables enable checkpoints, progress.csv and the episode files appended to, env steps and episodes "
+        "counted on from the last progress row. It takes the token again like a first launch and may change "
+        "only what steers the launch (--max-seconds, which counts this launch's time, --target-return, "
+        "--progress-seconds, --stop-grace, --startup-timeout, --max-restarts, --restart-window, the token and "
+        "TLS files); a flag that would change the fleet is refused: that is a new run. A run directory in use "
+        "(RUN_DIR/launch.lock, held by the launcher and its roles) is refused.\n\n"
         "The last line on stdout is JSON: env_steps (exploring actors' environment steps), episodes (exploration "
         "episodes; evaluation episodes are not counted), updates (learner), mean_return_100 (mean return of the "
-        "last 100 evaluation episodes), wall_seconds, solved, target_return (the target checked, or null: an "
-        "environment without a reward threshold and no --target-return), run_dir, reason, restarts, "
-        "restarts_by_role.\n"
+        "last 100 evaluation episodes), wall_seconds (of the whole run, earlier launches included), solved, "
+        "target_return (the target checked, or null: an environment without a reward threshold and no "
+        "--target-return), run_dir, reason (target, max_seconds, signal, role_exited, restart_budget_exhausted "
+        "or startup_failed), restarts, restarts_by_role (by this launch).\n"
         "Exit status: 0 when solved (or, on a machine that does not check a target, after a clean stop), 1 "
         "otherwise, 2 for a bad configuration."
     )
@@ -73,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         default=None,
         help="this machine's name in the fleet file (default: its only host)",
+    )
+    fleet.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        default=None,
+        help="continue the interrupted run in RUN_DIR with the fleet its config.json records (see above)",
     )
     fleet.add_argument(
         "--num-shards",
@@ -106,39 +122,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from apexrl.launcher.commands import check_commands, with_algorithm
-    from apexrl.launcher.fleet import check_fixed_ports
+    """The CLI over launcher/api.py: plan the run from the flags (or the run directory for --resume), start it with
+    this process's signal handlers in place, print each progress row and the result."""
+    from apexrl.launcher.api import plan_new, plan_resume, start
 
+    stop, force = threading.Event(), threading.Event()
     try:
-        config, host = resolve_config(args)
-        config = with_token(with_algorithm(config))  # --token, --token-file or APEXRL_TOKEN, read once here
-        run_dir = Path(config.run_dir or default_run_dir(EnvChoice.of(config)))
-        if (run_dir / "config.json").exists():
-            raise ConfigError(f"{run_dir} already holds a run (config.json); choose another --run-dir")
-        extra = {
-            kind: [a for text in getattr(args, f"{kind}_arg") for a in shlex.split(text)]
-            for kind in ROLE_ARG_KINDS
-        }
-        check_commands(config, host, run_dir, extra)
-        check_fixed_ports(config, host)
-        if any(r.kind != "replay" for r in roles_on(config, host)):
-            from apexrl.common.environments import env_spaces  # gymnasium: a shards-only machine may lack it
-
-            try:
-                env_spaces(EnvChoice.of(config))
-            except ValueError as err:
-                raise ConfigError(f"--env: {err}") from None
+        if args.resume is not None:
+            plan = plan_resume(Path(args.resume), resume_changes(args))
+        else:
+            config, host = resolve_config(args)
+            extra = {
+                kind: [a for text in getattr(args, f"{kind}_arg") for a in shlex.split(text)]
+                for kind in ROLE_ARG_KINDS
+            }
+            plan = plan_new(config, host, extra, options={k: v for k, v in vars(args).items() if k != "func"})
+        with stop_on_signals(stop, hangup=True, on_repeat=force.set):  # second Ctrl-C: kill at once
+            fleet = start(plan, on_progress=_print_row, report=_print_error, stop=stop, force=force)
+            result = fleet.wait()
     except SettingsError as err:
         print(f"apexrl launch: error: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    return Launch(
-        config, host, run_dir, extra, options={k: v for k, v in vars(args).items() if k != "func"}
-    ).run()
+    print(result.to_json(), flush=True)
+    return int(fleet.exit_status or 0)
+
+
+def resume_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given with --resume (those a resume may change; the others are refused by `read_run`), and a
+    ConfigError for the flags that choose the fleet, which the run directory records."""
+    fixed = [
+        flag
+        for flag, given in (
+            ("--config", args.config is not None),
+            ("--host-name", args.host_name is not None),
+            ("--num-shards", args.num_shards is not None),
+            ("--num-actors", args.num_actors is not None),
+            *((f"--{kind}-arg", bool(getattr(args, f"{kind}_arg"))) for kind in ROLE_ARG_KINDS),
+        )
+        if given
+    ]
+    if fixed:
+        raise ConfigError(
+            f"--resume continues the fleet {args.resume}/config.json records: {', '.join(fixed)} would change it; "
+            f"start a new run instead"
+        )
+    return {s.name: getattr(args, s.name) for s in settings_of(FleetSettings) if hasattr(args, s.name)}
+
+
+def _print_row(row: ProgressRow) -> None:
+    print(format_row(row), flush=True)
+
+
+def _print_error(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[FleetConfig, str]:
     """The fleet to run and this machine's name in it: the fleet file or the local fleet, with the command-line
     options taking precedence."""
+    from apexrl.launcher.api import pick_host
+
     overrides = {s.name: getattr(args, s.name) for s in settings_of(FleetSettings) if hasattr(args, s.name)}
     try:
         FleetSettings(**overrides)
@@ -159,267 +202,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[FleetConfig, str]:
             "sets the roles"
         )
     config = dataclasses.replace(load_config(args.config), **overrides)
-    hosts = host_names(config)
-    if args.host_name is None:
-        if len(hosts) > 1:
-            raise ConfigError(f"{args.config} spreads the fleet over {', '.join(hosts)}: pass --host-name")
-        return config, hosts[0]
-    if args.host_name not in hosts:
-        raise ConfigError(
-            f"--host-name {args.host_name!r} runs no role of {args.config}; hosts: {', '.join(hosts)}"
-        )
-    return config, args.host_name
+    return config, pick_host(config, args.host_name, args.config)
 
 
 def _as_flag(message: str) -> str:
     """'max_seconds (-1) must be positive' -> '--max-seconds (-1) must be positive'."""
     name, _, rest = message.partition(" ")
     return f"--{name.replace('_', '-')} {rest}" if rest and name.isidentifier() else message
-
-
-def default_run_dir(env: EnvChoice | str) -> str:
-    """runs/NAME-TIMESTAMP, NAME the registered id made safe for a file name (no '/', ':' or spaces)."""
-    name = (env if isinstance(env, EnvChoice) else EnvChoice(env)).run_name()
-    return f"runs/{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-class Launch:
-    """One run of one machine's roles, from start to the final JSON line."""
-
-    def __init__(
-        self,
-        config: FleetConfig,
-        host: str,
-        run_dir: Path,
-        extra: dict[str, list[str]],
-        options: dict | None = None,
-    ) -> None:
-        from apexrl.launcher.topology import checks_target
-
-        self.config = config
-        self.host = host
-        self.run_dir = run_dir
-        self.extra = extra
-        self.progress_seconds = config.progress_seconds
-        self.stop_grace = config.stop_grace
-        self.options = options or {}
-        self.target = config.target_return
-        if self.target is None:
-            from apexrl.common.environments import reward_threshold
-
-            self.target = reward_threshold(EnvChoice.of(config))
-        self.checks_target = checks_target(config, host) and self.target is not None
-        self.stop = threading.Event()
-        self.force = threading.Event()
-
-    def run(self) -> int:
-        if not self.run_dir.exists():
-            self.run_dir.mkdir(parents=True)
-            self.run_dir.chmod(0o700)  # logs, checkpoints: the run is its owner's alone
-        with stop_on_signals(self.stop, hangup=True, on_repeat=self.force.set):  # second Ctrl-C: kill at once
-            return self._run(time.time())
-
-    def _run(self, start: float) -> int:
-        from apexrl.launcher.fleet import Fleet, Interrupted, StartupError
-        from apexrl.launcher.progress import Progress, ProgressCsv
-        from apexrl.launcher.prometheus_targets import write_targets
-
-        fleet = Fleet(self.config, self.host, self.run_dir, extra_args=self.extra, stop=self.stop)
-        self._write_config(fleet, start)
-        progress_csv = ProgressCsv(
-            self.run_dir / "progress.csv", tensorboard_dir=self.run_dir / "tensorboard" / "episodes"
-        )
-        progress: Progress | None = None
-        row = None
-        failed = solved = False
-        reason = "signal"
-        try:
-            log.info(
-                "launching %s on %s (target return %s, at most %.0fs); run directory %s",
-                self.config.env,
-                self.host,
-                self.target if self.checks_target else "not checked here",
-                self.config.max_seconds,
-                self.run_dir,
-            )
-            fleet.start()
-            self._write_config(fleet, start)
-            write_targets(self.run_dir, fleet.config, self.host, fleet.roles)  # Prometheus file-SD
-            progress = Progress(self.run_dir / "episodes", *self._metrics_urls(fleet), start_time=start)
-            row = self._tick(progress, progress_csv, time.time())  # anchors the curve: 0 steps once all run
-            threading.Thread(target=_import_plotting, name="import-matplotlib", daemon=True).start()
-            next_tick = time.time() + self.progress_seconds
-            while not self.stop.is_set():
-                child = fleet.supervise()
-                if child is not None:
-                    failed = child.process.returncode != 0
-                    reason = "restart_budget_exhausted" if failed else "role_exited"
-                    if failed:
-                        print(
-                            f"apexrl launch: {child.role.name} died unexpectedly and its restart budget "
-                            f"({self.config.max_restarts} in {self.config.restart_window:.0f}s) is spent: "
-                            f"{child.describe_exit()}",
-                            file=sys.stderr,
-                        )
-                    else:
-                        log.info("%s finished (exit status 0); stopping the fleet", child.role.name)
-                    break
-                now = time.time()
-                if now - start >= self.config.max_seconds:
-                    reason = "max_seconds"
-                    break
-                if now >= next_tick:
-                    row = self._tick(progress, progress_csv, now, restarts=sum(fleet.restart_counts.values()))
-                    if self.checks_target and progress.solved(self.target):
-                        solved, reason = True, "target"
-                        log.info(
-                            "solved: the last 100 evaluation episodes average %.1f >= %g",
-                            progress.eval_mean(),
-                            self.target,
-                        )
-                        break
-                    next_tick += self.progress_seconds
-                self.stop.wait(0.2)
-        except Interrupted:
-            reason = "signal"
-        except StartupError as err:
-            failed, reason = True, "startup_failed"
-            print(f"apexrl launch: fleet did not start: {err}", file=sys.stderr)
-        finally:
-            if progress is None:  # startup did not finish: count what the started roles did
-                progress = Progress(self.run_dir / "episodes", *self._metrics_urls(fleet), start_time=start)
-            if fleet.children and not self.force.is_set():
-                try:
-                    row = self._tick(
-                        progress,
-                        progress_csv,
-                        time.time(),
-                        echo=False,
-                        restarts=sum(fleet.restart_counts.values()),
-                    )  # last counters
-                except Exception as err:  # the fleet must still be stopped
-                    log.warning("final progress read failed: %s", err)
-            log.info("stopping %d roles (%s)", len(fleet.children), reason)
-            fleet.stop(self.stop_grace, self.force)
-            progress_csv.close()
-            progress.close()
-            self._write_config(fleet, start)
-        wall = time.time() - start
-        self._write_results()
-        result = {
-            "env_steps": row.env_steps if row else 0,
-            "episodes": row.episodes if row else 0,
-            "updates": row.updates if row else None,
-            "mean_return_100": progress.eval_mean(),
-            "wall_seconds": round(wall, 3),
-            "solved": solved,
-            "target_return": self.target,
-            "run_dir": str(self.run_dir),
-            "reason": reason,
-            "restarts": sum(fleet.restart_counts.values()),
-            "restarts_by_role": fleet.restart_counts,
-        }
-        print(json.dumps(result), flush=True)
-        if solved:
-            return 0
-        return 0 if not self.checks_target and not failed and reason in ("signal", "max_seconds") else 1
-
-    def _tick(self, progress, progress_csv, now: float, echo: bool = True, restarts: int = 0):
-        from apexrl.launcher.progress import format_row
-
-        row = dataclasses.replace(progress.tick(now), restarts=restarts)
-        progress_csv.write(row)
-        if echo:
-            print(format_row(row, progress.eval_episodes), flush=True)
-        return row
-
-    def _metrics_urls(self, fleet) -> tuple[list[str], str | None]:
-        """Exploring actors' and the learner's /metrics: this machine's roles, and other machines' roles whose
-        metrics ports the fleet file fixes."""
-        from apexrl.launcher.topology import address, roles
-
-        local = {role.name: role for role in fleet.roles}
-        urls: dict[str, str] = {}
-        for role in roles(fleet.config):
-            role = local.get(role.name, role)
-            if role.kind in ("actor", "learner") and role.metrics_port:
-                urls[role.name] = (
-                    f"http://{address(fleet.config, role.host, role.metrics_port, self.host)}/metrics"
-                )
-        learner = urls.pop("learner", None)
-        return list(urls.values()), learner
-
-    def _write_config(self, fleet, start: float) -> None:
-        from apexrl.launcher.topology import roles
-
-        commands = fleet.commands()
-        local = {role.name: role for role in fleet.roles}
-        doc = {
-            "host_name": self.host,
-            "run_dir": str(self.run_dir),
-            "started_at": datetime.fromtimestamp(start).isoformat(timespec="seconds"),
-            "launch_options": self.options,
-            "checks_target": self.checks_target,
-            "num_actors": self.config.num_actors,
-            "progress_seconds": self.progress_seconds,
-            "stop_grace": self.stop_grace,
-            "pass_through_args": self.extra,
-            "fleet": dataclasses.asdict(fleet.config),
-            "roles": [
-                {
-                    **dataclasses.asdict(local.get(role.name, role)),
-                    "local": role.name in local,
-                    "command": commands.get(role.name),
-                }
-                for role in roles(fleet.config)
-            ],
-        }
-        atomic_write(self.run_dir / "config.json", json.dumps(redacted(doc), indent=2, default=str) + "\n")
-
-    def _write_results(self) -> None:
-        from apexrl.common.episodes import merge_episode_files
-
-        episodes = sorted((self.run_dir / "episodes").glob("*.csv"))
-        count = merge_episode_files(episodes, self.run_dir / "episodes.csv")
-        written = ["progress.csv", f"episodes.csv ({count} episodes)"]
-        if self.force.is_set() or count == 0:
-            log.info("no learning curve: %s", "second signal" if count else "no episodes finished")
-        else:
-            try:
-                from apexrl.launcher.plot import plot_learning_curve
-
-                plot_learning_curve(
-                    self.run_dir / "progress.csv",
-                    self.run_dir / "episodes.csv",
-                    self.run_dir / "learning_curve.png",
-                    target_return=self.target,
-                    title=self.config.env,
-                )
-                written.append("learning_curve.png")
-            except Exception as err:  # a missing plot must not hide the run's result
-                log.warning("could not plot the learning curve: %s", err)
-        log.info("wrote %s in %s", ", ".join(written), self.run_dir)
-
-
-REDACTED = "<redacted>"
-
-
-def redacted(value: Any) -> Any:
-    """`value` (nested dicts and lists) with the value of every `token` key that is set replaced by REDACTED: the
-    fleet's token, a role table's, a `--token` launch option. Paths (token_file) stay."""
-    if isinstance(value, dict):
-        return {k: REDACTED if k == "token" and v else redacted(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redacted(v) for v in value]
-    return value
-
-
-def _import_plotting() -> None:
-    """Import matplotlib while the fleet trains, so that drawing the curve at exit takes a moment, not seconds."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot  # noqa: F401
-    except Exception:  # reported when plotting at exit
-        pass

@@ -7,10 +7,11 @@ from __future__ import annotations
 import csv
 import urllib.request
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -83,24 +84,65 @@ class ProgressRow:
     unix_time: float
     restarts: int = 0  # role restarts by this machine's launcher so far
     env_steps_per_second: float | None = None  # over the last tick, as updates_per_second (None at the first)
+    eval_episodes: int = 0  # evaluation episodes read so far (mean_return_100 is over the last 100 of them)
 
     @classmethod
     def columns(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_csv(cls, row: Mapping[str, str]) -> ProgressRow:
+        """A row of progress.csv read back (an empty cell is None); ValueError for a row that is not one."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            text, kind = row.get(f.name) or "", str(f.type)  # types are text here (annotations are deferred)
+            if text:
+                values[f.name] = int(float(text)) if kind.startswith("int") else float(text)
+            elif "None" in kind:
+                values[f.name] = None
+            elif f.default is not MISSING:  # a column newer than the file
+                values[f.name] = f.default
+            else:
+                raise ValueError(f"progress.csv row without {f.name}: {dict(row)}")
+        return cls(**values)
+
+
+def last_row(path: Path) -> ProgressRow | None:
+    """The last complete row of a progress.csv (None when there is none): where a resumed run continues from."""
+    last = None
+    try:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                try:
+                    last = ProgressRow.from_csv(row)
+                except ValueError:
+                    continue  # a line cut short by a killed launcher
+    except FileNotFoundError:
+        return None
+    return last
 
 
 class Progress:
     """Collects scraped counters and episode returns into progress rows.
 
     Environment steps and exploration episodes count exploring actors only (the evaluator's play is not
-    training data); returns come from the episode CSVs this machine can read.
+    training data); returns come from the episode CSVs this machine can read. A resumed run continues from
+    `previous`, the last row of the interrupted run: the actors' counters start again at 0 with their processes,
+    so its env steps, episodes and wall seconds are added (the learner restores its own update count).
     """
 
     def __init__(
-        self, episodes_dir: Path, actor_urls: Sequence[str], learner_url: str | None, start_time: float
+        self,
+        episodes_dir: Path,
+        actor_urls: Sequence[str],
+        learner_url: str | None,
+        start_time: float,
+        previous: ProgressRow | None = None,
     ) -> None:
         self.episodes_dir = episodes_dir
-        self.start_time = start_time
+        self.start_time = start_time - (previous.wall_seconds if previous else 0.0)
+        self._base_steps = previous.env_steps if previous else 0
+        self._base_episodes = previous.episodes if previous else 0
         self.actor_urls = list(actor_urls)
         self.learner_url = learner_url
         self.scraper = MetricsScraper(self.actor_urls + ([learner_url] if learner_url else []))
@@ -146,9 +188,10 @@ class Progress:
             version = None if weight is None else int(weight)
         return ProgressRow(
             wall_seconds=now - self.start_time,
-            env_steps=int(env_steps),
-            # Without actor metrics (remote actors without fixed ports) fall back to the CSVs read here.
-            episodes=int(episodes) if self.actor_urls else self.explore_episodes_read,
+            env_steps=self._base_steps + int(env_steps),
+            # Without actor metrics (remote actors without fixed ports) fall back to the CSVs read here (appended
+            # to by a resumed run, so they count its whole history already).
+            episodes=self._base_episodes + int(episodes) if self.actor_urls else self.explore_episodes_read,
             updates=updates,
             updates_per_second=rate,
             mean_return_100=self.eval_mean(),
@@ -156,15 +199,18 @@ class Progress:
             weight_version=version,
             unix_time=now,
             env_steps_per_second=self._env_steps_rate.update(now, env_steps) if self.actor_urls else None,
+            eval_episodes=self.eval_episodes,
         )
 
     def close(self) -> None:
         self.scraper.close()
 
 
-def format_row(row: ProgressRow, eval_episodes: int) -> str:
+def format_row(row: ProgressRow, eval_episodes: int | None = None) -> str:
     """One human line: elapsed, env steps, episodes, returns, learner updates and weights. Both rates (env steps/s,
     updates/s) are over the last progress interval, so they show what the fleet does now."""
+
+    eval_episodes = row.eval_episodes if eval_episodes is None else eval_episodes
 
     def num(value: float | None, spec: str = ",.0f") -> str:
         return "-" if value is None else format(value, spec)
@@ -181,14 +227,20 @@ def format_row(row: ProgressRow, eval_episodes: int) -> str:
 
 class ProgressCsv:
     """progress.csv, one row per tick, flushed as it goes so a killed launcher still leaves its history; with
-    `tensorboard_dir`, the returns also go to TensorBoard event files there (launcher/tensorboard_curves.py)."""
+    `tensorboard_dir`, the returns also go to TensorBoard event files there (launcher/tensorboard_curves.py).
+    A resumed run appends to the file it finds."""
 
-    def __init__(self, path: Path, tensorboard_dir: Path | None = None) -> None:
+    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None) -> None:
         from apexrl.launcher.tensorboard_curves import ReturnCurves
 
-        self._file = open(path, "w", newline="")  # noqa: SIM115 (open for the run's lifetime)
+        path = Path(path)
+        new = not path.exists() or path.stat().st_size == 0
+        self._file = open(path, "a", newline="")  # noqa: SIM115 (open for the run's lifetime)
         self._writer = csv.DictWriter(self._file, fieldnames=ProgressRow.columns())
-        self._writer.writeheader()
+        if new:
+            self._writer.writeheader()
+        elif not _ends_a_line(path):
+            self._file.write("\n")  # a row cut short by a killed launcher stays a (skipped) line of its own
         self._curves = ReturnCurves(tensorboard_dir) if tensorboard_dir is not None else None
 
     def write(self, row: ProgressRow) -> None:
@@ -215,6 +267,12 @@ class _Rate:
             rate = (value - self._last[1]) / (now - self._last[0])
         self._last = (now, value)
         return rate
+
+
+def _ends_a_line(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"
 
 
 def _mean(values: Sequence[float] | deque[float]) -> float | None:

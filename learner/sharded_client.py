@@ -42,6 +42,7 @@ from apexrl.common.discovery import Resolver, ShardAddresses, system_resolver
 from apexrl.common.errors import ApexError, FailedPreconditionError, is_transient
 from apexrl.common.tls import TlsFiles
 from apexrl.replay_server.client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
+from apexrl.replay_server.probabilities import importance_weights, shard_shares, smallest_probability
 from apexrl.replay_server.wire import SampledBatch, ShardInfo, ShardTotals
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class Shard(Protocol):
     address: str
 
     def sample_future(
-        self, batch_size: int, *, timeout: float | None = None
+        self, batch_size: int, *, timeout: float | None = None, batch_rows: Sequence[int] = ()
     ) -> ResultFuture[SampledBatch]: ...
 
     def info_future(self, *, timeout: float | None = None) -> ResultFuture[ShardInfo]: ...
@@ -323,12 +324,25 @@ class ShardedReplayClient:
     # ---------------------------------------------------------------------------------------------- sample
     def sample(self, batch_size: int, *, beta: float = 0.4, timeout: float | None = None) -> PrioritizedBatch:
         """Draw `batch_size` rows across the fleet with probability p_i / sum(p) and importance weights."""
+        return self.sample_batches(batch_size, 1, beta=beta, timeout=timeout)[0]
+
+    def sample_batches(
+        self, batch_size: int, batches: int, *, beta: float = 0.4, timeout: float | None = None
+    ) -> list[PrioritizedBatch]:
+        """`batches` batches of `batch_size` rows, each drawn as `sample` draws one (its own allocation over the
+        shards, its own strata on each shard), all of them in one Sample call per shard (replay.proto,
+        SampleRequest.batch_rows): a call costs a shard about the same whatever its rows. An older shard answers
+        one stratified batch of the same rows, which is cut into the batches at random: the same probabilities."""
         if batch_size < 1:
             raise ValueError(f"batch_size ({batch_size}) must be >= 1")
+        if batches < 1:
+            raise ValueError(f"batches ({batches}) must be >= 1")
         with self._lock:  # allocation and views are shared; the RPCs themselves run in parallel
-            return self._sample_locked(batch_size, beta, timeout)
+            return self._sample_locked(batch_size, batches, beta, timeout)
 
-    def _sample_locked(self, batch_size: int, beta: float, timeout: float | None) -> PrioritizedBatch:
+    def _sample_locked(
+        self, batch_size: int, batches: int, beta: float, timeout: float | None
+    ) -> list[PrioritizedBatch]:
         deadline = self.timeout if timeout is None else timeout
         for _ in range(len(self.shards) + 1):
             self.refresh(timeout=timeout, only_stale=True)
@@ -336,13 +350,13 @@ class ShardedReplayClient:
             live = [s for s, v in enumerate(self._views) if v.sampleable(now)]
             if not live:
                 break
-            allocation = self._allocate(batch_size, live)
+            shares, counts = self._allocate(batch_size, batches, live)
             calls = [
-                (s, self.shards[s].sample_future(k, timeout=deadline)) for s, k in self._calls(allocation)
+                (s, pieces, self._start_sample(s, pieces, deadline)) for s, pieces in self._calls(counts)
             ]
-            parts: dict[int, list[SampledBatch]] = {}
+            parts: list[dict[int, list[SampledBatch]]] = [{} for _ in range(batches)]
             failed = False
-            for s, call in calls:
+            for s, pieces, call in calls:
                 try:
                     part = call.result()
                 except ApexError as err:
@@ -359,10 +373,11 @@ class ShardedReplayClient:
                         self._views[s].fail(time.monotonic(), self.max_backoff)
                     failed = True
                     continue
-                parts.setdefault(s, []).append(part)
                 self._views[s].observe(part.totals, time.monotonic())
+                for b, piece in self._cut(part, pieces):
+                    parts[b].setdefault(s, []).append(piece)
             if not failed:
-                return self._assemble(allocation, parts, beta)
+                return [self._assemble(shares, parts[b], beta) for b in range(batches)]
             # A shard failed: draw the whole batch again from the others, so every row's probability comes from
             # one allocation (exact P(i)); failures are rare, the wasted rows cheap.
         views = ", ".join(
@@ -371,41 +386,79 @@ class ShardedReplayClient:
         )
         raise FailedPreconditionError(f"no shard can be sampled: {views}")
 
-    def _allocate(self, batch_size: int, live: list[int]) -> dict[int, tuple[float, int]]:
-        """shard -> (share of the batch's probability mass, rows to draw) over the sampleable shards."""
-        mass = np.array([self._views[s].totals.total_priority for s in live])
-        if mass.sum() <= 0:  # every priority is 0: shards sample uniformly, so weigh them by size
-            mass = np.array([float(self._views[s].size) for s in live])
-        share = mass / mass.sum()
-        counts = self._rng.multinomial(batch_size, share)
-        return {s: (float(sh), int(k)) for s, sh, k in zip(live, share, counts, strict=True)}
+    def _allocate(
+        self, batch_size: int, batches: int, live: list[int]
+    ) -> tuple[dict[int, float], dict[int, np.ndarray]]:
+        """Each sampleable shard's share of the probability mass, and its rows in each batch (one multinomial
+        draw per batch)."""
+        share = shard_shares(
+            np.array([self._views[s].totals.total_priority for s in live]),
+            np.array([float(self._views[s].size) for s in live]),
+        )
+        counts = (
+            self._rng.multinomial(batch_size, share)[None, :]
+            if batches == 1
+            else self._rng.multinomial(batch_size, share, size=batches)
+        )
+        shares = {s: float(sh) for s, sh in zip(live, share, strict=True)}
+        return shares, {s: counts[:, j] for j, s in enumerate(live)}
 
-    def _calls(self, allocation: dict[int, tuple[float, int]]) -> list[tuple[int, int]]:
-        """(shard, rows) of every Sample call: a shard's rows in pieces of at most its largest batch."""
+    def _calls(self, counts: dict[int, np.ndarray]) -> list[tuple[int, list[tuple[int, int]]]]:
+        """(shard, pieces) of every Sample call, a piece being (batch, rows): each shard's batches in order, as few
+        calls as its largest batch allows (a batch above it is cut into pieces, each drawn on its own)."""
         calls = []
-        for s, (_, k) in allocation.items():
-            limit = self._views[s].max_batch
-            calls += [(s, min(limit, k - start)) for start in range(0, k, limit)]
+        for s, rows in counts.items():
+            limit, pieces, used = self._views[s].max_batch, [], 0
+            for b, k in enumerate(rows.tolist()):
+                while k > 0:
+                    take = min(k, limit - used)
+                    pieces.append((b, take))
+                    used, k = used + take, k - take
+                    if used == limit:
+                        calls.append((s, pieces))
+                        pieces, used = [], 0
+            if pieces:
+                calls.append((s, pieces))
         return calls
 
+    def _start_sample(
+        self, s: int, pieces: list[tuple[int, int]], deadline: float
+    ) -> ResultFuture[SampledBatch]:
+        rows = [k for _, k in pieces]
+        if len(rows) == 1:
+            return self.shards[s].sample_future(rows[0], timeout=deadline)
+        return self.shards[s].sample_future(sum(rows), timeout=deadline, batch_rows=rows)
+
+    def _cut(self, part: SampledBatch, pieces: list[tuple[int, int]]) -> list[tuple[int, SampledBatch]]:
+        """The answer to one call as (batch, rows) pieces. An answer without the batches asked for (an older
+        shard: one stratified batch of all the rows) is shuffled first, so each piece is a fair draw."""
+        if len(pieces) == 1:
+            return [(pieces[0][0], part)]
+        rows = tuple(k for _, k in pieces)
+        if part.batch_rows != rows:
+            part = part.take(self._rng.permutation(len(part.keys)))
+        ends = np.cumsum(rows)
+        return [
+            (b, part.take(slice(end - k, end))) for (b, k), end in zip(pieces, ends.tolist(), strict=True)
+        ]
+
     def _assemble(
-        self, allocation: dict[int, tuple[float, int]], parts: dict[int, list[SampledBatch]], beta: float
+        self, shares: dict[int, float], parts: dict[int, list[SampledBatch]], beta: float
     ) -> PrioritizedBatch:
         order = sorted(parts)
         pieces = [(s, b) for s in order for b in parts[s]]
         shard_ids = np.concatenate([np.full(len(b.keys), s, dtype=np.int32) for s, b in pieces])
         keys = np.concatenate([b.keys for _, b in pieces])
-        probabilities = np.concatenate([allocation[s][0] * b.probabilities for s, b in pieces])
+        probabilities = np.concatenate([shares[s] * b.probabilities for s, b in pieces])
         columns = {name: concatenate([b.columns[name] for _, b in pieces]) for name in pieces[0][1].columns}
         writers = None
         if any(b.writers for _, b in pieces):
             writers = np.empty(len(keys), dtype=object)
             writers[:] = [w for _, b in pieces for w in (b.writers or ("",) * len(b.keys))]
         # N and the largest weight count exactly the shards this allocation covered (sampled from or not).
-        covered = list(allocation)
-        fleet_size = sum(self._views[s].size for s in covered)
-        p_min = min(probabilities.min(), self._smallest_probability(allocation))
-        weights = (fleet_size * probabilities) ** -beta / (fleet_size * p_min) ** -beta
+        fleet_size = sum(self._views[s].size for s in shares)
+        p_min = min(probabilities.min(), self._smallest_probability(shares))
+        weights = importance_weights(probabilities, fleet_size, p_min, beta)
         incarnations = tuple(parts[s][0].incarnation if s in parts else 0 for s in range(len(self.shards)))
         return PrioritizedBatch(
             columns,
@@ -418,18 +471,10 @@ class ShardedReplayClient:
             writers,
         )
 
-    def _smallest_probability(self, allocation: dict[int, tuple[float, int]]) -> float:
+    def _smallest_probability(self, shares: dict[int, float]) -> float:
         """The smallest P(i) any stored row of the covered shards has: the normaliser of the weights."""
-        smallest = math.inf
-        for s, (share, _) in allocation.items():
-            t = self._views[s].totals
-            if share <= 0:  # a shard whose rows all have priority 0 beside shards with mass: none is drawn
-                continue
-            if t.total_priority > 0 and t.min_priority > 0:
-                smallest = min(smallest, share * t.min_priority / t.total_priority)
-            elif t.total_priority <= 0 and t.size > 0:  # uniform within the shard
-                smallest = min(smallest, share / t.size)
-        return smallest
+        views = ((share, self._views[s].totals) for s, share in shares.items())
+        return smallest_probability((share, t.total_priority, t.min_priority, t.size) for share, t in views)
 
     # ------------------------------------------------------------------------------------------ priorities
     def update_priorities(self, batch: PrioritizedBatch, priorities: np.ndarray) -> None:

@@ -15,7 +15,13 @@ from collections.abc import Iterator, Mapping
 import grpc
 import numpy as np
 
-from apexrl.common.errors import ApexError, InvalidArgumentError, ResourceExhaustedError, from_rpc_error
+from apexrl.common.errors import (
+    ApexError,
+    ErrorCode,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    from_rpc_error,
+)
 from apexrl.common.grpc_util import make_channel
 from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.limits import DEFAULT_MAX_WEIGHTS_BYTES, check_max_weights_bytes
@@ -51,7 +57,9 @@ class ParameterClient:
         self.address = address
         self.timeout = timeout
         self.max_weights_bytes = check_max_weights_bytes(max_weights_bytes)
-        self._channel = make_channel(address, max_message_bytes=max_message_bytes, token=token, tls=tls)
+        self._channel = make_channel(
+            address, max_message_bytes=max_message_bytes, token=token, tls=tls, what="ParameterClient address"
+        )
         self._stub = parameters_pb2_grpc.ParameterServiceStub(self._channel)
 
     def fetch(self, have_version: int = 0) -> tuple[int, dict[str, np.ndarray]] | None:
@@ -124,9 +132,7 @@ class ParameterClient:
             reply = self._stub.Publish(_publish_requests(header, payload), timeout=self.timeout)
         except grpc.RpcError as err:
             error = from_rpc_error(err, what)
-            if (
-                error.code == grpc.StatusCode.FAILED_PRECONDITION
-            ):  # the service's only one: the version's window
+            if error.code is ErrorCode.FAILED_PRECONDITION:  # the service's only one: the version's window
                 raise VersionRefusedError(str(error)) from None
             raise error from None
         return int(reply.version)

@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from apexrl.common.access import AccessPolicy
-from apexrl.common.aio_grpc import AioServerThread
+from apexrl.common.aio_grpc import AioServerThread, abort
 from apexrl.common.connections import ConnectionPolicy
 from apexrl.common.errors import (
     ApexError,
@@ -107,8 +107,7 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
         """End the call with `err`'s status and message (context.abort raises)."""
         self._metrics.errors.labels(method, err.code.name).inc()
         log.debug("%s rejected: %s", method, err)
-        await context.abort(err.code, str(err))
-        raise AssertionError("context.abort returned")  # grpc.aio's abort always raises
+        await abort(context, err)
 
     async def Publish(self, request_iterator, context) -> parameters_pb2.PublishResponse:  # noqa: N802 (gRPC name)
         if self._publishing >= self.limits.max_concurrent_publishes:

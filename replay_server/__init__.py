@@ -6,11 +6,28 @@ wal.py (the write-ahead log), reshard.py (`apexrl replay-reshard`: M checkpoints
 The shard needs no torch; install apexrl without the `train` extra for a small replay image.
 """
 
-from apexrl.replay_server.client import ReplayClient
-from apexrl.replay_server.sum_tree import SumTree
-from apexrl.replay_server.table import ReplayTable, TableConfig
-from apexrl.replay_server.wire import SampledBatch, ShardInfo, UpdateResult
+from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from apexrl.common.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.sum_tree import SumTree
+    from apexrl.replay_server.table import ReplayTable, TableConfig
+    from apexrl.replay_server.wire import SampledBatch, ShardInfo, UpdateResult
+
+# Public name -> the module that defines it; loaded on first use.
+_EXPORTS = {
+    "ReplayClient": "apexrl.replay_server.client",
+    "SumTree": "apexrl.replay_server.sum_tree",
+    "ReplayTable": "apexrl.replay_server.table",
+    "TableConfig": "apexrl.replay_server.table",
+    "SampledBatch": "apexrl.replay_server.wire",
+    "ShardInfo": "apexrl.replay_server.wire",
+    "UpdateResult": "apexrl.replay_server.wire",
+}
 __all__ = [
     "ReplayClient",
     "ReplayTable",
@@ -19,4 +36,5 @@ __all__ = [
     "SumTree",
     "TableConfig",
     "UpdateResult",
-]
+]  # the keys of _EXPORTS
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

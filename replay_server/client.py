@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -32,11 +32,11 @@ from apexrl.common.compression import column_nbytes
 from apexrl.common.errors import (
     ApexError,
     DeadlineExceededError,
+    ErrorCode,
     ResourceExhaustedError,
     UnavailableError,
     error_for_code,
     from_rpc_error,
-    status_code_from_int,
 )
 from apexrl.common.grpc_util import CallFuture
 from apexrl.common.tls import TlsFiles
@@ -51,12 +51,12 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_MESSAGE_BYTES = grpc_util.DEFAULT_MAX_MESSAGE_BYTES
 
 # Per-batch answers that mean "not stored, try again later" rather than "this batch is wrong".
-_RETRY_ACK_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_RETRY_ACK_CODES = {ErrorCode.UNAVAILABLE, ErrorCode.DEADLINE_EXCEEDED}
 # Stream failures after which reconnecting and resending cannot help.
 _FATAL_STREAM_CODES = {
-    grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.UNIMPLEMENTED,
+    ErrorCode.UNAUTHENTICATED,
+    ErrorCode.PERMISSION_DENIED,
+    ErrorCode.UNIMPLEMENTED,
 }
 # Merging: a request carries at most this many bytes of merged batches (or half the message limit, if lower).
 # Batches above a quarter of it are encoded when inserted and sent alone: their bytes, not the cost per message,
@@ -150,7 +150,7 @@ class ReplayClient:
         self.max_in_flight = max_in_flight
         self.max_message_bytes = max_message_bytes
         self._channel = grpc_util.make_channel(
-            address, max_message_bytes=max_message_bytes, token=token, tls=tls
+            address, max_message_bytes=max_message_bytes, token=token, tls=tls, what="ReplayClient address"
         )
         self._stub = replay_pb2_grpc.ReplayServiceStub(self._channel)
         # Insert stream state, guarded by one lock: _cond wakes writers waiting for room and acks, _send_ready the
@@ -391,7 +391,7 @@ class ReplayClient:
             self.acks_received += 1
             self.last_incarnation = ack.incarnation
             stream.merge = stream.merge or ack.batches > 0
-            code = status_code_from_int(ack.error_code) if ack.error_code else grpc.StatusCode.OK
+            code = ErrorCode.of(ack.error_code)
             if code in _RETRY_ACK_CODES:
                 # The shard is going away and stored nothing of these: keep them (and every later one) pending and
                 # resend them in order on a new stream, to this shard once it is back.
@@ -405,7 +405,7 @@ class ReplayClient:
                 if sequence > ack.sequence:
                     break
                 del self._pending[sequence]
-                if code != grpc.StatusCode.OK and sequence > ack.sequence - max(1, ack.batches):
+                if code is not ErrorCode.OK and sequence > ack.sequence - max(1, ack.batches):
                     refused.append(sequence)
             if refused:
                 which = f"batch {refused[0]}" if len(refused) == 1 else f"batches {refused[0]}..{refused[-1]}"
@@ -422,12 +422,12 @@ class ReplayClient:
 
     def _on_stream_error(self, err: grpc.RpcError, stream: _Stream) -> None:
         """Called with _cond held after the stream failed."""
-        code = err.code()
+        code = ErrorCode.of(err.code())
         self.reconnects += 1
         if code in _FATAL_STREAM_CODES:
             self._errors.append(from_rpc_error(err, f"insert stream to {self.address}"))
             self._pending.clear()
-        elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and self._pending:
+        elif code is ErrorCode.RESOURCE_EXHAUSTED and self._pending:
             # The oldest unanswered request is the one the shard refused to receive. Merged, its batches may fit
             # one by one: resend them so, and merge no more. Alone, resending it cannot help.
             first, last = stream.in_flight[0] if stream.in_flight else (0, 0)
@@ -450,18 +450,32 @@ class ReplayClient:
         self._cond.notify_all()
 
     # ------------------------------------------------------------------------------------------------ sample
-    def sample(self, batch_size: int, *, timeout: float | None = None, wait: bool = True) -> SampledBatch:
+    def sample(
+        self,
+        batch_size: int,
+        *,
+        timeout: float | None = None,
+        wait: bool = True,
+        batch_rows: Sequence[int] = (),
+    ) -> SampledBatch:
         """Draw `batch_size` rows. With wait=False a shard below its minimum size raises FailedPreconditionError
-        at once; otherwise the call waits up to its deadline (DeadlineExceededError)."""
-        request = replay_pb2.SampleRequest(batch_size=batch_size, no_wait=not wait)
+        at once; otherwise the call waits up to its deadline (DeadlineExceededError). With `batch_rows` (summing
+        to batch_size), that many batches each stratified on its own, in one answer whose `batch_rows` says so;
+        an older shard answers one batch of batch_size rows with `batch_rows` empty (replay.proto)."""
+        request = wire.encode_sample_request(batch_size, not wait, batch_rows)
         return wire.decode_sample(self._call(self._stub.Sample, request, "sample", timeout))
 
     def sample_future(
-        self, batch_size: int, *, timeout: float | None = None, wait: bool = True
+        self,
+        batch_size: int,
+        *,
+        timeout: float | None = None,
+        wait: bool = True,
+        batch_rows: Sequence[int] = (),
     ) -> CallFuture[SampledBatch]:
-        """Start a Sample call without waiting (to sample several shards in parallel); the future's result() is
-        a SampledBatch or raises the apexrl error of the failed call."""
-        request = replay_pb2.SampleRequest(batch_size=batch_size, no_wait=not wait)
+        """Start a Sample call (as `sample`) without waiting, to sample several shards in parallel; the future's
+        result() is a SampledBatch or raises the apexrl error of the failed call."""
+        request = wire.encode_sample_request(batch_size, not wait, batch_rows)
         return CallFuture(
             self._stub.Sample.future(request, timeout=self._deadline(timeout)),
             wire.decode_sample,

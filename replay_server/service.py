@@ -9,8 +9,9 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import grpc
 from prometheus_client import CollectorRegistry, Gauge
@@ -18,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from apexrl.common import grpc_util
 from apexrl.common.access import AccessPolicy
-from apexrl.common.aio_grpc import AioServerThread, Changes, Lane
+from apexrl.common.aio_grpc import AioServerThread, Changes, Lane, abort
 from apexrl.common.compression import take_rows
 from apexrl.common.connections import ConnectionPolicy
 from apexrl.common.errors import (
@@ -26,7 +27,6 @@ from apexrl.common.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
     InternalError,
-    InvalidArgumentError,
     ResourceExhaustedError,
     UnavailableError,
 )
@@ -34,8 +34,10 @@ from apexrl.common.metrics import RpcMetrics
 from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
+from apexrl.replay_server.drain import drain_requests
 from apexrl.replay_server.quotas import Quotas, QuotaSettings
 from apexrl.replay_server.table import ReplayTable
+from apexrl.replay_server.updates import check_update
 from apexrl.replay_server.wire import InsertResult
 from apexrl.replay_server.writers import Writer
 
@@ -99,9 +101,10 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         for call in ("insert", "sample"):
             self._waiting.labels(call)
 
-    async def _abort(self, context: grpc.aio.ServicerContext, method: str, err: ApexError) -> None:
+    async def _abort(self, context: grpc.aio.ServicerContext, method: str, err: ApexError) -> NoReturn:
+        """Count the refusal and end the call with `err`'s status (raises)."""
         self._metrics.errors.labels(method, err.code.name).inc()
-        await context.abort(err.code, str(err))
+        await abort(context, err)
 
     async def _when_ready(
         self,
@@ -224,7 +227,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         return wire.encode_ack(
             ack.sequence,
             ack.incarnation,
-            error_code=UnavailableError.code.value[0],
+            error_code=UnavailableError.code.number,
             error_message=f"the write-ahead log failed ({error}): not acknowledged",
             batches=ack.batches,
         )
@@ -246,7 +249,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         return wire.encode_ack(
             sequence,
             self.table.incarnation,
-            error_code=err.code.value[0],
+            error_code=err.code.number,
             error_message=str(err),
             batches=batches,
         )
@@ -388,18 +391,15 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             return wire.encode_sample(result)
 
     async def _sample(self, request, context):
+        size, rows = request.batch_size, request.batch_rows
         if request.no_wait:
-            return self.table.sample(request.batch_size, wait=False)
+            return self.table.sample(size, wait=False, batch_rows=rows)
         return await self._when_ready(
-            lambda: self.table.sample(request.batch_size, timeout=0), context, "sample"
+            lambda: self.table.sample(size, timeout=0, batch_rows=rows), context, "sample"
         )
 
     def _update(self, request: replay_pb2.UpdatePrioritiesRequest) -> replay_pb2.UpdatePrioritiesResponse:
         keys, priorities, incarnation = wire.decode_update(request)
-        if keys.shape != priorities.shape:
-            raise InvalidArgumentError(
-                f"keys {list(keys.shape)} and priorities {list(priorities.shape)} must have the same shape [n]"
-            )
         result = self.table.update_priorities(keys, priorities, incarnation)
         self._changes.notify()
         return wire.encode_update_result(result)
@@ -414,12 +414,37 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     async def StreamUpdatePriorities(self, request_iterator, context):  # noqa: N802
         try:
             with self.quotas.call(context.peer()):
-                async for request in request_iterator:
-                    with self._metrics.time("StreamUpdatePriorities"):
-                        response = self._update(request)
-                    yield response
+                async with contextlib.aclosing(drain_requests(request_iterator)) as steps:
+                    async for requests in steps:
+                        start = time.perf_counter()
+                        responses, error = self._update_together(requests)
+                        each = (time.perf_counter() - start) / len(requests)
+                        latency = self._metrics.latency.labels("StreamUpdatePriorities")
+                        for _ in requests:  # one observation per message, as for every stream
+                            latency.observe(each)
+                        for response in responses:
+                            yield response
+                        if error is not None:
+                            raise error
         except ApexError as err:
             await self._abort(context, "StreamUpdatePriorities", err)
+
+    def _update_together(
+        self, requests: list[replay_pb2.UpdatePrioritiesRequest]
+    ) -> tuple[list[replay_pb2.UpdatePrioritiesResponse], ApexError | None]:
+        """The responses to the requests before the first bad one, applied in one table call, and that one's
+        error (None when all were good)."""
+        checked, error = [], None
+        for request in requests:
+            try:
+                checked.append(check_update(*wire.decode_update(request)))
+            except ApexError as err:
+                error = err
+                break
+        results = self.table.apply_updates(checked) if checked else []
+        if results:
+            self._changes.notify()
+        return [wire.encode_update_result(result) for result in results], error
 
     async def Info(self, request, context) -> replay_pb2.InfoResponse:  # noqa: N802
         return wire.encode_info(self.table.info())

@@ -22,7 +22,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,9 +36,17 @@ from apexrl.common.errors import (
 )
 from apexrl.common.settings import setting
 from apexrl.common.signature import Signature
+from apexrl.replay_server.probabilities import has_mass
 from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
 from apexrl.replay_server.snapshot import MAX_ALIASES, ROW_WRITER, Snapshot, TableState
+from apexrl.replay_server.strata import check_batch_rows, stratified_targets
 from apexrl.replay_server.sum_tree import SumTree
+from apexrl.replay_server.updates import (  # MAX_PRIORITY: re-exported, its old home
+    MAX_PRIORITY,  # noqa: F401
+    CheckedUpdate,
+    check_priorities,
+    check_update,
+)
 from apexrl.replay_server.wire import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 
 # How often a blocked call re-checks whether its caller is still there.
@@ -134,31 +142,6 @@ class TableConfig:
             )
         if self.max_tracked_writers < 1:
             raise ValueError(f"max_tracked_writers ({self.max_tracked_writers}) must be a positive integer")
-
-
-_PRIORITY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_KEY_DTYPES = (np.dtype(np.uint64), np.dtype(np.int64))
-
-# Largest raw priority accepted: far above any |TD error|, and small enough that p ** alpha (alpha <= 10) summed
-# over any table stays finite in float64.
-MAX_PRIORITY = 1e25
-
-
-def check_priorities(priorities: np.ndarray, rows: int, what: str = "priorities") -> np.ndarray:
-    """Validate raw priorities: shape [rows], real dtype, finite, in [0, MAX_PRIORITY]. Returns them as float64."""
-    if priorities.ndim != 1 or priorities.shape[0] != rows:
-        raise InvalidArgumentError(f"{what} has shape {list(priorities.shape)}, expected [{rows}]")
-    if priorities.dtype not in _PRIORITY_DTYPES:
-        raise InvalidArgumentError(f"{what} must be float32 or float64, got {priorities.dtype.name}")
-    values = priorities.astype(np.float64, copy=False)
-    bad = ~((values >= 0) & (values <= MAX_PRIORITY))  # also true for NaN
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise InvalidArgumentError(
-            f"{what} must be finite, >= 0 and <= {MAX_PRIORITY:g}; {int(bad.sum())} are not "
-            f"(first: index {i} = {float(values[i])})"
-        )
-    return values
 
 
 class ReplayTable:
@@ -425,8 +408,10 @@ class ReplayTable:
         wait: bool = True,
         timeout: float | None = None,
         is_active: Callable[[], bool] | None = None,
+        batch_rows: Sequence[int] = (),
     ) -> SampledBatch:
-        """Draw `batch_size` rows (with replacement) by stratified proportional sampling.
+        """Draw `batch_size` rows (with replacement) by stratified proportional sampling; with `batch_rows`,
+        that many batches back to back, each stratified on its own (strata.py), at one instant.
 
         Below the minimum size (or when the ratio limiter says so) the call waits until `timeout` and then raises
         DeadlineExceededError, or raises FailedPreconditionError at once when `wait` is false.
@@ -435,15 +420,20 @@ class ReplayTable:
             raise InvalidArgumentError(
                 f"batch_size ({batch_size}) must be in [1, {self.config.max_sample_batch_size}]"
             )
+        rows = check_batch_rows(batch_rows, batch_size) if batch_rows else ()
         with self._cond:
             self.check_available()
             if not wait and not self._limiter.can_sample(self._size):
                 raise FailedPreconditionError(self._not_ready_reason())
             self._wait(lambda: self._limiter.can_sample(self._size), timeout, is_active, "sample")
             total = self._tree.total
-            if total > 0:
-                slots = self._tree.sample(batch_size, self._rng)
-            else:  # every stored priority is 0: sample uniformly rather than refuse
+            if has_mass(total):
+                slots = (
+                    self._tree.find_prefix_sum(stratified_targets(rows, total, self._rng))
+                    if rows
+                    else self._tree.sample(batch_size, self._rng)
+                )
+            else:  # the zero-mass rule (probabilities.py): sample uniformly rather than refuse
                 slots = self._oldest_slot() + self._rng.integers(0, self._size, batch_size)
                 slots %= self.config.capacity
             columns = {name: arr[slots] for name, arr in self._storage.items()}
@@ -465,6 +455,7 @@ class ReplayTable:
                 min_priority=self._tree.min,
                 incarnation=self.incarnation,
                 writers=writers,
+                batch_rows=rows,
             )
             self._sampled += batch_size
             self._limiter.sampled(batch_size)
@@ -493,27 +484,36 @@ class ReplayTable:
     ) -> UpdateResult:
         """Set new raw priorities. Stale and unknown keys are ignored and counted. When a key appears more than
         once, the last value wins (and `applied` counts each entry)."""
-        if keys.ndim != 1:
-            raise InvalidArgumentError(f"keys has shape {list(keys.shape)}, expected [n]")
-        if keys.dtype not in _KEY_DTYPES:
-            raise InvalidArgumentError(f"keys must be uint64 or int64, got {keys.dtype.name}")
-        values = check_priorities(priorities, keys.shape[0])
-        n = int(keys.shape[0])
+        return self.apply_updates([check_update(keys, priorities, incarnation)])[0]
+
+    def apply_updates(self, updates: Sequence[CheckedUpdate]) -> list[UpdateResult]:
+        """Apply checked updates (updates.check_update) in order, in one step: one lock, one sum-tree pass (a key
+        in several of them gets the last one's priority). Each result counts its own entries; all carry the
+        totals after the step."""
+        counts: list[tuple[int, int]] = []
         with self._cond:
             self.check_available()
-            limit = (
-                self._next_key if incarnation in (0, self.incarnation) else self._aliases.get(incarnation, 0)
-            )
-            keys = keys.astype(np.int64, copy=False)  # keys above 2**63 cannot be valid and become negative
-            valid = (keys >= self._next_key - self._size) & (keys < limit)
-            applied = int(valid.sum())
-            if applied:
-                fresh = values[valid]
-                self._tree.update(keys[valid] % self.config.capacity, fresh)
+            slots, values = [], []
+            for update in updates:
+                limit = (
+                    self._next_key
+                    if update.incarnation in (0, self.incarnation)
+                    else self._aliases.get(update.incarnation, 0)
+                )
+                valid = (update.keys >= self._next_key - self._size) & (update.keys < limit)
+                applied = int(valid.sum())
+                counts.append((applied, len(update.keys) - applied))
+                if applied:
+                    slots.append(update.keys[valid] % self.config.capacity)
+                    values.append(update.values[valid])
+            if slots:
+                fresh = values[0] if len(values) == 1 else np.concatenate(values)
+                self._tree.update(slots[0] if len(slots) == 1 else np.concatenate(slots), fresh)
                 self._max_priority = max(self._max_priority, float(fresh.max()))
-            self._updated += applied
-            self._stale += n - applied
-            return UpdateResult(applied=applied, stale=n - applied, totals=self._totals())
+            self._updated += sum(applied for applied, _ in counts)
+            self._stale += sum(stale for _, stale in counts)
+            totals = self._totals()
+        return [UpdateResult(applied=applied, stale=stale, totals=totals) for applied, stale in counts]
 
     # ---------------------------------------------------------------------------------------- durability
     def begin_snapshot(self, chunk_rows: int) -> Snapshot:

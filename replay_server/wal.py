@@ -68,8 +68,17 @@ class WriteAheadLog:
     """See the module docstring. `replay(table)` at start, then `open(table)`; `truncate(key)` after each
     checkpoint; `close()` at shutdown."""
 
-    def __init__(self, directory: str | Path, stats: DurabilityStats | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        stats: DurabilityStats | None = None,
+        *,
+        sync: Callable[[int], None] = os.fsync,
+    ) -> None:
+        """`sync(fd)` makes a segment's written bytes durable: os.fsync; a test holds it back to show that acks
+        wait for it."""
         self.directory = Path(directory)
+        self._sync = sync
         self.directory.mkdir(parents=True, exist_ok=True)
         self.stats = stats if stats is not None else DurabilityStats()
         self._cond = threading.Condition()
@@ -274,7 +283,7 @@ class WriteAheadLog:
                     self._new_segment(group[0][2])
                 data = b"".join(record for _, record, _ in group)
                 _write_all(self._file, data)
-                os.fsync(self._file)
+                self._sync(self._file)
             except Exception as err:  # OSError (a full disk) or worse: never leave the waiters waiting
                 log.error(
                     "write-ahead log failed (%r): the batches waiting for it are not acknowledged and inserts "
@@ -326,7 +335,7 @@ class WriteAheadLog:
             self._file,
             _SEGMENT.pack(_MAGIC, _VERSION, 0, self._lineage, first_key, len(signature)) + signature,
         )
-        os.fsync(self._file)
+        self._sync(self._file)
         fsync_directory(self.directory)
 
     # -------------------------------------------------------------------------------------------- truncation

@@ -7,15 +7,16 @@ the three never drift apart (a field added here is added for all three). Numpy i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from apexrl.common import codec
-from apexrl.common.compression import CompressedColumn
+from apexrl.common.compression import CompressedColumn, take_rows
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.signature import Signature
 from apexrl.proto import replay_pb2
+from apexrl.replay_server.probabilities import within_shard
 
 SERVICE_NAME = replay_pb2.DESCRIPTOR.services_by_name["ReplayService"].full_name
 
@@ -79,18 +80,29 @@ class SampledBatch:
     # Tables with compressed fields only (else empty): the writer id that stored each row, so a reader that finds
     # a frame that does not decompress can name who wrote it.
     writers: tuple[str, ...] = ()
+    # Several batches in one answer (replay.proto, SampleRequest.batch_rows): the rows of each, back to back.
+    # Empty: one batch (also what an older shard answers to a request for several).
+    batch_rows: tuple[int, ...] = ()
 
     @property
     def totals(self) -> ShardTotals:
         return ShardTotals(self.total_priority, self.size, self.min_priority, self.incarnation)
 
+    def take(self, idx: np.ndarray | slice) -> SampledBatch:
+        """The rows at `idx` (an index array or a slice) as a one-batch SampledBatch with the same totals."""
+        return replace(
+            self,
+            keys=self.keys[idx],
+            priorities=self.priorities[idx],
+            columns={name: take_rows(column, idx) for name, column in self.columns.items()},
+            writers=tuple(np.asarray(self.writers, dtype=object)[idx]) if self.writers else (),
+            batch_rows=(),
+        )
+
     @property
     def probabilities(self) -> np.ndarray:
-        """Probability of each row within this shard: priority / total_priority (uniform when every stored
-        priority is 0, which is how the shard then samples)."""
-        if self.total_priority > 0:
-            return self.priorities / self.total_priority
-        return np.full(len(self.keys), 1 / self.size)
+        """Probability each row was drawn with within this shard (probabilities.within_shard)."""
+        return within_shard(self.priorities, self.total_priority, self.size)
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,7 @@ def encode_sample(batch: SampledBatch) -> replay_pb2.SampleResponse:
     codec.encode_tensor(batch.priorities, response.priorities)
     codec.encode_batch(batch.columns, response.batch)
     response.row_writers.extend(batch.writers)
+    response.batch_rows.extend(batch.batch_rows)
     return response
 
 
@@ -153,7 +166,19 @@ def decode_sample(response: replay_pb2.SampleResponse) -> SampledBatch:
         min_priority=response.min_priority,
         incarnation=response.incarnation,
         writers=tuple(response.row_writers),
+        batch_rows=tuple(response.batch_rows),
     )
+
+
+def encode_sample_request(
+    batch_size: int, no_wait: bool = False, batch_rows: Sequence[int] = ()
+) -> replay_pb2.SampleRequest:
+    """A SampleRequest; `batch_rows` of two or more entries (summing to batch_size) asks for that many batches in
+    one answer."""
+    request = replay_pb2.SampleRequest(batch_size=batch_size, no_wait=no_wait)
+    if len(batch_rows) > 1:
+        request.batch_rows.extend(batch_rows)
+    return request
 
 
 # --- UpdatePriorities ----------------------------------------------------------------------------------------------
@@ -169,12 +194,15 @@ def encode_update(
 
 
 def decode_update(request: replay_pb2.UpdatePrioritiesRequest) -> tuple[np.ndarray, np.ndarray, int]:
-    """(keys, priorities, incarnation); InvalidArgumentError for a bad tensor. Shapes are checked by the table."""
-    return (
-        codec.decode_tensor(request.keys, "keys"),
-        codec.decode_tensor(request.priorities, "priorities"),
-        request.incarnation,
-    )
+    """(keys, priorities, incarnation); InvalidArgumentError for a bad tensor or keys and priorities that do not
+    pair up. Dtypes, ranks and values are the table's to check (update_priorities)."""
+    keys = codec.decode_tensor(request.keys, "keys")
+    priorities = codec.decode_tensor(request.priorities, "priorities")
+    if keys.shape != priorities.shape:
+        raise InvalidArgumentError(
+            f"keys {list(keys.shape)} and priorities {list(priorities.shape)} must have the same shape [n]"
+        )
+    return keys, priorities, request.incarnation
 
 
 def encode_update_result(result: UpdateResult) -> replay_pb2.UpdatePrioritiesResponse:

@@ -50,13 +50,18 @@ class Row:
         ceiling_name: str | None = None,
         target: float | None = None,
         target_text: str | None = None,
+        ratio_target: float | None = None,
     ) -> None:
-        """Set the ceiling (and ratio) and the target (and whether it is met)."""
+        """Set the ceiling (and ratio) and the target (and whether it is met): an absolute `target` in the
+        figure's unit, or a `ratio_target` that the ratio to the ceiling must reach."""
         if ceiling:
             self.ceiling, self.ceiling_name, self.ratio = ceiling, ceiling_name, self.value / ceiling
         if target is not None:
             self.target, self.met = target, self.value >= target
             self.target_text = target_text or f">= {target:,}"
+        if ratio_target is not None and self.ratio is not None:
+            self.target, self.met = ratio_target, self.ratio >= ratio_target
+            self.target_text = target_text or f">= {ratio_target:.2f}x"
 
 
 class Results:
@@ -77,6 +82,7 @@ class Results:
         ceiling: float | None = None,
         ceiling_name: str | None = None,
         target: float | None = None,
+        ratio_target: float | None = None,
         note: str = "",
     ) -> Row:
         """Add a figure measured as `m`: value = calls/s x `per_call` (rows per call for transitions/s)."""
@@ -94,7 +100,7 @@ class Results:
             server_cpu=m.server_cpu,
             note=note,
         )
-        row.compare(ceiling, ceiling_name, target)
+        row.compare(ceiling, ceiling_name, target, ratio_target=ratio_target)
         return self.add(key, row)
 
     def ceiling(self, key: str, name: str, m: Measurement, unit: str, message_bytes: int) -> float:

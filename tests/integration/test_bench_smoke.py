@@ -21,6 +21,9 @@ COMPARED = {
     "grpc_update": "ceiling_unary_update",
     "grpc_update_window": "ceiling_unary_update_window",
     "grpc_update_stream": "ceiling_stream_update",
+    # 4 batches per Sample answer (--sample-batches), in batches/s: the ceiling is calls/s x 4
+    "grpc_sample_multi": "ceiling_grpc_sample_multi",
+    "grpc_sample_multi_window": "ceiling_grpc_sample_multi_window",
 }
 # Pixel figures (real Pong frames): bytes per stored transition are read from the shards, not timed.
 PIXEL_BYTES = {f"pixels_bytes_{kind}" for kind in ("raw", "zstd", "lz4")}
@@ -75,7 +78,14 @@ def test_replay_bench_quick_mode_reports_every_figure(tmp_path):
     # Every apexrl figure over gRPC is reported next to its raw-gRPC ceiling, as a ratio.
     for key, ceiling in COMPARED.items():
         f = figures[key]
-        rows = int(key.rsplit("_", 1)[1]) if key.startswith("grpc_insert_") else 1  # to transitions/s
+        # to transitions/s, or to batches/s
+        rows = (
+            int(key.rsplit("_", 1)[1])
+            if key.startswith("grpc_insert_")
+            else 4
+            if key.startswith("grpc_sample_multi")
+            else 1
+        )
         assert f["ceiling"] == pytest.approx(figures[ceiling]["value"] * rows) and f["ceiling"] > 0, key
         assert f["ratio"] == f["value"] / f["ceiling"] and f["ceiling_name"], key
         assert f["server_cpu"] > 0, key

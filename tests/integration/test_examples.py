@@ -1,4 +1,4 @@
-"""The examples run: the README's custom actor against a real shard and a real parameter service, and the
+"""The examples run: the README's custom actor against two real shards and a real parameter service, and the
 custom-environment example (examples/custom_env/) as its README says."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from apexrl.parameter_server.service import create_parameter_server
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_actor.py"
 
 
-def test_custom_actor_example_fills_a_shard_and_pulls_weights(shard):
+def test_custom_actor_example_fills_two_shards_round_robin_and_pulls_weights(make_shard):
+    shards = [make_shard(), make_shard()]
     server, port, store, _ = create_parameter_server("127.0.0.1:0")
     try:
         store.publish({"w": np.zeros(3, np.float32)})
@@ -26,7 +27,7 @@ def test_custom_actor_example_fills_a_shard_and_pulls_weights(shard):
                 sys.executable,
                 str(EXAMPLE),
                 "--replay",
-                shard.address,
+                ",".join(s.address for s in shards),
                 "--params",
                 f"127.0.0.1:{port}",
                 "--steps",
@@ -41,11 +42,13 @@ def test_custom_actor_example_fills_a_shard_and_pulls_weights(shard):
         )
     finally:
         server.stop(0)
-    assert "shard holds 640 rows; weights version 1" in out.stdout
-    with ReplayClient(shard.address) as client:
-        batch = client.sample(32)
-    assert set(batch.columns) == {"obs", "action", "reward", "discount", "next_obs"}
-    assert set(np.unique(batch.columns["action"])) <= {0, 1}
+    # 10 batches, one to each shard in turn (shards with room never fail over).
+    assert "2 shards hold 640 rows (320, 320); weights version 1" in out.stdout
+    for shard in shards:
+        with ReplayClient(shard.address) as client:
+            batch = client.sample(32)
+        assert set(batch.columns) == {"obs", "action", "reward", "discount", "next_obs"}
+        assert set(np.unique(batch.columns["action"])) <= {0, 1}
 
 
 CUSTOM_ENV = Path(__file__).resolve().parents[2] / "examples" / "custom_env"

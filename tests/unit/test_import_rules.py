@@ -32,7 +32,6 @@ PACKAGES = {
 # The only modules that may import grpc (and grpc_health / grpc_reflection) or the generated apexrl.proto code.
 WIRE_EDGE = {
     "apexrl.common.codec",
-    "apexrl.common.errors",
     "apexrl.common.aio_grpc",
     "apexrl.common.grpc_util",
     "apexrl.common.tls_reload",
@@ -285,6 +284,25 @@ def test_importing_the_shard_sdk_and_cli_loads_no_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules, 'gymnasium' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], f"{module} pulled in torch or gymnasium: {out.stdout}"
+
+
+# Cores a shard, a tool or a test may import without the gRPC runtime: they raise apexrl errors, which the edge maps
+# to gRPC status codes (common/aio_grpc.py).
+PURE_CORES = [
+    "apexrl.common.errors",
+    "apexrl.replay_server.sum_tree",
+    "apexrl.replay_server.rate_limiter",
+]
+
+
+@pytest.mark.parametrize("module", PURE_CORES)
+def test_importing_a_pure_core_loads_neither_grpc_nor_protobuf(module):
+    code = (
+        f"import sys, {module}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google') or m == 'apexrl.proto'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", f"{module} pulled in: {out.stdout}"
 
 
 def test_only_the_compression_module_imports_the_codecs_and_the_shard_never_loads_them():

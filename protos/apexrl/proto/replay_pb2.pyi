@@ -216,29 +216,47 @@ Global___InsertAck: _TypeAlias = InsertAck  # noqa: Y015
 
 @_typing.final
 class SampleRequest(_message.Message):
-    """Next ID: 3"""
+    """Next ID: 4"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     NO_WAIT_FIELD_NUMBER: _builtins.int
+    BATCH_ROWS_FIELD_NUMBER: _builtins.int
     batch_size: _builtins.int
     """Rows to draw, 1 .. InfoResponse.max_sample_batch_size (4096 by default); 0 (unset) and values above the
-    maximum are INVALID_ARGUMENT. Rows are drawn with replacement: a row may appear more than once.
+    maximum are INVALID_ARGUMENT. Rows are drawn with replacement: a row may appear more than once. With
+    batch_rows, the rows of all the batches together.
     """
     no_wait: _builtins.bool
     """When the table holds fewer than min_size_to_sample rows, or the rate limiter says wait: false waits until
     the call's deadline and then fails with DEADLINE_EXCEEDED; true fails at once with FAILED_PRECONDITION.
     """
+    @_builtins.property
+    def batch_rows(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Several batches in one answer (one call, one message: what costs a shard most is per message). Empty: one
+        batch of batch_size rows (what every client before this field sent, so old clients are unaffected).
+        Otherwise len(batch_rows) batches, batch i of batch_rows[i] rows, each drawn on its own by stratified
+        sampling over the whole mass (its own batch_rows[i] strata), all at one instant (the answer's totals hold
+        for every batch); the answer holds them back to back, in this order (SampleResponse.batch_rows). Each entry
+        is >= 1 and they sum to batch_size (so at most max_sample_batch_size rows, and as many entries);
+        otherwise INVALID_ARGUMENT, naming the entry or the sum, before any waiting. They count as batch_size rows
+        for sampled_total and the rate limiter.
+        Wire compatibility: an older shard ignores this field and answers one stratified batch of batch_size rows
+        with SampleResponse.batch_rows empty; those rows are still drawn with the stated probabilities, so a client
+        may cut them into its batches at random (Python: ShardedReplayClient does).
+        """
+
     def __init__(
         self,
         *,
         batch_size: _builtins.int = ...,
         no_wait: _builtins.bool = ...,
+        batch_rows: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "no_wait", b"no_wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_rows", b"batch_rows", "batch_size", b"batch_size", "no_wait", b"no_wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -246,7 +264,7 @@ Global___SampleRequest: _TypeAlias = SampleRequest  # noqa: Y015
 
 @_typing.final
 class SampleResponse(_message.Message):
-    """Next ID: 9"""
+    """Next ID: 10"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -258,6 +276,7 @@ class SampleResponse(_message.Message):
     MIN_PRIORITY_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     ROW_WRITERS_FIELD_NUMBER: _builtins.int
+    BATCH_ROWS_FIELD_NUMBER: _builtins.int
     total_priority: _builtins.float
     """Sum of all stored priorities on this shard when the batch was drawn. Row i was drawn with probability
     priorities[i] / total_priority per draw (1 / size when total_priority is 0).
@@ -294,6 +313,14 @@ class SampleResponse(_message.Message):
         so a reader that finds a frame that does not decompress to its field's dtype and shape names its writer.
         """
 
+    @_builtins.property
+    def batch_rows(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Set (a copy of SampleRequest.batch_rows) when the request asked for several batches: the rows of each batch,
+        back to back in keys, priorities, batch and row_writers (batch i is the batch_rows[i] rows after those of
+        batches 0 .. i-1). Empty for a one-batch request, and from an older shard that drew one batch whatever the
+        request asked (see SampleRequest.batch_rows).
+        """
+
     def __init__(
         self,
         *,
@@ -305,10 +332,11 @@ class SampleResponse(_message.Message):
         min_priority: _builtins.float = ...,
         incarnation: _builtins.int = ...,
         row_writers: _abc.Iterable[_builtins.str] | None = ...,
+        batch_rows: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "keys", b"keys", "priorities", b"priorities"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "incarnation", b"incarnation", "keys", b"keys", "min_priority", b"min_priority", "priorities", b"priorities", "row_writers", b"row_writers", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "batch_rows", b"batch_rows", "incarnation", b"incarnation", "keys", b"keys", "min_priority", b"min_priority", "priorities", b"priorities", "row_writers", b"row_writers", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -372,7 +400,8 @@ class UpdatePrioritiesResponse(_message.Message):
     stale: _builtins.int
     """Entries ignored because their row was evicted, never existed, or belongs to another incarnation."""
     total_priority: _builtins.float
-    """The shard's totals right after this update, as in SampleResponse: a sampler that writes priorities back
+    """The shard's totals right after this update (on a stream: after the step that applied it, see
+    StreamUpdatePriorities), as in SampleResponse: a sampler that writes priorities back
     keeps its view of every shard fresh without extra calls.
     """
     size: _builtins.int

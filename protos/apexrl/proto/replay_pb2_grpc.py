@@ -170,7 +170,10 @@ class ReplayServiceServicer:
         """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the client
         sends requests; the shard answers each with one response, in order. Unlike Insert, a bad request ends the
         WHOLE stream with its status (INVALID_ARGUMENT): the requests before it were applied and answered, the ones
-        after it were not processed.
+        after it were not processed. The shard may apply the requests that arrived while it was busy together, in
+        one step (in order: for a key in several of them, the last one's priority wins); each still gets its own
+        response with its own applied and stale counts, and the totals of each are the shard's right after that
+        step (which includes the requests applied with it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

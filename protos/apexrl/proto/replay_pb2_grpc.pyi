@@ -183,7 +183,10 @@ class ReplayServiceStub:
     """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the client
     sends requests; the shard answers each with one response, in order. Unlike Insert, a bad request ends the
     WHOLE stream with its status (INVALID_ARGUMENT): the requests before it were applied and answered, the ones
-    after it were not processed.
+    after it were not processed. The shard may apply the requests that arrived while it was busy together, in
+    one step (in order: for a key in several of them, the last one's priority wins); each still gets its own
+    response with its own applied and stale counts, and the totals of each are the shard's right after that
+    step (which includes the requests applied with it).
     """
     Info: _grpc.UnaryUnaryMultiCallable[_replay_pb2.InfoRequest, _replay_pb2.InfoResponse]
     """Table signature, sizes, settings and counters. Never fails (except UNAUTHENTICATED or transport errors)."""
@@ -292,7 +295,10 @@ class ReplayServiceAsyncStub(ReplayServiceStub):
     """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the client
     sends requests; the shard answers each with one response, in order. Unlike Insert, a bad request ends the
     WHOLE stream with its status (INVALID_ARGUMENT): the requests before it were applied and answered, the ones
-    after it were not processed.
+    after it were not processed. The shard may apply the requests that arrived while it was busy together, in
+    one step (in order: for a key in several of them, the last one's priority wins); each still gets its own
+    response with its own applied and stale counts, and the totals of each are the shard's right after that
+    step (which includes the requests applied with it).
     """
     Info: _aio.UnaryUnaryMultiCallable[_replay_pb2.InfoRequest, _replay_pb2.InfoResponse]  # type: ignore[assignment]
     """Table signature, sizes, settings and counters. Never fails (except UNAUTHENTICATED or transport errors)."""
@@ -422,7 +428,10 @@ class ReplayServiceServicer(metaclass=_abc_1.ABCMeta):
         """The same as UpdatePriorities as a stream, for learners that write back many batches per second: the client
         sends requests; the shard answers each with one response, in order. Unlike Insert, a bad request ends the
         WHOLE stream with its status (INVALID_ARGUMENT): the requests before it were applied and answered, the ones
-        after it were not processed.
+        after it were not processed. The shard may apply the requests that arrived while it was busy together, in
+        one step (in order: for a key in several of them, the last one's priority wins); each still gets its own
+        response with its own applied and stale counts, and the totals of each are the shard's right after that
+        step (which includes the requests applied with it).
         """
 
     @_abc_1.abstractmethod

@@ -389,7 +389,7 @@ def test_an_actor_held_back_by_full_shards_finds_a_shard_that_joins_its_name_mea
         service = params()
         target = f"dns:///fleet.test:{port}"
         run = run_actor(params=service.address, replay=(target,), pull_every=1000)
-        run.actor._addresses = ShardAddresses(
+        run.actor.writer._addresses = ShardAddresses(
             (target,), resolve_every=0.1, resolver=lambda name, p: list(resolved)
         )
         service.store.publish(weights(0))

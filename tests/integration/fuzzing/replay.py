@@ -240,6 +240,11 @@ def draw_sample_request(draw: Draw, limit: int, log: list[str]) -> tuple[bytes, 
         | st.integers(1, MAX_SAMPLE_BATCH)
     )
     request = replay_pb2.SampleRequest(batch_size=batch_size, no_wait=draw(st.booleans()))
+    if chance(draw, 3):  # several batches per answer: batch_rows summing to batch_size, or not, or with a 0
+        log.append("sample:batch_rows")
+        cuts = sorted(draw(st.lists(st.integers(0, batch_size), max_size=4)))
+        rows = [b - a for a, b in zip([0, *cuts], [*cuts, batch_size], strict=True)]
+        request.batch_rows.extend(draw(st.sampled_from([rows, rows + [1], [0, *rows], [2**32 - 1]])))
     if chance(draw, 4):
         log.append("sample:oversize")
         return request.SerializeToString() + oversize_string_field(14, limit), True
@@ -563,16 +568,19 @@ def expect_sample(
     state = copy.deepcopy(before)
     request = None if oversize else _parse(replay_pb2.SampleRequest, raw)
     if outcome.code == INVALID:
-        assert request is None or not 1 <= request.batch_size <= MAX_SAMPLE_BATCH, context
+        assert request is None or not _valid_sample_request(request), context
         return state
     if outcome.code == EXHAUSTED:  # the request was too large, or the answer was (its rows count as sampled)
         if not oversize:
             state.info["sampled_total"] += request.batch_size
         return state
-    assert request is not None and 1 <= request.batch_size <= MAX_SAMPLE_BATCH, f"sampled: {context}"
+    assert request is not None and _valid_sample_request(request), f"sampled: {context}"
     n = request.batch_size
     state.info["sampled_total"] += n
     response = replay_pb2.SampleResponse.FromString(outcome.responses[0])
+    assert list(response.batch_rows) == list(request.batch_rows), (
+        f"batch_rows {response.batch_rows}: {context}"
+    )
     keys = codec.decode_tensor(response.keys).astype(np.int64)
     priorities = codec.decode_tensor(response.priorities)
     columns = codec.decode_batch(response.batch)
@@ -587,6 +595,14 @@ def expect_sample(
         for name, array in columns.items():
             assert np.array_equal(array, state.storage[name][slots]), f"sampled {name}: {context}"
     return state
+
+
+def _valid_sample_request(request: replay_pb2.SampleRequest) -> bool:
+    """A batch_size in range and, when batches are asked for, each >= 1 and summing to it (replay.proto)."""
+    rows = list(request.batch_rows)
+    return 1 <= request.batch_size <= MAX_SAMPLE_BATCH and (
+        not rows or (min(rows) >= 1 and sum(rows) == request.batch_size)
+    )
 
 
 def expect_updates(

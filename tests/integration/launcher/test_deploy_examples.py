@@ -48,6 +48,13 @@ def test_every_machine_of_an_example_fleet_passes_the_launchers_preflight(name, 
         check_commands(config, host, tmp_path / host, extra_args={})  # ConfigError names a bad setting
 
 
+def test_every_example_fleet_reruns_in_a_fresh_run_directory():
+    """No example fixes run_dir: a second launch of the same file must not find the first run's directory (it
+    would be refused, pointing to --resume)."""
+    for path in [FLEETS.parent / "fleet.toml", *sorted(FLEETS.glob("*.toml"))]:
+        assert load_config(path).run_dir is None, path
+
+
 def test_one_machine_example_is_the_local_fleet_on_loopback():
     config = load_config(FLEETS / "one_machine.toml")
     assert placement(FLEETS / "one_machine.toml") == {"local": {"replay", "learner", "actor", "evaluator"}}

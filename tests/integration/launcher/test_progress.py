@@ -120,4 +120,7 @@ def test_progress_csv_has_one_row_per_tick(tmp_path):
     out.close()
     lines = (tmp_path / "progress.csv").read_text().splitlines()
     assert lines[0] == ",".join(ProgressRow.columns())
-    assert lines[1:] == [f"5.0,100,2,,,,,,{START + 5},0,", f"10.0,300,4,12,2.4,20.5,9.0,3,{START + 10},2,"]
+    assert lines[1:] == [
+        f"5.0,100,2,,,,,,{START + 5},0,,0",
+        f"10.0,300,4,12,2.4,20.5,9.0,3,{START + 10},2,,0",
+    ]

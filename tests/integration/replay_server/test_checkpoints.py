@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections import Counter
 
@@ -281,8 +280,10 @@ def test_not_serving_until_the_checkpoint_is_restored(tmp_path, monkeypatch):
                 client.checkpoint()
             assert client.info().size == 0  # Info answers
             client.insert(cartpole_batch(10, 300))  # refused for now (UNAVAILABLE): kept and resent
-            time.sleep(0.3)
-            assert client.pending == 1
+            wait_until(lambda: client.acks_received >= 1, "the restoring shard's answer to the batch")
+            assert client.pending == 1, "a batch the restoring shard refused must stay pending, to be resent"
+            info = client.info()
+            assert (info.size, info.inserted_total) == (0, 0), "the restoring shard stored the batch"
             release.set()
             wait_until(
                 lambda: (

@@ -95,14 +95,14 @@ def test_updates_in_flight_when_the_shard_stops_are_dropped_and_the_stream_recon
 
 
 def test_send_gives_up_at_its_deadline_when_the_stream_is_backed_up(filled):
-    original = filled.table.update_priorities
+    original = filled.table.apply_updates  # the stream's table call (one per step of queued requests)
     release = threading.Event()
 
     def held_update(*args, **kwargs):
         release.wait(10)
         return original(*args, **kwargs)
 
-    filled.table.update_priorities = held_update
+    filled.table.apply_updates = held_update
     with ReplayClient(filled.address) as client:
         stream = client.priority_stream(max_in_flight=2)
         try:

@@ -71,3 +71,35 @@ def test_errors_are_also_the_builtin_exceptions_callers_expect():
     assert issubclass(errors.DeadlineExceededError, TimeoutError)
     assert issubclass(errors.UnavailableError, ConnectionError)
     assert issubclass(errors.NotFoundError, LookupError)
+
+
+def test_error_codes_are_grpcs_by_name_and_number():
+    assert [(c.name, c.value) for c in errors.ErrorCode] == [(c.name, c.value) for c in grpc.StatusCode]
+    for code in grpc.StatusCode:
+        ours = errors.ErrorCode.of(code)
+        assert ours.name == code.name and ours.number == code.value[0]
+        assert ours == code and code == ours and hash(ours) == hash(code)  # old comparisons keep working
+        assert errors.ErrorCode.of(code.value[0]) is ours and errors.ErrorCode.of(code.name) is ours
+    assert errors.ErrorCode.UNAVAILABLE != grpc.StatusCode.UNKNOWN
+    assert errors.ErrorCode.of(99) is errors.ErrorCode.UNKNOWN
+    assert errors.ErrorCode.of(None) is errors.ErrorCode.UNKNOWN
+
+
+def test_the_edge_maps_each_error_to_the_grpc_status_of_its_name():
+    from apexrl.common.aio_grpc import grpc_status
+
+    for cls in [*CLASSES, errors.PermissionDeniedError]:
+        assert grpc_status(cls.code) is grpc.StatusCode[cls.code.name]
+
+
+def test_the_errors_module_loads_neither_grpc_nor_protobuf():
+    """A pure core raises these errors: importing them must not pull in the gRPC runtime (fresh interpreter)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, apexrl.common.errors\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google'))\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -219,11 +219,20 @@ def test_periodic_checkpoints_only_when_the_table_changed(tmp_path):
     t = table()
     t.insert(cartpole_batch(10))
     ck = Checkpointer(t, tmp_path, every=0.05, keep=100)
+    looked: list[bool] = []  # what each periodic look at the table found
+    changed = ck._changed
+
+    def look() -> bool:
+        looked.append(changed())
+        return looked[-1]
+
+    ck._changed = look
     ck.start()
     try:
         wait_until(lambda: len(ck.files()) == 1, "the first periodic checkpoint")
-        time.sleep(0.3)
-        assert len(ck.files()) == 1  # nothing changed since
+        after_first = len(looked)
+        wait_until(lambda: len(looked) >= after_first + 3, "three more periodic looks at the table")
+        assert not any(looked[after_first:]) and len(ck.files()) == 1  # nothing changed since: no checkpoint
         t.update_priorities(np.array([3], np.uint64), np.ones(1))
         wait_until(lambda: len(ck.files()) == 2, "a checkpoint after an update")
     finally:

@@ -5,6 +5,7 @@ torn tail, segments dropped once checkpoints cover them, another lineage never r
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import numpy as np
@@ -16,6 +17,7 @@ from apexrl.replay_server.checkpointer import Checkpointer
 from apexrl.replay_server.table import ReplayTable, TableConfig
 from apexrl.replay_server.wal import WriteAheadLog
 from tests.conftest import cartpole_batch, wait_until
+from tests.support.tampered import wal_records
 
 
 def table(**config) -> ReplayTable:
@@ -113,13 +115,20 @@ def test_a_torn_tail_stops_the_replay_at_the_last_whole_record(tmp_path, caplog)
     assert replayed(tmp_path).info().inserted_total == 70
 
 
-def test_a_flipped_bit_in_a_record_stops_the_replay_there(tmp_path):
-    logged(tmp_path, 5)
+def test_a_flipped_bit_in_a_record_stops_the_replay_there(tmp_path, caplog):
+    """A bit flipped inside the third record (keys 20..29): exactly the two records before it come back, with
+    their rows and priorities, and the warning names the segment and the record's byte."""
+    original, _ = logged(tmp_path, 5)
     (segment,) = tmp_path.glob("wal-*.log")
+    offset, length, _ = wal_records(segment)[2]
     data = bytearray(segment.read_bytes())
-    data[len(data) // 2] ^= 0x40
+    data[offset + 8 + length // 2] ^= 0x40  # inside its payload: its CRC32 fails
     segment.write_bytes(bytes(data))
-    assert replayed(tmp_path).info().inserted_total < 50
+    with caplog.at_level(logging.WARNING, "apexrl.replay.wal"):
+        t = replayed(tmp_path)
+    assert t.info().inserted_total == 20
+    assert rows(t) == {k: v for k, v in rows(original).items() if k < 20}
+    assert f"write-ahead log {segment}: torn or corrupt record at byte {offset}" in caplog.text
 
 
 def test_segments_are_rotated_and_dropped_once_the_kept_checkpoints_cover_them(tmp_path):
@@ -265,17 +274,20 @@ def test_a_record_whose_checksum_holds_but_cannot_be_replayed_is_a_gap_and_never
     assert [v[0] for v in rows(t2).values()] == [*range(10), *range(1000, 1030)]  # never the old rows 20..29
 
 
-def test_a_failing_disk_answers_every_waiter_with_its_error(tmp_path, monkeypatch):
+def test_a_failing_disk_answers_every_waiter_with_its_error(tmp_path):
+    disk_full = threading.Event()
+
+    def sync(fd: int) -> None:
+        if disk_full.is_set():
+            raise OSError(28, "No space left on device")
+        os.fsync(fd)
+
     t = table()
-    log = WriteAheadLog(tmp_path)
+    log = WriteAheadLog(tmp_path, sync=sync)
     log.open(t)
     t.insert(cartpole_batch(10))
     wait_until(lambda: log.durable_key == 10, "the first batch durable")
-
-    def full(fd):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(wal_module.os, "fsync", full)
+    disk_full.set()
     t.insert(cartpole_batch(10, 10))
     errors: list = []
     log.when_durable(20, errors.append)
@@ -283,7 +295,6 @@ def test_a_failing_disk_answers_every_waiter_with_its_error(tmp_path, monkeypatc
     assert "No space left on device" in str(errors[0])
     log.when_durable(30, errors.append)  # later waiters too, at once
     assert len(errors) == 2 and errors[1] is errors[0]
-    monkeypatch.undo()
     log.close()
 
 

@@ -1,0 +1,344 @@
+"""One run of one machine's roles, from start to result: start the fleet, tick progress, stop it when the run is
+over (target reached, max_seconds, a stop request, a role that finished or died past its budget), write the run
+directory's results.
+
+`Launch.run` blocks the thread that calls it and installs no signal handler: the CLI (launcher/main.py) calls it
+from the main thread with its handlers in place, `apexrl.launch` (launcher/api.py) from a background thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from apexrl.common.env_settings import EnvChoice
+from apexrl.launcher.fleet_config import FleetConfig
+from apexrl.launcher.progress import ProgressRow
+from apexrl.launcher.record import RECORD_KEY, fleet_record, write_record
+from apexrl.launcher.run_dir import CONFIG_NAME, RunLock
+
+log = logging.getLogger("apexrl.launch")
+
+# Why a run ended, as RunResult.reason says it.
+REASONS = (
+    "target",  # the last 100 evaluation episodes reached the target return
+    "max_seconds",  # this launch ran max_seconds
+    "signal",  # SIGTERM, SIGINT or SIGHUP reached `apexrl launch`
+    "stopped",  # FleetRun.stop() (Python)
+    "role_exited",  # a role finished its work (exit status 0)
+    "restart_budget_exhausted",  # a role kept dying
+    "startup_failed",  # a role did not come up
+)
+CLEAN_STOPS = ("signal", "stopped", "max_seconds")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended: the fields of the JSON line `apexrl launch` prints last (`to_json`).
+
+    Attributes:
+        env_steps: exploring actors' environment steps over the whole run (a resumed run's included).
+        episodes: exploration episodes (evaluation episodes are not counted).
+        updates: the learner's gradient updates (None on a machine that runs no learner).
+        mean_return_100: mean return of the last 100 evaluation episodes (None before the first).
+        wall_seconds: the run's wall time, earlier launches of a resumed run included.
+        solved: mean_return_100 reached target_return.
+        target_return: the target checked, or None (no reward threshold and no target_return given).
+        run_dir: the run directory.
+        reason: why the run ended (one of REASONS).
+        restarts, restarts_by_role: role restarts by this launch.
+    """
+
+    env_steps: int
+    episodes: int
+    updates: int | None
+    mean_return_100: float | None
+    wall_seconds: float
+    solved: bool
+    target_return: float | None
+    run_dir: str
+    reason: str
+    restarts: int
+    restarts_by_role: Mapping[str, int]
+
+    def to_json(self) -> str:
+        return json.dumps({**dataclasses.asdict(self), "restarts_by_role": dict(self.restarts_by_role)})
+
+
+class Launch:
+    """One run of one machine's roles, from start to the result."""
+
+    def __init__(
+        self,
+        config: FleetConfig,
+        host: str,
+        run_dir: Path,
+        extra: dict[str, list[str]],
+        *,
+        lock: RunLock,
+        options: Mapping[str, Any] | None = None,
+        previous: ProgressRow | None = None,
+        first_started_at: str | None = None,
+        resumed_at: tuple[str, ...] = (),
+        on_progress: Callable[[ProgressRow], None] | None = None,
+        report: Callable[[str], None] | None = None,
+        stop: threading.Event | None = None,
+        force: threading.Event | None = None,
+    ) -> None:
+        from apexrl.launcher.topology import checks_target
+
+        self.config = config
+        self.host = host
+        self.run_dir = run_dir
+        self.extra = extra
+        self.lock = lock
+        self.options = dict(options or {})
+        self.previous = previous  # the interrupted run's last progress row, when this one resumes it
+        self.first_started_at = first_started_at  # the run's first start, when this launch resumes it
+        self.resumed_at = resumed_at  # earlier resumes' starts
+        self.resuming = first_started_at is not None
+        self.on_progress = on_progress
+        self.report = report or log.error
+        self.progress_seconds = config.progress_seconds
+        self.stop_grace = config.stop_grace
+        self.target = config.target_return
+        if self.target is None:
+            from apexrl.common.environments import reward_threshold
+
+            self.target = reward_threshold(EnvChoice.of(config))
+        self.checks_target = checks_target(config, host) and self.target is not None
+        self.stop = stop or threading.Event()  # set to end the run
+        self.force = force or threading.Event()  # set to kill the roles at once (a second Ctrl-C)
+        self.stop_reason = "signal"  # what `stop` stands for: FleetRun.stop() makes it "stopped"
+        self.latest: ProgressRow | None = None
+
+    def exit_status(self, result: RunResult) -> int:
+        """0 when solved (or, on a machine that does not check a target, after a clean stop), 1 otherwise."""
+        if result.solved:
+            return 0
+        return 0 if not self.checks_target and result.reason in CLEAN_STOPS else 1
+
+    def run(self) -> RunResult:
+        try:
+            return self._run(time.time())
+        finally:
+            self.lock.release()
+
+    def _run(self, start: float) -> RunResult:
+        from apexrl.launcher.fleet import Fleet, Interrupted, StartupError
+        from apexrl.launcher.progress import Progress, ProgressCsv
+        from apexrl.launcher.prometheus_targets import write_targets
+
+        fleet = Fleet(
+            self.config,
+            self.host,
+            self.run_dir,
+            extra_args=self.extra,
+            stop=self.stop,
+            inherit_fds=(self.lock.fd,),  # the run directory stays locked while any role of it runs
+        )
+        self._write_config(fleet, start)
+        progress_csv = ProgressCsv(
+            self.run_dir / "progress.csv", tensorboard_dir=self.run_dir / "tensorboard" / "episodes"
+        )
+        progress: Progress | None = None
+        row = None
+        solved = False
+        reason = "signal"
+        try:
+            log.info(
+                "%s %s on %s (target return %s, at most %.0fs); run directory %s",
+                "resuming" if self.resuming else "launching",
+                self.config.env,
+                self.host,
+                self.target if self.checks_target else "not checked here",
+                self.config.max_seconds,
+                self.run_dir,
+            )
+            fleet.start()
+            self._write_config(fleet, start)
+            write_targets(self.run_dir, fleet.config, self.host, fleet.roles)  # Prometheus file-SD
+            progress = self._progress(fleet, start)
+            row = self._tick(progress, progress_csv, time.time())  # anchors the curve once all run
+            threading.Thread(target=_import_plotting, name="import-matplotlib", daemon=True).start()
+            next_tick = time.time() + self.progress_seconds
+            while not self.stop.is_set():
+                child = fleet.supervise()
+                if child is not None:
+                    failed = child.process.returncode != 0
+                    reason = "restart_budget_exhausted" if failed else "role_exited"
+                    if failed:
+                        self.report(
+                            f"apexrl launch: {child.role.name} died unexpectedly and its restart budget "
+                            f"({self.config.max_restarts} in {self.config.restart_window:.0f}s) is spent: "
+                            f"{child.describe_exit()}"
+                        )
+                    else:
+                        log.info("%s finished (exit status 0); stopping the fleet", child.role.name)
+                    break
+                now = time.time()
+                if now - start >= self.config.max_seconds:
+                    reason = "max_seconds"
+                    break
+                if now >= next_tick:
+                    row = self._tick(progress, progress_csv, now, restarts=sum(fleet.restart_counts.values()))
+                    if self.checks_target and progress.solved(self.target):
+                        solved, reason = True, "target"
+                        log.info(
+                            "solved: the last 100 evaluation episodes average %.1f >= %g",
+                            progress.eval_mean(),
+                            self.target,
+                        )
+                        break
+                    next_tick += self.progress_seconds
+                self.stop.wait(0.2)
+            else:
+                reason = self.stop_reason
+        except Interrupted:
+            reason = self.stop_reason
+        except StartupError as err:
+            reason = "startup_failed"
+            self.report(f"apexrl launch: fleet did not start: {err}")
+        finally:
+            if progress is None:  # startup did not finish: count what the started roles did
+                progress = self._progress(fleet, start)
+            if fleet.children and not self.force.is_set():
+                try:
+                    row = self._tick(
+                        progress,
+                        progress_csv,
+                        time.time(),
+                        echo=False,
+                        restarts=sum(fleet.restart_counts.values()),
+                    )  # last counters
+                except Exception as err:  # the fleet must still be stopped
+                    log.warning("final progress read failed: %s", err)
+            log.info("stopping %d roles (%s)", len(fleet.children), reason)
+            fleet.stop(self.stop_grace, self.force)
+            progress_csv.close()
+            progress.close()
+            self._write_config(fleet, start)
+        self._write_results()
+        row = row or self.previous
+        return RunResult(
+            env_steps=row.env_steps if row else 0,
+            episodes=row.episodes if row else 0,
+            updates=row.updates if row else None,
+            mean_return_100=progress.eval_mean(),
+            wall_seconds=round(
+                time.time() - start + (self.previous.wall_seconds if self.previous else 0.0), 3
+            ),
+            solved=solved,
+            target_return=self.target,
+            run_dir=str(self.run_dir),
+            reason=reason,
+            restarts=sum(fleet.restart_counts.values()),
+            restarts_by_role=fleet.restart_counts,
+        )
+
+    def _progress(self, fleet, start: float):
+        from apexrl.launcher.progress import Progress
+
+        return Progress(
+            self.run_dir / "episodes", *self._metrics_urls(fleet), start_time=start, previous=self.previous
+        )
+
+    def _tick(self, progress, progress_csv, now: float, echo: bool = True, restarts: int = 0) -> ProgressRow:
+        row = dataclasses.replace(progress.tick(now), restarts=restarts)
+        progress_csv.write(row)
+        self.latest = row
+        if echo and self.on_progress is not None:
+            try:
+                self.on_progress(row)
+            except Exception:  # a caller's callback must not end the run
+                log.exception("on_progress callback failed")
+        return row
+
+    def _metrics_urls(self, fleet) -> tuple[list[str], str | None]:
+        """Exploring actors' and the learner's /metrics: this machine's roles, and other machines' roles whose
+        metrics ports the fleet file fixes."""
+        from apexrl.launcher.topology import address, roles
+
+        local = {role.name: role for role in fleet.roles}
+        urls: dict[str, str] = {}
+        for role in roles(fleet.config):
+            role = local.get(role.name, role)
+            if role.kind in ("actor", "learner") and role.metrics_port:
+                urls[role.name] = (
+                    f"http://{address(fleet.config, role.host, role.metrics_port, self.host)}/metrics"
+                )
+        learner = urls.pop("learner", None)
+        return list(urls.values()), learner
+
+    def _write_config(self, fleet, start: float) -> None:
+        from apexrl.launcher.topology import roles
+
+        commands = fleet.commands()
+        local = {role.name: role for role in fleet.roles}
+        this_start = datetime.fromtimestamp(start).isoformat(timespec="seconds")
+        doc = {
+            "host_name": self.host,
+            "run_dir": str(self.run_dir),
+            "started_at": self.first_started_at or this_start,
+            "resumed_at": [*self.resumed_at, this_start] if self.resuming else [],
+            "launch_options": self.options,
+            "checks_target": self.checks_target,
+            "num_actors": self.config.num_actors,
+            "progress_seconds": self.progress_seconds,
+            "stop_grace": self.stop_grace,
+            "pass_through_args": self.extra,
+            RECORD_KEY: fleet_record(self.config),  # what --resume reads back
+            "fleet": dataclasses.asdict(fleet.config),
+            "roles": [
+                {
+                    **dataclasses.asdict(local.get(role.name, role)),
+                    "local": role.name in local,
+                    "command": commands.get(role.name),
+                }
+                for role in roles(fleet.config)
+            ],
+        }
+        write_record(self.run_dir / CONFIG_NAME, doc)
+
+    def _write_results(self) -> None:
+        from apexrl.common.episodes import merge_episode_files
+
+        episodes = sorted((self.run_dir / "episodes").glob("*.csv"))
+        count = merge_episode_files(episodes, self.run_dir / "episodes.csv")
+        written = ["progress.csv", f"episodes.csv ({count} episodes)"]
+        if self.force.is_set() or count == 0:
+            log.info("no learning curve: %s", "second signal" if count else "no episodes finished")
+        else:
+            try:
+                from apexrl.launcher.plot import plot_learning_curve
+
+                plot_learning_curve(
+                    self.run_dir / "progress.csv",
+                    self.run_dir / "episodes.csv",
+                    self.run_dir / "learning_curve.png",
+                    target_return=self.target,
+                    title=self.config.env,
+                )
+                written.append("learning_curve.png")
+            except Exception as err:  # a missing plot must not hide the run's result
+                log.warning("could not plot the learning curve: %s", err)
+        log.info("wrote %s in %s", ", ".join(written), self.run_dir)
+
+
+def _import_plotting() -> None:
+    """Import matplotlib while the fleet trains, so that drawing the curve at exit takes a moment, not seconds."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except Exception:  # reported when plotting at exit
+        pass
