@@ -23,148 +23,35 @@ Service), re-resolved every `resolve_every` seconds (common/discovery.py). A new
 joins with its own mass as soon as its totals are known; an address that disappears is retired: it leaves the
 allocation, N and the weights' maximum at once, and its pending priority updates are dropped (counted). Shard ids
 are never reused for another address, so the ids in a batch stay valid.
+
+The parts live beside it: the per-shard view and the `Shard` seam (shard_view.py), the allocation and the calls
+it makes (allocation.py), the batch and its weights (prioritized_batch.py), priority write-back
+(priority_writeback.py).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
 
 import numpy as np
 
-from apexrl.common.compression import CompressedColumn, concatenate, take_rows
 from apexrl.common.discovery import Resolver, ShardAddresses, system_resolver
 from apexrl.common.errors import ApexError, FailedPreconditionError, is_transient
 from apexrl.common.tls import TlsFiles
+from apexrl.learner.allocation import Piece, allocate, call_rows, cut, plan_calls
+from apexrl.learner.prioritized_batch import PrioritizedBatch, assemble
+from apexrl.learner.priority_writeback import PriorityWriteback
+from apexrl.learner.shard_view import PrioritySink, ResultFuture, Shard, ShardView
 from apexrl.replay_server.client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
-from apexrl.replay_server.probabilities import importance_weights, shard_shares, smallest_probability
-from apexrl.replay_server.wire import SampledBatch, ShardInfo, ShardTotals
+from apexrl.replay_server.wire import SampledBatch, ShardTotals
+
+# The batch and the seam are imported from here too (apexrl.learner re-exports them).
+__all__ = ["PrioritizedBatch", "PrioritySink", "ResultFuture", "Shard", "ShardedReplayClient"]
 
 log = logging.getLogger(__name__)
-T_co = TypeVar("T_co", covariant=True)
-
-
-@dataclass(frozen=True)
-class PrioritizedBatch:
-    """A batch drawn across shards. Row j came from shard `shard_ids[j]` with key `keys[j]`. Compressed fields
-    are CompressedColumns (the learner's data path decompresses them: learner/prefetch.py)."""
-
-    columns: dict[str, np.ndarray | CompressedColumn]
-    shard_ids: np.ndarray  # int32 [B]
-    keys: np.ndarray  # uint64 [B]
-    probabilities: np.ndarray  # float64 [B]: P(i) over the whole fleet
-    weights: np.ndarray  # float32 [B]: normalised importance weights, max over the fleet = 1
-    incarnations: tuple[int, ...]  # per shard: the incarnation its keys belong to (0 if not sampled)
-    fleet_size: int
-    writers: np.ndarray | None = (
-        None  # object [B]: each row's writer id, when the batch has compressed fields
-    )
-
-    def take(self, idx: np.ndarray) -> PrioritizedBatch:
-        """The rows at `idx`, in that order."""
-        return PrioritizedBatch(
-            {name: take_rows(col, idx) for name, col in self.columns.items()},
-            self.shard_ids[idx],
-            self.keys[idx],
-            self.probabilities[idx],
-            self.weights[idx],
-            self.incarnations,
-            self.fleet_size,
-            None if self.writers is None else self.writers[idx],
-        )
-
-    def split(self, parts: int, rng: np.random.Generator) -> list[PrioritizedBatch]:
-        """Cut into `parts` batches of random rows. Rows arrive grouped by shard and stratum, so they are
-        shuffled first; every part is then a fair draw with the same probabilities and weights."""
-        order = rng.permutation(len(self.keys))
-        return [self.take(idx) for idx in np.array_split(order, parts)]
-
-
-_NO_TOTALS = ShardTotals(total_priority=0.0, size=0, min_priority=0.0, incarnation=0)
-
-
-@dataclass
-class _ShardView:
-    """The sampler's knowledge of one shard: totals as last reported (and when), its limits, its backoff."""
-
-    totals: ShardTotals = _NO_TOTALS
-    observed_at: float = -math.inf  # monotonic time of the answer that brought `totals`
-    min_size: int = 1
-    max_batch: int = 0  # largest Sample the shard accepts; 0 until its Info arrived
-    down_until: float = 0.0
-    backoff: float = 0.0
-    retired: bool = False  # its address no longer resolves: never sampled, refreshed or counted
-
-    @property
-    def size(self) -> int:
-        return self.totals.size
-
-    def observe(self, totals: ShardTotals, now: float) -> None:
-        if totals.incarnation != self.totals.incarnation and self.totals.incarnation:
-            self.max_batch = 0  # a restarted shard may run with other limits: ask its Info again
-        self.totals = totals
-        self.observed_at = now
-        self.backoff = 0.0
-        self.down_until = 0.0
-
-    def fail(self, now: float, max_backoff: float) -> float:
-        """Take the shard out of sampling for a doubling backoff; return the backoff in seconds."""
-        self.backoff = min(max_backoff, max(0.25, self.backoff * 2))
-        self.down_until = now + self.backoff
-        return self.backoff
-
-    def up(self, now: float) -> bool:
-        return not self.retired and self.down_until <= now
-
-    def sampleable(self, now: float) -> bool:
-        return self.up(now) and self.max_batch > 0 and self.size >= max(1, self.min_size)
-
-
-class Shard(Protocol):
-    """What the sampler needs of one shard: a ReplayClient, or any object with the same calls (the learner
-    benchmark passes in-process tables through this seam)."""
-
-    address: str
-
-    def sample_future(
-        self, batch_size: int, *, timeout: float | None = None, batch_rows: Sequence[int] = ()
-    ) -> ResultFuture[SampledBatch]: ...
-
-    def info_future(self, *, timeout: float | None = None) -> ResultFuture[ShardInfo]: ...
-
-    def priority_stream(
-        self, max_in_flight: int, on_totals: Callable[[ShardTotals], None] | None = None
-    ) -> PrioritySink: ...
-
-    def close(self) -> None: ...
-
-
-class ResultFuture(Protocol[T_co]):
-    def result(self, timeout: float | None = None) -> T_co: ...
-
-
-class PrioritySink(Protocol):
-    """Where a shard's priority updates go: `send` queues (False when it could not within `timeout`)."""
-
-    address: str
-    applied: int
-    stale: int
-    dropped: int
-    failures: int
-    outstanding: int
-
-    def send(
-        self, keys: np.ndarray, priorities: np.ndarray, incarnation: int, timeout: float = 10.0
-    ) -> bool: ...
-
-    def flush(self, timeout: float) -> bool: ...
-
-    def close(self, wait: float = 5.0) -> None: ...
 
 
 class ShardedReplayClient:
@@ -210,7 +97,6 @@ class ShardedReplayClient:
         self.timeout = timeout
         self.max_staleness = max_staleness
         self.max_backoff = max_backoff
-        self.coalesce_rows = coalesce_rows
         self._connect = lambda address: ReplayClient(
             address, timeout=timeout, token=token, tls=tls, max_message_bytes=max_message_bytes
         )
@@ -218,14 +104,10 @@ class ShardedReplayClient:
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()  # allocation; held across the sampling RPCs
         self._membership_lock = threading.Lock()  # adding and retiring shards
-        self._unsent = 0
-        # Per shard id (ids only grow): the client, the sampler's view, the priority stream, and the buffered
-        # (keys, priorities) pieces with their incarnation, waiting to be sent together.
+        # Per shard id (ids only grow): the client, the sampler's view, and (in the write-back) its priority stream.
         self.shards: list[Shard] = []
-        self._views: list[_ShardView] = []
-        self._streams: list[PrioritySink] = []
-        self._buffered: list[list[tuple[np.ndarray, np.ndarray]]] = []
-        self._buffered_incarnation: list[int] = []
+        self._views: list[ShardView] = []
+        self._writeback = PriorityWriteback(coalesce_rows, timeout, lambda s: self._views[s].retired)
         self._ids: dict[str, int] = {}
         self._addresses: ShardAddresses | None = None
         if all(isinstance(a, str) for a in addresses):
@@ -236,14 +118,17 @@ class ShardedReplayClient:
             for shard in addresses:
                 self._add(shard)
 
+    @property
+    def coalesce_rows(self) -> int:
+        """Rows buffered per shard before its priority updates are sent as one message."""
+        return self._writeback.coalesce_rows
+
     # ------------------------------------------------------------------------------------------ membership
     def _add(self, shard: Shard) -> int:
         s = len(self.shards)
         self._ids[shard.address] = s
-        self._views.append(_ShardView())
-        self._buffered.append([])
-        self._buffered_incarnation.append(0)
-        self._streams.append(shard.priority_stream(self._max_updates_in_flight, on_totals=self._observer(s)))
+        self._views.append(ShardView())
+        self._writeback.add(shard.priority_stream(self._max_updates_in_flight, on_totals=self._observer(s)))
         self.shards.append(shard)  # last: a shard id is valid once everything it indexes exists
         return s
 
@@ -262,17 +147,16 @@ class ShardedReplayClient:
                 s = self._add(self._connect(address))
             else:
                 self.shards[s] = self._connect(address)
-                self._views[s] = _ShardView()
-                self._streams[s] = self.shards[s].priority_stream(
-                    self._max_updates_in_flight, on_totals=self._observer(s)
+                self._views[s] = ShardView()
+                self._writeback.replace(
+                    s,
+                    self.shards[s].priority_stream(self._max_updates_in_flight, on_totals=self._observer(s)),
                 )
             log.info("shard %s joined (id %d)", address, s)
         for address, s in self._ids.items():
             if address not in now_present and not self._views[s].retired:
                 self._views[s].retired = True
-                self._unsent += sum(len(k) for k, _ in self._buffered[s])
-                self._buffered[s] = []
-                self._streams[s].close(wait=0)
+                self._writeback.retire(s)
                 self.shards[s].close()
                 log.info("shard %s left (id %d retired)", address, s)
 
@@ -350,9 +234,13 @@ class ShardedReplayClient:
             live = [s for s, v in enumerate(self._views) if v.sampleable(now)]
             if not live:
                 break
-            shares, counts = self._allocate(batch_size, batches, live)
+            shares, counts = allocate(
+                self._rng, {s: self._views[s].totals for s in live}, batch_size, batches
+            )
+            max_batch = {s: self._views[s].max_batch for s in live}
             calls = [
-                (s, pieces, self._start_sample(s, pieces, deadline)) for s, pieces in self._calls(counts)
+                (s, pieces, self._start_sample(s, pieces, deadline))
+                for s, pieces in plan_calls(counts, max_batch)
             ]
             parts: list[dict[int, list[SampledBatch]]] = [{} for _ in range(batches)]
             failed = False
@@ -362,22 +250,17 @@ class ShardedReplayClient:
                 except ApexError as err:
                     if not is_transient(err):
                         raise
-                    if self._views[s].backoff == 0:
-                        log.warning(
-                            "shard %s failed to sample (%s); skipping it for %.1fs",
-                            self.shards[s].address,
-                            err,
-                            self._views[s].fail(time.monotonic(), self.max_backoff),
-                        )
-                    else:
-                        self._views[s].fail(time.monotonic(), self.max_backoff)
+                    self._failed(s, err)
                     failed = True
                     continue
                 self._views[s].observe(part.totals, time.monotonic())
-                for b, piece in self._cut(part, pieces):
+                for b, piece in cut(part, pieces, self._rng):
                     parts[b].setdefault(s, []).append(piece)
             if not failed:
-                return [self._assemble(shares, parts[b], beta) for b in range(batches)]
+                return [
+                    assemble(parts[b], shares, self._covered(shares), len(self.shards), beta)
+                    for b in range(batches)
+                ]
             # A shard failed: draw the whole batch again from the others, so every row's probability comes from
             # one allocation (exact P(i)); failures are rare, the wasted rows cheap.
         views = ", ".join(
@@ -386,95 +269,28 @@ class ShardedReplayClient:
         )
         raise FailedPreconditionError(f"no shard can be sampled: {views}")
 
-    def _allocate(
-        self, batch_size: int, batches: int, live: list[int]
-    ) -> tuple[dict[int, float], dict[int, np.ndarray]]:
-        """Each sampleable shard's share of the probability mass, and its rows in each batch (one multinomial
-        draw per batch)."""
-        share = shard_shares(
-            np.array([self._views[s].totals.total_priority for s in live]),
-            np.array([float(self._views[s].size) for s in live]),
-        )
-        counts = (
-            self._rng.multinomial(batch_size, share)[None, :]
-            if batches == 1
-            else self._rng.multinomial(batch_size, share, size=batches)
-        )
-        shares = {s: float(sh) for s, sh in zip(live, share, strict=True)}
-        return shares, {s: counts[:, j] for j, s in enumerate(live)}
+    def _start_sample(self, s: int, pieces: list[Piece], deadline: float) -> ResultFuture[SampledBatch]:
+        rows, batch_rows = call_rows(pieces)
+        if not batch_rows:
+            return self.shards[s].sample_future(rows, timeout=deadline)
+        return self.shards[s].sample_future(rows, timeout=deadline, batch_rows=batch_rows)
 
-    def _calls(self, counts: dict[int, np.ndarray]) -> list[tuple[int, list[tuple[int, int]]]]:
-        """(shard, pieces) of every Sample call, a piece being (batch, rows): each shard's batches in order, as few
-        calls as its largest batch allows (a batch above it is cut into pieces, each drawn on its own)."""
-        calls = []
-        for s, rows in counts.items():
-            limit, pieces, used = self._views[s].max_batch, [], 0
-            for b, k in enumerate(rows.tolist()):
-                while k > 0:
-                    take = min(k, limit - used)
-                    pieces.append((b, take))
-                    used, k = used + take, k - take
-                    if used == limit:
-                        calls.append((s, pieces))
-                        pieces, used = [], 0
-            if pieces:
-                calls.append((s, pieces))
-        return calls
+    def _failed(self, s: int, err: ApexError) -> None:
+        """Shard s failed to sample: back off from it (named in the log when it was healthy until now)."""
+        view = self._views[s]
+        if view.backoff == 0:
+            log.warning(
+                "shard %s failed to sample (%s); skipping it for %.1fs",
+                self.shards[s].address,
+                err,
+                view.fail(time.monotonic(), self.max_backoff),
+            )
+        else:
+            view.fail(time.monotonic(), self.max_backoff)
 
-    def _start_sample(
-        self, s: int, pieces: list[tuple[int, int]], deadline: float
-    ) -> ResultFuture[SampledBatch]:
-        rows = [k for _, k in pieces]
-        if len(rows) == 1:
-            return self.shards[s].sample_future(rows[0], timeout=deadline)
-        return self.shards[s].sample_future(sum(rows), timeout=deadline, batch_rows=rows)
-
-    def _cut(self, part: SampledBatch, pieces: list[tuple[int, int]]) -> list[tuple[int, SampledBatch]]:
-        """The answer to one call as (batch, rows) pieces. An answer without the batches asked for (an older
-        shard: one stratified batch of all the rows) is shuffled first, so each piece is a fair draw."""
-        if len(pieces) == 1:
-            return [(pieces[0][0], part)]
-        rows = tuple(k for _, k in pieces)
-        if part.batch_rows != rows:
-            part = part.take(self._rng.permutation(len(part.keys)))
-        ends = np.cumsum(rows)
-        return [
-            (b, part.take(slice(end - k, end))) for (b, k), end in zip(pieces, ends.tolist(), strict=True)
-        ]
-
-    def _assemble(
-        self, shares: dict[int, float], parts: dict[int, list[SampledBatch]], beta: float
-    ) -> PrioritizedBatch:
-        order = sorted(parts)
-        pieces = [(s, b) for s in order for b in parts[s]]
-        shard_ids = np.concatenate([np.full(len(b.keys), s, dtype=np.int32) for s, b in pieces])
-        keys = np.concatenate([b.keys for _, b in pieces])
-        probabilities = np.concatenate([shares[s] * b.probabilities for s, b in pieces])
-        columns = {name: concatenate([b.columns[name] for _, b in pieces]) for name in pieces[0][1].columns}
-        writers = None
-        if any(b.writers for _, b in pieces):
-            writers = np.empty(len(keys), dtype=object)
-            writers[:] = [w for _, b in pieces for w in (b.writers or ("",) * len(b.keys))]
-        # N and the largest weight count exactly the shards this allocation covered (sampled from or not).
-        fleet_size = sum(self._views[s].size for s in shares)
-        p_min = min(probabilities.min(), self._smallest_probability(shares))
-        weights = importance_weights(probabilities, fleet_size, p_min, beta)
-        incarnations = tuple(parts[s][0].incarnation if s in parts else 0 for s in range(len(self.shards)))
-        return PrioritizedBatch(
-            columns,
-            shard_ids,
-            keys,
-            probabilities,
-            weights.astype(np.float32),
-            incarnations,
-            fleet_size,
-            writers,
-        )
-
-    def _smallest_probability(self, shares: dict[int, float]) -> float:
-        """The smallest P(i) any stored row of the covered shards has: the normaliser of the weights."""
-        views = ((share, self._views[s].totals) for s, share in shares.items())
-        return smallest_probability((share, t.total_priority, t.min_priority, t.size) for share, t in views)
+    def _covered(self, shares: dict[int, float]) -> dict[int, ShardTotals]:
+        """The totals now seen of every shard an allocation covered: N and the weights' maximum count them."""
+        return {s: self._views[s].totals for s in shares}
 
     # ------------------------------------------------------------------------------------------ priorities
     def update_priorities(self, batch: PrioritizedBatch, priorities: np.ndarray) -> None:
@@ -484,94 +300,50 @@ class ShardedReplayClient:
         Blocks only while `max_updates_in_flight` updates to a shard are outstanding. Failures are counted
         (`update_errors` requests, `updates_dropped` rows) and logged, never raised: a lost priority update only
         delays a row's re-weighting."""
-        priorities = np.asarray(priorities, dtype=np.float64)
-        if priorities.shape != batch.keys.shape:
-            raise ValueError(
-                f"priorities {list(priorities.shape)} must match the batch {list(batch.keys.shape)}"
-            )
-        for s in np.unique(batch.shard_ids):
-            mask = batch.shard_ids == s
-            if self._views[s].retired:
-                self._unsent += int(mask.sum())  # the shard left the fleet: its rows are gone with it
-                continue
-            incarnation = batch.incarnations[s]
-            if self._buffered[s] and incarnation != self._buffered_incarnation[s]:
-                self._send_buffered(s)  # the shard restarted: keys of two incarnations never share a message
-            self._buffered[s].append((batch.keys[mask], priorities[mask]))
-            self._buffered_incarnation[s] = incarnation
-            if sum(len(k) for k, _ in self._buffered[s]) >= self.coalesce_rows:
-                self._send_buffered(s)
+        self._writeback.update(batch, priorities)
 
     def zero_priorities(self, batch: PrioritizedBatch, rows: np.ndarray) -> None:
         """Set the priority of rows `rows` of a sampled batch to 0 at once, so they are not drawn again (unless
         every row of their shard has priority 0): what the data path does with rows whose frames do not
         decompress. Thread-safe: it goes straight to each shard's priority stream, past the coalescing buffer."""
-        rows = np.asarray(rows)
-        for s in np.unique(batch.shard_ids[rows]):
-            picked = rows[batch.shard_ids[rows] == s]
-            if self._views[s].retired or not self._streams[s].send(
-                batch.keys[picked], np.zeros(len(picked)), batch.incarnations[s], timeout=self.timeout
-            ):
-                self._unsent += len(picked)
-
-    def _send_buffered(self, s: int) -> None:
-        """Send shard s's buffered updates as one message (later pieces last, so a repeated key's newest value
-        wins on the shard)."""
-        pieces, self._buffered[s] = self._buffered[s], []
-        if not pieces:
-            return
-        keys = np.concatenate([k for k, _ in pieces])
-        priorities = np.concatenate([p for _, p in pieces])
-        if not self._streams[s].send(keys, priorities, self._buffered_incarnation[s], timeout=self.timeout):
-            log.warning(
-                "priority updates to %s backed up for %.0fs; dropping %d",
-                self.shards[s].address,
-                self.timeout,
-                len(keys),
-            )
-            self._unsent += len(keys)
+        self._writeback.zero(batch, rows)
 
     @property
     def updates_outstanding(self) -> int:
         """Priority-update messages queued or in flight to the shards (each stream holds at most
         `max_updates_in_flight`)."""
-        return sum(stream.outstanding for stream in self._streams)
+        return self._writeback.outstanding
 
     @property
     def updates_applied(self) -> int:
-        return sum(stream.applied for stream in self._streams)
+        return self._writeback.applied
 
     @property
     def updates_stale(self) -> int:
-        return sum(stream.stale for stream in self._streams)
+        return self._writeback.stale
 
     @property
     def updates_dropped(self) -> int:
         """Rows whose update was lost to a broken stream or a backed-up shard."""
-        return self._unsent + sum(stream.dropped for stream in self._streams)
+        return self._writeback.dropped
 
     @property
     def update_errors(self) -> int:
         """Priority streams that failed (each drops the updates it had in flight)."""
-        return sum(stream.failures for stream in self._streams)
+        return self._writeback.failures
 
     def flush_updates(self, timeout: float | None = None) -> None:
         """Send what is buffered, then wait until every priority update was answered (or dropped); TimeoutError
         otherwise."""
-        for s in range(len(self.shards)):
-            self._send_buffered(s)
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        for stream in self._streams:
-            if not stream.flush(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f"priority updates to {stream.address} still in flight at the deadline")
+        self._writeback.flush(self.timeout if timeout is None else timeout)
 
     def close(self) -> None:
         """Close every connection; Sample calls and priority streams still in flight are cancelled."""
-        for stream in self._streams:
+        for stream in self._writeback.streams:
             stream.close(wait=0)
         for client in self.shards:
             client.close()
-        for stream in self._streams:
+        for stream in self._writeback.streams:
             stream.close(wait=1.0)
 
     def __enter__(self) -> ShardedReplayClient:

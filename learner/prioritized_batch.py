@@ -1,0 +1,94 @@
+"""A batch drawn across shards (`PrioritizedBatch`), and its assembly from the shards' answers with P(i) over the
+whole fleet and PER/Ape-X importance weights.
+
+Row i of shard s was drawn with P(i) = share_s * (p_i / T_s'), share_s being the shard's share of the allocation
+and T_s' its total when it answered. w_i = (N * P(i))^-beta / max_j w_j with N the rows of the shards the
+allocation covered and the maximum taken over all of their rows through each shard's minimum priority
+(replay_server/probabilities.py), so a shard left out of the allocation counts neither in N nor in the maximum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from apexrl.common.compression import CompressedColumn, concatenate, take_rows
+from apexrl.replay_server.probabilities import importance_weights, smallest_probability
+from apexrl.replay_server.wire import SampledBatch, ShardTotals
+
+
+@dataclass(frozen=True)
+class PrioritizedBatch:
+    """A batch drawn across shards. Row j came from shard `shard_ids[j]` with key `keys[j]`. Compressed fields
+    are CompressedColumns (the learner's data path decompresses them: learner/prefetch.py)."""
+
+    columns: dict[str, np.ndarray | CompressedColumn]
+    shard_ids: np.ndarray  # int32 [B]
+    keys: np.ndarray  # uint64 [B]
+    probabilities: np.ndarray  # float64 [B]: P(i) over the whole fleet
+    weights: np.ndarray  # float32 [B]: normalised importance weights, max over the fleet = 1
+    incarnations: tuple[int, ...]  # per shard: the incarnation its keys belong to (0 if not sampled)
+    fleet_size: int
+    writers: np.ndarray | None = (
+        None  # object [B]: each row's writer id, when the batch has compressed fields
+    )
+
+    def take(self, idx: np.ndarray) -> PrioritizedBatch:
+        """The rows at `idx`, in that order."""
+        return PrioritizedBatch(
+            {name: take_rows(col, idx) for name, col in self.columns.items()},
+            self.shard_ids[idx],
+            self.keys[idx],
+            self.probabilities[idx],
+            self.weights[idx],
+            self.incarnations,
+            self.fleet_size,
+            None if self.writers is None else self.writers[idx],
+        )
+
+    def split(self, parts: int, rng: np.random.Generator) -> list[PrioritizedBatch]:
+        """Cut into `parts` batches of random rows. Rows arrive grouped by shard and stratum, so they are
+        shuffled first; every part is then a fair draw with the same probabilities and weights."""
+        order = rng.permutation(len(self.keys))
+        return [self.take(idx) for idx in np.array_split(order, parts)]
+
+
+def assemble(
+    parts: Mapping[int, Sequence[SampledBatch]],
+    shares: Mapping[int, float],
+    covered: Mapping[int, ShardTotals],
+    shard_count: int,
+    beta: float,
+) -> PrioritizedBatch:
+    """One batch from the pieces each shard answered (`parts`, by shard id): rows in shard order, P(i) scaled by
+    the shard's share, weights normalised over the `covered` shards (every shard of the allocation, with the
+    totals the sampler last saw, sampled from or not). `shard_count` sizes the incarnations tuple."""
+    order = sorted(parts)
+    pieces = [(s, b) for s in order for b in parts[s]]
+    shard_ids = np.concatenate([np.full(len(b.keys), s, dtype=np.int32) for s, b in pieces])
+    keys = np.concatenate([b.keys for _, b in pieces])
+    probabilities = np.concatenate([shares[s] * b.probabilities for s, b in pieces])
+    columns = {name: concatenate([b.columns[name] for _, b in pieces]) for name in pieces[0][1].columns}
+    writers = None
+    if any(b.writers for _, b in pieces):
+        writers = np.empty(len(keys), dtype=object)
+        writers[:] = [w for _, b in pieces for w in (b.writers or ("",) * len(b.keys))]
+    fleet_size = sum(covered[s].size for s in shares)
+    smallest = smallest_probability(
+        (share, covered[s].total_priority, covered[s].min_priority, covered[s].size)
+        for s, share in shares.items()
+    )
+    weights = importance_weights(probabilities, fleet_size, min(probabilities.min(), smallest), beta)
+    incarnations = tuple(parts[s][0].incarnation if s in parts else 0 for s in range(shard_count))
+    return PrioritizedBatch(
+        columns,
+        shard_ids,
+        keys,
+        probabilities,
+        weights.astype(np.float32),
+        incarnations,
+        fleet_size,
+        writers,
+    )
