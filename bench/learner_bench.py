@@ -160,7 +160,7 @@ def measure(args: argparse.Namespace, result: Run, addresses: list[str], pids: l
         progress(
             f"phase {phase.index}: {MODE_NAMES['reference']}, {args.warmup:g}s warm-up + {args.seconds:g}s"
         )
-        # One batch per "call": with the default 4 the Prefetcher would split the reused batch into 4 quarters.
+        # One batch per draw, so the reference stays comparable with the runs in bench/README.md.
         reference = dataclasses.replace(config, sample_batches_per_call=1)
         result.phases.append(run_phase(phase, reference, ReusedBatchSampler(ref_batch), pids, timing))
         progress(f"  {phase.updates_per_s:,.1f} updates/s")

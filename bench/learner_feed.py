@@ -162,6 +162,11 @@ class ReusedBatchSampler:
     def sample(self, batch_size: int, *, beta: float = 0.4, timeout: float | None = None):
         return self.batch
 
+    def sample_batches(
+        self, batch_size: int, batches: int, *, beta: float = 0.4, timeout: float | None = None
+    ):
+        return [self.batch] * batches
+
     def update_priorities(self, batch, priorities) -> None:
         return None
 

@@ -167,7 +167,7 @@ class LearnerConfig:
     )
     prefetch_depth: int = setting(4, "batches sampled ahead of the train step")
     sample_batches_per_call: int = setting(
-        4, "batches drawn per Sample call to each shard, then split: fewer, larger calls"
+        4, "batches drawn per Sample call to each shard, each stratified on its own: fewer, larger calls"
     )
     priority_coalesce_batches: int = setting(
         4, "batches whose priority updates go to a shard together in one message"

@@ -127,9 +127,10 @@ class BatchDecompressor:
 class Prefetcher:
     """Samples batches with the current beta in a daemon thread into a bounded queue.
 
-    With batches_per_call = k it draws k batches' rows in one Sample call per shard and splits them: a call costs
-    about 1 ms of CPU on each side whatever its size, and the learner's share of that competes with the train step
-    for the GIL (bench/README.md, learner benchmark)."""
+    With batches_per_call = k it draws k batches with `sample_batches`: one Sample call per shard carries all of
+    them (a call costs about 1 ms of CPU on each side whatever its size, and the learner's share of that competes
+    with the train step for the GIL: bench/README.md, learner benchmark), while each batch keeps its own
+    allocation over the shards and its own strata on each shard."""
 
     def __init__(
         self,
@@ -147,7 +148,6 @@ class Prefetcher:
         self._sampler = sampler
         self._batch_size = batch_size
         self._batches_per_call = batches_per_call
-        self._rng = np.random.default_rng(seed)
         self._beta = beta
         self._min_fleet_size = min_fleet_size
         self._queue: queue.Queue[PrioritizedBatch] = queue.Queue(maxsize=max(depth, batches_per_call))
@@ -173,9 +173,8 @@ class Prefetcher:
                         raise FailedPreconditionError(
                             f"replay holds {self._sampler.fleet_size} rows, waiting for {self._min_fleet_size}"
                         )
-                drawn = self._sampler.sample(self._batch_size * self._batches_per_call, beta=self._beta())
-                batches = (
-                    [drawn] if self._batches_per_call == 1 else drawn.split(self._batches_per_call, self._rng)
+                batches = self._sampler.sample_batches(
+                    self._batch_size, self._batches_per_call, beta=self._beta()
                 )
                 if self.decompressor is not None:
                     batches = [b for b in map(self.decompressor, batches) if b is not None]

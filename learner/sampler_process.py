@@ -1,8 +1,9 @@
 """Sampling, decoding and batch assembly in a child process, handing batches to the learner through shared memory.
 
-Why: in one process the sampler's work (gRPC calls, protobuf decoding, splitting, concatenating) competes with the
-train step for the GIL and took almost half of the learner's time (bench/learner_bench.py). Here a child process
-runs the same `Prefetcher` over its own `ShardedReplayClient` and copies each batch into one of a few fixed slots
+Why: in one process the sampler's work (gRPC calls, protobuf decoding, cutting answers into batches,
+concatenating) competes with the train step for the GIL and took almost half of the learner's time
+(bench/learner_bench.py). Here a child process runs the same `Prefetcher` over its own `ShardedReplayClient`
+(several batches per Sample call, each stratified on its own) and copies each batch into one of a few fixed slots
 of a shared-memory file; the learner reads the slot in place (no copy, no pickling of arrays) and sends back only
 the batch's new priorities, which the child streams to the shards (priority write-back stays asynchronous).
 Compressed columns (image frames) are decompressed here too, straight into the slot, so the learner's process

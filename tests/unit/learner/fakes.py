@@ -51,9 +51,11 @@ def make_batch(
 
 
 class FakeSampler:
-    """sample / refresh / fleet_size / update_priorities / flush_updates / close, as the learner uses them.
+    """sample_batches / refresh / fleet_size / update_priorities / flush_updates / close, as the learner uses them.
 
-    `fleet_sizes` are the successive values refresh() reports; `failures` are exceptions sample() raises first."""
+    `fleet_sizes` are the successive values refresh() reports; `failures` are exceptions a draw raises first.
+    Batches hold consecutive keys in the order they were drawn (`drawn`); `sample_calls` records each draw as
+    (batch_size, batches, beta)."""
 
     def __init__(
         self,
@@ -72,7 +74,7 @@ class FakeSampler:
         self.refreshes = 0
         self.failures = list(failures)
         self.obs_dim = obs_dim
-        self.sample_calls: list[tuple[int, float]] = []  # (batch_size, beta)
+        self.sample_calls: list[tuple[int, int, float]] = []  # (batch_size, batches, beta)
         self.drawn: list[PrioritizedBatch] = []
         self.updates: list[tuple[PrioritizedBatch, np.ndarray]] = []
         self.flushed = 0
@@ -89,20 +91,29 @@ class FakeSampler:
                 self.fleet_size = self._fleet_sizes.pop(0)
 
     def sample(self, batch_size: int, *, beta: float = 0.4, timeout: float | None = None) -> PrioritizedBatch:
+        return self.sample_batches(batch_size, 1, beta=beta, timeout=timeout)[0]
+
+    def sample_batches(
+        self, batch_size: int, batches: int, *, beta: float = 0.4, timeout: float | None = None
+    ) -> list[PrioritizedBatch]:
         with self._lock:
-            self.sample_calls.append((batch_size, beta))
+            self.sample_calls.append((batch_size, batches, beta))
             if self.failures:
                 raise self.failures.pop(0)
-            batch = make_batch(
-                range(self._next_key, self._next_key + batch_size),
-                obs_dim=self.obs_dim,
-                seed=self._next_key,
-                row_version=self.row_version,
-                action_dim=self.action_dim,
-            )
-            self._next_key += batch_size
-            self.drawn.append(batch)
-            return batch
+            drawn = []
+            for _ in range(batches):
+                drawn.append(
+                    make_batch(
+                        range(self._next_key, self._next_key + batch_size),
+                        obs_dim=self.obs_dim,
+                        seed=self._next_key,
+                        row_version=self.row_version,
+                        action_dim=self.action_dim,
+                    )
+                )
+                self._next_key += batch_size
+            self.drawn.extend(drawn)
+            return drawn
 
     def update_priorities(self, batch: PrioritizedBatch, priorities: np.ndarray) -> None:
         self.updates.append((batch, np.asarray(priorities)))

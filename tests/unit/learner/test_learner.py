@@ -151,7 +151,7 @@ def test_run_trains_to_max_updates_publishing_checkpointing_and_flushing(tmp_pat
         3,
     ]  # at start (before any update), then after 5 and 10
     assert sampler.flushed == 1
-    betas = [beta for _, beta in sampler.sample_calls]
+    betas = [beta for _, _, beta in sampler.sample_calls]
     assert betas[0] == 0.4 and betas == sorted(betas) and betas[-1] > 0.4  # drawn with the current beta
     trained = {int(k) for batch, _ in sampler.updates for k in batch.keys}
     assert trained == set(range(96))  # every batch drawn in order was trained on once

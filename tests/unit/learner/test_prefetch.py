@@ -1,6 +1,6 @@
 """The prefetcher (learner/prefetch.py) with an in-process sampler: batches arrive in order with the beta of their
-draw, a large draw is split into fair parts, it waits for the fleet's minimum size, retries transient sampling
-errors, surfaces a bug as RuntimeError in get(), and stop() ends its thread."""
+draw, several batches per call come from one `sample_batches` draw unchanged, it waits for the fleet's minimum
+size, retries transient sampling errors, surfaces a bug as RuntimeError in get(), and stop() ends its thread."""
 
 from __future__ import annotations
 
@@ -46,33 +46,22 @@ def test_batches_arrive_in_order_with_the_beta_current_at_their_draw(started):
     batches = [get(prefetcher) for _ in range(5)]
     assert [b.keys.tolist() for b in batches] == [list(range(8 * i, 8 * i + 8)) for i in range(5)]
     assert all(b is d for b, d in zip(batches, sampler.drawn, strict=False))  # one draw per batch, unchanged
-    sizes, used = zip(*sampler.sample_calls, strict=True)
-    assert set(sizes) == {8} and list(used) == sorted(used) and used[0] == 0.4 and used[1] > 0.4
+    sizes, batches, used = zip(*sampler.sample_calls, strict=True)
+    assert set(sizes) == {8} and set(batches) == {1}  # one batch per draw
+    assert list(used) == sorted(used) and used[0] == 0.4 and used[1] > 0.4
     # The queue is bounded: with nothing taken, the thread stops drawing after `depth` batches (+1 in hand).
     wait_until(lambda: len(sampler.sample_calls) >= 5 + 3, "the prefetcher filled its queue")
     assert len(sampler.sample_calls) <= 5 + 3
 
 
-def test_a_large_draw_is_split_into_parts_that_keep_each_rows_probability_and_weight(started):
+def test_several_batches_per_call_come_from_one_draw_each_as_it_was_drawn(started):
+    """Each batch of a `sample_batches` draw was allocated and stratified on its own by the sampler: the
+    prefetcher hands it on unchanged (no re-cutting, which would undo the per-batch stratification)."""
     sampler = FakeSampler()
-    prefetcher = started(sampler, batch_size=8, batches_per_call=4, depth=4, seed=0)
-    parts = [get(prefetcher) for _ in range(4)]
-    assert sampler.sample_calls[0][0] == 32  # one draw of 4 batches' rows
-    drawn = sampler.drawn[0]
-    assert [len(p.keys) for p in parts] == [8] * 4
-    assert sorted(np.concatenate([p.keys for p in parts]).tolist()) == drawn.keys.tolist()
-    assert [p.keys.tolist() for p in parts] != [
-        drawn.keys[8 * i : 8 * i + 8].tolist() for i in range(4)
-    ]  # shuffled
-    row = {int(k): j for j, k in enumerate(drawn.keys)}
-    for part in parts:
-        idx = [row[int(k)] for k in part.keys]
-        np.testing.assert_array_equal(part.probabilities, drawn.probabilities[idx])
-        np.testing.assert_array_equal(part.weights, drawn.weights[idx])
-        np.testing.assert_array_equal(part.shard_ids, drawn.shard_ids[idx])
-        for name, column in drawn.columns.items():
-            np.testing.assert_array_equal(part.columns[name], column[idx])
-        assert part.incarnations == drawn.incarnations and part.fleet_size == drawn.fleet_size
+    prefetcher = started(sampler, batch_size=8, batches_per_call=4, depth=4, beta=lambda: 0.5)
+    batches = [get(prefetcher) for _ in range(4)]
+    assert sampler.sample_calls[0] == (8, 4, 0.5)  # one draw of 4 batches of 8
+    assert all(b is d for b, d in zip(batches, sampler.drawn[:4], strict=True))
 
 
 def test_sampling_waits_until_the_fleet_holds_the_minimum(started):
@@ -128,8 +117,11 @@ class PixelSampler(FakeSampler):
         self.zeroed: list[list[int]] = []
         self.shards = [type("Shard", (), {"address": f"shard-{s}:7000"})() for s in range(2)]
 
-    def sample(self, batch_size: int, *, beta: float = 0.4, timeout: float | None = None) -> PrioritizedBatch:
-        return pixel_version(super().sample(batch_size, beta=beta, timeout=timeout), self.bad)
+    def sample_batches(
+        self, batch_size: int, batches: int, *, beta: float = 0.4, timeout: float | None = None
+    ) -> list[PrioritizedBatch]:
+        drawn = super().sample_batches(batch_size, batches, beta=beta, timeout=timeout)
+        return [pixel_version(batch, self.bad) for batch in drawn]
 
     def zero_priorities(self, batch: PrioritizedBatch, rows: np.ndarray) -> None:
         self.zeroed.append(batch.keys[rows].tolist())
