@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from apexrl.learner.prioritized_batch import AnswerRows
 from apexrl.replay_server.probabilities import shard_shares
 from apexrl.replay_server.wire import SampledBatch, ShardTotals
 
@@ -63,13 +64,13 @@ def call_rows(pieces: list[Piece]) -> tuple[int, tuple[int, ...]]:
     return sum(rows), (rows if len(rows) > 1 else ())
 
 
-def cut(part: SampledBatch, pieces: list[Piece], rng: np.random.Generator) -> list[tuple[int, SampledBatch]]:
-    """The answer to one call as (batch, rows) pieces. An answer without the batches asked for (an older shard:
-    one stratified batch of all the rows) is shuffled first, so each piece is a fair draw."""
+def cut(part: SampledBatch, pieces: list[Piece], rng: np.random.Generator) -> list[tuple[int, AnswerRows]]:
+    """The answer to one call as (batch, its rows of the answer) pieces. An answer without the batches asked for (an
+    older shard: one stratified batch of all the rows) is shuffled first, so each piece is a fair draw."""
     if len(pieces) == 1:
-        return [(pieces[0][0], part)]
+        return [(pieces[0][0], (part, slice(None)))]
     rows = tuple(k for _, k in pieces)
     if part.batch_rows != rows:
         part = part.take(rng.permutation(len(part.keys)))
     ends = np.cumsum(rows)
-    return [(b, part.take(slice(end - k, end))) for (b, k), end in zip(pieces, ends.tolist(), strict=True)]
+    return [(b, (part, slice(end - k, end))) for (b, k), end in zip(pieces, ends.tolist(), strict=True)]

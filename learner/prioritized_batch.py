@@ -55,8 +55,11 @@ class PrioritizedBatch:
         return [self.take(idx) for idx in np.array_split(order, parts)]
 
 
+AnswerRows = tuple[SampledBatch, slice]  # rows `slice` of one shard's answer: one batch's piece, not copied
+
+
 def assemble(
-    parts: Mapping[int, Sequence[SampledBatch]],
+    parts: Mapping[int, Sequence[AnswerRows]],
     shares: Mapping[int, float],
     covered: Mapping[int, ShardTotals],
     shard_count: int,
@@ -65,23 +68,29 @@ def assemble(
     """One batch from the pieces each shard answered (`parts`, by shard id): rows in shard order, P(i) scaled by
     the shard's share, weights normalised over the `covered` shards (every shard of the allocation, with the
     totals the sampler last saw, sampled from or not). `shard_count` sizes the incarnations tuple."""
-    order = sorted(parts)
-    pieces = [(s, b) for s in order for b in parts[s]]
-    shard_ids = np.concatenate([np.full(len(b.keys), s, dtype=np.int32) for s, b in pieces])
-    keys = np.concatenate([b.keys for _, b in pieces])
-    probabilities = np.concatenate([shares[s] * b.probabilities for s, b in pieces])
-    columns = {name: concatenate([b.columns[name] for _, b in pieces]) for name in pieces[0][1].columns}
+    pieces = [(s, answer, rows) for s in sorted(parts) for answer, rows in parts[s]]
+    keys = np.concatenate([answer.keys[rows] for _, answer, rows in pieces])
+    shard_ids = np.concatenate(
+        [np.full(len(answer.keys[rows]), s, dtype=np.int32) for s, answer, rows in pieces]
+    )
+    probabilities = np.concatenate([shares[s] * answer.probabilities[rows] for s, answer, rows in pieces])
+    columns = {
+        name: concatenate([take_rows(answer.columns[name], rows) for _, answer, rows in pieces])
+        for name in pieces[0][1].columns
+    }
     writers = None
-    if any(b.writers for _, b in pieces):
+    if any(answer.writers[rows] for _, answer, rows in pieces):
         writers = np.empty(len(keys), dtype=object)
-        writers[:] = [w for _, b in pieces for w in (b.writers or ("",) * len(b.keys))]
+        writers[:] = [
+            w for _, answer, rows in pieces for w in (answer.writers[rows] or ("",) * len(answer.keys[rows]))
+        ]
     fleet_size = sum(covered[s].size for s in shares)
     smallest = smallest_probability(
         (share, covered[s].total_priority, covered[s].min_priority, covered[s].size)
         for s, share in shares.items()
     )
     weights = importance_weights(probabilities, fleet_size, min(probabilities.min(), smallest), beta)
-    incarnations = tuple(parts[s][0].incarnation if s in parts else 0 for s in range(shard_count))
+    incarnations = tuple(parts[s][0][0].incarnation if s in parts else 0 for s in range(shard_count))
     return PrioritizedBatch(
         columns,
         shard_ids,

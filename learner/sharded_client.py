@@ -42,7 +42,7 @@ from apexrl.common.discovery import Resolver, ShardAddresses, system_resolver
 from apexrl.common.errors import ApexError, FailedPreconditionError, is_transient
 from apexrl.common.tls import TlsFiles
 from apexrl.learner.allocation import Piece, allocate, call_rows, cut, plan_calls
-from apexrl.learner.prioritized_batch import PrioritizedBatch, assemble
+from apexrl.learner.prioritized_batch import AnswerRows, PrioritizedBatch, assemble
 from apexrl.learner.priority_writeback import PriorityWriteback
 from apexrl.learner.shard_view import PrioritySink, ResultFuture, Shard, ShardView
 from apexrl.replay_server.client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
@@ -242,7 +242,7 @@ class ShardedReplayClient:
                 (s, pieces, self._start_sample(s, pieces, deadline))
                 for s, pieces in plan_calls(counts, max_batch)
             ]
-            parts: list[dict[int, list[SampledBatch]]] = [{} for _ in range(batches)]
+            parts: list[dict[int, list[AnswerRows]]] = [{} for _ in range(batches)]
             failed = False
             for s, pieces, call in calls:
                 try:
