@@ -43,7 +43,7 @@ from apexrl.common.errors import ApexError, FailedPreconditionError, is_transien
 from apexrl.common.tls import TlsFiles
 from apexrl.replay_server.client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
 from apexrl.replay_server.probabilities import importance_weights, shard_shares, smallest_probability
-from apexrl.replay_server.wire import SampledBatch, ShardInfo, ShardTotals
+from apexrl.replay_server.types import SampledBatch, ShardInfo, ShardTotals
 
 log = logging.getLogger(__name__)
 T_co = TypeVar("T_co", covariant=True)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from apexrl.replay_server.client import ReplayClient
     from apexrl.replay_server.sum_tree import SumTree
     from apexrl.replay_server.table import ReplayTable, TableConfig
-    from apexrl.replay_server.wire import SampledBatch, ShardInfo, UpdateResult
+    from apexrl.replay_server.types import SampledBatch, ShardInfo, UpdateResult
 
 # Public name -> the module that defines it; loaded on first use.
 _EXPORTS = {
@@ -24,9 +24,9 @@ _EXPORTS = {
     "SumTree": "apexrl.replay_server.sum_tree",
     "ReplayTable": "apexrl.replay_server.table",
     "TableConfig": "apexrl.replay_server.table",
-    "SampledBatch": "apexrl.replay_server.wire",
-    "ShardInfo": "apexrl.replay_server.wire",
-    "UpdateResult": "apexrl.replay_server.wire",
+    "SampledBatch": "apexrl.replay_server.types",
+    "ShardInfo": "apexrl.replay_server.types",
+    "UpdateResult": "apexrl.replay_server.types",
 }
 __all__ = [
     "ReplayClient",

@@ -31,7 +31,7 @@ from apexrl.replay_server.durability_metrics import DurabilityStats
 from apexrl.replay_server.restore_checks import check_state, checked_blocks
 from apexrl.replay_server.snapshot import TableState
 from apexrl.replay_server.table import ReplayTable
-from apexrl.replay_server.wire import CheckpointResult
+from apexrl.replay_server.types import CheckpointResult
 
 log = logging.getLogger("apexrl.replay.checkpoint")
 

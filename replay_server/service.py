@@ -37,8 +37,8 @@ from apexrl.replay_server import wire
 from apexrl.replay_server.drain import drain_requests
 from apexrl.replay_server.quotas import Quotas, QuotaSettings
 from apexrl.replay_server.table import ReplayTable
+from apexrl.replay_server.types import InsertResult
 from apexrl.replay_server.updates import check_update
-from apexrl.replay_server.wire import InsertResult
 from apexrl.replay_server.writers import Writer
 
 if TYPE_CHECKING:

@@ -41,13 +41,13 @@ from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
 from apexrl.replay_server.snapshot import MAX_ALIASES, ROW_WRITER, Snapshot, TableState
 from apexrl.replay_server.strata import check_batch_rows, stratified_targets
 from apexrl.replay_server.sum_tree import SumTree
+from apexrl.replay_server.types import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 from apexrl.replay_server.updates import (  # MAX_PRIORITY: re-exported, its old home
     MAX_PRIORITY,  # noqa: F401
     CheckedUpdate,
     check_priorities,
     check_update,
 )
-from apexrl.replay_server.wire import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 
 # How often a blocked call re-checks whether its caller is still there.
 _WAIT_SLICE_SECONDS = 0.25

@@ -292,6 +292,11 @@ PURE_CORES = [
     "apexrl.common.errors",
     "apexrl.replay_server.sum_tree",
     "apexrl.replay_server.rate_limiter",
+    "apexrl.replay_server.types",
+    "apexrl.replay_server.probabilities",
+    "apexrl.replay_server.strata",
+    "apexrl.replay_server.updates",
+    "apexrl.replay_server.table",
 ]
 
 
