@@ -1,7 +1,6 @@
-"""Replay shard: a prioritized FIFO table (sum_tree.py, table.py) served over gRPC (service.py, main.py), and its
-client (client.py); wire.py holds the message types both sides share. Durability: snapshot.py (a consistent copy
-taken while the table serves), checkpoint.py (the file format), checkpointer.py (the checkpoint directory),
-wal.py (the write-ahead log), reshard.py (`apexrl replay-reshard`: M checkpoints onto N shards).
+"""Replay shard: a prioritized FIFO table (sum_tree.py, table.py; its results as plain types in types.py) served
+over gRPC (service.py, main.py), and its client (client.py); wire.py encodes the types both sides share. Durability
+(snapshots, checkpoints, the write-ahead log, resharding) lives in the durability/ subpackage.
 
 The shard needs no torch; install apexrl without the `train` extra for a small replay image.
 """

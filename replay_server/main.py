@@ -19,7 +19,7 @@ from apexrl.common.files import atomic_write
 from apexrl.common.metrics import serve_metrics
 from apexrl.common.tls import describe, tls_of
 from apexrl.replay_server.config import ReplayConfig
-from apexrl.replay_server.durability_metrics import DurabilityCollector, DurabilityStats
+from apexrl.replay_server.durability.durability_metrics import DurabilityCollector, DurabilityStats
 
 if TYPE_CHECKING:
     from apexrl.replay_server.table import ReplayTable
@@ -60,10 +60,10 @@ class _BlockedTimeCollector:
 
 
 def run(config: ReplayConfig, stop: threading.Event) -> int:
-    from apexrl.replay_server.checkpointer import Checkpointer
+    from apexrl.replay_server.durability.checkpointer import Checkpointer
+    from apexrl.replay_server.durability.wal import WriteAheadLog
     from apexrl.replay_server.service import create_replay_server
     from apexrl.replay_server.table import ReplayTable
-    from apexrl.replay_server.wal import WriteAheadLog
 
     table = ReplayTable(config)
     stats = DurabilityStats()

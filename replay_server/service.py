@@ -42,8 +42,8 @@ from apexrl.replay_server.updates import check_update
 from apexrl.replay_server.writers import Writer
 
 if TYPE_CHECKING:
-    from apexrl.replay_server.checkpointer import Checkpointer
-    from apexrl.replay_server.wal import WriteAheadLog
+    from apexrl.replay_server.durability.checkpointer import Checkpointer
+    from apexrl.replay_server.durability.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

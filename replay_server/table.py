@@ -36,9 +36,9 @@ from apexrl.common.errors import (
 )
 from apexrl.common.settings import setting
 from apexrl.common.signature import Signature
+from apexrl.replay_server.durability.snapshot import MAX_ALIASES, ROW_WRITER, Snapshot, TableState
 from apexrl.replay_server.probabilities import has_mass
 from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
-from apexrl.replay_server.snapshot import MAX_ALIASES, ROW_WRITER, Snapshot, TableState
 from apexrl.replay_server.strata import check_batch_rows, stratified_targets
 from apexrl.replay_server.sum_tree import SumTree
 from apexrl.replay_server.types import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult

@@ -577,8 +577,8 @@ def test_parameter_service_process(params_process, rpc, data):
 def wal_shard(tmp_path_factory):
     """An in-process shard wired as `apexrl replay --checkpoint-dir --wal` wires one (replay_server/main.py): the log
     journals every insert before the table stores it, acks wait for its fsync, checkpoints truncate it."""
-    from apexrl.replay_server.checkpointer import Checkpointer
-    from apexrl.replay_server.wal import WriteAheadLog
+    from apexrl.replay_server.durability.checkpointer import Checkpointer
+    from apexrl.replay_server.durability.wal import WriteAheadLog
 
     tmp = tmp_path_factory.mktemp("fuzzed-wal-shard")
     table = ReplayTable(
@@ -628,8 +628,8 @@ def test_the_wal_shards_directories_restore_to_exactly_what_it_acknowledged(wal_
     not logged (docs/reliability.md, the loss window)."""
     import shutil
 
-    from apexrl.replay_server.checkpointer import Checkpointer
-    from apexrl.replay_server.wal import WriteAheadLog
+    from apexrl.replay_server.durability.checkpointer import Checkpointer
+    from apexrl.replay_server.durability.wal import WriteAheadLog
 
     live = wal_shard.table
     for name in ("ck", "wal"):
@@ -706,7 +706,7 @@ def test_the_wal_shard_process_keeps_every_acknowledged_row_across_a_sigkill(wal
     """After the fuzzing: a checkpoint (the table at one instant), then 48 more rows acknowledged, then SIGKILL.
     Restarted on the same directories, the shard holds every row of that checkpoint still within its capacity and
     every row acknowledged since, each under its key, and its counters are those it had."""
-    from apexrl.replay_server.checkpoint import CheckpointReader
+    from apexrl.replay_server.durability.checkpoint import CheckpointReader
 
     def rows_by_key(path: str) -> dict[int, tuple]:
         with CheckpointReader(path) as reader:
