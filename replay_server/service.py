@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import grpc
@@ -527,6 +528,16 @@ class TableCollector:
             yield GaugeMetricFamily(f"apexrl_replay_{name}", doc, value=value)
 
 
+@dataclass(frozen=True)
+class ReplayServer:
+    """A started replay shard: the server (stop, health: `enter_graceful_shutdown`, `set_serving`), the port it
+    bound and the registry its metrics are in."""
+
+    server: AioServerThread
+    port: int
+    registry: CollectorRegistry
+
+
 def create_replay_server(
     table: ReplayTable,
     address: str = "127.0.0.1:0",
@@ -542,12 +553,12 @@ def create_replay_server(
     serving: bool = True,
     checkpointer: Checkpointer | None = None,
     wal: WriteAheadLog | None = None,
-) -> tuple[AioServerThread, int, AioServerThread, CollectorRegistry]:
-    """Build and start a replay shard server for `table`; return (server, port, health, registry).
+) -> ReplayServer:
+    """Build and start a replay shard server for `table`; return it with its port and registry (ReplayServer).
 
     The server runs on its own event-loop thread; `server.stop(grace)` closes the table first (waiting calls
-    answer UNAVAILABLE) and returns an event set once it has stopped; `health.enter_graceful_shutdown()` reports
-    NOT_SERVING. (server and health are one object.) `access` decides who may call what (common/access.py; a
+    answer UNAVAILABLE) and returns an event set once it has stopped; `server.enter_graceful_shutdown()` reports
+    NOT_SERVING. `access` decides who may call what (common/access.py; a
     single-token policy for `token`; neither: open), `quotas` what callers may hold open (replay_server/quotas.py),
     `connections` keepalive and connection lifetimes (common/connections.py).
     With `tls` it serves TLS (mutual with a CA); with
@@ -588,4 +599,4 @@ def create_replay_server(
             ).start()
 
         wal.on_failure(not_serving)
-    return server, port, server, registry
+    return ReplayServer(server, port, registry)

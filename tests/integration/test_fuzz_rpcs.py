@@ -188,7 +188,8 @@ def shard():
             max_sample_batch_size=replay.MAX_SAMPLE_BATCH,
         )
     )
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT)
+    made = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT)
+    server, port = made.server, made.port
     target = Target(
         "in-process shard", RawClient(f"127.0.0.1:{port}", replay.SERVICE), SHARD_LIMIT, table=table
     )
@@ -201,9 +202,8 @@ def shard():
 
 @pytest.fixture(scope="module")
 def parameter_service():
-    server, port, store, _ = create_parameter_server(
-        "127.0.0.1:0", chunk_bytes=PARAMS_CHUNK, max_message_bytes=PARAMS_LIMIT
-    )
+    made = create_parameter_server("127.0.0.1:0", chunk_bytes=PARAMS_CHUNK, max_message_bytes=PARAMS_LIMIT)
+    server, port, store = made.server, made.port, made.store
     store.publish({"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
     target = Target(
         "in-process params", RawClient(f"127.0.0.1:{port}", params.SERVICE), PARAMS_LIMIT, store=store
@@ -468,9 +468,8 @@ def test_parameter_service_in_process(parameter_service, rpc, data):
 
 @pytest.fixture(scope="module")
 def parameter_service_far_versions():
-    server, port, store, _ = create_parameter_server(
-        "127.0.0.1:0", chunk_bytes=PARAMS_CHUNK, max_message_bytes=PARAMS_LIMIT
-    )
+    made = create_parameter_server("127.0.0.1:0", chunk_bytes=PARAMS_CHUNK, max_message_bytes=PARAMS_LIMIT)
+    server, port, store = made.server, made.port, made.store
     store.publish({"w": np.zeros(3, np.float32)}, version=1000)
     target = Target(
         "in-process params, far versions",
@@ -505,7 +504,8 @@ def test_first_insert_into_a_shard_without_signature(data):
             capacity=replay.CAPACITY, alpha=1.0, seed=0, max_sample_batch_size=replay.MAX_SAMPLE_BATCH
         )
     )
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT)
+    made = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT)
+    server, port = made.server, made.port
     target = Target(
         "fresh shard, no signature", RawClient(f"127.0.0.1:{port}", replay.SERVICE), SHARD_LIMIT, table=table
     )
@@ -593,9 +593,10 @@ def wal_shard(tmp_path_factory):
     wal = WriteAheadLog(tmp / "wal")
     checkpointer = Checkpointer(table, tmp / "ck", keep=2, on_written=wal.truncate)
     wal.open(table)
-    server, port, _, _ = create_replay_server(
+    made = create_replay_server(
         table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT, checkpointer=checkpointer, wal=wal
     )
+    server, port = made.server, made.port
     checkpointer.start()
     target = Target(
         WAL_SHARD,

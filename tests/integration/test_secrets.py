@@ -204,11 +204,11 @@ def test_only_a_token_in_clear_on_a_non_loopback_bind_warns(
         certs = make_certs(tmp_path)
         files = TlsFiles.read(certs.cert, certs.key)
     if server.startswith("thread-pool"):
-        stop = create_parameter_server(address, token=token, tls=files)[0].stop
+        stop = create_parameter_server(address, token=token, tls=files).server.stop
     else:
-        stop = create_replay_server(ReplayTable(TableConfig(capacity=10)), address, token=token, tls=files)[
-            0
-        ].stop
+        stop = create_replay_server(
+            ReplayTable(TableConfig(capacity=10)), address, token=token, tls=files
+        ).server.stop
     try:
         assert (IN_CLEAR in caplog.text) is warns, caplog.text
     finally:

@@ -461,7 +461,8 @@ def test_with_the_write_ahead_log_acks_keep_their_order_errors_and_duplicates(tm
     table = ReplayTable(TableConfig(capacity=10_000))
     wal = WriteAheadLog(tmp_path / "wal")
     wal.open(table)
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    made = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    server, port = made.server, made.port
 
     def request(sequence: int, rows: int = 10, bad: bool = False) -> replay_pb2.InsertRequest:
         r = replay_pb2.InsertRequest(writer_id="w", sequence=sequence)
@@ -512,7 +513,8 @@ def test_with_the_write_ahead_log_merged_requests_are_acknowledged_once_logged_a
     table = ReplayTable(TableConfig(capacity=10_000))
     wal = WriteAheadLog(tmp_path / "wal")
     wal.open(table)
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    made = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    server, port = made.server, made.port
 
     def merged(sequence: int, batches: int, bad: int | None = None) -> replay_pb2.InsertRequest:
         r = replay_pb2.InsertRequest(writer_id="w", sequence=sequence, batch_rows=[10] * batches)
@@ -631,9 +633,8 @@ def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_servin
     stats = DurabilityStats()
     wal = WriteAheadLog(tmp_path / "wal", stats)
     wal.open(table)
-    server, port, _, registry = create_replay_server(
-        table, "127.0.0.1:0", registry=metrics_registry(table, stats), wal=wal
-    )
+    made = create_replay_server(table, "127.0.0.1:0", registry=metrics_registry(table, stats), wal=wal)
+    server, port, registry = made.server, made.port, made.registry
     address = f"127.0.0.1:{port}"
 
     def request(sequence: int) -> replay_pb2.InsertRequest:

@@ -59,7 +59,8 @@ def test_an_insert_is_acknowledged_only_after_its_fsync_returns(tmp_path):
     sync = HeldSync()
     wal = WriteAheadLog(tmp_path / "wal", sync=sync)
     wal.open(table)
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    made = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    server, port = made.server, made.port
     requests: queue.Queue = queue.Queue()
     acks: queue.Queue = queue.Queue()
 
