@@ -39,6 +39,8 @@ WIRE_EDGE = {
     "apexrl.replay_server.client",
     "apexrl.replay_server.priority_stream",
     "apexrl.replay_server.service",
+    "apexrl.replay_server.inserts",  # the servicer's Insert stream
+    "apexrl.replay_server.waits",  # the servicer's waiting calls
     "apexrl.replay_server.wire",
     "apexrl.parameter_server.client",
     "apexrl.parameter_server.service",
@@ -311,6 +313,9 @@ PURE_CORES = [
 REPLAY_EDGE = (
     "apexrl.replay_server.wire",
     "apexrl.replay_server.service",
+    "apexrl.replay_server.inserts",
+    "apexrl.replay_server.waits",
+    "apexrl.replay_server.metrics",
     "apexrl.replay_server.client",
     "apexrl.replay_server.priority_stream",
     "apexrl.replay_server.sharded_writer",
