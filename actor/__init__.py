@@ -16,17 +16,17 @@ if TYPE_CHECKING:
     from apexrl.parameter_server.client import ParameterClient
     from apexrl.replay_server.client import ReplayClient
     from apexrl.replay_server.sharded_writer import Placement, ShardedWriter
-    from apexrl.replay_server.wire import SampledBatch, ShardInfo, UpdateResult
+    from apexrl.replay_server.types import SampledBatch, ShardInfo, UpdateResult
 
 # Public name -> the module that defines it; loaded on first use.
 _EXPORTS = {
     "ParameterClient": "apexrl.parameter_server.client",
     "Placement": "apexrl.replay_server.sharded_writer",
     "ReplayClient": "apexrl.replay_server.client",
-    "SampledBatch": "apexrl.replay_server.wire",
-    "ShardInfo": "apexrl.replay_server.wire",
+    "SampledBatch": "apexrl.replay_server.types",
+    "ShardInfo": "apexrl.replay_server.types",
     "ShardedWriter": "apexrl.replay_server.sharded_writer",
-    "UpdateResult": "apexrl.replay_server.wire",
+    "UpdateResult": "apexrl.replay_server.types",
 }
 __all__ = [
     "ParameterClient",

@@ -17,7 +17,7 @@ import numpy as np
 
 from apexrl.common.errors import ApexError
 from apexrl.replay_server.table import ReplayTable
-from apexrl.replay_server.wire import SampledBatch, ShardInfo, ShardTotals
+from apexrl.replay_server.types import SampledBatch, ShardInfo, ShardTotals
 
 T = TypeVar("T")
 

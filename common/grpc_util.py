@@ -26,10 +26,10 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent import futures
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from apexrl.common import certificates
 from apexrl.common.access import (
@@ -42,6 +42,9 @@ from apexrl.common.addresses import check_address
 from apexrl.common.errors import CancelledError, DeadlineExceededError, from_rpc_error
 from apexrl.common.tls import TlsFiles
 from apexrl.common.tls_reload import ReloadingChannel, reloading_server_credentials
+
+if TYPE_CHECKING:
+    from apexrl.common.aio_grpc import AioServerThread
 
 log = logging.getLogger(__name__)
 
@@ -357,8 +360,7 @@ def wait_for_health(
 
 def serve_until(
     stop: threading.Event,
-    server: grpc.Server,
-    health_servicer: health.HealthServicer | None,
+    server: AioServerThread,
     *,
     grace: float = 5.0,
     before_stop: Callable[[], None] | None = None,
@@ -369,8 +371,7 @@ def serve_until(
     while not stop.wait(0.5):
         pass
     log.info("shutting down (grace %.1fs)", grace)
-    if health_servicer is not None:
-        health_servicer.enter_graceful_shutdown()
+    server.enter_graceful_shutdown()
     if before_stop is not None:
         before_stop()
     server.stop(grace).wait()

@@ -24,7 +24,7 @@ log = logging.getLogger("apexrl")
 # subcommand -> module
 SUBCOMMANDS: dict[str, str] = {
     "replay": "apexrl.replay_server.main",
-    "replay-reshard": "apexrl.replay_server.reshard",
+    "replay-reshard": "apexrl.replay_server.durability.reshard",
     "params": "apexrl.parameter_server.main",
     "actor": "apexrl.actor.main",
     "learner": "apexrl.learner.main",

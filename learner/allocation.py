@@ -13,7 +13,7 @@ import numpy as np
 
 from apexrl.learner.prioritized_batch import AnswerRows
 from apexrl.replay_server.probabilities import shard_shares
-from apexrl.replay_server.wire import SampledBatch, ShardTotals
+from apexrl.replay_server.types import SampledBatch, ShardTotals
 
 Piece = tuple[int, int]  # (batch, rows): one batch's rows from one shard
 

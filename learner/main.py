@@ -46,7 +46,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         raise SettingsError(f"--network: {err}") from None
     registry = CollectorRegistry()
     tls = tls_of(config)
-    server = health = client = None
+    server = client = None
     if config.params:
         from apexrl.parameter_server.client import ParameterClient
 
@@ -70,7 +70,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
     if store is not None:
         from apexrl.parameter_server.service import create_parameter_server
 
-        server, port, _, health = create_parameter_server(
+        service = create_parameter_server(
             join_host_port(config.host, config.port),
             store=store,
             registry=registry,
@@ -80,6 +80,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
             if config.health_port is None
             else join_host_port(config.host, config.health_port),
         )
+        server, port = service.server, service.port
         where = f"{config.host}:{port} (hosted, {describe(tls)}, {describe_access(config)}" + (
             ")" if config.health_port is None else f", plaintext health on port {config.health_port})"
         )
@@ -107,9 +108,8 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         learner.run(stop)
     finally:
         learner.close()
-        if health is not None:
-            health.enter_graceful_shutdown()
         if server is not None:
+            server.enter_graceful_shutdown()
             server.stop(2).wait()
         if client is not None:
             client.close()

@@ -16,7 +16,7 @@ import numpy as np
 
 from apexrl.common.compression import CompressedColumn, concatenate, take_rows
 from apexrl.replay_server.probabilities import importance_weights, smallest_probability
-from apexrl.replay_server.wire import SampledBatch, ShardTotals
+from apexrl.replay_server.types import SampledBatch, ShardTotals
 
 
 @dataclass(frozen=True)

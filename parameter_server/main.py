@@ -31,7 +31,7 @@ def run(config: ParamsConfig, stop: threading.Event) -> int:
     registry = CollectorRegistry()
     tls = tls_of(config, serves=True)
     limits = PublishLimits.of(config)
-    server, port, store, health = create_parameter_server(
+    service = create_parameter_server(
         f"{config.host}:{config.port}",
         registry=registry,
         chunk_bytes=config.chunk_bytes,
@@ -42,6 +42,7 @@ def run(config: ParamsConfig, stop: threading.Event) -> int:
         access=AccessPolicy.from_settings(config.token, config.role_tokens, config.certificate_roles),
         health_address=None if config.health_port is None else f"{config.host}:{config.health_port}",
     )
+    server, port, store = service.server, service.port, service.store
     try:
         metrics = serve_metrics(registry, config.metrics_port, config.host)
     except OSError:
@@ -64,6 +65,6 @@ def run(config: ParamsConfig, stop: threading.Event) -> int:
     )
     if config.port_file:
         atomic_write(config.port_file, f"{port}\n")
-    grpc_util.serve_until(stop, server, health)
+    grpc_util.serve_until(stop, server)
     log.info("parameter service stopped at version %d", store.version)
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import NoReturn
 
 import grpc
@@ -249,6 +250,16 @@ class StoreCollector(Collector):
         )
 
 
+@dataclass(frozen=True)
+class ParameterServer:
+    """A started parameter service: the server (stop, health: `enter_graceful_shutdown`), the port it bound and
+    the store it serves (a host publishes into it)."""
+
+    server: AioServerThread
+    port: int
+    store: WeightStore
+
+
 def create_parameter_server(
     address: str,
     *,
@@ -262,10 +273,9 @@ def create_parameter_server(
     connections: ConnectionPolicy | None = None,
     tls: TlsFiles | None = None,
     health_address: str | None = None,
-) -> tuple[AioServerThread, int, WeightStore, AioServerThread]:
-    """Build, bind and start a parameter server serving `store` (a new empty one when None); return
-    (server, port, store, health), where server and health are one AioServerThread (kept apart for the callers
-    of the thread-pool server this replaced).
+) -> ParameterServer:
+    """Build, bind and start a parameter server serving `store` (a new empty one when None); return it with its
+    port and store (ParameterServer).
 
     A learner hosts the service by passing its own store and publishing into it directly (`store.publish`);
     actors then Fetch over gRPC. Metrics (`apexrl_params_*`) go into `registry` when given. `chunk_bytes` bounds
@@ -275,7 +285,7 @@ def create_parameter_server(
     `connections` keepalive and connection lifetimes (common/connections.py).
     With `tls` it serves TLS (mutual with a CA); with `health_address` it also serves the health service alone,
     in plaintext, there (`server.health_port`). `server.stop(grace)` returns an event set once it has stopped;
-    `health.enter_graceful_shutdown()` reports NOT_SERVING. Raises ValueError for bad sizes and OSError when an
+    `server.enter_graceful_shutdown()` reports NOT_SERVING. Raises ValueError for bad sizes and OSError when an
     address cannot be bound.
     """
     if not 1 <= chunk_bytes <= max_message_bytes:
@@ -299,4 +309,4 @@ def create_parameter_server(
         health_address=health_address,
     )
     port = server.start(address)
-    return server, port, store, server
+    return ParameterServer(server, port, store)

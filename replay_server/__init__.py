@@ -1,7 +1,6 @@
-"""Replay shard: a prioritized FIFO table (sum_tree.py, table.py) served over gRPC (service.py, main.py), and its
-client (client.py); wire.py holds the message types both sides share. Durability: snapshot.py (a consistent copy
-taken while the table serves), checkpoint.py (the file format), checkpointer.py (the checkpoint directory),
-wal.py (the write-ahead log), reshard.py (`apexrl replay-reshard`: M checkpoints onto N shards).
+"""Replay shard: a prioritized FIFO table (sum_tree.py, table.py; its results as plain types in types.py) served
+over gRPC (service.py, main.py), and its client (client.py); wire.py encodes the types both sides share. Durability
+(snapshots, checkpoints, the write-ahead log, resharding) lives in the durability/ subpackage.
 
 The shard needs no torch; install apexrl without the `train` extra for a small replay image.
 """
@@ -16,7 +15,7 @@ if TYPE_CHECKING:
     from apexrl.replay_server.client import ReplayClient
     from apexrl.replay_server.sum_tree import SumTree
     from apexrl.replay_server.table import ReplayTable, TableConfig
-    from apexrl.replay_server.wire import SampledBatch, ShardInfo, UpdateResult
+    from apexrl.replay_server.types import SampledBatch, ShardInfo, UpdateResult
 
 # Public name -> the module that defines it; loaded on first use.
 _EXPORTS = {
@@ -24,9 +23,9 @@ _EXPORTS = {
     "SumTree": "apexrl.replay_server.sum_tree",
     "ReplayTable": "apexrl.replay_server.table",
     "TableConfig": "apexrl.replay_server.table",
-    "SampledBatch": "apexrl.replay_server.wire",
-    "ShardInfo": "apexrl.replay_server.wire",
-    "UpdateResult": "apexrl.replay_server.wire",
+    "SampledBatch": "apexrl.replay_server.types",
+    "ShardInfo": "apexrl.replay_server.types",
+    "UpdateResult": "apexrl.replay_server.types",
 }
 __all__ = [
     "ReplayClient",

@@ -43,7 +43,7 @@ from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
 from apexrl.replay_server.priority_stream import PriorityStream
-from apexrl.replay_server.wire import CheckpointResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
+from apexrl.replay_server.types import CheckpointResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 
 log = logging.getLogger(__name__)
 

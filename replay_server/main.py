@@ -19,7 +19,7 @@ from apexrl.common.files import atomic_write
 from apexrl.common.metrics import serve_metrics
 from apexrl.common.tls import describe, tls_of
 from apexrl.replay_server.config import ReplayConfig
-from apexrl.replay_server.durability_metrics import DurabilityCollector, DurabilityStats
+from apexrl.replay_server.durability.durability_metrics import DurabilityCollector, DurabilityStats
 
 if TYPE_CHECKING:
     from apexrl.replay_server.table import ReplayTable
@@ -60,10 +60,10 @@ class _BlockedTimeCollector:
 
 
 def run(config: ReplayConfig, stop: threading.Event) -> int:
-    from apexrl.replay_server.checkpointer import Checkpointer
+    from apexrl.replay_server.durability.checkpointer import Checkpointer
+    from apexrl.replay_server.durability.wal import WriteAheadLog
     from apexrl.replay_server.service import create_replay_server
     from apexrl.replay_server.table import ReplayTable
-    from apexrl.replay_server.wal import WriteAheadLog
 
     table = ReplayTable(config)
     stats = DurabilityStats()
@@ -81,7 +81,7 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
         )
         table.refuse_calls("the shard is restoring its checkpoint")
     tls = tls_of(config, serves=True)
-    server, port, health, registry = create_replay_server(
+    shard = create_replay_server(
         table,
         join_host_port(config.host, config.port),
         registry=metrics_registry(table, stats),
@@ -97,6 +97,7 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
         checkpointer=checkpointer,
         wal=wal,
     )
+    server, port, registry = shard.server, shard.port, shard.registry
     metrics = serve_metrics(registry, config.metrics_port, config.host)
     log.info(
         "replay shard serving on %s:%d (capacity %d%s, alpha %.2f, signature %s, %s, %s%s); metrics %s",
@@ -122,7 +123,7 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
         table.refuse_calls(None)
         server.set_serving()
         checkpointer.start()
-    grpc_util.serve_until(stop, server, health, before_stop=table.close)
+    grpc_util.serve_until(stop, server, before_stop=table.close)
     if checkpointer is not None:
         checkpointer.close(final=True)
     if wal is not None:

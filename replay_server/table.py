@@ -8,22 +8,17 @@ is still stored while `inserted - size <= k < inserted`; a key outside that rang
 and the slot now holds a newer row) or unknown, and a priority update for it is ignored and counted. This is the
 generation scheme of ARCHITECTURE §2 with generation = k // capacity folded into one integer.
 
-Compressed fields (`obs:uint8[4,84,84]@zstd`) are stored as their frames, one bytes object per slot in an object
-array (a sample gathers its rows' frames with one fancy index and one join; a snapshot copies references, and
-bytes never change, so copy-on-write costs nothing), never decompressed. Such a table also keeps each row's
-writer id (Sample returns it, so a reader that finds a bad frame can name its writer) and its frames' byte count,
-so `max_bytes` can evict the oldest rows when the bytes held would exceed it.
+The rows themselves live in storage.py (columns, frames of compressed fields, each row's writer and bytes); the
+resend rule in dedup.py; the table keeps the ring's keys and decides what to evict (by rows, and by bytes when
+`max_bytes` is set: the oldest rows first).
 """
 
 from __future__ import annotations
 
-import math
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,114 +29,25 @@ from apexrl.common.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from apexrl.common.settings import setting
 from apexrl.common.signature import Signature
+from apexrl.replay_server.dedup import WriterSequences
+from apexrl.replay_server.durability.snapshot import MAX_ALIASES, ROW_WRITER, Snapshot, TableState
 from apexrl.replay_server.probabilities import has_mass
 from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
-from apexrl.replay_server.snapshot import MAX_ALIASES, ROW_WRITER, Snapshot, TableState
+from apexrl.replay_server.storage import ColumnStorage
 from apexrl.replay_server.strata import check_batch_rows, stratified_targets
 from apexrl.replay_server.sum_tree import SumTree
+from apexrl.replay_server.table_config import TableConfig  # re-exported: its old home
+from apexrl.replay_server.types import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 from apexrl.replay_server.updates import (  # MAX_PRIORITY: re-exported, its old home
     MAX_PRIORITY,  # noqa: F401
     CheckedUpdate,
     check_priorities,
     check_update,
 )
-from apexrl.replay_server.wire import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 
 # How often a blocked call re-checks whether its caller is still there.
 _WAIT_SLICE_SECONDS = 0.25
-# A table's storage: per field its column ([capacity, *shape], or [capacity] of frames), then for compressed
-# signatures per slot its frames' bytes and its writer id (None, None otherwise).
-_Storage = tuple[dict[str, np.ndarray], np.ndarray | None, np.ndarray | None]
-
-
-@dataclass(frozen=True)
-class TableConfig:
-    """Configuration of one replay table (the shard process adds its server settings in ReplayConfig).
-
-    Attributes:
-        capacity: rows kept; the oldest row is evicted first (FIFO, as in Ape-X).
-        max_bytes: bytes of row data kept (compressed fields counted as stored); the oldest rows are evicted first
-            when an insert would exceed it. None: only the capacity in rows bounds the table.
-        alpha: priority exponent; rows are sampled with probability p**alpha / sum(p**alpha).
-        signature: fields every row has; None lets the first insert fix it.
-        min_size_to_sample: rows the table must hold before Sample answers.
-        samples_per_insert: target ratio of sampled rows to inserted rows; 0 turns the ratio limiter off.
-        samples_per_insert_tolerance: how many sampled rows the ratio may run ahead of or behind its target.
-        max_sample_batch_size: largest batch one Sample may ask for.
-        max_tracked_writers: writers whose last sequence number is remembered for de-duplication (LRU).
-        seed: seed for sampling; None draws one from the OS.
-    """
-
-    capacity: int = setting(
-        1_000_000,
-        "rows the shard keeps; the oldest is evicted first",
-        wiring="[fleet] replay_capacity / number of shards",
-    )
-    max_bytes: int | None = setting(
-        None,
-        "bytes of row data the shard keeps besides --capacity rows (compressed fields counted as stored, "
-        "apexrl_replay_stored_bytes); an insert that would exceed it evicts the oldest rows first; none: rows "
-        "only",
-    )
-    alpha: float = setting(0.6, "priority exponent: rows are sampled with probability p**alpha / sum")
-    signature: Signature | None = setting(
-        None,
-        "fields of every row, e.g. 'obs:float32[4],action:int64[],reward:float32[]'; none: the first "
-        "insert fixes them",
-        metavar="SIGNATURE",
-    )
-    # Rate limiting
-    min_size_to_sample: int = setting(
-        1,
-        "rows the shard must hold before Sample answers",
-        wiring="[fleet] min_replay_size / number of shards",
-    )
-    samples_per_insert: float = setting(
-        0.0,
-        "target ratio of sampled to inserted rows; 0 turns the ratio limiter off",
-        wiring="[fleet] samples_per_insert",
-    )
-    samples_per_insert_tolerance: float = setting(
-        10_000.0,
-        "sampled rows the ratio may run ahead or behind before a side blocks",
-        wiring="the shard's minimum size (4x, at least 1024)",
-    )
-    # Limits
-    max_sample_batch_size: int = setting(4096, "largest batch one Sample may ask for")
-    max_tracked_writers: int = setting(
-        100_000,
-        "writers whose last sequence number the shard remembers for "
-        "de-duplication (least recently used forgotten first)",
-    )
-    seed: int | None = setting(None, "sampling seed (none: from the OS)", wiring="[fleet] seed + shard index")
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.capacity, int) or self.capacity < 1:
-            raise ValueError(f"capacity ({self.capacity}) must be a positive integer")
-        if self.max_bytes is not None and (not isinstance(self.max_bytes, int) or self.max_bytes < 1):
-            raise ValueError(f"max_bytes ({self.max_bytes}) must be a positive integer (or none)")
-        if not 0 <= self.alpha <= 10:
-            raise ValueError(f"alpha ({self.alpha}) must be in [0, 10]")
-        if self.min_size_to_sample < 1:
-            raise ValueError(f"min_size_to_sample ({self.min_size_to_sample}) must be a positive integer")
-        if self.min_size_to_sample > self.capacity:
-            raise ValueError(
-                f"min_size_to_sample ({self.min_size_to_sample}) exceeds capacity ({self.capacity})"
-            )
-        if not (math.isfinite(self.samples_per_insert) and self.samples_per_insert >= 0):
-            raise ValueError(f"samples_per_insert ({self.samples_per_insert}) must be finite and >= 0")
-        if not self.samples_per_insert_tolerance > 0:
-            raise ValueError(
-                f"samples_per_insert_tolerance ({self.samples_per_insert_tolerance}) must be > 0"
-            )
-        if self.max_sample_batch_size < 1:
-            raise ValueError(
-                f"max_sample_batch_size ({self.max_sample_batch_size}) must be a positive integer"
-            )
-        if self.max_tracked_writers < 1:
-            raise ValueError(f"max_tracked_writers ({self.max_tracked_writers}) must be a positive integer")
 
 
 class ReplayTable:
@@ -160,14 +66,10 @@ class ReplayTable:
             tolerance=config.samples_per_insert_tolerance,
         )
         self._signature: Signature | None = None
-        self._storage: dict[str, np.ndarray] = {}  # per field: [capacity, *shape], or [capacity] of frames
-        # Tables with compressed fields: per slot, its frames' bytes (0 when not held) and its writer id.
-        self._row_bytes: np.ndarray | None = None
-        self._row_writers: np.ndarray | None = None
-        self._frame_bytes = 0  # sum of _row_bytes
+        self._rows: ColumnStorage | None = None  # allocated with the signature
         if config.signature is not None:
             self._allocate(config.signature)
-        self._writers: OrderedDict[str, int] = OrderedDict()
+        self._writers = WriterSequences(config.max_tracked_writers)
         self._next_key = 0
         self._size = 0
         self._max_priority = 1.0
@@ -221,14 +123,15 @@ class ReplayTable:
             self.check_available()
             if self._journal_broken is not None:
                 raise UnavailableError(self._journal_broken)
-            if writer_id and self._writers.get(writer_id, -1) >= sequence:
+            if self._writers.is_resend(writer_id, sequence):
                 self._duplicates += 1
-                self._writers.move_to_end(writer_id)
                 return InsertResult(first_key=0, rows=0, duplicate=True)
             self._wait(lambda: self._limiter.can_insert(), timeout, is_active, "insert")
             storage = None
             if self._signature is None:
-                storage = self._new_storage(signature)  # adopted once the batch is journalled
+                storage = ColumnStorage.allocate(  # adopted once the batch is journalled
+                    signature, self.config.capacity, self.config.max_sample_batch_size
+                )
             elif signature is not self._signature:
                 rows = self._signature.check_batch(columns)  # first insert raced with another; check again
             first_key = self._next_key
@@ -240,9 +143,9 @@ class ReplayTable:
                 self._journal(first_key, columns, values, writer_id, sequence)
             try:
                 if storage is not None:
-                    self._adopt(signature, storage)
+                    self._rows, self._signature = storage, signature
                 self._store(columns, values, rows, writer_id)
-                self._remember_writer(writer_id, sequence)
+                self._writers.remember(writer_id, sequence)
             except BaseException:
                 if self._journal is not None:  # the log holds keys the table does not: later keys would clash
                     self._journal_broken = (
@@ -253,48 +156,11 @@ class ReplayTable:
             self._cond.notify_all()
         return InsertResult(first_key=first_key, rows=rows, duplicate=False)
 
-    def _remember_writer(self, writer_id: str, sequence: int) -> None:
-        if writer_id:
-            self._writers[writer_id] = sequence
-            self._writers.move_to_end(writer_id)
-            if len(self._writers) > self.config.max_tracked_writers:
-                self._writers.popitem(last=False)
-
     def _allocate(self, signature: Signature) -> None:
-        self._adopt(signature, self._new_storage(signature))
-
-    def _new_storage(self, signature: Signature) -> _Storage:
-        """Empty storage for `signature`: per field, then per slot the frames' bytes and writer ids (compressed
-        signatures only). InvalidArgumentError when it cannot be stored; changes nothing."""
-        cap = self.config.capacity
-        # numpy refuses any array whose nonzero dimensions multiply past int64 bytes, even an empty one: check the
-        # storage and the largest sampled batch before adopting the signature (a first batch may be hostile).
-        rows = max(cap, self.config.max_sample_batch_size)
-        for f in signature.fields:
-            if (
-                f.compression is None
-                and math.prod(d for d in (rows, *f.shape) if d) * f.dtype.itemsize >= 1 << 63
-            ):
-                raise InvalidArgumentError(
-                    f"field {f} cannot be stored: {rows} rows of it exceed numpy's limits"
-                )
-        try:
-            storage = {
-                f.name: np.zeros((cap, *f.shape), dtype=f.dtype)
-                if f.compression is None
-                else np.full(cap, None, dtype=object)
-                for f in signature.fields
-            }
-            if not signature.compressed:
-                return storage, None, None
-            return storage, np.zeros(cap, dtype=np.int64), np.full(cap, None, dtype=object)
-        except MemoryError:
-            raise InvalidArgumentError(f"{cap} rows of signature {signature} do not fit in memory") from None
-
-    def _adopt(self, signature: Signature, storage: _Storage) -> None:
-        self._storage, self._row_bytes, self._row_writers = storage
+        self._rows = ColumnStorage.allocate(
+            signature, self.config.capacity, self.config.max_sample_batch_size
+        )
         self._signature = signature
-        self._frame_bytes = 0
 
     def _store(
         self,
@@ -315,8 +181,7 @@ class ReplayTable:
         self._evicted += max(0, self._size + rows - cap)
         self._size = min(cap, self._size + rows)
         self._next_key += rows
-        frame_bytes = int(self._row_bytes[slots].sum()) if self._row_bytes is not None else 0
-        self._inserted_bytes += rows * self._signature.fixed_row_nbytes + frame_bytes
+        self._inserted_bytes += rows * self._signature.fixed_row_nbytes + self._rows.frame_bytes_at(slots)
         self._enforce_max_bytes()
         self._limiter.inserted(rows, self._size)
 
@@ -328,33 +193,13 @@ class ReplayTable:
         offset: int = 0,
         writers: str | np.ndarray | None = None,
     ) -> np.ndarray:
-        """Copy rows offset .. offset + rows - 1 of `columns` into the slots from `start` on (wrapping); return
-        the slots. A table with compressed fields also records each row's frame bytes and writer (`writers`: one
-        id for all rows, or one per row of `columns`)."""
-        cap = self.config.capacity
-        first = min(rows, cap - start)  # rows before the ring wraps
-        slots = (start + np.arange(rows, dtype=np.int64)) % cap
-        for name, dest in self._storage.items():
-            src = columns[name]
-            if isinstance(src, CompressedColumn):
-                dest[slots] = _object_array(src.frames(offset, offset + rows))
-                continue
-            dest[start : start + first] = src[offset : offset + first]
-            if first < rows:
-                dest[: rows - first] = src[offset + first : offset + rows]
-        if self._row_bytes is not None:
-            sizes = sum(columns[f.name].lengths[offset : offset + rows] for f in self._signature.compressed)
-            self._frame_bytes += int(sizes.sum()) - int(self._row_bytes[slots].sum())
-            self._row_bytes[slots] = sizes
-            self._row_writers[slots] = (
-                writers[offset : offset + rows] if isinstance(writers, np.ndarray) else (writers or "")
-            )
-        return slots
+        """The one place rows are written (storage.ColumnStorage.write), so a test can make it fail."""
+        return self._rows.write(start, columns, rows, offset, writers)
 
     @property
     def stored_bytes(self) -> int:
         """Bytes of row data held: the uncompressed fields' bytes plus the held rows' frames."""
-        return self._size * self._signature.fixed_row_nbytes + self._frame_bytes if self._signature else 0
+        return self._rows.stored_bytes(self._size) if self._signature else 0
 
     def _enforce_max_bytes(self) -> None:
         """Evict the oldest rows until the bytes held are within max_bytes (lock held)."""
@@ -362,24 +207,7 @@ class ReplayTable:
         excess = 0 if limit is None else self.stored_bytes - limit
         if excess <= 0:
             return
-        cap, fixed = self.config.capacity, self._signature.fixed_row_nbytes
-        oldest, count, covered, window = self._oldest_slot(), 0, 0, 256
-        while (
-            covered < excess and count < self._size
-        ):  # walk from the oldest row until enough bytes are covered
-            w = min(window, self._size - count)
-            slots = (oldest + count + np.arange(w)) % cap
-            sizes = (
-                np.full(w, fixed, dtype=np.int64)
-                if self._row_bytes is None
-                else fixed + self._row_bytes[slots]
-            )
-            cumulative = covered + np.cumsum(sizes)
-            k = int(np.searchsorted(cumulative, excess))  # the first row whose eviction covers the excess
-            if k < w:
-                count, covered = count + k + 1, int(cumulative[k])
-                break
-            count, covered, window = count + w, int(cumulative[-1]), window * 4
+        count = self._rows.rows_to_evict(self._oldest_slot(), self._size, excess)
         self._evict_oldest(count)
 
     def _evict_oldest(self, rows: int) -> None:
@@ -391,12 +219,7 @@ class ReplayTable:
             self._snapshot.before_write(oldest, rows)
         slots = (oldest + np.arange(rows, dtype=np.int64)) % cap
         self._tree.update(slots, np.zeros(rows))
-        if self._row_bytes is not None:
-            for f in self._signature.compressed:
-                self._storage[f.name][slots] = None
-            self._row_writers[slots] = None
-            self._frame_bytes -= int(self._row_bytes[slots].sum())
-            self._row_bytes[slots] = 0
+        self._rows.release(slots)
         self._size -= rows
         self._evicted += rows
 
@@ -436,14 +259,7 @@ class ReplayTable:
             else:  # the zero-mass rule (probabilities.py): sample uniformly rather than refuse
                 slots = self._oldest_slot() + self._rng.integers(0, self._size, batch_size)
                 slots %= self.config.capacity
-            columns = {name: arr[slots] for name, arr in self._storage.items()}
-            writers: tuple[str, ...] = ()
-            if self._row_writers is not None:
-                for f in self._signature.compressed:
-                    columns[f.name] = CompressedColumn.from_frames(
-                        f.compression, f.dtype, f.shape, columns[f.name]
-                    )
-                writers = tuple(self._row_writers[slots].tolist())
+            columns, writers = self._rows.gather(slots)
             newest = self._next_key - 1
             keys = (newest - (newest - slots) % self.config.capacity).astype(np.uint64)
             result = SampledBatch(
@@ -546,10 +362,9 @@ class ReplayTable:
                 },
                 lineage=self.lineage,
             )
+            rows = self._rows
             storage = (
-                self._storage
-                if self._row_writers is None
-                else {**self._storage, ROW_WRITER: self._row_writers}
+                rows.columns if rows.row_writers is None else {**rows.columns, ROW_WRITER: rows.row_writers}
             )
             self._snapshot = Snapshot(
                 state, self._tree.leaf_values(), storage, self._cond, chunk_rows, self._end_snapshot
@@ -604,7 +419,7 @@ class ReplayTable:
         with self._cond:
             self._next_key, self._size, self._max_priority = state.next_key, keep, state.max_priority
             self.lineage = state.lineage or self.lineage
-            self._writers = OrderedDict(state.writers)
+            self._writers = WriterSequences(self.config.max_tracked_writers, state.writers)
             c = state.counters
             self._evicted = c.get("evicted", 0) + state.size - keep
             self._sampled, self._updated, self._stale = (
@@ -625,13 +440,9 @@ class ReplayTable:
         it had before (none unless its config declares one)."""
         with self._cond:
             if self.config.signature is None:
-                self._storage, self._row_bytes, self._row_writers, self._signature = {}, None, None, None
-            elif self._row_bytes is not None:
-                for f in self._signature.compressed:
-                    self._storage[f.name][:] = None
-                self._row_writers[:] = None
-                self._row_bytes[:] = 0
-            self._frame_bytes = 0
+                self._rows, self._signature = None, None
+            elif self._rows is not None:
+                self._rows.release_all()
 
     def replay_insert(
         self,
@@ -657,7 +468,7 @@ class ReplayTable:
                     f"log batch at key {first_key} does not follow key {self._next_key}"
                 )
             self._store(columns, check_priorities(priorities, rows), rows, writer_id)
-            self._remember_writer(writer_id, sequence)
+            self._writers.remember(writer_id, sequence)
             if incarnation and incarnation != self.incarnation:
                 self._aliases[incarnation] = max(self._aliases.get(incarnation, 0), self._next_key)
                 self._aliases = dict(list(self._aliases.items())[-MAX_ALIASES:])
@@ -694,6 +505,16 @@ class ReplayTable:
             self._journal = journal
 
     # ---------------------------------------------------------------------------------------------- misc
+    @property
+    def _storage(self) -> dict[str, np.ndarray]:
+        """The stored columns, per field by slot (white-box tests read them)."""
+        return self._rows.columns if self._rows is not None else {}
+
+    @property
+    def _row_writers(self) -> np.ndarray | None:
+        """Each slot's writer id, with compressed fields (white-box tests read them)."""
+        return self._rows.row_writers if self._rows is not None else None
+
     @property
     def signature(self) -> Signature | None:
         return self._signature
@@ -763,10 +584,3 @@ class ReplayTable:
             if is_active is not None and not is_active():
                 raise DeadlineExceededError(f"{what} abandoned: the caller went away")
             self._cond.wait(min(remaining, _WAIT_SLICE_SECONDS))
-
-
-def _object_array(items: list) -> np.ndarray:
-    """A 1-d object array of `items` (numpy would otherwise try to look inside bytes objects)."""
-    array = np.empty(len(items), dtype=object)
-    array[:] = items
-    return array

@@ -37,11 +37,9 @@ def replay_registry() -> CollectorRegistry:
     from apexrl.replay_server.table import ReplayTable, TableConfig
 
     table = ReplayTable(TableConfig(capacity=1))
-    server, _port, _health, registry = create_replay_server(
-        table, "127.0.0.1:0", registry=metrics_registry(table)
-    )
-    server.stop(0).wait(10)
-    return registry
+    shard = create_replay_server(table, "127.0.0.1:0", registry=metrics_registry(table))
+    shard.server.stop(0).wait(10)
+    return shard.registry
 
 
 def params_registry(registry: CollectorRegistry | None = None) -> CollectorRegistry:
@@ -49,8 +47,7 @@ def params_registry(registry: CollectorRegistry | None = None) -> CollectorRegis
     from apexrl.parameter_server.service import create_parameter_server
 
     registry = registry if registry is not None else CollectorRegistry()
-    server, _port, _store, _health = create_parameter_server("127.0.0.1:0", registry=registry)
-    server.stop(None)
+    create_parameter_server("127.0.0.1:0", registry=registry).server.stop(None)
     return registry
 
 

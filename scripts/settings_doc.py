@@ -20,7 +20,7 @@ from apexrl.learner.evaluate import EvaluateConfig
 from apexrl.learner.export import ExportConfig
 from apexrl.parameter_server.config import ParamsConfig
 from apexrl.replay_server.config import ReplayConfig
-from apexrl.replay_server.reshard import ReshardConfig
+from apexrl.replay_server.durability.reshard import ReshardConfig
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 # (command, dataclass, fleet-file table whose keys are the settings, keys that table uses for placement instead)

@@ -46,7 +46,8 @@ def make_shard():
 
     def make(config: TableConfig | None = None, **server_options) -> Shard:
         table = ReplayTable(config or TableConfig(capacity=1000, seed=0))
-        server, port, _health, registry = create_replay_server(table, "127.0.0.1:0", **server_options)
+        made = create_replay_server(table, "127.0.0.1:0", **server_options)
+        server, port, registry = made.server, made.port, made.registry
         shard = Shard(f"127.0.0.1:{port}", table, server, registry)
         started.append(shard)
         return shard

@@ -254,9 +254,10 @@ WEIGHTS = {"w": np.arange(6, dtype=np.float32)}
 
 @pytest.fixture
 def role_params(tokens_dir):
-    server, port, _store, _health = create_parameter_server(
+    made = create_parameter_server(
         "127.0.0.1:0", access=AccessPolicy.from_settings(None, str(tokens_dir), False)
     )
+    server, port, _store = made.server, made.port, made.store
     yield f"127.0.0.1:{port}"
     server.stop(0).wait(10)
 

@@ -19,7 +19,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_actor.py"
 
 def test_custom_actor_example_fills_two_shards_round_robin_and_pulls_weights(make_shard):
     shards = [make_shard(), make_shard()]
-    server, port, store, _ = create_parameter_server("127.0.0.1:0")
+    made = create_parameter_server("127.0.0.1:0")
+    server, port, store = made.server, made.port, made.store
     try:
         store.publish({"w": np.zeros(3, np.float32)})
         out = subprocess.run(

@@ -188,7 +188,8 @@ def shard():
             max_sample_batch_size=replay.MAX_SAMPLE_BATCH,
         )
     )
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT)
+    made = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT)
+    server, port = made.server, made.port
     target = Target(
         "in-process shard", RawClient(f"127.0.0.1:{port}", replay.SERVICE), SHARD_LIMIT, table=table
     )
@@ -201,9 +202,8 @@ def shard():
 
 @pytest.fixture(scope="module")
 def parameter_service():
-    server, port, store, _ = create_parameter_server(
-        "127.0.0.1:0", chunk_bytes=PARAMS_CHUNK, max_message_bytes=PARAMS_LIMIT
-    )
+    made = create_parameter_server("127.0.0.1:0", chunk_bytes=PARAMS_CHUNK, max_message_bytes=PARAMS_LIMIT)
+    server, port, store = made.server, made.port, made.store
     store.publish({"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
     target = Target(
         "in-process params", RawClient(f"127.0.0.1:{port}", params.SERVICE), PARAMS_LIMIT, store=store
@@ -468,9 +468,8 @@ def test_parameter_service_in_process(parameter_service, rpc, data):
 
 @pytest.fixture(scope="module")
 def parameter_service_far_versions():
-    server, port, store, _ = create_parameter_server(
-        "127.0.0.1:0", chunk_bytes=PARAMS_CHUNK, max_message_bytes=PARAMS_LIMIT
-    )
+    made = create_parameter_server("127.0.0.1:0", chunk_bytes=PARAMS_CHUNK, max_message_bytes=PARAMS_LIMIT)
+    server, port, store = made.server, made.port, made.store
     store.publish({"w": np.zeros(3, np.float32)}, version=1000)
     target = Target(
         "in-process params, far versions",
@@ -505,7 +504,8 @@ def test_first_insert_into_a_shard_without_signature(data):
             capacity=replay.CAPACITY, alpha=1.0, seed=0, max_sample_batch_size=replay.MAX_SAMPLE_BATCH
         )
     )
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT)
+    made = create_replay_server(table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT)
+    server, port = made.server, made.port
     target = Target(
         "fresh shard, no signature", RawClient(f"127.0.0.1:{port}", replay.SERVICE), SHARD_LIMIT, table=table
     )
@@ -577,8 +577,8 @@ def test_parameter_service_process(params_process, rpc, data):
 def wal_shard(tmp_path_factory):
     """An in-process shard wired as `apexrl replay --checkpoint-dir --wal` wires one (replay_server/main.py): the log
     journals every insert before the table stores it, acks wait for its fsync, checkpoints truncate it."""
-    from apexrl.replay_server.checkpointer import Checkpointer
-    from apexrl.replay_server.wal import WriteAheadLog
+    from apexrl.replay_server.durability.checkpointer import Checkpointer
+    from apexrl.replay_server.durability.wal import WriteAheadLog
 
     tmp = tmp_path_factory.mktemp("fuzzed-wal-shard")
     table = ReplayTable(
@@ -593,9 +593,10 @@ def wal_shard(tmp_path_factory):
     wal = WriteAheadLog(tmp / "wal")
     checkpointer = Checkpointer(table, tmp / "ck", keep=2, on_written=wal.truncate)
     wal.open(table)
-    server, port, _, _ = create_replay_server(
+    made = create_replay_server(
         table, "127.0.0.1:0", max_message_bytes=SHARD_LIMIT, checkpointer=checkpointer, wal=wal
     )
+    server, port = made.server, made.port
     checkpointer.start()
     target = Target(
         WAL_SHARD,
@@ -628,8 +629,8 @@ def test_the_wal_shards_directories_restore_to_exactly_what_it_acknowledged(wal_
     not logged (docs/reliability.md, the loss window)."""
     import shutil
 
-    from apexrl.replay_server.checkpointer import Checkpointer
-    from apexrl.replay_server.wal import WriteAheadLog
+    from apexrl.replay_server.durability.checkpointer import Checkpointer
+    from apexrl.replay_server.durability.wal import WriteAheadLog
 
     live = wal_shard.table
     for name in ("ck", "wal"):
@@ -706,7 +707,7 @@ def test_the_wal_shard_process_keeps_every_acknowledged_row_across_a_sigkill(wal
     """After the fuzzing: a checkpoint (the table at one instant), then 48 more rows acknowledged, then SIGKILL.
     Restarted on the same directories, the shard holds every row of that checkpoint still within its capacity and
     every row acknowledged since, each under its key, and its counters are those it had."""
-    from apexrl.replay_server.checkpoint import CheckpointReader
+    from apexrl.replay_server.durability.checkpoint import CheckpointReader
 
     def rows_by_key(path: str) -> dict[int, tuple]:
         with CheckpointReader(path) as reader:

@@ -27,11 +27,11 @@ from apexrl.common.spaces import EnvSpaces
 from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
-from apexrl.replay_server.checkpoint import write_snapshot
 from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.durability.checkpoint import write_snapshot
+from apexrl.replay_server.durability.wal import WriteAheadLog
 from apexrl.replay_server.service import create_replay_server
 from apexrl.replay_server.table import ReplayTable, TableConfig
-from apexrl.replay_server.wal import WriteAheadLog
 from tests.conftest import cartpole_batch, wait_until
 from tests.integration.launcher.test_main import Launch
 from tests.support.certs import make_certs
@@ -204,11 +204,11 @@ def test_only_a_token_in_clear_on_a_non_loopback_bind_warns(
         certs = make_certs(tmp_path)
         files = TlsFiles.read(certs.cert, certs.key)
     if server.startswith("thread-pool"):
-        stop = create_parameter_server(address, token=token, tls=files)[0].stop
+        stop = create_parameter_server(address, token=token, tls=files).server.stop
     else:
-        stop = create_replay_server(ReplayTable(TableConfig(capacity=10)), address, token=token, tls=files)[
-            0
-        ].stop
+        stop = create_replay_server(
+            ReplayTable(TableConfig(capacity=10)), address, token=token, tls=files
+        ).server.stop
     try:
         assert (IN_CLEAR in caplog.text) is warns, caplog.text
     finally:

@@ -278,7 +278,8 @@ def test_a_shard_refuses_wrong_credentials_and_changes_nothing(fleet, make_shard
 
 @pytest.fixture
 def plaintext_params() -> Iterator[str]:
-    server, port, _store, _health = create_parameter_server("127.0.0.1:0")
+    made = create_parameter_server("127.0.0.1:0")
+    server, port, _store = made.server, made.port, made.store
     yield f"127.0.0.1:{port}"
     server.stop(0)
 

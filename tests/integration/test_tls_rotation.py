@@ -166,9 +166,8 @@ class RestartingShard:
 
     def start(self, tls: TlsFiles) -> None:
         self.table = ReplayTable(TableConfig(capacity=1000, seed=0))
-        self._server, self.port, _health, _registry = create_replay_server(
-            self.table, f"127.0.0.1:{self.port}", tls=tls, token=TOKEN
-        )
+        made = create_replay_server(self.table, f"127.0.0.1:{self.port}", tls=tls, token=TOKEN)
+        self._server, self.port, _registry = made.server, made.port, made.registry
 
     def stop(self) -> None:
         self._server.stop(0).wait(10)
@@ -222,7 +221,8 @@ def test_a_parameter_client_reconnects_with_its_renewed_certificate(tmp_path):
     )
     volume = SecretVolume(tmp_path / "client")
     volume.write(cert=client.cert, key=client.key, ca=trusted.ca_pem)
-    params, port, _store, _health = create_parameter_server("127.0.0.1:0", tls=server_tls(server, accepted))
+    made = create_parameter_server("127.0.0.1:0", tls=server_tls(server, accepted))
+    params, port, _store = made.server, made.port, made.store
     weights = {"w": np.arange(6, dtype=np.float32)}
     try:
         with ParameterClient(
@@ -239,7 +239,7 @@ def test_a_parameter_client_reconnects_with_its_renewed_certificate(tmp_path):
             until(publishes, "the client publishes with its first certificate")
             volume.write(cert=client2.cert, key=client2.key, ca=trusted2.ca_pem)
             params.stop(0).wait(10)
-            params, *_ = create_parameter_server(f"127.0.0.1:{port}", tls=server_tls(server2, accepted2))
+            params = create_parameter_server(f"127.0.0.1:{port}", tls=server_tls(server2, accepted2)).server
             until(publishes, "the client publishes to the restarted service with its renewed certificate")
     finally:
         params.stop(0).wait(10)

@@ -1,6 +1,6 @@
 """Shard files whose checksums are right but whose content is not: a checkpoint rewritten with other leaves or
 another footer state, every CRC32 recomputed, as a bug or a hostile peer could leave them. The restore must treat
-them as it treats corrupt files (tests of replay_server/checkpointer.py and wal.py)."""
+them as it treats corrupt files (tests of replay_server/durability/checkpointer.py and wal.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from apexrl.replay_server.checkpoint import CheckpointReader, CheckpointWriter
-from apexrl.replay_server.snapshot import TableState
-from apexrl.replay_server.wal import _PAYLOAD, _RECORD, _SEGMENT
+from apexrl.replay_server.durability.checkpoint import CheckpointReader, CheckpointWriter
+from apexrl.replay_server.durability.snapshot import TableState
+from apexrl.replay_server.durability.wal import _PAYLOAD, _RECORD, _SEGMENT
 
 
 def rewrite_checkpoint(
@@ -41,7 +41,7 @@ def rewrite_checkpoint(
 
 
 def wal_records(path: str | os.PathLike) -> list[tuple[int, int, bytes]]:
-    """(offset, length, payload) of every record of a write-ahead-log segment (its format in replay_server/wal.py)."""
+    """(offset, length, payload) of every record of a write-ahead-log segment (its format in replay_server/durability/wal.py)."""
     data = Path(path).read_bytes()
     offset = (
         _SEGMENT.size + struct.unpack_from("<I", data, _SEGMENT.size - 4)[0]

@@ -21,6 +21,7 @@ PACKAGES = {
     "apexrl": "apexrl",
     "common": "apexrl.common",
     "replay_server": "apexrl.replay_server",
+    "replay_server/durability": "apexrl.replay_server.durability",
     "parameter_server": "apexrl.parameter_server",
     "actor": "apexrl.actor",
     "learner": "apexrl.learner",
@@ -38,6 +39,8 @@ WIRE_EDGE = {
     "apexrl.replay_server.client",
     "apexrl.replay_server.priority_stream",
     "apexrl.replay_server.service",
+    "apexrl.replay_server.inserts",  # the servicer's Insert stream
+    "apexrl.replay_server.waits",  # the servicer's waiting calls
     "apexrl.replay_server.wire",
     "apexrl.parameter_server.client",
     "apexrl.parameter_server.service",
@@ -119,6 +122,8 @@ def violations(rule) -> list[str]:
 
 
 def test_the_tree_is_what_the_rules_describe():
+    folders = {str(p.parent.relative_to(ROOT)) for f in PACKAGES for p in (ROOT / f).glob("*/__init__.py")}
+    assert folders <= set(PACKAGES), f"packages the rules do not read: {sorted(folders - set(PACKAGES))}"
     names = set(modules())
     assert names >= WIRE_EDGE, f"wire-edge modules missing: {sorted(WIRE_EDGE - names)}"
     assert {"apexrl.replay_server.client", "apexrl.parameter_server.client"} <= names
@@ -292,7 +297,41 @@ PURE_CORES = [
     "apexrl.common.errors",
     "apexrl.replay_server.sum_tree",
     "apexrl.replay_server.rate_limiter",
+    "apexrl.replay_server.types",
+    "apexrl.replay_server.probabilities",
+    "apexrl.replay_server.strata",
+    "apexrl.replay_server.updates",
+    "apexrl.replay_server.table",
+    "apexrl.replay_server.table_config",
+    "apexrl.replay_server.storage",
+    "apexrl.replay_server.dedup",
 ]
+
+
+# The replay shard's edge: what decodes, serves or calls over the wire. Its cores (PURE_CORES, the table) and the
+# durability subpackage sit below it and never import it.
+REPLAY_EDGE = (
+    "apexrl.replay_server.wire",
+    "apexrl.replay_server.service",
+    "apexrl.replay_server.inserts",
+    "apexrl.replay_server.waits",
+    "apexrl.replay_server.metrics",
+    "apexrl.replay_server.client",
+    "apexrl.replay_server.priority_stream",
+    "apexrl.replay_server.sharded_writer",
+    "apexrl.replay_server.main",
+)
+
+
+def test_the_replay_cores_and_durability_never_import_the_edge():
+    below = (*PURE_CORES, "apexrl.replay_server.durability")
+
+    def rule(module: str, target: str) -> str | None:
+        if under(module, below) and under(target, REPLAY_EDGE):
+            return "the replay cores and durability/ sit below the edge (wire, service, clients, main)"
+        return None
+
+    assert violations(rule) == []
 
 
 @pytest.mark.parametrize("module", PURE_CORES)

@@ -21,9 +21,8 @@ class Params:
 
     def __init__(self, port: int = 0) -> None:
         self.registry = CollectorRegistry()
-        self.server, self.port, self.store, _ = create_parameter_server(
-            f"127.0.0.1:{port}", registry=self.registry
-        )
+        made = create_parameter_server(f"127.0.0.1:{port}", registry=self.registry)
+        self.server, self.port, self.store = made.server, made.port, made.store
         self.address = f"127.0.0.1:{self.port}"
 
     def fetches(self, result: str) -> float:

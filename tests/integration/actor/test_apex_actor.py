@@ -383,7 +383,8 @@ def test_an_actor_held_back_by_full_shards_finds_a_shard_that_joins_its_name_mea
     )
     port = int(full.address.rsplit(":", 1)[1])
     joining = ReplayTable(TableConfig(capacity=10_000, seed=1))
-    server, _, _, _ = create_replay_server(joining, f"127.0.0.2:{port}")
+    made = create_replay_server(joining, f"127.0.0.2:{port}")
+    server = made.server
     try:
         resolved = ["127.0.0.1"]
         service = params()

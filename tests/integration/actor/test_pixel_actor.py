@@ -29,7 +29,8 @@ BATCH = 16
 
 @pytest.fixture
 def params():
-    server, port, store, _ = create_parameter_server("127.0.0.1:0")
+    made = create_parameter_server("127.0.0.1:0")
+    server, port, store = made.server, made.port, made.store
     yield f"127.0.0.1:{port}", store
     server.stop(0)
 

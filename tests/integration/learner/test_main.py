@@ -145,7 +145,8 @@ def test_a_restarted_learner_publishes_above_what_a_standalone_parameter_service
     from apexrl.parameter_server.service import create_parameter_server
 
     shard = filled_shard(make_shard, rows=300, seed=1)
-    server, port, store, _ = create_parameter_server("127.0.0.1:0")
+    made = create_parameter_server("127.0.0.1:0")
+    server, port, store = made.server, made.port, made.store
     args = (
         "--replay",
         shard.address,

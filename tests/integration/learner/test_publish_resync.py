@@ -25,7 +25,8 @@ from tests.unit.learner.fakes import FakeSampler, config, make_batch
 @pytest.fixture
 def service():
     registry = CollectorRegistry()
-    server, port, store, _ = create_parameter_server("127.0.0.1:0", registry=registry)
+    made = create_parameter_server("127.0.0.1:0", registry=registry)
+    server, port, store = made.server, made.port, made.store
     with ParameterClient(f"127.0.0.1:{port}", timeout=10) as client:
         yield store, client
     server.stop(0).wait(10)
@@ -94,7 +95,8 @@ def test_a_learner_restarted_from_a_checkpoint_far_ahead_of_the_service_trains_a
         "25",
     ]
     if not hosted:
-        server, port, store, _ = create_parameter_server("127.0.0.1:0")
+        made = create_parameter_server("127.0.0.1:0")
+        server, port, store = made.server, made.port, made.store
         store.publish({"w": np.zeros(3, np.float32)}, version=3)
         args += ["--params", f"127.0.0.1:{port}"]
     try:

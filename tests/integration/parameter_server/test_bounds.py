@@ -47,9 +47,8 @@ class Service:
 
     def __init__(self, **kwargs) -> None:
         self.registry = CollectorRegistry()
-        self.server, port, self.store, _ = create_parameter_server(
-            "127.0.0.1:0", registry=self.registry, **kwargs
-        )
+        made = create_parameter_server("127.0.0.1:0", registry=self.registry, **kwargs)
+        self.server, port, self.store = made.server, made.port, made.store
         self.address = f"127.0.0.1:{port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = parameters_pb2_grpc.ParameterServiceStub(self.channel)

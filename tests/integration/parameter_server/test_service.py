@@ -34,9 +34,9 @@ MiB = 1024 * 1024
 class Server:
     def __init__(self, **kwargs) -> None:
         self.registry = CollectorRegistry()
-        self.server, self.port, self.store, self.health = create_parameter_server(
-            "127.0.0.1:0", registry=self.registry, **kwargs
-        )
+        made = create_parameter_server("127.0.0.1:0", registry=self.registry, **kwargs)
+        self.server, self.port, self.store = made.server, made.port, made.store
+        self.health = self.server
         self.address = f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from apexrl.actor import ReplayClient
-from apexrl.replay_server.checkpoint import CheckpointReader
-from apexrl.replay_server.checkpointer import Checkpointer
+from apexrl.replay_server.durability.checkpoint import CheckpointReader
+from apexrl.replay_server.durability.checkpointer import Checkpointer
 from tests.conftest import cartpole_batch, start_shard_process, wait_until
 
 

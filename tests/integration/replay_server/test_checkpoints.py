@@ -24,7 +24,7 @@ from apexrl.actor import ReplayClient
 from apexrl.common.errors import FailedPreconditionError, UnavailableError
 from apexrl.common.grpc_util import make_channel
 from apexrl.proto import replay_pb2, replay_pb2_grpc
-from apexrl.replay_server.checkpoint import CheckpointReader
+from apexrl.replay_server.durability.checkpoint import CheckpointReader
 from tests.conftest import cartpole_batch, start_shard_process, wait_until
 
 
@@ -235,8 +235,9 @@ def test_the_checkpoint_rpc_without_a_checkpoint_directory_fails_precondition(sh
 
 def test_not_serving_until_the_checkpoint_is_restored(tmp_path, monkeypatch):
     """The shard's own run(): its restore is held back here, to look at the shard meanwhile."""
-    from apexrl.replay_server import checkpointer, main
+    from apexrl.replay_server import main
     from apexrl.replay_server.config import ReplayConfig
+    from apexrl.replay_server.durability import checkpointer
 
     directory = tmp_path / "ck"
     seed_shard = start_shard_process(
@@ -453,14 +454,15 @@ def test_with_the_write_ahead_log_acks_keep_their_order_errors_and_duplicates(tm
     """The Insert stream of a shard with a write-ahead log (in-process): one ack per request, in order, each
     only once its batch is logged; a bad batch and a resend are answered as without the log."""
     from apexrl.common import codec
+    from apexrl.replay_server.durability.wal import WriteAheadLog
     from apexrl.replay_server.service import create_replay_server
     from apexrl.replay_server.table import ReplayTable, TableConfig
-    from apexrl.replay_server.wal import WriteAheadLog
 
     table = ReplayTable(TableConfig(capacity=10_000))
     wal = WriteAheadLog(tmp_path / "wal")
     wal.open(table)
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    made = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    server, port = made.server, made.port
 
     def request(sequence: int, rows: int = 10, bad: bool = False) -> replay_pb2.InsertRequest:
         r = replay_pb2.InsertRequest(writer_id="w", sequence=sequence)
@@ -504,14 +506,15 @@ def test_with_the_write_ahead_log_merged_requests_are_acknowledged_once_logged_a
     once its batches are logged, a bad batch inside is refused alone, a resend merged differently is de-duplicated
     batch by batch, and the log replays exactly the stored rows with the writer's last stored sequence."""
     from apexrl.common import codec
+    from apexrl.replay_server.durability.wal import WriteAheadLog
     from apexrl.replay_server.service import create_replay_server
     from apexrl.replay_server.table import ReplayTable, TableConfig
-    from apexrl.replay_server.wal import WriteAheadLog
 
     table = ReplayTable(TableConfig(capacity=10_000))
     wal = WriteAheadLog(tmp_path / "wal")
     wal.open(table)
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    made = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    server, port = made.server, made.port
 
     def merged(sequence: int, batches: int, bad: int | None = None) -> replay_pb2.InsertRequest:
         r = replay_pb2.InsertRequest(writer_id="w", sequence=sequence, batch_rows=[10] * batches)
@@ -619,20 +622,19 @@ def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_servin
     one is refused without being stored, health turns NOT_SERVING, apexrl_replay_wal_failed is 1 and
     apexrl_replay_wal_failures_total counts the failed inserts; Sample and Info still answer."""
     from apexrl.common import codec
-    from apexrl.replay_server import wal as wal_module
-    from apexrl.replay_server.durability_metrics import DurabilityStats
+    from apexrl.replay_server.durability import wal as wal_module
+    from apexrl.replay_server.durability.durability_metrics import DurabilityStats
+    from apexrl.replay_server.durability.wal import WriteAheadLog
     from apexrl.replay_server.main import metrics_registry
     from apexrl.replay_server.service import create_replay_server
     from apexrl.replay_server.table import ReplayTable, TableConfig
-    from apexrl.replay_server.wal import WriteAheadLog
 
     table = ReplayTable(TableConfig(capacity=10_000))
     stats = DurabilityStats()
     wal = WriteAheadLog(tmp_path / "wal", stats)
     wal.open(table)
-    server, port, _, registry = create_replay_server(
-        table, "127.0.0.1:0", registry=metrics_registry(table, stats), wal=wal
-    )
+    made = create_replay_server(table, "127.0.0.1:0", registry=metrics_registry(table, stats), wal=wal)
+    server, port, registry = made.server, made.port, made.registry
     address = f"127.0.0.1:{port}"
 
     def request(sequence: int) -> replay_pb2.InsertRequest:

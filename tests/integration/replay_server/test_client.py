@@ -41,7 +41,8 @@ def test_client_resends_after_the_stream_breaks_without_loss_or_duplicates(shard
         shard.server.stop(0).wait(10)  # breaks the stream, maybe with batches in flight
         for i in range(20, 30):  # these queue up while the shard is down
             client.insert(cartpole_batch(10, 10 * i))
-        shard.server, _, _, _ = create_replay_server(shard.table, f"127.0.0.1:{port}")
+        made = create_replay_server(shard.table, f"127.0.0.1:{port}")
+        shard.server = made.server
         for i in range(30, 40):
             client.insert(cartpole_batch(10, 10 * i))
         client.flush(timeout=30)
@@ -72,7 +73,8 @@ def test_batches_refused_by_a_shutting_down_shard_are_resent_to_its_replacement(
         assert client.pending == 2
         shard.server.stop(0).wait(10)
         replacement = ReplayTable(TableConfig(capacity=100))
-        shard.server, _, _, _ = create_replay_server(replacement, f"127.0.0.1:{port}")
+        made = create_replay_server(replacement, f"127.0.0.1:{port}")
+        shard.server = made.server
         client.flush(timeout=30)
     assert replacement.info().inserted_total == 20
     np.testing.assert_array_equal(
@@ -171,7 +173,8 @@ def test_merged_resends_after_the_stream_breaks_lose_and_duplicate_nothing(make_
         first_requests = insert_requests(shard)
         for i in range(100, 150):  # these queue up while the shard is down
             client.insert(cartpole_batch(10, 10 * i))
-        shard.server, _, _, shard.registry = create_replay_server(shard.table, f"127.0.0.1:{port}")
+        made = create_replay_server(shard.table, f"127.0.0.1:{port}")
+        shard.server, shard.registry = made.server, made.registry
         for i in range(150, 200):
             client.insert(cartpole_batch(10, 10 * i))
         client.flush(timeout=30)

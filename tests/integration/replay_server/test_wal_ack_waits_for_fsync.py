@@ -17,9 +17,9 @@ import pytest
 from apexrl.common import codec
 from apexrl.common.grpc_util import make_channel
 from apexrl.proto import replay_pb2, replay_pb2_grpc
+from apexrl.replay_server.durability.wal import WriteAheadLog
 from apexrl.replay_server.service import create_replay_server
 from apexrl.replay_server.table import ReplayTable, TableConfig
-from apexrl.replay_server.wal import WriteAheadLog
 from tests.conftest import cartpole_batch
 
 # How long an ack that should not come is waited for: any ack sent early arrives within milliseconds.
@@ -59,7 +59,8 @@ def test_an_insert_is_acknowledged_only_after_its_fsync_returns(tmp_path):
     sync = HeldSync()
     wal = WriteAheadLog(tmp_path / "wal", sync=sync)
     wal.open(table)
-    server, port, _, _ = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    made = create_replay_server(table, "127.0.0.1:0", wal=wal)
+    server, port = made.server, made.port
     requests: queue.Queue = queue.Queue()
     acks: queue.Queue = queue.Queue()
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from apexrl.actor import ReplayClient
-from apexrl.replay_server.checkpoint import CheckpointReader
+from apexrl.replay_server.durability.checkpoint import CheckpointReader
 from tests.conftest import cartpole_batch, start_shard_process
 from tests.support.tampered import rewrite_checkpoint
 

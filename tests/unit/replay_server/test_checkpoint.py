@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from apexrl.common.errors import FailedPreconditionError, UnavailableError
-from apexrl.replay_server.checkpoint import (
+from apexrl.replay_server.durability.checkpoint import (
     CheckpointReader,
     CheckpointWriter,
     CorruptCheckpointError,
@@ -347,7 +347,7 @@ def compressed_contents(t: ReplayTable) -> dict[int, tuple]:
 
 def test_compressed_fields_and_row_writers_round_trip_frame_for_frame(tmp_path):
     from apexrl.common.compression import CompressedColumn
-    from apexrl.replay_server.snapshot import ROW_WRITER
+    from apexrl.replay_server.durability.snapshot import ROW_WRITER
 
     t = compressed_filled()
     before, info = compressed_contents(t), t.info()

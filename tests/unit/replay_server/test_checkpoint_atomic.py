@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from apexrl.replay_server.checkpoint import write_snapshot
-from apexrl.replay_server.checkpointer import Checkpointer
-from apexrl.replay_server.snapshot import Snapshot
+from apexrl.replay_server.durability.checkpoint import write_snapshot
+from apexrl.replay_server.durability.checkpointer import Checkpointer
+from apexrl.replay_server.durability.snapshot import Snapshot
 from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch
 

@@ -1,4 +1,4 @@
-"""A shard's checkpoint directory (replay_server/checkpointer.py) without a server: the newest good checkpoint is
+"""A shard's checkpoint directory (replay_server/durability/checkpointer.py) without a server: the newest good checkpoint is
 restored, a torn or corrupt one (or one whose checksums hold over invalid content) is named in the log and skipped,
 another signature or alpha refuses to start, the newest K are kept, and requests, periodic checkpoints and the final
 one."""
@@ -14,7 +14,7 @@ import pytest
 from apexrl.common.errors import FailedPreconditionError
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import Signature
-from apexrl.replay_server.checkpointer import Checkpointer, signature_difference
+from apexrl.replay_server.durability.checkpointer import Checkpointer, signature_difference
 from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch, wait_until
 
@@ -272,7 +272,7 @@ def test_durability_settings_are_checked():
 
 def test_the_rate_limiter_starts_afresh_after_a_restore(tmp_path):
     """Restored and replayed rows earn the learner no samples: the ratio counts from when the shard serves."""
-    from apexrl.replay_server.wal import WriteAheadLog
+    from apexrl.replay_server.durability.wal import WriteAheadLog
 
     limits = {"samples_per_insert": 1.0, "samples_per_insert_tolerance": 10.0, "min_size_to_sample": 1}
     t = table(**limits)

@@ -1,4 +1,4 @@
-"""Resharding checkpoints offline (replay_server/reshard.py): M saved shards onto N, every row once with its
+"""Resharding checkpoints offline (replay_server/durability/reshard.py): M saved shards onto N, every row once with its
 priority, even shares of every source and age, in place, and what is refused."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from apexrl.common.settings import SettingsError
-from apexrl.replay_server.checkpoint import CheckpointReader
-from apexrl.replay_server.checkpointer import Checkpointer
-from apexrl.replay_server.reshard import reshard
+from apexrl.replay_server.durability.checkpoint import CheckpointReader
+from apexrl.replay_server.durability.checkpointer import Checkpointer
+from apexrl.replay_server.durability.reshard import reshard
 from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch
 
@@ -129,7 +129,7 @@ def test_what_is_refused(tmp_path):
 
 def test_compressed_rows_are_resharded_frame_for_frame_with_their_writers(tmp_path):
     from apexrl.common.compression import decompress
-    from apexrl.replay_server.snapshot import ROW_WRITER
+    from apexrl.replay_server.durability.snapshot import ROW_WRITER
     from tests.conftest import frame_ids, pixel_batch
 
     sources = [tmp_path / "a", tmp_path / "b"]

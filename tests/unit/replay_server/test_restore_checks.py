@@ -1,4 +1,4 @@
-"""replay_server/restore_checks.py: the content of a checkpoint whose checksums hold is checked before a table trusts
+"""replay_server/durability/restore_checks.py: the content of a checkpoint whose checksums hold is checked before a table trusts
 it; each fault is named (the key, the value), and good content passes untouched."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.signature import Signature
-from apexrl.replay_server.restore_checks import check_state, checked_blocks
-from apexrl.replay_server.snapshot import TableState
+from apexrl.replay_server.durability.restore_checks import check_state, checked_blocks
+from apexrl.replay_server.durability.snapshot import TableState
 from tests.conftest import cartpole_batch
 
 SIGNATURE = Signature.parse(

@@ -1,4 +1,4 @@
-"""The write-ahead log (replay_server/wal.py) without a server: replayed after a checkpoint or from scratch, a
+"""The write-ahead log (replay_server/durability/wal.py) without a server: replayed after a checkpoint or from scratch, a
 torn tail, segments dropped once checkpoints cover them, another lineage never replayed, a failing disk, and gaps
 (a missing segment, a record whose checksum holds but that cannot be replayed) logged, counted and set aside."""
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from apexrl.common.errors import UnavailableError
-from apexrl.replay_server import wal as wal_module
-from apexrl.replay_server.checkpointer import Checkpointer
+from apexrl.replay_server.durability import wal as wal_module
+from apexrl.replay_server.durability.checkpointer import Checkpointer
+from apexrl.replay_server.durability.wal import WriteAheadLog
 from apexrl.replay_server.table import ReplayTable, TableConfig
-from apexrl.replay_server.wal import WriteAheadLog
 from tests.conftest import cartpole_batch, wait_until
 from tests.support.tampered import wal_records
 

@@ -1,4 +1,4 @@
-"""The ReplayService's messages as Python types (replay_server/wire.py): what the table produces, the servicer
+"""The ReplayService's messages as Python types (replay_server/types.py) and their encodings (wire.py): what the table produces, the servicer
 encodes and the client decodes is the same value, field for field."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.proto import replay_pb2
-from apexrl.replay_server import wire
+from apexrl.replay_server import types, wire
 from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch
 
@@ -34,7 +34,7 @@ def test_shard_info_round_trips_every_field(table):
     decoded = wire.decode_info(over_the_wire(wire.encode_info(info)))
     assert decoded == info and decoded.signature is not None  # every field, the signature included
     assert [f.name for f in dataclasses.fields(info) if f.name != "signature"] == list(wire._INFO_SCALARS)
-    assert decoded.totals == wire.ShardTotals(info.total_priority, 50, info.min_priority, table.incarnation)
+    assert decoded.totals == types.ShardTotals(info.total_priority, 50, info.min_priority, table.incarnation)
     assert set(wire._INFO_SCALARS) <= set(replay_pb2.InfoResponse.DESCRIPTOR.fields_by_name)
     empty = ReplayTable(TableConfig(capacity=5)).info()
     assert wire.decode_info(over_the_wire(wire.encode_info(empty))).signature is None
@@ -65,7 +65,7 @@ def test_updates_and_their_results_round_trip():
     assert decoded[0].dtype == np.uint64 and decoded[1].dtype == np.float64 and decoded[2] == 99
     np.testing.assert_array_equal(decoded[0], keys)
     np.testing.assert_array_equal(decoded[1], priorities)
-    result = wire.UpdateResult(applied=3, stale=2, totals=wire.ShardTotals(12.5, 40, 0.25, 2**63 + 5))
+    result = types.UpdateResult(applied=3, stale=2, totals=types.ShardTotals(12.5, 40, 0.25, 2**63 + 5))
     assert wire.decode_update_result(over_the_wire(wire.encode_update_result(result))) == result
 
 
@@ -78,7 +78,7 @@ def test_inserts_and_acks_round_trip():
         np.testing.assert_array_equal(got_columns[name], column)
     np.testing.assert_array_equal(got_priorities, priorities)
     assert wire.decode_insert(wire.encode_insert(columns, None, "w"))[1] is None
-    ack = over_the_wire(wire.encode_ack(4, 11, wire.InsertResult(first_key=20, rows=5, duplicate=False)))
+    ack = over_the_wire(wire.encode_ack(4, 11, types.InsertResult(first_key=20, rows=5, duplicate=False)))
     assert (ack.sequence, ack.incarnation, ack.first_key, ack.rows, ack.duplicate, ack.error_code) == (
         4,
         11,
@@ -105,7 +105,7 @@ def test_merged_inserts_carry_their_batch_boundaries_and_acks_their_batch_count(
     assert list(merged.batch_rows) == [2, 3, 4]
     assert wire.merged_batch_offsets(merged, *wire.decode_insert(merged)) == [0, 2, 5, 9]
     ack = over_the_wire(
-        wire.encode_ack(9, 1, wire.InsertResult(first_key=0, rows=9, duplicate=False), batches=3)
+        wire.encode_ack(9, 1, types.InsertResult(first_key=0, rows=9, duplicate=False), batches=3)
     )
     assert (ack.sequence, ack.batches, ack.rows) == (9, 3, 9)
     assert over_the_wire(wire.encode_ack(4, 1, error_code=3)).batches == 1

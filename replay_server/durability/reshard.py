@@ -26,14 +26,14 @@ import numpy as np
 
 from apexrl.common.compression import CompressedColumn, concatenate, take_rows
 from apexrl.common.settings import SettingsError, setting
-from apexrl.replay_server.checkpoint import (
+from apexrl.replay_server.durability.checkpoint import (
     CheckpointReader,
     CheckpointWriter,
     CorruptCheckpointError,
     chunk_rows_for,
 )
-from apexrl.replay_server.checkpointer import Checkpointer, signature_difference
-from apexrl.replay_server.snapshot import TableState
+from apexrl.replay_server.durability.checkpointer import Checkpointer, signature_difference
+from apexrl.replay_server.durability.snapshot import TableState
 
 log = logging.getLogger("apexrl.replay.reshard")
 

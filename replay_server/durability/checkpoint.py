@@ -38,7 +38,7 @@ from apexrl.common.compression import CompressedColumn, take_rows
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.files import open_private
 from apexrl.common.signature import Signature
-from apexrl.replay_server.snapshot import ROW_WRITER, Snapshot, TableState, chunks_holding
+from apexrl.replay_server.durability.snapshot import ROW_WRITER, Snapshot, TableState, chunks_holding
 
 FORMAT_VERSION = 1
 # Files of tables with compressed fields (and so row writers) say 2, so an apexrl that cannot read them says why;

@@ -49,8 +49,8 @@ from apexrl.common.compression import CompressedColumn
 from apexrl.common.errors import ApexError, UnavailableError
 from apexrl.common.files import PRIVATE, open_private
 from apexrl.common.signature import Signature
-from apexrl.replay_server.checkpoint import fsync_directory
-from apexrl.replay_server.durability_metrics import DurabilityStats
+from apexrl.replay_server.durability.checkpoint import fsync_directory
+from apexrl.replay_server.durability.durability_metrics import DurabilityStats
 from apexrl.replay_server.table import ReplayTable
 
 log = logging.getLogger("apexrl.replay.wal")

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import numpy as np
 
 from apexrl.common.errors import InvalidArgumentError
-from apexrl.replay_server.snapshot import ROW_WRITER, TableState
+from apexrl.replay_server.durability.snapshot import ROW_WRITER, TableState
 from apexrl.replay_server.table import MAX_PRIORITY, TableConfig, check_priorities
 
 _KEY_LIMIT = 1 << 63  # keys travel as uint64 but the table computes with int64

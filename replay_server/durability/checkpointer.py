@@ -20,18 +20,18 @@ from pathlib import Path
 from apexrl.common.errors import InvalidArgumentError, UnavailableError
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import Signature
-from apexrl.replay_server.checkpoint import (
+from apexrl.replay_server.durability.checkpoint import (
     CheckpointReader,
     CorruptCheckpointError,
     chunk_rows_for,
     fsync_directory,
     write_snapshot,
 )
-from apexrl.replay_server.durability_metrics import DurabilityStats
-from apexrl.replay_server.restore_checks import check_state, checked_blocks
-from apexrl.replay_server.snapshot import TableState
+from apexrl.replay_server.durability.durability_metrics import DurabilityStats
+from apexrl.replay_server.durability.restore_checks import check_state, checked_blocks
+from apexrl.replay_server.durability.snapshot import TableState
 from apexrl.replay_server.table import ReplayTable
-from apexrl.replay_server.wire import CheckpointResult
+from apexrl.replay_server.types import CheckpointResult
 
 log = logging.getLogger("apexrl.replay.checkpoint")
 
