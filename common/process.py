@@ -22,6 +22,8 @@ from apexrl.common.settings import SettingsError, setting
 
 C = TypeVar("C")
 
+log = logging.getLogger("apexrl")
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_CONFIG = 2
@@ -33,6 +35,31 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def setup_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format=LOG_FORMAT, datefmt="%H:%M:%S")
+
+
+# Once a role's work is over, an interpreter exit held longer than this is a stuck thread, not cleanup.
+EXIT_WATCHDOG_SECONDS = 15.0
+
+
+def exit_within(status: int, seconds: float = EXIT_WATCHDOG_SECONDS) -> None:
+    """Make sure the process ends with `status` once its work is over. A thread that would hold the interpreter's
+    exit past `seconds` (seen once on a loaded CI machine: the launcher printed its result, then did not exit for a
+    minute) is named in the log, and the process exits anyway. For process entry points only: it ends the process.
+    """
+    import sys
+    import time
+
+    def watch() -> None:
+        time.sleep(seconds)
+        held = sorted(t.name for t in threading.enumerate() if t is not threading.current_thread())
+        log.warning("exit held for %.0fs by threads %s; exiting anyway", seconds, held)
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
+
+    threading.Thread(target=watch, name="apexrl-exit-watchdog", daemon=True).start()
 
 
 @contextlib.contextmanager

@@ -1,5 +1,3 @@
-import sys
+from apexrl.launcher.cli import entry
 
-from apexrl.launcher.cli import main
-
-sys.exit(main())
+entry()

@@ -16,7 +16,14 @@ import os
 import sys
 
 from apexrl.common.port_check import check_ports_free, listening_ports
-from apexrl.common.process import EXIT_BAD_CONFIG, EXIT_FAILURE, setup_logging, stop_on_signals, with_token
+from apexrl.common.process import (
+    EXIT_BAD_CONFIG,
+    EXIT_FAILURE,
+    exit_within,
+    setup_logging,
+    stop_on_signals,
+    with_token,
+)
 from apexrl.common.settings import SettingsError, add_arguments, from_namespace
 
 log = logging.getLogger("apexrl")
@@ -151,3 +158,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def entry() -> None:
+    """The `apexrl` command and `python -m apexrl.launcher`: run `main` and end the process with its status, even if
+    a stuck thread would hold the interpreter's exit (common/process.py exit_within)."""
+    status = main()
+    exit_within(status)
+    sys.exit(status)

@@ -164,10 +164,9 @@ class SamplerProcess:
 
     # --- the learner's side -----------------------------------------------------------------------------------
     def get(self, timeout: float) -> FedBatch | None:
-        """The next batch, or None when none arrived within `timeout` seconds. Releases the previous batch's slot."""
-        if self._held is not None:
-            self._send(("release", self._held.slot))
-            self._held = None
+        """The next batch, or None when none arrived within `timeout` seconds. The previous batch's slot is released
+        once the next one is taken, so the learner always holds one slot and at most slots - 1 (prefetch_depth)
+        batches wait ahead of the train step."""
         deadline = time.monotonic() + timeout
         self._drain(0.0)
         while not self._ready:
@@ -175,7 +174,9 @@ class SamplerProcess:
             if left <= 0:
                 return None
             self._drain(min(left, 0.5))
-        self._held = self._ready.popleft()
+        previous, self._held = self._held, self._ready.popleft()
+        if previous is not None:
+            self._send(("release", previous.slot))
         return self._held
 
     def update_priorities(self, batch: FedBatch, priorities: np.ndarray) -> None:

@@ -410,13 +410,21 @@ def test_metrics_endpoint_serves_params_metrics(server, client):
     client.fetch(1)
     url = serve_metrics(server.registry, 0, "127.0.0.1")
     assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    values = {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("apexrl_params_")
-    }
+
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            text = reply.read().decode()
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("apexrl_params_")
+        }
+
+    # A streamed call's duration is recorded when its handler ends, which may be just after the client has read
+    # the last message: wait for the second Fetch to be counted.
+    fetches = 'apexrl_params_request_duration_seconds_count{method="Fetch"}'
+    wait_until(lambda: scrape().get(fetches) == 2, "both Fetch calls are counted", timeout=60)
+    values = scrape()
     assert values["apexrl_params_published_versions_total"] == 1
     assert values["apexrl_params_current_version"] == 1
     assert values["apexrl_params_current_weights_bytes"] == 60

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 
 from apexrl.actor import ReplayClient
-from apexrl.common.errors import ApexError
+from apexrl.common.errors import ApexError, DeadlineExceededError
 from tests.conftest import cartpole_batch
 
 WRITERS, BATCHES, ROWS, CAPACITY = 3, 150, 32, 5000
@@ -40,6 +40,12 @@ def test_concurrent_writers_sampler_and_updater_lose_nothing(shard_processes):
             while not stop.is_set():
                 try:
                     batch = client.sample(64, timeout=5)
+                except DeadlineExceededError:
+                    continue  # not ready yet: the writer processes are still starting (a loaded machine)
+                except ApexError as err:
+                    errors.append(err)
+                    return
+                try:
                     result = client.update_priorities(
                         batch.keys, rng.uniform(0.1, 2.0, len(batch.keys)), incarnation=batch.incarnation
                     )
