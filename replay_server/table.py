@@ -31,7 +31,8 @@ from apexrl.common.errors import (
 )
 from apexrl.common.signature import Signature
 from apexrl.replay_server.dedup import WriterSequences
-from apexrl.replay_server.durability.snapshot import MAX_ALIASES, ROW_WRITER, Snapshot, TableState
+from apexrl.replay_server.durability import table_hooks
+from apexrl.replay_server.durability.snapshot import Snapshot, TableState
 from apexrl.replay_server.probabilities import has_mass
 from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
 from apexrl.replay_server.storage import ColumnStorage
@@ -332,117 +333,17 @@ class ReplayTable:
         return [UpdateResult(applied=applied, stale=stale, totals=totals) for applied, stale in counts]
 
     # ---------------------------------------------------------------------------------------- durability
+    # ---------------------------------------------------------------------------------------- durability
+    # The hooks live in durability/table_hooks.py; these names are the table's public API for them.
     def begin_snapshot(self, chunk_rows: int) -> Snapshot:
-        """Start a consistent copy of the table as it is now (snapshot.py): one short critical section copies the
-        small state and the tree's leaves; the rows are copied chunk by chunk as the snapshot is read, while
-        inserts, samples and updates go on. One snapshot at a time; close it when done."""
-        with self._cond:
-            self.check_available()
-            if self._snapshot is not None:
-                raise FailedPreconditionError("a snapshot of this table is already being taken")
-            if self._signature is None:
-                raise FailedPreconditionError("the table has no signature yet (nothing was ever inserted)")
-            state = TableState(
-                signature=self._signature,
-                capacity=self.config.capacity,
-                alpha=self.config.alpha,
-                next_key=self._next_key,
-                size=self._size,
-                max_priority=self._max_priority,
-                incarnation=self.incarnation,
-                aliases=dict(self._aliases),
-                writers=tuple(self._writers.items()),
-                counters={
-                    "evicted": self._evicted,
-                    "sampled": self._sampled,
-                    "updated": self._updated,
-                    "stale": self._stale,
-                    "duplicates": self._duplicates,
-                    "inserted_bytes": self._inserted_bytes,
-                },
-                lineage=self.lineage,
-            )
-            rows = self._rows
-            storage = (
-                rows.columns if rows.row_writers is None else {**rows.columns, ROW_WRITER: rows.row_writers}
-            )
-            self._snapshot = Snapshot(
-                state, self._tree.leaf_values(), storage, self._cond, chunk_rows, self._end_snapshot
-            )
-            return self._snapshot
-
-    def _end_snapshot(self) -> None:
-        with self._cond:
-            self._snapshot = None
+        """A consistent copy of the table as it is now (durability/table_hooks.begin_snapshot)."""
+        return table_hooks.begin_snapshot(self, chunk_rows)
 
     def restore(
         self, state: TableState, blocks: Iterable[tuple[int, Mapping[str, np.ndarray], np.ndarray]]
     ) -> int:
-        """Load a saved state into this table, which must be empty and refusing calls (`refuse_calls`): `blocks`
-        are (first key, columns, leaves p**alpha) in key order covering the state's keys (with compressed fields,
-        the columns may hold each row's writer id under ROW_WRITER). Rows keep their keys and priorities; with a
-        capacity (or max_bytes) below the saved size the oldest rows are dropped (counted as evicted). The
-        table keeps its own, new incarnation; the saved one (and its own aliases) become aliases, so priority
-        updates for restored keys still apply. A failed restore (a block that does not read, or leaves the tree
-        refuses) leaves the table as it was before, empty and without a signature unless the config declares one,
-        ready for another restore. Returns the rows restored."""
-        if self.config.signature is not None and state.signature != self.config.signature:
-            raise InvalidArgumentError(
-                f"saved signature {state.signature} differs from the table's {self.config.signature}"
-            )
-        cap = self.config.capacity
-        keep = min(state.size, cap)
-        lowest = state.next_key - keep
-        with self._cond:
-            if self._next_key or self._unavailable is None:
-                raise FailedPreconditionError(
-                    "restore needs an empty table that refuses calls (refuse_calls)"
-                )
-            if self._signature != state.signature:
-                self._allocate(state.signature)
-        leaves = np.zeros(cap, dtype=np.float64)
-        try:
-            for first_key, columns, block_leaves in blocks:
-                skip = max(0, lowest - first_key)
-                rows = len(block_leaves) - skip
-                if rows <= 0:
-                    continue
-                slots = self._write_rows(
-                    (first_key + skip) % cap, columns, rows, offset=skip, writers=columns.get(ROW_WRITER)
-                )
-                leaves[slots] = block_leaves[skip:]
-            with self._cond:
-                self._tree.load_leaves(leaves)
-        except BaseException:
-            self._forget_restored_rows()
-            raise
-        with self._cond:
-            self._next_key, self._size, self._max_priority = state.next_key, keep, state.max_priority
-            self.lineage = state.lineage or self.lineage
-            self._writers = WriterSequences(self.config.max_tracked_writers, state.writers)
-            c = state.counters
-            self._evicted = c.get("evicted", 0) + state.size - keep
-            self._sampled, self._updated, self._stale = (
-                c.get("sampled", 0),
-                c.get("updated", 0),
-                c.get("stale", 0),
-            )
-            self._duplicates, self._inserted_bytes = c.get("duplicates", 0), c.get("inserted_bytes", 0)
-            aliases = dict(state.aliases)
-            if state.incarnation:
-                aliases[state.incarnation] = state.next_key
-            self._aliases = dict(list(aliases.items())[-MAX_ALIASES:])
-            self._enforce_max_bytes()
-            return self._size
-
-    def _forget_restored_rows(self) -> None:
-        """Undo the rows a failed restore wrote: the frames it stored are released and the table has the signature
-        it had before (none unless its config declares one)."""
-        with self._cond:
-            if self.config.signature is None:
-                self._rows, self._signature = None, None
-            elif self._rows is not None:
-                self._rows.release_all()
+        """Load a saved state into this empty, refusing table (durability/table_hooks.restore)."""
+        return table_hooks.restore(self, state, blocks)
 
     def replay_insert(
         self,
@@ -453,26 +354,10 @@ class ReplayTable:
         sequence: int,
         incarnation: int,
     ) -> bool:
-        """Store a batch read back from the write-ahead log with its original keys and raw priorities; a batch
-        below the next key is already held and skipped (False). The incarnation that wrote it becomes an alias
-        up to the batch's last key: those keys name the same rows here."""
-        signature = self._signature or Signature.from_batch(columns)
-        rows = signature.check_batch(columns)
-        with self._cond:
-            if first_key + rows <= self._next_key:
-                return False
-            if self._signature is None:
-                self._allocate(signature)
-            if first_key != self._next_key:
-                raise FailedPreconditionError(
-                    f"log batch at key {first_key} does not follow key {self._next_key}"
-                )
-            self._store(columns, check_priorities(priorities, rows), rows, writer_id)
-            self._writers.remember(writer_id, sequence)
-            if incarnation and incarnation != self.incarnation:
-                self._aliases[incarnation] = max(self._aliases.get(incarnation, 0), self._next_key)
-                self._aliases = dict(list(self._aliases.items())[-MAX_ALIASES:])
-            return True
+        """Store a batch read back from the write-ahead log (durability/table_hooks.replay_insert)."""
+        return table_hooks.replay_insert(
+            self, first_key, columns, priorities, writer_id, sequence, incarnation
+        )
 
     def refuse_calls(self, reason: str | None) -> None:
         """Make inserts, samples and priority updates raise UnavailableError(reason) (while a checkpoint is being

@@ -37,6 +37,8 @@ WIRE_EDGE = {
     "apexrl.common.grpc_util",
     "apexrl.common.tls_reload",
     "apexrl.replay_server.client",
+    "apexrl.replay_server.insert_stream",  # the client's Insert stream
+    "apexrl.replay_server.insert_batches",  # its batches and requests
     "apexrl.replay_server.priority_stream",
     "apexrl.replay_server.service",
     "apexrl.replay_server.inserts",  # the servicer's Insert stream
@@ -317,6 +319,8 @@ REPLAY_EDGE = (
     "apexrl.replay_server.waits",
     "apexrl.replay_server.metrics",
     "apexrl.replay_server.client",
+    "apexrl.replay_server.insert_stream",
+    "apexrl.replay_server.insert_batches",
     "apexrl.replay_server.priority_stream",
     "apexrl.replay_server.sharded_writer",
     "apexrl.replay_server.main",

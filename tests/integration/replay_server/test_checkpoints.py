@@ -149,7 +149,7 @@ def test_sigterm_writes_a_checkpoint_that_the_next_start_restores(tmp_path):
             result = client.update_priorities(batch.keys, np.full(100, 2.0), incarnation=batch.incarnation)
             assert result.applied == 100
             # The writer's sequence numbers survived: a batch it resends is recognised.
-            client._next_sequence = 8  # the last batch it sent before the restart
+            client._inserts._next_sequence = 8  # the last batch it sent before the restart
             client.insert(cartpole_batch(500, 3500))
             client.flush()
             assert client.info().duplicate_batches_total == before.duplicate_batches_total + 1
@@ -413,9 +413,10 @@ def test_with_the_write_ahead_log_a_sigkill_loses_no_acknowledged_row(tmp_path):
         wait_until(lambda: len(sent) > 300, "a few hundred batches sent", timeout=20)
         shard.process.kill()
         shard.process.wait(10)
-        with client._cond:  # what the writer had acknowledged at the kill: every sequence not pending
-            unacknowledged = set(client._pending)
-            numbered = client._next_sequence - 1
+        # What the writer had acknowledged at the kill: every sequence not pending.
+        with client._inserts._cond:
+            unacknowledged = set(client._inserts._pending)
+            numbered = client._inserts._next_sequence - 1
         acknowledged = numbered - len(unacknowledged)
         assert acknowledged > 100  # killed mid-stream (usually with batches in flight: `unacknowledged`)
         shard = start_shard_process(tmp_path, "second", *args, "--port", port)
