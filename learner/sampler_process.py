@@ -7,7 +7,7 @@ concatenating) competes with the train step for the GIL and took almost half of 
 of a shared-memory file; the learner reads the slot in place (no copy, no pickling of arrays) and sends back only
 the batch's new priorities, which the child streams to the shards (priority write-back stays asynchronous).
 Compressed columns (image frames) are decompressed here too, straight into the slot, so the learner's process
-never pays for it; the slot layout holds their decompressed shapes.
+never pays for it; the slots' layout and their shared file are in `sampler_slots.py`.
 
 Protocol over one duplex pipe (small messages; arrays never cross it except the priorities):
   child -> parent: ("layout", columns, rows) once, after the first batch: (name, dtype, per-row shape) per column;
@@ -26,9 +26,7 @@ import contextlib
 import logging
 import mmap
 import multiprocessing
-import os
 import signal
-import tempfile
 import time
 import traceback
 from collections import deque
@@ -37,11 +35,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apexrl.common.compression import logical_shape
+from apexrl.learner.sampler_slots import (
+    WEIGHTS,
+    SlotLayout,
+    columns_of,
+    create_slots_file,
+    map_slots_file,
+)
 
 log = logging.getLogger("apexrl.learner.sampler")
-
-WEIGHTS = "__importance_weights__"  # the slot column holding the batch's importance weights
 
 
 @dataclass(frozen=True)
@@ -64,38 +66,6 @@ class FedBatch:
     fleet_size: int
     batch_id: int
     slot: int
-
-
-class SlotLayout:
-    """Where each column of each slot lives in the shared file: slot-major, columns back to back, 64-byte aligned."""
-
-    def __init__(self, columns: list[tuple[str, str, tuple[int, ...]]], rows: int, slots: int) -> None:
-        self.columns, self.rows, self.slots = columns, rows, slots
-        self.offsets: list[int] = []
-        offset = 0
-        for _, dtype, shape in columns:
-            self.offsets.append(offset)
-            offset += _aligned(rows * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
-        self.slot_bytes = max(64, offset)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.slot_bytes * self.slots
-
-    def views(self, buffer: mmap.mmap, slot: int) -> dict[str, np.ndarray]:
-        base = slot * self.slot_bytes
-        return {
-            name: np.ndarray((self.rows, *shape), dtype=np.dtype(dtype), buffer=buffer, offset=base + offset)
-            for (name, dtype, shape), offset in zip(self.columns, self.offsets, strict=True)
-        }
-
-
-def _aligned(n: int, to: int = 64) -> int:
-    return (n + to - 1) // to * to
-
-
-def _shared_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 class SamplerProcess:
@@ -252,12 +222,7 @@ class SamplerProcess:
         elif kind == "layout":
             _, columns, rows = message
             self._layout = SlotLayout(columns, rows, self._slots)
-            fd, path = tempfile.mkstemp(prefix="apexrl-sampler-", dir=_shared_dir())
-            try:
-                os.ftruncate(fd, self._layout.total_bytes)
-                self._buffer = mmap.mmap(fd, self._layout.total_bytes)
-            finally:
-                os.close(fd)
+            self._buffer, path = create_slots_file(self._layout)
             self._send(("slots", path))  # the child maps the file, then unlinks its name
             log.info("sampler slots: %d x %.1f KiB in %s", self._slots, self._layout.slot_bytes / 1024, path)
         elif kind == "flushed":
@@ -388,21 +353,14 @@ class _ChildLoop:
         if (
             self.layout is None
         ):  # the first batch fixes the layout; it is written once the parent mapped the file
-            columns = [(name, col.dtype.str, logical_shape(col)[1:]) for name, col in batch.columns.items()]
-            columns.append((WEIGHTS, np.dtype(np.float32).str, ()))
+            columns = columns_of(batch.columns)
             self.layout = SlotLayout(columns, len(batch.weights), self.slots)
             self.first = batch
             self.conn.send(("layout", columns, len(batch.weights)))
             return
         slot = self.free.popleft()
         views = self.layout.views(self.buffer, slot)
-        for name, column in batch.columns.items():
-            target = views.get(name)
-            if target is None or target.shape != logical_shape(column) or target.dtype != column.dtype:
-                raise ValueError(
-                    f"a sampled batch does not fit the slot layout: column {name!r} "
-                    f"{column.dtype}{list(logical_shape(column))}, layout {self.layout.columns}"
-                )
+        self.layout.check_fits(views, batch.columns)
         # Decompress (and copy) every column straight into the slot; rows with bad frames are replaced.
         batch = self.decompressor(batch, out={name: views[name] for name in batch.columns})
         if batch is None:
@@ -427,11 +385,6 @@ class _ChildLoop:
         )
 
     def _map(self, path: str) -> None:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self.buffer = mmap.mmap(fd, self.layout.total_bytes)
-        finally:
-            os.close(fd)
-        os.unlink(path)  # both sides hold the mapping; nothing is left behind if either dies
+        self.buffer = map_slots_file(path, self.layout)
         first, self.first = self.first, None
         self._deliver(first)

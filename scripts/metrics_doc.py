@@ -53,7 +53,7 @@ def params_registry(registry: CollectorRegistry | None = None) -> CollectorRegis
 
 def learner_registry() -> CollectorRegistry:
     """`apexrl learner`: its own metrics and those of the parameter service it hosts."""
-    from apexrl.learner.learner import LearnerMetrics
+    from apexrl.learner.learner_metrics import LearnerMetrics
 
     registry = CollectorRegistry()
     LearnerMetrics(registry)

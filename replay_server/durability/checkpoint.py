@@ -1,16 +1,5 @@
-"""Checkpoint files of a replay shard: the format, its writer and its reader (no table, no threads, no gRPC).
-
-Layout of one file (integers little endian; no pickle anywhere, so a file from anyone is safe to open):
-
-    header    16 bytes   b"APEXRLCK", u32 format version (1; 2 when the table has compressed fields), u32 0
-    chunks    for each chunk of slots holding rows, in slot order: the chunk's rows of every column (signature
-              order, C order, the field's dtype; a compressed field as u32 frame lengths, one per slot, then the
-              frames back to back, a slot that holds no row having a frame of 0 bytes), then, in a table with
-              compressed fields, each row's writer id (u32 lengths, then the UTF-8 ids back to back), then the
-              chunk's sum-tree leaves (float64, priority ** alpha)
-    footer    UTF-8 JSON: the table state (signature, capacity, alpha, keys, incarnation and aliases, the writers'
-              de-duplication table, counters) and, per chunk, its first slot, rows, offset, length and CRC32
-    trailer   24 bytes   u64 footer length, u32 CRC32 of the footer, 4 zero bytes, b"APXRLEND"
+"""Checkpoint files of a replay shard: the writer and the reader (no table, no threads, no gRPC). The layout, byte
+by byte, is in `checkpoint_format.py`; no pickle anywhere, so a file from anyone is safe to open.
 
 A file (mode 0600) is written beside its final name, fsynced, renamed over it and the directory fsynced
 (`CheckpointWriter`), so a crash leaves the previous file or the new one, never half of one under the final name.
@@ -24,11 +13,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 import time
 import zlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -38,21 +25,25 @@ from apexrl.common.compression import CompressedColumn, take_rows
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.files import open_private
 from apexrl.common.signature import Signature
+from apexrl.replay_server.durability.checkpoint_format import (
+    COMPRESSED_FORMAT_VERSION,
+    FORMAT_VERSION,
+    HEADER,
+    HEADER_MAGIC,
+    LEAF_DTYPE,
+    LENGTH_DTYPE,
+    MAX_FOOTER_BYTES,
+    READABLE_VERSIONS,
+    TRAILER,
+    TRAILER_MAGIC,
+    Chunk,
+    state_from_json,
+    state_to_json,
+    variable_parts,
+    writer_ids,
+)
 from apexrl.replay_server.durability.snapshot import ROW_WRITER, Snapshot, TableState, chunks_holding
 
-FORMAT_VERSION = 1
-# Files of tables with compressed fields (and so row writers) say 2, so an apexrl that cannot read them says why;
-# the files of other tables are the same as before, version 1, readable by earlier apexrl versions too.
-COMPRESSED_FORMAT_VERSION = 2
-_READABLE_VERSIONS = (FORMAT_VERSION, COMPRESSED_FORMAT_VERSION)
-_LENGTH_DTYPE = np.dtype("<u4")
-_HEADER = struct.Struct("<8sII")
-_HEADER_MAGIC = b"APEXRLCK"
-_TRAILER = struct.Struct("<QI4x8s")
-_TRAILER_MAGIC = b"APXRLEND"
-_LEAF_DTYPE = np.dtype("<f8")
-# Largest footer accepted: the writers' table dominates it (100,000 writers of ~60 bytes each by default).
-_MAX_FOOTER_BYTES = 1 << 30
 # Slots per chunk aim at this many bytes (about 0.2 ms of copying per critical section while a snapshot is read).
 CHUNK_BYTES = 1 << 20
 
@@ -67,17 +58,6 @@ def chunk_rows_for(signature: Signature, bytes_per_row: float | None = None) -> 
 class CorruptCheckpointError(Exception):
     """A checkpoint file that cannot be trusted: truncated, a failed checksum, an unknown format, a footer that does
     not parse, or (raised by the checkpointer, restore_checks.py) content no table could have saved."""
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Where one chunk of slots lies in the file."""
-
-    slot: int  # first slot
-    rows: int
-    offset: int
-    length: int
-    crc32: int
 
 
 def fsync_directory(directory: Path) -> None:
@@ -99,8 +79,8 @@ class CheckpointWriter:
         self._tmp = self.path.with_name(f".{self.path.name}.tmp")
         # The table's rows may be anyone's data: owner-only (0600), like the learner's checkpoints.
         self._file: BinaryIO | None = open_private(self._tmp, "wb")
-        self._file.write(_HEADER.pack(_HEADER_MAGIC, FORMAT_VERSION, 0))
-        self._offset = _HEADER.size
+        self._file.write(HEADER.pack(HEADER_MAGIC, FORMAT_VERSION, 0))
+        self._offset = HEADER.size
         self._chunks: list[Chunk] = []
 
     def add_chunk(
@@ -113,11 +93,11 @@ class CheckpointWriter:
         parts = []
         for array in columns.values():
             parts += (
-                _variable_parts(array)
+                variable_parts(array)
                 if isinstance(array, CompressedColumn) or array.dtype == object
                 else [array]
             )
-        for array in (*parts, np.asarray(leaves, dtype=_LEAF_DTYPE)):
+        for array in (*parts, np.asarray(leaves, dtype=LEAF_DTYPE)):
             data = memoryview(array if isinstance(array, bytes) else np.ascontiguousarray(array)).cast("B")
             self._file.write(data)
             crc = zlib.crc32(data, crc)
@@ -136,17 +116,17 @@ class CheckpointWriter:
             {
                 "format": version,
                 "chunk_rows": self.chunk_rows,
-                **_state_to_json(state),
+                **state_to_json(state),
                 "chunks": [[c.slot, c.rows, c.offset, c.length, c.crc32] for c in self._chunks],
             },
             separators=(",", ":"),
         ).encode()
         if version != FORMAT_VERSION:
             self._file.seek(0)
-            self._file.write(_HEADER.pack(_HEADER_MAGIC, version, 0))
+            self._file.write(HEADER.pack(HEADER_MAGIC, version, 0))
             self._file.seek(self._offset)
         self._file.write(footer)
-        self._file.write(_TRAILER.pack(len(footer), zlib.crc32(footer), _TRAILER_MAGIC))
+        self._file.write(TRAILER.pack(len(footer), zlib.crc32(footer), TRAILER_MAGIC))
         self._file.flush()
         os.fsync(self._file.fileno())
         size = self._file.tell()
@@ -205,22 +185,22 @@ class CheckpointReader:
 
     def _open(self) -> tuple[TableState, int, list[Chunk]]:
         self._file_size = size = os.fstat(self._file.fileno()).st_size
-        if size < _HEADER.size + _TRAILER.size:
+        if size < HEADER.size + TRAILER.size:
             raise self._fail(f"{size} bytes, too short to be a checkpoint (truncated)")
-        magic, version, _ = _HEADER.unpack(self._file.read(_HEADER.size))
-        if magic != _HEADER_MAGIC:
+        magic, version, _ = HEADER.unpack(self._file.read(HEADER.size))
+        if magic != HEADER_MAGIC:
             raise self._fail(f"not a checkpoint file (magic {magic!r})")
-        if version not in _READABLE_VERSIONS:
+        if version not in READABLE_VERSIONS:
             raise self._fail(
                 f"format version {version}, this apexrl reads versions "
-                f"{', '.join(map(str, _READABLE_VERSIONS))}"
+                f"{', '.join(map(str, READABLE_VERSIONS))}"
             )
-        self._file.seek(size - _TRAILER.size)
-        footer_len, footer_crc, end = _TRAILER.unpack(self._file.read(_TRAILER.size))
-        if end != _TRAILER_MAGIC:
+        self._file.seek(size - TRAILER.size)
+        footer_len, footer_crc, end = TRAILER.unpack(self._file.read(TRAILER.size))
+        if end != TRAILER_MAGIC:
             raise self._fail("no trailer at the end of the file (truncated or not finished)")
-        footer_start = size - _TRAILER.size - footer_len
-        if not 0 < footer_len <= _MAX_FOOTER_BYTES or footer_start < _HEADER.size:
+        footer_start = size - TRAILER.size - footer_len
+        if not 0 < footer_len <= MAX_FOOTER_BYTES or footer_start < HEADER.size:
             raise self._fail(f"footer length {footer_len} does not fit in a {size}-byte file")
         self._file.seek(footer_start)
         footer = self._file.read(footer_len)
@@ -228,7 +208,7 @@ class CheckpointReader:
             raise self._fail("footer CRC32 mismatch")
         try:
             meta = json.loads(footer)
-            state = _state_from_json(meta)
+            state = state_from_json(meta)
             chunk_rows = int(meta["chunk_rows"])
             chunks = [Chunk(*map(int, c)) for c in meta["chunks"]]
         except (
@@ -257,8 +237,8 @@ class CheckpointReader:
             )
         signature = state.signature
         variable = len(signature.compressed) + 1 if signature.compressed else 0  # frames and writers
-        row_bytes = signature.fixed_row_nbytes + variable * _LENGTH_DTYPE.itemsize + _LEAF_DTYPE.itemsize
-        position = _HEADER.size
+        row_bytes = signature.fixed_row_nbytes + variable * LENGTH_DTYPE.itemsize + LEAF_DTYPE.itemsize
+        position = HEADER.size
         for c in chunks:
             if (
                 c.slot % chunk_rows
@@ -296,19 +276,19 @@ class CheckpointReader:
             offset += n
         if self.state.signature.compressed:
             lengths, ids, offset = self._variable(data, offset, chunk)
-            columns[ROW_WRITER] = _writer_ids(ids, lengths)
-        if offset + rows * _LEAF_DTYPE.itemsize != chunk.length:
+            columns[ROW_WRITER] = writer_ids(ids, lengths)
+        if offset + rows * LEAF_DTYPE.itemsize != chunk.length:
             raise self._fail(
                 f"chunk at slot {chunk.slot}: its parts do not add up to its {chunk.length} bytes"
             )
-        return columns, np.frombuffer(data, _LEAF_DTYPE, rows, offset)
+        return columns, np.frombuffer(data, LEAF_DTYPE, rows, offset)
 
     def _variable(self, data: bytes, offset: int, chunk: Chunk) -> tuple[np.ndarray, bytes, int]:
         """(lengths, bytes, next offset) of a variable-length part: u32 lengths per slot, then the bytes."""
-        end = offset + chunk.rows * _LENGTH_DTYPE.itemsize
+        end = offset + chunk.rows * LENGTH_DTYPE.itemsize
         if end > len(data):
             raise self._fail(f"chunk at slot {chunk.slot}: a variable-length part runs past its end")
-        lengths = np.frombuffer(data, _LENGTH_DTYPE, chunk.rows, offset).astype(np.int64)
+        lengths = np.frombuffer(data, LENGTH_DTYPE, chunk.rows, offset).astype(np.int64)
         total = int(lengths.sum())
         if end + total > len(data):
             raise self._fail(f"chunk at slot {chunk.slot}: a variable-length part runs past its end")
@@ -346,60 +326,3 @@ class CheckpointReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _state_to_json(state: TableState) -> dict:
-    return {
-        "signature": str(state.signature),
-        "capacity": state.capacity,
-        "alpha": state.alpha,
-        "next_key": state.next_key,
-        "size": state.size,
-        "max_priority": state.max_priority,
-        "incarnation": state.incarnation,
-        "aliases": [[k, v] for k, v in state.aliases.items()],
-        "writers": [[w, s] for w, s in state.writers],
-        "counters": dict(state.counters),
-        "lineage": state.lineage,
-    }
-
-
-def _state_from_json(meta: dict) -> TableState:
-    return TableState(
-        signature=Signature.parse(meta["signature"]),
-        capacity=int(meta["capacity"]),
-        alpha=float(meta["alpha"]),
-        next_key=int(meta["next_key"]),
-        size=int(meta["size"]),
-        max_priority=float(meta["max_priority"]),
-        incarnation=int(meta["incarnation"]),
-        aliases={int(k): int(v) for k, v in meta["aliases"]},
-        writers=tuple((str(w), int(s)) for w, s in meta["writers"]),
-        counters={str(k): int(v) for k, v in meta["counters"].items()},
-        lineage=int(meta["lineage"]),
-    )
-
-
-def _variable_parts(column: np.ndarray | CompressedColumn) -> list[bytes]:
-    """The two parts of a variable-length column in a chunk: u32 lengths, then the items back to back. From a
-    CompressedColumn, or an object array of bytes (frames; None: no row) or str (writer ids)."""
-    if isinstance(column, CompressedColumn):
-        return [column.lengths.astype(_LENGTH_DTYPE).tobytes(), column.data]
-    items = [
-        b"" if item is None else item.encode() if isinstance(item, str) else item for item in column.tolist()
-    ]
-    return [np.fromiter(map(len, items), dtype=_LENGTH_DTYPE, count=len(items)).tobytes(), b"".join(items)]
-
-
-def _writer_ids(data: bytes, lengths: np.ndarray) -> np.ndarray:
-    """An object array of the writer ids (rows of one batch share one str object)."""
-    ids = np.empty(len(lengths), dtype=object)
-    known: dict[bytes, str] = {}
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-    for i in range(len(lengths)):
-        raw = data[offsets[i] : offsets[i + 1]]
-        text = known.get(raw)
-        if text is None:
-            text = known[raw] = raw.decode(errors="replace")
-        ids[i] = text
-    return ids

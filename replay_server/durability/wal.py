@@ -13,13 +13,11 @@ acknowledged), acks still waiting answer UNAVAILABLE, `stats.wal_failed` is 1 an
 once (the server reports NOT_SERVING). Only a restart, which replays the log, brings the shard back.
 
 Files: segments `wal-<first key, 20 digits>.log` (mode 0600), a new one at start and after each checkpoint,
-deleted once every kept checkpoint covers them. A segment starts with a header (magic, version, lineage, first
-key, signature) and holds records: u32 length, u32 CRC32 of the payload, payload = first key, rows, incarnation,
-sequence, writer id, the raw priorities (float64), then each column's bytes in signature order (a compressed
-field: u32 frame lengths, one per row, then the frames back to back). Replay stops at the first torn or
-corrupt record of a segment (a SIGKILL leaves at most the batches whose fsync had not ended, none acknowledged),
-and goes on with the next segment if it starts right there. Segments of another lineage (a resharded shard, a
-wiped checkpoint directory) are never replayed: they are renamed `*.orphan` and named in the log.
+deleted once every kept checkpoint covers them. A segment is a header, then one record per batch with its CRC32
+(the layout byte by byte in `wal_format.py`). Replay stops at the first torn or corrupt record of a segment (a
+SIGKILL leaves at most the batches whose fsync had not ended, none acknowledged), and goes on with the next
+segment if it starts right there. Segments of another lineage (a resharded shard, a wiped checkpoint directory)
+are never replayed: they are renamed `*.orphan` and named in the log.
 
 A gap is loud: when a segment starts after the rows replayed so far (a segment lost, or one that stopped early at a
 corrupt record), or a record whose checksum holds cannot be replayed (it does not parse, or the table refuses it:
@@ -34,34 +32,31 @@ Not logged: priority updates (those since the last checkpoint are lost with the 
 from __future__ import annotations
 
 import logging
-import math
 import os
-import re
 import struct
 import threading
-import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
-from apexrl.common.compression import CompressedColumn
 from apexrl.common.errors import ApexError, UnavailableError
 from apexrl.common.files import PRIVATE, open_private
 from apexrl.common.signature import Signature
 from apexrl.replay_server.durability.checkpoint import fsync_directory
 from apexrl.replay_server.durability.durability_metrics import DurabilityStats
+from apexrl.replay_server.durability.wal_format import (
+    SEGMENT_NAME,
+    encode_header,
+    encode_record,
+    parse_payload,
+    read_header,
+    read_payloads,
+    segment_name,
+)
 from apexrl.replay_server.table import ReplayTable
 
 log = logging.getLogger("apexrl.replay.wal")
-
-_MAGIC = b"APXRLWAL"
-_VERSION = 1
-_SEGMENT = struct.Struct("<8sIIQQI")  # magic, version, 0, lineage, first key, signature length
-_RECORD = struct.Struct("<II")  # payload length, CRC32
-_PAYLOAD = struct.Struct("<QIQQH")  # first key, rows, incarnation, sequence, writer id length
-_NAME = re.compile(r"wal-(\d{20})\.log")
-_LENGTH_DTYPE = np.dtype("<u4")
 
 
 class WriteAheadLog:
@@ -99,7 +94,7 @@ class WriteAheadLog:
     # ------------------------------------------------------------------------------------------------ replay
     def segments(self) -> list[tuple[int, Path]]:
         return sorted(
-            (int(m.group(1)), p) for p in self.directory.iterdir() if (m := _NAME.fullmatch(p.name))
+            (int(m.group(1)), p) for p in self.directory.iterdir() if (m := SEGMENT_NAME.fullmatch(p.name))
         )
 
     def replay(self, table: ReplayTable, restored: bool) -> int:
@@ -107,7 +102,7 @@ class WriteAheadLog:
         is false: then the log of the history that began empty is replayed). Returns the rows replayed."""
         segments = []
         for first, path in self.segments():
-            header = _read_header(path)
+            header = read_header(path)
             if header is None:
                 log.warning("write-ahead log segment %s has no readable header; ignored", path)
                 continue
@@ -222,20 +217,8 @@ class WriteAheadLog:
         writer_id: str,
         sequence: int,
     ) -> bytes:
-        writer = writer_id.encode()
-        rows = len(priorities)
-        parts = [
-            _PAYLOAD.pack(first_key, rows, self._incarnation, sequence, len(writer)),
-            writer,
-            np.ascontiguousarray(priorities, dtype="<f8").tobytes(),
-        ]
-        for column in columns.values():
-            if isinstance(column, CompressedColumn):
-                parts += [column.lengths.astype(_LENGTH_DTYPE).tobytes(), column.data]
-            else:
-                parts.append(np.ascontiguousarray(column).tobytes())
-        payload = b"".join(parts)
-        return _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+        """The batch as a log record (a seam: a test makes it fail once)."""
+        return encode_record(first_key, columns, priorities, writer_id, sequence, self._incarnation)
 
     def _count_failure(self) -> None:
         with self.stats.lock:
@@ -326,15 +309,11 @@ class WriteAheadLog:
     def _new_segment(self, first_key: int) -> None:
         if self._file is not None:
             os.close(self._file)
-        path = self.directory / f"wal-{first_key:020d}.log"
+        path = self.directory / segment_name(first_key)
         if path.exists():  # a segment that replayed nothing (torn at its first record): keep it aside
             path.rename(path.with_name(path.name + ".orphan"))
         self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, PRIVATE)
-        signature = str(self._signature).encode()
-        _write_all(
-            self._file,
-            _SEGMENT.pack(_MAGIC, _VERSION, 0, self._lineage, first_key, len(signature)) + signature,
-        )
+        _write_all(self._file, encode_header(self._lineage, first_key, self._signature))
         self._sync(self._file)
         fsync_directory(self.directory)
 
@@ -368,26 +347,15 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _read_header(path: Path) -> tuple[int, Signature] | None:
-    try:
-        with open(path, "rb") as f:
-            magic, version, _, lineage, _, length = _SEGMENT.unpack(f.read(_SEGMENT.size))
-            if magic != _MAGIC or version != _VERSION:
-                return None
-            return lineage, Signature.parse(f.read(length).decode())
-    except (OSError, struct.error, ValueError, UnicodeDecodeError):
-        return None
-
-
 def _replay_segment(
     table: ReplayTable, path: Path, signature: Signature
 ) -> tuple[int, tuple[int, str] | None]:
     """Replay one segment's records into the table: the rows stored, and (byte offset, why) of a record whose
     checksum holds but which cannot be replayed (None when the segment was replayed to its end or to a torn tail)."""
     replayed = 0
-    for offset, payload in _payloads(path):
+    for offset, payload in read_payloads(path):
         try:
-            first_key, columns, priorities, incarnation, sequence, writer = _parse(payload, signature)
+            first_key, columns, priorities, incarnation, sequence, writer = parse_payload(payload, signature)
         except (ValueError, struct.error, UnicodeDecodeError) as err:
             return replayed, (offset, f"it does not parse: {err}")
         try:
@@ -411,58 +379,3 @@ def _cut(path: Path, offset: int, aside: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     fsync_directory(path.parent)
-
-
-def _payloads(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(byte offset, payload) of every whole record of a segment whose checksum holds; stops at the first torn or
-    corrupt one, naming it in the log."""
-    with open(path, "rb") as f:
-        data = f.read()
-    offset = _SEGMENT.size + struct.unpack_from("<I", data, _SEGMENT.size - 4)[0]
-    while offset < len(data):
-        if offset + _RECORD.size > len(data):
-            log.warning(
-                "write-ahead log %s ends in a torn record at byte %d (never acknowledged)", path, offset
-            )
-            return
-        length, crc = _RECORD.unpack_from(data, offset)
-        payload = data[offset + _RECORD.size : offset + _RECORD.size + length]
-        if len(payload) != length or zlib.crc32(payload) != crc:
-            log.warning(
-                "write-ahead log %s: torn or corrupt record at byte %d; replay of this segment stops there",
-                path,
-                offset,
-            )
-            return
-        yield offset, payload
-        offset += _RECORD.size + length
-
-
-def _parse(payload: bytes, signature: Signature) -> tuple:
-    """(first key, columns, priorities, incarnation, sequence, writer id) of one record's payload; ValueError (or
-    struct.error, UnicodeDecodeError) when its parts do not add up to exactly its bytes."""
-    first_key, rows, incarnation, sequence, writer_len = _PAYLOAD.unpack_from(payload)
-    at = _PAYLOAD.size
-    writer = payload[at : at + writer_len].decode()
-    at += writer_len
-    priorities = np.frombuffer(payload, "<f8", rows, at)
-    at += 8 * rows
-    columns = {}
-    for field in signature.fields:
-        if field.compression is not None:
-            lengths = np.frombuffer(payload, _LENGTH_DTYPE, rows, at).astype(np.int64)
-            at += rows * _LENGTH_DTYPE.itemsize
-            n = int(lengths.sum())
-            columns[field.name] = CompressedColumn(
-                field.compression, field.dtype, field.shape, payload[at : at + n], lengths
-            )
-            at += n
-            continue
-        n = rows * field.row_nbytes
-        columns[field.name] = np.frombuffer(payload, field.dtype, rows * math.prod(field.shape), at).reshape(
-            rows, *field.shape
-        )
-        at += n
-    if at != len(payload):
-        raise ValueError(f"its parts end at byte {at} of its {len(payload)}")
-    return first_key, columns, priorities, incarnation, sequence, writer

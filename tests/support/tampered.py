@@ -15,7 +15,7 @@ import numpy as np
 
 from apexrl.replay_server.durability.checkpoint import CheckpointReader, CheckpointWriter
 from apexrl.replay_server.durability.snapshot import TableState
-from apexrl.replay_server.durability.wal import _PAYLOAD, _RECORD, _SEGMENT
+from apexrl.replay_server.durability.wal_format import PAYLOAD, RECORD, SEGMENT
 
 
 def rewrite_checkpoint(
@@ -41,16 +41,16 @@ def rewrite_checkpoint(
 
 
 def wal_records(path: str | os.PathLike) -> list[tuple[int, int, bytes]]:
-    """(offset, length, payload) of every record of a write-ahead-log segment (its format in replay_server/durability/wal.py)."""
+    """(offset, length, payload) of every record of a write-ahead-log segment (its format in replay_server/durability/wal_format.py)."""
     data = Path(path).read_bytes()
     offset = (
-        _SEGMENT.size + struct.unpack_from("<I", data, _SEGMENT.size - 4)[0]
+        SEGMENT.size + struct.unpack_from("<I", data, SEGMENT.size - 4)[0]
     )  # the header, then its signature
     records = []
-    while offset + _RECORD.size <= len(data):
-        length, _ = _RECORD.unpack_from(data, offset)
-        records.append((offset, length, data[offset + _RECORD.size : offset + _RECORD.size + length]))
-        offset += _RECORD.size + length
+    while offset + RECORD.size <= len(data):
+        length, _ = RECORD.unpack_from(data, offset)
+        records.append((offset, length, data[offset + RECORD.size : offset + RECORD.size + length]))
+        offset += RECORD.size + length
     return records
 
 
@@ -61,12 +61,12 @@ def rewrite_wal_record(path: str | os.PathLike, index: int, change: Callable[[by
     offset, length, payload = wal_records(path)[index]
     new = change(payload)
     path.write_bytes(
-        data[:offset] + _RECORD.pack(len(new), zlib.crc32(new)) + new + data[offset + _RECORD.size + length :]
+        data[:offset] + RECORD.pack(len(new), zlib.crc32(new)) + new + data[offset + RECORD.size + length :]
     )
 
 
 def with_priority(payload: bytes, value: float, row: int = 0) -> bytes:
     """A record's payload with row `row`'s raw priority replaced by `value` (NaN, say)."""
-    writer_len = _PAYLOAD.unpack_from(payload)[-1]
-    at = _PAYLOAD.size + writer_len + 8 * row
+    writer_len = PAYLOAD.unpack_from(payload)[-1]
+    at = PAYLOAD.size + writer_len + 8 * row
     return payload[:at] + struct.pack("<d", value) + payload[at + 8 :]
