@@ -3,42 +3,35 @@
 The table owns the lock; the sum tree is not thread-safe by contract. Every operation holds the lock only for its
 copy in or copy out (never while waiting on the network), so many writers and one learner can share a shard.
 
-Keys are insertion indices (0, 1, 2, ...). With FIFO eviction the row with key k lives in slot k % capacity and
-is still stored while `inserted - size <= k < inserted`; a key outside that range is stale (its row was evicted
-and the slot now holds a newer row) or unknown, and a priority update for it is ignored and counted. This is the
-generation scheme of ARCHITECTURE §2 with generation = k // capacity folded into one integer.
-
-The rows themselves live in storage.py (columns, frames of compressed fields, each row's writer and bytes); the
-resend rule in dedup.py; the table keeps the ring's keys and decides what to evict (by rows, and by bytes when
-`max_bytes` is set: the oldest rows first).
+Keys are insertion indices (key_ring.py): a priority update for a key no longer stored is ignored and counted.
+The rows themselves live in storage.py (columns, frames of compressed fields, each row's writer and bytes), the
+resend rule in dedup.py, when calls may proceed (rate limiter, restore, shutdown) in admission.py, the running
+totals in table_counters.py; the table ties them together under one lock and decides what to evict (by rows, and
+by bytes when `max_bytes` is set: the oldest rows first).
 """
 
 from __future__ import annotations
 
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from apexrl.common.compression import CompressedColumn, column_nbytes
-from apexrl.common.errors import (
-    DeadlineExceededError,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    UnavailableError,
-)
+from apexrl.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from apexrl.common.signature import Signature
+from apexrl.replay_server.admission import Admission
 from apexrl.replay_server.dedup import WriterSequences
 from apexrl.replay_server.durability import table_hooks
 from apexrl.replay_server.durability.snapshot import Snapshot, TableState
+from apexrl.replay_server.key_ring import KeyRing
 from apexrl.replay_server.probabilities import has_mass
-from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
 from apexrl.replay_server.storage import ColumnStorage
 from apexrl.replay_server.strata import check_batch_rows, stratified_targets
 from apexrl.replay_server.sum_tree import SumTree
 from apexrl.replay_server.table_config import TableConfig  # re-exported: its old home
+from apexrl.replay_server.table_counters import TableCounters
 from apexrl.replay_server.types import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 from apexrl.replay_server.updates import (  # MAX_PRIORITY: re-exported, its old home
     MAX_PRIORITY,  # noqa: F401
@@ -46,9 +39,6 @@ from apexrl.replay_server.updates import (  # MAX_PRIORITY: re-exported, its old
     check_priorities,
     check_update,
 )
-
-# How often a blocked call re-checks whether its caller is still there.
-_WAIT_SLICE_SECONDS = 0.25
 
 
 class ReplayTable:
@@ -61,35 +51,21 @@ class ReplayTable:
         self._cond = threading.Condition(threading.Lock())
         self._tree = SumTree(config.capacity, config.alpha)
         self._rng = np.random.default_rng(config.seed)
-        self._limiter = RateLimiter(
-            min_size=config.min_size_to_sample,
-            samples_per_insert=config.samples_per_insert,
-            tolerance=config.samples_per_insert_tolerance,
-        )
+        self._ring = KeyRing(config.capacity)
+        self._gate = Admission(config, self._cond, lambda: self._ring.size)
         self._signature: Signature | None = None
         self._rows: ColumnStorage | None = None  # allocated with the signature
         if config.signature is not None:
             self._allocate(config.signature)
         self._writers = WriterSequences(config.max_tracked_writers)
-        self._next_key = 0
-        self._size = 0
         self._max_priority = 1.0
-        self._closed = False
-        self._unavailable: str | None = None  # why calls are refused for now (a restore in progress), or None
         self._aliases: dict[int, int] = {}  # earlier incarnation -> key limit (see snapshot.TableState)
         self._snapshot: Snapshot | None = None
         # Durability hook (write-ahead log): called under the lock with each batch before it is stored (see
         # set_journal); why inserts are refused when storing failed after the journal took a batch, or None.
         self._journal: Callable[[int, Mapping[str, np.ndarray], np.ndarray, str, int], None] | None = None
         self._journal_broken: str | None = None
-        # Counters (read by the metrics collector through info()).
-        self._evicted = 0
-        self._sampled = 0
-        self._updated = 0
-        self._stale = 0
-        self._duplicates = 0
-        self._inserted_bytes = 0
-        self._blocked = {"insert": BlockedTime(), "sample": BlockedTime()}  # seconds held back, by call
+        self._counters = TableCounters()  # read by the metrics collector through info()
 
     # ----------------------------------------------------------------------------------------------- insert
     def insert(
@@ -125,9 +101,9 @@ class ReplayTable:
             if self._journal_broken is not None:
                 raise UnavailableError(self._journal_broken)
             if self._writers.is_resend(writer_id, sequence):
-                self._duplicates += 1
+                self._counters.duplicates += 1
                 return InsertResult(first_key=0, rows=0, duplicate=True)
-            self._wait(lambda: self._limiter.can_insert(), timeout, is_active, "insert")
+            self._gate.wait_to_insert(timeout, is_active)
             storage = None
             if self._signature is None:
                 storage = ColumnStorage.allocate(  # adopted once the batch is journalled
@@ -135,7 +111,7 @@ class ReplayTable:
                 )
             elif signature is not self._signature:
                 rows = self._signature.check_batch(columns)  # first insert raced with another; check again
-            first_key = self._next_key
+            first_key = self._ring.next_key
             if values is None:
                 values = np.full(rows, self._max_priority)
             if self._journal is not None:
@@ -172,19 +148,18 @@ class ReplayTable:
     ) -> None:
         """Store a checked batch with its raw priorities at the next keys (evicting the oldest rows beyond
         max_bytes)."""
-        cap = self.config.capacity
-        start = self._next_key % cap
+        start = self._ring.next_slot
         if self._snapshot is not None:
             self._snapshot.before_write(start, rows)
         slots = self._write_rows(start, columns, rows, writers=writer_id)
         self._max_priority = max(self._max_priority, float(values.max()))
         self._tree.update(slots, values)
-        self._evicted += max(0, self._size + rows - cap)
-        self._size = min(cap, self._size + rows)
-        self._next_key += rows
-        self._inserted_bytes += rows * self._signature.fixed_row_nbytes + self._rows.frame_bytes_at(slots)
+        self._counters.evicted += self._ring.append(rows)
+        self._counters.inserted_bytes += rows * self._signature.fixed_row_nbytes + self._rows.frame_bytes_at(
+            slots
+        )
         self._enforce_max_bytes()
-        self._limiter.inserted(rows, self._size)
+        self._gate.limiter.inserted(rows, self._ring.size)
 
     def _write_rows(
         self,
@@ -200,7 +175,7 @@ class ReplayTable:
     @property
     def stored_bytes(self) -> int:
         """Bytes of row data held: the uncompressed fields' bytes plus the held rows' frames."""
-        return self._rows.stored_bytes(self._size) if self._signature else 0
+        return self._rows.stored_bytes(self._ring.size) if self._signature else 0
 
     def _enforce_max_bytes(self) -> None:
         """Evict the oldest rows until the bytes held are within max_bytes (lock held)."""
@@ -208,21 +183,15 @@ class ReplayTable:
         excess = 0 if limit is None else self.stored_bytes - limit
         if excess <= 0:
             return
-        count = self._rows.rows_to_evict(self._oldest_slot(), self._size, excess)
-        self._evict_oldest(count)
-
-    def _evict_oldest(self, rows: int) -> None:
-        """Drop the `rows` oldest rows (their keys become stale, their frames are released; lock held)."""
+        rows = self._rows.rows_to_evict(self._ring.oldest_slot, self._ring.size, excess)
         if rows <= 0:
             return
-        cap, oldest = self.config.capacity, self._oldest_slot()
         if self._snapshot is not None:
-            self._snapshot.before_write(oldest, rows)
-        slots = (oldest + np.arange(rows, dtype=np.int64)) % cap
+            self._snapshot.before_write(self._ring.oldest_slot, rows)
+        slots = self._ring.drop_oldest(rows)  # their keys become stale, their frames are released
         self._tree.update(slots, np.zeros(rows))
         self._rows.release(slots)
-        self._size -= rows
-        self._evicted += rows
+        self._counters.evicted += rows
 
     # ----------------------------------------------------------------------------------------------- sample
     def sample(
@@ -247,9 +216,9 @@ class ReplayTable:
         rows = check_batch_rows(batch_rows, batch_size) if batch_rows else ()
         with self._cond:
             self.check_available()
-            if not wait and not self._limiter.can_sample(self._size):
-                raise FailedPreconditionError(self._not_ready_reason())
-            self._wait(lambda: self._limiter.can_sample(self._size), timeout, is_active, "sample")
+            if not wait and not self._gate.can_sample():
+                raise FailedPreconditionError(self._gate.not_ready_reason())
+            self._gate.wait_to_sample(timeout, is_active)
             total = self._tree.total
             if has_mass(total):
                 slots = (
@@ -258,42 +227,28 @@ class ReplayTable:
                     else self._tree.sample(batch_size, self._rng)
                 )
             else:  # the zero-mass rule (probabilities.py): sample uniformly rather than refuse
-                slots = self._oldest_slot() + self._rng.integers(0, self._size, batch_size)
-                slots %= self.config.capacity
+                slots = self._ring.uniform_slots(self._rng, batch_size)
             columns, writers = self._rows.gather(slots)
-            newest = self._next_key - 1
-            keys = (newest - (newest - slots) % self.config.capacity).astype(np.uint64)
             result = SampledBatch(
-                keys=keys,
+                keys=self._ring.keys_at(slots),
                 priorities=self._tree.get(slots),
                 columns=columns,
                 total_priority=total,
-                size=self._size,
+                size=self._ring.size,
                 min_priority=self._tree.min,
                 incarnation=self.incarnation,
                 writers=writers,
                 batch_rows=rows,
             )
-            self._sampled += batch_size
-            self._limiter.sampled(batch_size)
+            self._counters.sampled += batch_size
+            self._gate.limiter.sampled(batch_size)
             self._cond.notify_all()
         return result
-
-    def _totals(self) -> ShardTotals:
-        return ShardTotals(self._tree.total, self._size, self._tree.min, self.incarnation)
-
-    def _oldest_slot(self) -> int:
-        return (self._next_key - self._size) % self.config.capacity
 
     def not_ready_reason(self) -> str:
         """Why a sample or insert would wait now (for error messages)."""
         with self._cond:
-            return self._not_ready_reason()
-
-    def _not_ready_reason(self) -> str:
-        if self._size < self.config.min_size_to_sample:
-            return f"table holds {self._size} rows, fewer than min_size_to_sample ({self.config.min_size_to_sample})"
-        return f"rate limiter: {self._limiter.describe()}"
+            return self._gate.not_ready_reason()
 
     # ---------------------------------------------------------------------------------------- priorities
     def update_priorities(
@@ -312,12 +267,10 @@ class ReplayTable:
             self.check_available()
             slots, values = [], []
             for update in updates:
-                limit = (
-                    self._next_key
-                    if update.incarnation in (0, self.incarnation)
-                    else self._aliases.get(update.incarnation, 0)
+                current = update.incarnation in (0, self.incarnation)
+                valid = self._ring.stored(
+                    update.keys, None if current else self._aliases.get(update.incarnation, 0)
                 )
-                valid = (update.keys >= self._next_key - self._size) & (update.keys < limit)
                 applied = int(valid.sum())
                 counts.append((applied, len(update.keys) - applied))
                 if applied:
@@ -327,12 +280,11 @@ class ReplayTable:
                 fresh = values[0] if len(values) == 1 else np.concatenate(values)
                 self._tree.update(slots[0] if len(slots) == 1 else np.concatenate(slots), fresh)
                 self._max_priority = max(self._max_priority, float(fresh.max()))
-            self._updated += sum(applied for applied, _ in counts)
-            self._stale += sum(stale for _, stale in counts)
-            totals = self._totals()
+            self._counters.updated += sum(applied for applied, _ in counts)
+            self._counters.stale += sum(stale for _, stale in counts)
+            totals = ShardTotals(self._tree.total, self._ring.size, self._tree.min, self.incarnation)
         return [UpdateResult(applied=applied, stale=stale, totals=totals) for applied, stale in counts]
 
-    # ---------------------------------------------------------------------------------------- durability
     # ---------------------------------------------------------------------------------------- durability
     # The hooks live in durability/table_hooks.py; these names are the table's public API for them.
     def begin_snapshot(self, chunk_rows: int) -> Snapshot:
@@ -364,19 +316,12 @@ class ReplayTable:
         restored), or serve them again with None. Info keeps answering. The rate limiter starts afresh when calls
         are served again: rows restored or replayed from the log earn no samples."""
         with self._cond:
-            if reason is None and self._unavailable is not None:
-                self._limiter = RateLimiter(
-                    min_size=self.config.min_size_to_sample,
-                    samples_per_insert=self.config.samples_per_insert,
-                    tolerance=self.config.samples_per_insert_tolerance,
-                )
-            self._unavailable = reason
+            self._gate.refuse(reason)
             self._cond.notify_all()
 
     def check_available(self) -> None:
         """UnavailableError while the table refuses calls (see refuse_calls)."""
-        if self._unavailable is not None:
-            raise UnavailableError(self._unavailable)
+        self._gate.check_available()
 
     def set_journal(
         self,
@@ -407,26 +352,26 @@ class ReplayTable:
     @property
     def next_key(self) -> int:
         """The key the next stored row gets (InfoResponse.inserted_total)."""
-        return self._next_key
+        return self._ring.next_key
 
     def info(self) -> ShardInfo:
         with self._cond:
             return ShardInfo(
                 signature=self._signature,
                 capacity=self.config.capacity,
-                size=self._size,
+                size=self._ring.size,
                 total_priority=self._tree.total,
                 min_priority=self._tree.min,
                 max_priority=self._max_priority,
                 alpha=self.config.alpha,
                 incarnation=self.incarnation,
-                inserted_total=self._next_key,
-                evicted_total=self._evicted,
-                sampled_total=self._sampled,
-                updated_total=self._updated,
-                stale_updates_total=self._stale,
-                duplicate_batches_total=self._duplicates,
-                inserted_bytes_total=self._inserted_bytes,
+                inserted_total=self._ring.next_key,
+                evicted_total=self._counters.evicted,
+                sampled_total=self._counters.sampled,
+                updated_total=self._counters.updated,
+                stale_updates_total=self._counters.stale,
+                duplicate_batches_total=self._counters.duplicates,
+                inserted_bytes_total=self._counters.inserted_bytes,
                 stored_bytes=self.stored_bytes,
                 max_bytes=self.config.max_bytes or 0,
                 min_size_to_sample=self.config.min_size_to_sample,
@@ -438,34 +383,10 @@ class ReplayTable:
         """Seconds during which inserts ("insert") and samples ("sample") were held back by the rate limiter or,
         for samples, the minimum size (see BlockedTime)."""
         with self._cond:
-            return {what: clock.total for what, clock in self._blocked.items()}
+            return {what: clock.total for what, clock in self._gate.blocked.items()}
 
     def close(self) -> None:
         """Wake every blocked call with UnavailableError (the server is shutting down)."""
         with self._cond:
-            self._closed = True
+            self._gate.closed = True
             self._cond.notify_all()
-
-    def _wait(
-        self,
-        ready: Callable[[], bool],
-        timeout: float | None,
-        is_active: Callable[[], bool] | None,
-        what: str,
-    ) -> None:
-        """Wait (lock held by caller, released while waiting) until ready(); raise on deadline or shutdown."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._closed:
-                raise UnavailableError("replay table is shutting down")
-            if ready():
-                if self._blocked[what].waiting:
-                    self._blocked[what].admitted(time.monotonic())
-                return
-            self._blocked[what].refused(time.monotonic())
-            remaining = _WAIT_SLICE_SECONDS if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceededError(f"{what} waited until its deadline: {self._not_ready_reason()}")
-            if is_active is not None and not is_active():
-                raise DeadlineExceededError(f"{what} abandoned: the caller went away")
-            self._cond.wait(min(remaining, _WAIT_SLICE_SECONDS))

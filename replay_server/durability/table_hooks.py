@@ -2,9 +2,10 @@
 write-ahead log's replay of one batch at its original keys.
 
 They are the table's own methods moved out of table.py (`ReplayTable.begin_snapshot`, `restore`, `replay_insert`
-delegate here) and work on the table's state under its lock (`table._cond`): its keys (`_next_key`, `_size`,
-`_max_priority`, `_aliases`, `_writers`), its rows (`_rows`, `_signature`, `_allocate`, `_write_rows`, `_store`,
-`_enforce_max_bytes`), its tree (`_tree`), its counters and the open `_snapshot`. Nothing else reaches into them.
+delegate here) and work on the table's state under its lock (`table._cond`): its keys (`_ring`, `_max_priority`,
+`_aliases`, `_writers`), its rows (`_rows`, `_signature`, `_allocate`, `_write_rows`, `_store`,
+`_enforce_max_bytes`), its tree (`_tree`), its `_counters`, its `_gate` and the open `_snapshot`. Nothing else
+reaches into them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from apexrl.common.errors import FailedPreconditionError, InvalidArgumentError
 from apexrl.common.signature import Signature
 from apexrl.replay_server.dedup import WriterSequences
 from apexrl.replay_server.durability.snapshot import MAX_ALIASES, ROW_WRITER, Snapshot, TableState
+from apexrl.replay_server.key_ring import KeyRing
+from apexrl.replay_server.table_counters import TableCounters
 from apexrl.replay_server.updates import check_priorities
 
 if TYPE_CHECKING:
@@ -38,20 +41,13 @@ def begin_snapshot(table: ReplayTable, chunk_rows: int) -> Snapshot:
             signature=table._signature,
             capacity=table.config.capacity,
             alpha=table.config.alpha,
-            next_key=table._next_key,
-            size=table._size,
+            next_key=table._ring.next_key,
+            size=table._ring.size,
             max_priority=table._max_priority,
             incarnation=table.incarnation,
             aliases=dict(table._aliases),
             writers=tuple(table._writers.items()),
-            counters={
-                "evicted": table._evicted,
-                "sampled": table._sampled,
-                "updated": table._updated,
-                "stale": table._stale,
-                "duplicates": table._duplicates,
-                "inserted_bytes": table._inserted_bytes,
-            },
+            counters=table._counters.saved(),
             lineage=table.lineage,
         )
         rows = table._rows
@@ -86,7 +82,7 @@ def restore(
     keep = min(state.size, cap)
     lowest = state.next_key - keep
     with table._cond:
-        if table._next_key or table._unavailable is None:
+        if table._ring.next_key or table._gate.unavailable is None:
             raise FailedPreconditionError("restore needs an empty table that refuses calls (refuse_calls)")
         if table._signature != state.signature:
             table._allocate(state.signature)
@@ -107,23 +103,18 @@ def restore(
         _forget_restored_rows(table)
         raise
     with table._cond:
-        table._next_key, table._size, table._max_priority = state.next_key, keep, state.max_priority
+        table._ring = KeyRing(cap, state.next_key, keep)
+        table._max_priority = state.max_priority
         table.lineage = state.lineage or table.lineage
         table._writers = WriterSequences(table.config.max_tracked_writers, state.writers)
-        c = state.counters
-        table._evicted = c.get("evicted", 0) + state.size - keep
-        table._sampled, table._updated, table._stale = (
-            c.get("sampled", 0),
-            c.get("updated", 0),
-            c.get("stale", 0),
-        )
-        table._duplicates, table._inserted_bytes = c.get("duplicates", 0), c.get("inserted_bytes", 0)
+        table._counters = TableCounters.from_saved(state.counters)
+        table._counters.evicted += state.size - keep
         aliases = dict(state.aliases)
         if state.incarnation:
             aliases[state.incarnation] = state.next_key
         table._aliases = dict(list(aliases.items())[-MAX_ALIASES:])
         table._enforce_max_bytes()
-        return table._size
+        return table._ring.size
 
 
 def _forget_restored_rows(table: ReplayTable) -> None:
@@ -151,17 +142,17 @@ def replay_insert(
     signature = table._signature or Signature.from_batch(columns)
     rows = signature.check_batch(columns)
     with table._cond:
-        if first_key + rows <= table._next_key:
+        if first_key + rows <= table._ring.next_key:
             return False
         if table._signature is None:
             table._allocate(signature)
-        if first_key != table._next_key:
+        if first_key != table._ring.next_key:
             raise FailedPreconditionError(
-                f"log batch at key {first_key} does not follow key {table._next_key}"
+                f"log batch at key {first_key} does not follow key {table._ring.next_key}"
             )
         table._store(columns, check_priorities(priorities, rows), rows, writer_id)
         table._writers.remember(writer_id, sequence)
         if incarnation and incarnation != table.incarnation:
-            table._aliases[incarnation] = max(table._aliases.get(incarnation, 0), table._next_key)
+            table._aliases[incarnation] = max(table._aliases.get(incarnation, 0), table._ring.next_key)
             table._aliases = dict(list(table._aliases.items())[-MAX_ALIASES:])
         return True

@@ -307,6 +307,9 @@ PURE_CORES = [
     "apexrl.replay_server.table_config",
     "apexrl.replay_server.storage",
     "apexrl.replay_server.dedup",
+    "apexrl.replay_server.key_ring",
+    "apexrl.replay_server.table_counters",
+    "apexrl.replay_server.admission",
 ]
 
 
