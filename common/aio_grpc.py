@@ -130,15 +130,29 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
     message that does not parse. The wrapper keeps the behaviour's kind (coroutine or async generator), which
     grpc.aio looks at to decide how to run it."""
 
+    # Wrapped handlers kept per (method, handler): the servicer's handlers are built once, so each call reuses its
+    # method's wrapper instead of building closures again (a noticeable share of a small call's CPU).
+    _CACHED_HANDLERS = 64
+
+    def __init__(self) -> None:
+        self._wrapped: dict[tuple[str, grpc.RpcMethodHandler], grpc.RpcMethodHandler] = {}
+
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        parse, method, behavior = (
-            handler.request_deserializer,
-            handler_call_details.method,
-            handler_behavior(handler),
-        )
+        key = (handler_call_details.method, handler)
+        wrapped = self._wrapped.get(key)
+        if wrapped is None:
+            wrapped = self._wrap(handler, handler_call_details.method)
+            if len(self._wrapped) >= self._CACHED_HANDLERS:
+                self._wrapped.clear()  # handlers made per call (none of ours): never let the cache grow
+            self._wrapped[key] = wrapped
+        return wrapped
+
+    @staticmethod
+    def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        parse, behavior = handler.request_deserializer, handler_behavior(handler)
         if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
             return handler  # a synchronous behaviour (gRPC runs it in its thread pool): left as it is
 
