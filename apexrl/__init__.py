@@ -14,8 +14,9 @@ beside their services: `apexrl.replay_server.client`, `apexrl.parameter_server.c
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from apexrl.common.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from apexrl.launcher.api import FleetRun, launch, resume
@@ -50,14 +51,4 @@ __all__ = [  # the keys of _EXPORTS
     "resume",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'apexrl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
