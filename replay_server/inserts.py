@@ -1,21 +1,21 @@
 """The Insert stream's work: each request decoded and stored in its turn of the insert lane, merged requests
-stored exactly once batch by batch in as few table calls as that allows, and acks held until the write-ahead log
-has the batches (group commit). The servicer (service.py) hands it the stream and its writer.
+stored exactly once in as few table calls as that allows (merged_batches.py), and acks held until the write-ahead
+log has the batches (group commit). The servicer (service.py) hands it the stream and its writer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from apexrl.common.aio_grpc import Lane
-from apexrl.common.compression import take_rows
 from apexrl.common.errors import ApexError, UnavailableError
 from apexrl.common.metrics import RpcMetrics
 from apexrl.proto import replay_pb2
 from apexrl.replay_server import wire
+from apexrl.replay_server.merged_batches import MergedBatches
 from apexrl.replay_server.table import ReplayTable
 from apexrl.replay_server.types import InsertResult
 from apexrl.replay_server.waits import Waits
@@ -171,83 +171,39 @@ class InsertPath:
     async def _insert_merged(
         self, request: replay_pb2.InsertRequest, writer: Writer, context
     ) -> list[replay_pb2.InsertAck]:
-        """Store the batches of a merged request as if each had come alone, in order, in as few table calls as
-        exactly-once allows.
-
-        The table remembers one number per writer, its last stored sequence L, and stores a call numbered s only
-        when s > L. Batch i is therefore stored alone first (numbered sequence + i): if that stores it, L was below
-        it, so every later batch of the request is above L and all of them are stored by one more call, numbered
-        with the last one's sequence, which leaves L where storing them one by one would. When batch i comes back
-        as a duplicate (a resend after a broken stream), the next batch is tried alone the same way; when the
-        call for the others fails (one of them is bad, or the table ran out of room), they are stored one by one,
-        so exactly the bad batch is refused."""
+        """Store the batches of a merged request exactly once, as if each had come alone, in order
+        (merged_batches.py decides the table calls); each step takes a turn of the insert lane and waits while the
+        rate limiter holds it back."""
         try:
             columns, priorities = await self.lane.run(lambda: wire.decode_insert(request))
             offsets = wire.merged_batch_offsets(request, columns, priorities)
         except ApexError as err:  # the request as a whole does not decode: every batch of it is refused
             batches = len(request.batch_rows)
             return [self._rejected(request, min(request.sequence + batches - 1, (1 << 64) - 1), err, batches)]
-        batches, acks, merge, i = len(offsets) - 1, [], True, 0
-        writer_id = writer.qualified(request.writer_id)
-        held = batch_nbytes((columns, priorities))
+        merged = MergedBatches(columns, priorities, offsets, request.sequence)
+        writer_id, held = writer.qualified(request.writer_id), batch_nbytes((columns, priorities))
 
-        def store(first: int, end: int) -> InsertResult:
-            """One table call for batches first .. end - 1, numbered with the last one's sequence."""
-            lo, hi = offsets[first], offsets[end]
+        def insert(rows, raw_priorities, sequence: int) -> InsertResult:
             writer.check_may_fix_signature(self.table)
-            return self.table.insert(
-                {name: take_rows(column, slice(lo, hi)) for name, column in columns.items()},
-                None if priorities is None else priorities[lo:hi],
-                writer_id=writer_id,
-                sequence=request.sequence + end - 1,
-                timeout=0,
-            )
+            return self.table.insert(rows, raw_priorities, writer_id=writer_id, sequence=sequence, timeout=0)
 
-        while i < batches:
-            alone, rest = await self._store_alone_then_rest(
-                store, i, batches if merge else i + 1, held, context
-            )
-            if isinstance(alone, ApexError):
-                acks.append(self._rejected(request, request.sequence + i, alone))
-                i += 1
-                continue
-            self._add_result(acks, request.sequence + i, 1, alone)
-            i += 1
-            if isinstance(rest, ApexError):
-                merge = False  # one of the others is bad: one by one from here, to refuse exactly that one
-            elif rest is not None:
-                self._add_result(acks, request.sequence + batches - 1, batches - i, rest)
-                i = batches
+        acks: list[replay_pb2.InsertAck] = []
+        while not merged.done:
+            error = None
+            try:
+                await self.waits.when_ready(
+                    lambda: merged.step(insert), context, "insert", self.lane, held_bytes=lambda: held
+                )
+            except ApexError as err:
+                error = err
+            for outcome in merged.settle(error):
+                if isinstance(outcome.result, ApexError):
+                    acks.append(self._rejected(request, outcome.last_sequence, outcome.result))
+                else:
+                    self._add_result(acks, outcome.last_sequence, outcome.batches, outcome.result)
         if any(not ack.error_code and ack.rows for ack in acks):
             self.waits.notify()
         return acks
-
-    async def _store_alone_then_rest(
-        self,
-        store: Callable[[int, int], InsertResult],
-        i: int,
-        end: int,
-        held: int,
-        context,
-    ) -> tuple[InsertResult | ApexError, InsertResult | ApexError | None]:
-        """Batch i alone, then, if that stored it, batches i + 1 .. end - 1 in one call (none when end <= i + 1),
-        in one turn of the insert lane unless the rate limiter holds the second call back. Failures come back as
-        the ApexError of the call that failed."""
-        alone: InsertResult | None = None
-        rest: InsertResult | None = None
-
-        def attempt() -> None:
-            nonlocal alone, rest
-            if alone is None:
-                alone = store(i, i + 1)
-            if not alone.duplicate and i + 1 < end:
-                rest = store(i + 1, end)
-
-        try:
-            await self.waits.when_ready(attempt, context, "insert", self.lane, held_bytes=lambda: held)
-        except ApexError as err:
-            return (err, None) if alone is None else (alone, err)
-        return alone, rest
 
     def _add_result(
         self, acks: list[replay_pb2.InsertAck], sequence: int, batches: int, result: InsertResult

@@ -310,6 +310,7 @@ PURE_CORES = [
     "apexrl.replay_server.key_ring",
     "apexrl.replay_server.table_counters",
     "apexrl.replay_server.admission",
+    "apexrl.replay_server.merged_batches",
 ]
 
 
