@@ -106,12 +106,14 @@ def run_grpc(
     with tempfile.TemporaryDirectory(prefix="replay_bench_") as workdir, Children(workdir) as children:
         progress("starting the ceiling server and the replay shards (separate processes)")
         echo = start_ceiling_server(children)
+        echo_aio = start_ceiling_server(children, aio=True) if "shard" in args.sections else None
         shards = {"cartpole": children.start_shard("shard-cartpole", args.capacity)}
         if "insert" in args.sections:
             shards["atari"] = children.start_shard("shard-atari", args.atari_capacity)
         echo.wait_ready()
         wait_healthy(list(shards.values()))
         ceiling = CeilingClient(echo, timing)
+        aio_ceiling = CeilingClient(echo_aio, timing) if echo_aio is not None else None
         try:
             if "insert" in args.sections:
                 measure_inserts(results, ceiling, shards, timing, args.insert_window, rng)
@@ -126,9 +128,12 @@ def run_grpc(
                     args.sample_window,
                     rng,
                     sample_batches=args.sample_batches,
+                    aio_ceiling=aio_ceiling,
                 )
         finally:
             ceiling.close()
+            if aio_ceiling is not None:
+                aio_ceiling.close()
     return fill_rate
 
 

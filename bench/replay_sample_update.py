@@ -130,6 +130,7 @@ def measure_full_shard(
     sample_window: int,
     rng: np.random.Generator,
     sample_batches: int = 4,
+    aio_ceiling: CeilingClient | None = None,
 ) -> None:
     full = open_full_shard(shard, rng, sample_batches)
     try:
@@ -138,11 +139,43 @@ def measure_full_shard(
         measure_updates(results, ceiling, full, timing, window)
         measure_update_stream(results, ceiling, full, timing, window)
         measure_cycle(results, full, timing, window)
+        if aio_ceiling is not None:
+            measure_aio_ceilings(results, aio_ceiling, full, sample_window, window)
         info = full.client.info()
         if info.size != info.capacity:
             raise RuntimeError("the shard stopped being full during the measurements")
     finally:
         full.client.close()
+
+
+def measure_aio_ceilings(
+    results: Results, aio_ceiling: CeilingClient, full: FullShard, sample_window: int, window: int
+) -> None:
+    """The targets' call shapes against the same bytes-only handlers on grpc.aio, the shard's runtime: how much of
+    a gap to the (thread-pool) ceiling is the runtime's, not apexrl's. Informational rows; no target uses them."""
+    size = full.sample_bytes
+    progress("ceiling on grpc.aio: the sample and stream shapes again")
+    results.ceiling(
+        "aio_ceiling_unary_sample",
+        f"grpc.aio server: unary, {size:,} B answer",
+        aio_ceiling.unary(full.request_bytes, size),
+        "calls/s",
+        size,
+    )
+    results.ceiling(
+        "aio_ceiling_unary_sample_window",
+        f"grpc.aio server: unary futures (window {sample_window}), {size:,} B answer",
+        aio_ceiling.unary_window(full.request_bytes, size, sample_window),
+        "calls/s",
+        size,
+    )
+    results.ceiling(
+        "aio_ceiling_bidi_update",
+        f"grpc.aio server: bidi stream (window {window}), {full.update_bytes:,} B messages",
+        aio_ceiling.bidi(full.update_bytes, 8, window),
+        "msgs/s",
+        full.update_bytes,
+    )
 
 
 def measure_samples(

@@ -17,7 +17,10 @@ from harness.timing import Measurement, Timing, measure_bidi, measure_loop, meas
 SERVER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ceiling_server.py")
 
 
-def start_ceiling_server(children: Children) -> Child:
+def start_ceiling_server(children: Children, *, aio: bool = False) -> Child:
+    """The ceiling server: gRPC's thread-pool server, or with `aio` the same handlers on grpc.aio."""
+    if aio:
+        return children.start("echo-aio", [sys.executable, SERVER_SCRIPT, "--aio"])
     return children.start("echo", [sys.executable, SERVER_SCRIPT])
 
 

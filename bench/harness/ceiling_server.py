@@ -1,7 +1,9 @@
-"""The raw gRPC ceiling server: bytes in, bytes out, no protobuf, the same thread-pool server options as a
-replay shard. Run as its own process by `harness.ceiling.start_ceiling_server`:
+"""The raw gRPC ceiling server: bytes in, bytes out, no protobuf. By default gRPC's synchronous thread-pool server
+(the ceiling every target is measured against); with `--aio` the same handlers on grpc.aio, the runtime a replay
+shard serves on, to tell the runtime's share of a gap from apexrl's. Run as its own process by
+`harness.ceiling.start_ceiling_server`:
 
-    .venv/bin/python bench/harness/ceiling_server.py --port-file PATH
+    .venv/bin/python bench/harness/ceiling_server.py --port-file PATH [--aio]
 
 Methods (generic handlers, no (de)serializers) of the service `apexrl.bench.Echo`:
   Count  client stream: counts messages and bytes, answers both (two little-endian uint64).
@@ -12,6 +14,7 @@ Methods (generic handlers, no (de)serializers) of the service `apexrl.bench.Echo
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import struct
 import sys
@@ -59,10 +62,63 @@ def make_handler() -> grpc.GenericRpcHandler:
     )
 
 
+def make_aio_handler() -> grpc.GenericRpcHandler:
+    """The same methods as coroutines, for a grpc.aio server."""
+    replies: dict[int, bytes] = {}
+
+    def sized_reply(request: bytes) -> bytes:
+        size = struct.unpack_from("<Q", request)[0]
+        reply = replies.get(size)
+        if reply is None:
+            reply = replies[size] = bytes(size)
+        return reply
+
+    async def count(request_iterator, context) -> bytes:
+        n = nbytes = 0
+        async for request in request_iterator:
+            n += 1
+            nbytes += len(request)
+        return struct.pack("<QQ", n, nbytes)
+
+    async def acked(request_iterator, context):
+        async for request in request_iterator:
+            yield sized_reply(request)
+
+    async def unary(request: bytes, context) -> bytes:
+        return sized_reply(request)
+
+    return grpc.method_handlers_generic_handler(
+        ECHO_SERVICE,
+        {
+            "Count": grpc.stream_unary_rpc_method_handler(count),
+            "Acked": grpc.stream_stream_rpc_method_handler(acked),
+            "Unary": grpc.unary_unary_rpc_method_handler(unary),
+        },
+    )
+
+
+async def serve_aio(port_file: str) -> None:
+    server = grpc.aio.server(options=grpc_util.message_size_options(grpc_util.DEFAULT_MAX_MESSAGE_BYTES))
+    server.add_generic_rpc_handlers((make_aio_handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    atomic_write(port_file, f"{port}\n")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await server.stop(1)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="raw gRPC ceiling server for the benchmarks")
     parser.add_argument("--port-file", required=True)
+    parser.add_argument("--aio", action="store_true", help="serve on grpc.aio (a replay shard's runtime)")
     args = parser.parse_args(argv)
+    if args.aio:
+        asyncio.run(serve_aio(args.port_file))
+        return 0
     server = grpc_util.create_server()
     server.add_generic_rpc_handlers((make_handler(),))
     port = grpc_util.bind(server, "127.0.0.1:0")

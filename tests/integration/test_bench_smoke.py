@@ -41,6 +41,9 @@ REPLAY_FIGURES = {
     *COMPARED.values(),
     *(f"ceiling_acked_{s}" for s in INSERT_SHAPES),
     "grpc_cycle",
+    "aio_ceiling_unary_sample",  # the same shapes on grpc.aio, the shard's runtime (informational)
+    "aio_ceiling_unary_sample_window",
+    "aio_ceiling_bidi_update",
     "tree_update",
     "tree_sample",
     "table_sample",
