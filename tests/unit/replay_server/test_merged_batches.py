@@ -60,7 +60,8 @@ def test_new_batches_take_two_table_calls_and_leave_the_writer_at_the_last_seque
 
 def test_a_resent_request_stores_only_the_batches_the_table_has_not_seen():
     table = ReplayTable(TableConfig(capacity=100))
-    for sequence, (lo, hi) in zip((7, 8), ((0, 2), (2, 5))):  # batches 0 and 1 arrived before the stream broke
+    # batches 0 and 1 arrived before the stream broke
+    for sequence, (lo, hi) in zip((7, 8), ((0, 2), (2, 5)), strict=True):
         table.insert(rows(np.arange(lo, hi)), writer_id="w", sequence=sequence)
     insert = Recorder(table)
     outcomes = store_all(MergedBatches(rows(np.arange(10)), None, OFFSETS, first_sequence=7), insert)
