@@ -18,7 +18,7 @@ import shlex
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apexrl.common.process import EXIT_BAD_CONFIG, stop_on_signals
 from apexrl.common.settings import SettingsError, settings_of
@@ -28,6 +28,10 @@ from apexrl.launcher.fleet_file import load_config
 from apexrl.launcher.progress import ProgressRow, format_row
 from apexrl.launcher.record import REDACTED, redacted  # noqa: F401 (their home before launcher/record.py)
 from apexrl.launcher.run_dir import default_run_dir  # noqa: F401 (its home before launcher/run_dir.py)
+
+if TYPE_CHECKING:
+    from apexrl.launcher.api import FleetRun
+    from apexrl.launcher.run import RunResult
 
 log = logging.getLogger("apexrl.launch")
 
@@ -139,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             plan = plan_new(config, host, extra, options={k: v for k, v in vars(args).items() if k != "func"})
         with stop_on_signals(stop, hangup=True, on_repeat=force.set):  # second Ctrl-C: kill at once
             fleet = start(plan, on_progress=_print_row, report=_print_error, stop=stop, force=force)
-            result = fleet.wait()
+            result = _wait_awake(fleet)
     except SettingsError as err:
         print(f"apexrl launch: error: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -167,6 +171,17 @@ def resume_changes(args: argparse.Namespace) -> dict[str, Any]:
             f"start a new run instead"
         )
     return {s.name: getattr(args, s.name) for s in settings_of(FleetSettings) if hasattr(args, s.name)}
+
+
+def _wait_awake(fleet: FleetRun) -> RunResult:
+    """The run's result, waited for in short slices: Python runs signal handlers only in the main thread, and a
+    SIGTERM the kernel hands to another thread (gRPC's, the run's) does not wake a main thread asleep in an
+    untimed wait, so the run would never hear it (seen under load)."""
+    while True:
+        try:
+            return fleet.wait(0.5)
+        except TimeoutError:
+            continue
 
 
 def _print_row(row: ProgressRow) -> None:
