@@ -113,6 +113,15 @@ class ActorConfig:
         "schedule, from 0.5 for actor 0 down to 0.05 for actor N-1; "
         "evaluators play with 0)",
     )
+    noise_correlation: float | None = setting(
+        None,
+        "dpg: how much of its last value each action dimension's noise keeps "
+        "from one step to the next, in [0, 1) (an AR(1) process whose "
+        "standard deviation stays the noise scale): 0.9 pushes one way for "
+        "~10 steps, which finds rewards behind a sustained push "
+        "(MountainCarContinuous) that fresh noise cancels out (none: 0, "
+        "fresh noise every step)",
+    )
     random_steps: int | None = setting(
         None,
         "dpg: environment steps this actor takes with uniformly random "
@@ -194,6 +203,8 @@ class ActorConfig:
             raise ValueError(f"epsilon ({self.epsilon}) must be in [0, 1]")
         if self.noise_scale is not None and not 0 <= self.noise_scale <= 10:
             raise ValueError(f"noise_scale ({self.noise_scale}) must be in [0, 10] (half action ranges)")
+        if self.noise_correlation is not None and not 0 <= self.noise_correlation < 1:
+            raise ValueError(f"noise_correlation ({self.noise_correlation}) must be in [0, 1)")
         if self.random_steps is not None and self.random_steps < 0:
             raise ValueError(f"random_steps ({self.random_steps}) must be >= 0")
         if self.algorithm not in algorithm_names():

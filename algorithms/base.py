@@ -55,6 +55,7 @@ class ActorSettings(Protocol):
     evaluate: bool
     epsilon: float | None
     noise_scale: float | None
+    noise_correlation: float | None
     random_steps: int | None
 
 

@@ -4,7 +4,13 @@ against the same launch with `--noise-scale` fixed for all actors (0.1: TD3's an
 alternating, each run stopped when solved or at --max-seconds.
 
     .venv/bin/python bench/noise_schedule.py --env Pendulum-v1 --seeds 3 --max-seconds 240 --json /tmp/noise.json
-    .venv/bin/python bench/noise_schedule.py --env MountainCarContinuous-v0 --max-seconds 300
+    .venv/bin/python bench/noise_schedule.py --env MountainCarContinuous-v0 --max-seconds 300 --noise-correlation 0.9
+    python3 bench/noise_schedule.py --env MountainCarContinuous-v0 --seeds 4 --parallel-cores 2   # 16 cores: 8 at once
+
+`--noise-correlation RHO` gives both variants' actors noise correlated over time (`apexrl actor
+--noise-correlation`). `--parallel-cores K` runs as many launches at once as the machine has K cores for, each
+pinned to its own K cores (taskset): a machine of 16 cores plays 8 copies of a 2-core one; without it the runs
+go one after the other.
 
 Printed per run: solved, wall seconds (the budget when not solved), env steps, and the last evaluation mean
 return; then per variant the runs solved, the median wall time (unsolved runs count as the budget) and the median
@@ -14,13 +20,16 @@ of the final evaluation returns. The evaluator plays without noise in both varia
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.report import load_line, metadata, progress, render_table, write_json
@@ -28,8 +37,17 @@ from harness.report import load_line, metadata, progress, render_table, write_js
 VARIANTS = ("schedule", "single")
 
 
-def run(env_id: str, seed: int, variant: str, args: argparse.Namespace, workdir: Path) -> dict:
+def run(
+    env_id: str,
+    seed: int,
+    variant: str,
+    args: argparse.Namespace,
+    workdir: Path,
+    cpus: list[int] | None = None,
+) -> dict:
+    pin = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     command = [
+        *pin,
         sys.executable,
         "-m",
         "apexrl.launcher",
@@ -47,6 +65,8 @@ def run(env_id: str, seed: int, variant: str, args: argparse.Namespace, workdir:
     ]
     if variant == "single":  # every exploring actor the same scale; the evaluator (after it) none
         command += [f"--actor-arg=--noise-scale={args.single}", "--evaluator-arg=--noise-scale=0"]
+    if args.noise_correlation:
+        command += [f"--actor-arg=--noise-correlation={args.noise_correlation}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds + 180)
     lines = done.stdout.strip().splitlines()
     if not lines:
@@ -62,6 +82,42 @@ def run(env_id: str, seed: int, variant: str, args: argparse.Namespace, workdir:
     }
 
 
+def core_slots(cores_per_run: int) -> list[list[int]]:
+    """This process's cores cut into disjoint groups of `cores_per_run` (a remainder is left idle)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not 1 <= cores_per_run <= len(cores):
+        raise SystemExit(f"--parallel-cores {cores_per_run}: this machine has {len(cores)} cores")
+    return [cores[i : i + cores_per_run] for i in range(0, len(cores) - cores_per_run + 1, cores_per_run)]
+
+
+def run_all(jobs: list[tuple[int, str]], args: argparse.Namespace, workdir: Path) -> list[dict]:
+    """Every (seed, variant) launch, in order, or side by side on disjoint cores with --parallel-cores."""
+    slots: queue.Queue[list[int] | None] = queue.Queue()
+    for slot in core_slots(args.parallel_cores) if args.parallel_cores else [None]:
+        slots.put(slot)
+    counter = itertools.count(1)
+
+    def one(job: tuple[int, str]) -> dict:
+        seed, variant = job
+        cpus = slots.get()
+        try:
+            started = time.perf_counter()
+            where = f" on cores {cpus}" if cpus else ""
+            progress(f"{variant} seed {seed}{where} ...")
+            r = run(args.env, seed, variant, args, workdir, cpus)
+            progress(
+                f"[{next(counter)}/{len(jobs)}] {variant} seed {seed}: solved={r['solved']} "
+                f"{r['seconds']:.1f} s, final return {r['final_return']}, {r['env_steps']:,} env steps "
+                f"({time.perf_counter() - started:.0f} s)"
+            )
+            return r
+        finally:
+            slots.put(cpus)
+
+    with ThreadPoolExecutor(max_workers=slots.qsize()) as pool:
+        return list(pool.map(one, jobs))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -73,23 +129,30 @@ def main() -> int:
     parser.add_argument(
         "--single", type=float, default=0.1, help="the one noise scale of the 'single' variant"
     )
+    parser.add_argument(
+        "--noise-correlation",
+        type=float,
+        default=0.0,
+        help="correlation of every exploring actor's noise from one step to the next, both variants (0)",
+    )
+    parser.add_argument(
+        "--parallel-cores",
+        type=int,
+        default=0,
+        metavar="K",
+        help="run launches side by side, each pinned to its own K cores (0: one after the other)",
+    )
     parser.add_argument("--json", help="write every run and the summary here")
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]
-    runs = []
+    jobs = [
+        (seed, variant)
+        for seed in range(args.first_seed, args.first_seed + args.seeds)
+        for variant in VARIANTS
+    ]
     with tempfile.TemporaryDirectory(prefix="noise-schedule-") as tmp:
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
-            for variant in VARIANTS:
-                started = time.perf_counter()
-                progress(f"{variant} seed {seed} ...")
-                runs.append(run(args.env, seed, variant, args, Path(tmp)))
-                r = runs[-1]
-                progress(
-                    f"{variant} seed {seed}: solved={r['solved']} {r['seconds']:.1f} s, final return "
-                    f"{r['final_return']}, {r['env_steps']:,} env steps "
-                    f"({time.perf_counter() - started:.0f} s)"
-                )
+        runs = run_all(jobs, args, Path(tmp))
     load_after = os.getloadavg()[0]
     summary = {}
     for variant in VARIANTS:
@@ -125,7 +188,8 @@ def main() -> int:
     ]
     print(
         f"{args.env}: per-actor noise scales (schedule) vs {args.single} for every actor (single), "
-        f"budget {args.max_seconds:g} s"
+        f"budget {args.max_seconds:g} s, noise correlation {args.noise_correlation:g}"
+        + (f", {args.parallel_cores} cores per run, side by side" if args.parallel_cores else "")
     )
     print(
         "\n".join(

@@ -34,6 +34,6 @@ ALGORITHM = Algorithm(
             "target_noise",
             "target_noise_clip",
         ),
-        "actor": ("noise_scale", "random_steps"),
+        "actor": ("noise_scale", "noise_correlation", "random_steps"),
     },
 )

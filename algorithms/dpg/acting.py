@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from apexrl.algorithms.base import ActorSettings
-from apexrl.algorithms.dpg.exploration import apex_noise_scale, gaussian_actions, uniform_actions
+from apexrl.algorithms.dpg.exploration import UnitNoise, apex_noise_scale, gaussian_actions, uniform_actions
 from apexrl.algorithms.forward import dense, dense_stack, flat_float, is_convolutional, relu_stack
 from apexrl.common.spaces import EnvSpaces
 
@@ -107,13 +107,20 @@ class NumpyDPGPolicy(DPGPolicy):
 
 
 class GaussianNoise:
-    """The policy's action plus Gaussian noise of scale `scale` (half ranges), clipped to the bounds; the first
+    """The policy's action plus Gaussian noise of scale `scale` (half ranges), clipped to the bounds, each
+    environment's noise keeping `correlation` of its last value (0: drawn afresh every step); the first
     `random_steps` environment steps of this actor draw uniformly random actions instead."""
 
     name = "noise_scale"
 
     def __init__(
-        self, scale: float, low: np.ndarray, high: np.ndarray, rng: np.random.Generator, random_steps: int = 0
+        self,
+        scale: float,
+        low: np.ndarray,
+        high: np.ndarray,
+        rng: np.random.Generator,
+        random_steps: int = 0,
+        correlation: float = 0.0,
     ) -> None:
         if not scale >= 0:
             raise ValueError(f"noise scale ({scale!r}) must be >= 0")
@@ -123,6 +130,7 @@ class GaussianNoise:
         self.low, self.high = np.asarray(low, np.float64), np.asarray(high, np.float64)
         self.random_steps = int(random_steps)
         self.steps = 0
+        self.noise = UnitNoise(correlation, rng)
         self._rng = rng
 
     def actions(self, policy: DPGPolicy, obs: np.ndarray) -> np.ndarray:
@@ -134,13 +142,13 @@ class GaussianNoise:
         greedy = policy.greedy(obs)
         if self.scale == 0.0:
             return greedy
-        return gaussian_actions(greedy, self.scale, self.low, self.high, self._rng)
+        return gaussian_actions(greedy, self.scale, self.low, self.high, self.noise.draw(greedy.shape))
 
 
 def make_explorer(settings: ActorSettings, spaces: EnvSpaces, rng: np.random.Generator) -> GaussianNoise:
     """Actor i of N explores with the noise scale sigma_i (`apex_noise_scale`) unless `settings.noise_scale` fixes
-    one, after `settings.random_steps` uniformly random steps; the evaluator acts greedily (no noise, no random
-    steps) unless given a noise scale."""
+    one, its noise correlated over time by `settings.noise_correlation`, after `settings.random_steps` uniformly
+    random steps; the evaluator acts greedily (no noise, no random steps) unless given a noise scale."""
     low, high = np.asarray(spaces.action_low), np.asarray(spaces.action_high)
     if settings.evaluate:
         return GaussianNoise(settings.noise_scale or 0.0, low, high, rng)
@@ -149,4 +157,11 @@ def make_explorer(settings: ActorSettings, spaces: EnvSpaces, rng: np.random.Gen
         if settings.noise_scale is not None
         else apex_noise_scale(settings.actor_index, settings.num_actors)
     )
-    return GaussianNoise(scale, low, high, rng, random_steps=settings.random_steps or 0)
+    return GaussianNoise(
+        scale,
+        low,
+        high,
+        rng,
+        random_steps=settings.random_steps or 0,
+        correlation=settings.noise_correlation or 0.0,
+    )

@@ -1,7 +1,8 @@
 """Ape-X DPG on the actor's side (algorithms/dpg/acting.py, exploration.py): the policy and critic rebuilt from the
 published weights equal the learner's networks (numpy for vectors, torch for images), initial priorities are the
 n-step TD error of the stored action, the per-actor noise scales, Gaussian noise per dimension's half range,
-clipping to asymmetric bounds, uniformly random warm-up steps, and a greedy evaluator."""
+clipping to asymmetric bounds, noise correlated over time, uniformly random warm-up steps, and a greedy
+evaluator."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from apexrl.algorithms.dpg.acting import GaussianNoise, NumpyDPGPolicy, make_explorer, make_policy
-from apexrl.algorithms.dpg.exploration import SIGMA_MAX, SIGMA_MIN, apex_noise_scale
+from apexrl.algorithms.dpg.exploration import SIGMA_MAX, SIGMA_MIN, UnitNoise, apex_noise_scale
 from apexrl.algorithms.dpg.networks import build_networks
 from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.spaces import EnvSpaces
@@ -111,6 +112,50 @@ def test_gaussian_noise_is_scaled_per_dimension_to_half_its_range_and_clipped_to
     assert (edge[:, 0] < 3.0).mean() == pytest.approx(0.5, abs=0.02)  # half the draws pushed back inside
 
 
+def lag_one_correlation(draws: np.ndarray) -> np.ndarray:
+    """Per column of each row's series [steps, rows, dims]: corr(z_t, z_{t+1}), pooled over rows."""
+    a, b = draws[:-1].reshape(-1, draws.shape[-1]), draws[1:].reshape(-1, draws.shape[-1])
+    return np.array([np.corrcoef(a[:, d], b[:, d])[0, 1] for d in range(draws.shape[-1])])
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.5, 0.9])
+def test_unit_noise_keeps_rho_of_its_last_draw_and_stays_standard_normal(rho):
+    noise = UnitNoise(rho, np.random.default_rng(1))
+    draws = np.stack(
+        [noise.draw((200, 2)) for _ in range(400)]
+    )  # 400 steps of 200 environments, 2 dimensions
+    np.testing.assert_allclose(draws.reshape(-1, 2).mean(axis=0), 0.0, atol=0.05)
+    np.testing.assert_allclose(draws.reshape(-1, 2).std(axis=0), 1.0, rtol=0.03)  # sigma keeps its meaning
+    np.testing.assert_allclose(lag_one_correlation(draws), rho, atol=0.02)
+    rows = draws[:, :, 0].T  # environments are independent processes
+    assert abs(np.corrcoef(rows[0], rows[1])[0, 1]) < 0.3
+
+
+def test_unit_noise_starts_afresh_when_the_batch_changes_shape():
+    noise = UnitNoise(0.99, np.random.default_rng(2))
+    noise.draw((3, 2))
+    assert noise.draw((5, 2)).shape == (5, 2)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan")])
+def test_unit_noise_refuses_a_correlation_outside_zero_to_one(bad):
+    with pytest.raises(ValueError, match=r"noise correlation .* must be in \[0, 1\)"):
+        UnitNoise(bad, np.random.default_rng(0))
+
+
+def test_correlated_gaussian_noise_keeps_the_scale_per_dimension_and_pushes_one_way_for_a_while():
+    explorer = GaussianNoise(
+        0.1, np.array([-1.0, 0.0]), np.array([3.0, 1.0]), np.random.default_rng(3), correlation=0.9
+    )
+    centre = Constant([1.0, 0.5])
+    actions = np.stack([explorer.actions(centre, np.zeros((100, 3))) for _ in range(500)])
+    np.testing.assert_allclose(actions.reshape(-1, 2).std(axis=0), [0.1 * 2.0, 0.1 * 0.5], rtol=0.05)
+    np.testing.assert_allclose(lag_one_correlation(actions), 0.9, atol=0.02)
+    white = GaussianNoise(0.1, np.array([-1.0, 0.0]), np.array([3.0, 1.0]), np.random.default_rng(3))
+    fresh = np.stack([white.actions(centre, np.zeros((100, 3))) for _ in range(500)])
+    np.testing.assert_allclose(lag_one_correlation(fresh), 0.0, atol=0.02)
+
+
 def test_random_warm_up_steps_then_the_noisy_policy():
     explorer = GaussianNoise(
         0.0, np.array([-1.0, 0.0]), np.array([3.0, 1.0]), np.random.default_rng(0), random_steps=1000
@@ -135,6 +180,7 @@ def actor_settings(**changes):
         "evaluate": False,
         "epsilon": None,
         "noise_scale": None,
+        "noise_correlation": None,
         "random_steps": 500,
         **changes,
     }
@@ -147,7 +193,9 @@ def test_each_actor_gets_its_own_scale_and_the_evaluator_plays_greedily():
         make_explorer(actor_settings(actor_index=i), SPACES, rng).scale for i in range(4)
     ] == pytest.approx([apex_noise_scale(i, 4) for i in range(4)])
     fixed = make_explorer(actor_settings(actor_index=3, noise_scale=0.3), SPACES, rng)
-    assert fixed.scale == 0.3 and fixed.random_steps == 500
+    assert fixed.scale == 0.3 and fixed.random_steps == 500 and fixed.noise.correlation == 0.0
+    correlated = make_explorer(actor_settings(actor_index=1, noise_correlation=0.9), SPACES, rng)
+    assert correlated.scale == pytest.approx(apex_noise_scale(1, 4)) and correlated.noise.correlation == 0.9
     evaluator = make_explorer(actor_settings(evaluate=True), SPACES, rng)
     assert evaluator.scale == 0.0 and evaluator.random_steps == 0
     policy = Constant([0.25, 0.75])

@@ -171,6 +171,7 @@ def _other_value(s):
         "signature": None,
         "evaluation_cpu_share": 0.5,
         "target_tau": 0.5,
+        "noise_correlation": 0.5,
         "params": "127.0.0.1:7101",
     }
     if s.name in special:

@@ -104,6 +104,10 @@ def test_the_evaluator_gets_the_actors_pass_through_args_first():
         ),
         ({"actor": ["--bogus"]}, "actor-0: apexrl actor (actor-0): unrecognized arguments: --bogus"),
         ({"actor": ["--epsilon", "3"]}, "actor-0: --epsilon: epsilon (3.0) must be in [0, 1]"),
+        (
+            {"actor": ["--noise-correlation", "1"]},
+            "actor-0: --noise-correlation: noise_correlation (1.0) must be in [0, 1)",
+        ),
     ],
 )
 def test_check_commands_parses_every_local_role_as_the_role_will(tmp_path, extra, message):

@@ -1,26 +1,29 @@
 #!/usr/bin/env python
-"""A bounded Pong run: `apexrl launch --env ALE/Pong-v5` for `--max-seconds`, and the figures that show the whole
-pixel pipeline working (issue 10, item 4), read from the fleet itself.
+"""A bounded fleet run: `apexrl launch --env ENV` for `--max-seconds`, and its figures read from the fleet itself
+(frames/s, updates/s, bytes per stored transition, greedy return over time). Written for Pong (issue 10, item 4:
+the whole pixel pipeline), used for any environment (issue 15: HalfCheetah-v5 and Pong on a GPU machine).
 
-    .venv/bin/python bench/pong_run.py --json /tmp/pong_run.json                 # 240 s (+ start-up and stop)
-    .venv/bin/python bench/pong_run.py --max-seconds 60 --run-dir /tmp/pong60    # a smoke run
-    .venv/bin/python bench/pong_run.py --num-actors 2 --learner-arg='--batch-size 32'   # flags go to the launcher
+    .venv/bin/python bench/fleet_run.py --json /tmp/pong_run.json                 # Pong, 240 s (+ start-up and stop)
+    .venv/bin/python bench/fleet_run.py --max-seconds 60 --run-dir /tmp/pong60    # a smoke run
+    .venv/bin/python bench/fleet_run.py --num-actors 2 --learner-arg='--batch-size 32'   # flags go to the launcher
+    .venv/bin/python bench/fleet_run.py --env HalfCheetah-v5 --evaluation-episodes 10 --json /tmp/hc.json
 
 Flags this script does not know are appended to the launch command (write pass-through values with '=', as
 `apexrl launch` asks). What it reports:
 - env steps of the exploring actors (the launcher's final JSON; the evaluator's are listed apart, scraped) and
-  frames (x 4, Atari's frame skip), per second over the whole wall time and since the actors' first step;
+  frames (x 4, Atari's frame skip, for ALE/* environments; a frame per step for the others), per second over the
+  whole wall time and since the actors' first step;
 - learner updates, per second over the wall time and since the first update (progress.csv);
-- bytes per stored transition on real Pong frames: the shards' `apexrl_replay_stored_bytes` /
+- bytes per stored transition: the shards' `apexrl_replay_stored_bytes` /
   `apexrl_replay_size_rows`, scraped from the /metrics endpoints in RUN_DIR/prometheus/targets.json every
   `--scrape-seconds` while the fleet runs (the last scrape is reported), and the shards' own count at stop (their
-  logs), next to a raw row (56,472 B);
+  logs), next to a raw Atari row (56,472 B);
 - evaluation return over time: the evaluator's greedy episodes (episodes.csv) grouped by the weights version they
   were played with, against wall time and the fleet's env steps then.
 The table goes to stdout, then one JSON line (the last line); the launcher's progress lines go to stderr.
 
-`--evaluation-episodes` is the launcher's default for Atari, 10 (100 side-by-side Pong episodes would not finish a round
-within a few minutes on 2 cores).
+`--evaluation-episodes` is the launcher's default (10 for Atari: 100 side-by-side Pong episodes would not finish a
+round within a few minutes on 2 cores; 100 for the others).
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from pathlib import Path
 
 from harness.report import load_line, metadata, progress, render_table, write_json
 
-ENV = "ALE/Pong-v5"
+DEFAULT_ENV = "ALE/Pong-v5"
+# A raw Atari row (AtariPreprocessing's 4 stacked 84x84 frames, twice): what compression is measured against.
 RAW_ROW_BYTES = 2 * 4 * 84 * 84 + 8 + 4 + 4 + 8  # obs, next_obs, action, reward, discount, weight_version
 STOPPED = re.compile(r"replay shard stopped: (\d+) rows held, (\d+) inserted.*?; (\d+) bytes held")
 
@@ -78,7 +82,7 @@ def launch_command(args: argparse.Namespace, extra: list[str]) -> list[str]:
         "apexrl.launcher",
         "launch",
         "--env",
-        ENV,
+        args.env,
         "--max-seconds",
         str(args.max_seconds),
         "--run-dir",
@@ -274,6 +278,9 @@ def figures(args: argparse.Namespace, fleet: Fleet) -> dict:
     """Everything the run reports, as one JSON-ready dict."""
     from apexrl.common.environments import ATARI_FRAME_SKIP
 
+    atari = args.env.startswith("ALE/")
+    frame_skip = ATARI_FRAME_SKIP if atari else 1
+    raw_bytes = RAW_ROW_BYTES if atari else None
     run_dir = Path(args.run_dir)
     rows = read_csv(run_dir / "progress.csv")
     result = fleet.result
@@ -285,21 +292,21 @@ def figures(args: argparse.Namespace, fleet: Fleet) -> dict:
     last = next((s for s in reversed(fleet.scrapes) if s.rows), None)
     per_row = last.stored_bytes / last.rows if last else None
     return {
-        "env": ENV,
+        "env": args.env,
         "max_seconds": args.max_seconds,
         "wall_seconds": wall,
         "reason": result["reason"],
         "restarts": result["restarts"],
-        "frame_skip": ATARI_FRAME_SKIP,
+        "frame_skip": frame_skip,
         "env_steps": steps,
-        "frames": steps * ATARI_FRAME_SKIP,
+        "frames": steps * frame_skip,
         "env_steps_per_s": steps / wall,
-        "frames_per_s": steps * ATARI_FRAME_SKIP / wall,
+        "frames_per_s": steps * frame_skip / wall,
         "env_steps_per_s_since_start": steps_rate,
         "actors_started_at_s": steps_from,
-        "frames_per_s_since_start": None if steps_rate is None else steps_rate * ATARI_FRAME_SKIP,
+        "frames_per_s_since_start": None if steps_rate is None else steps_rate * frame_skip,
         "env_steps_per_s_second_half": half_rate,
-        "frames_per_s_second_half": None if half_rate is None else half_rate * ATARI_FRAME_SKIP,
+        "frames_per_s_second_half": None if half_rate is None else half_rate * frame_skip,
         "evaluator_env_steps": next(
             (s.evaluator_env_steps for s in reversed(fleet.scrapes) if s.evaluator_env_steps is not None),
             None,
@@ -313,8 +320,8 @@ def figures(args: argparse.Namespace, fleet: Fleet) -> dict:
         "stored_rows": last.rows if last else None,
         "inserted_rows": last.inserted if last else None,
         "scraped_at_s": last.wall_seconds if last else None,
-        "raw_bytes_per_transition": RAW_ROW_BYTES,
-        "compression_ratio": RAW_ROW_BYTES / per_row if per_row else None,
+        "raw_bytes_per_transition": raw_bytes,
+        "compression_ratio": raw_bytes / per_row if raw_bytes and per_row else None,
         "at_stop": bytes_at_stop(run_dir),
         "evaluation": evaluation_rounds(run_dir, rows),
         "mean_return_100": result["mean_return_100"],
@@ -362,7 +369,7 @@ def print_table(f: dict, file=sys.stdout) -> None:
         ],
     ]
     print(
-        f"{ENV}, {f['wall_seconds']:.0f} s wall ({f['reason']}, {f['restarts']} restarts), run dir "
+        f"{f['env']}, {f['wall_seconds']:.0f} s wall ({f['reason']}, {f['restarts']} restarts), run dir "
         f"{f['run_dir']}",
         file=file,
     )
@@ -397,14 +404,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--env", default=DEFAULT_ENV, help=f"environment id of the fleet ({DEFAULT_ENV})")
     parser.add_argument("--max-seconds", type=float, default=240.0, help="the fleet's wall-time budget (240)")
-    parser.add_argument("--run-dir", default=None, help="run directory (default runs/pong_run-TIMESTAMP)")
+    parser.add_argument(
+        "--run-dir", default=None, help="run directory (default runs/fleet_run-ENV-TIMESTAMP)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--evaluation-episodes",
         type=int,
         default=None,
-        help="greedy Pong episodes per evaluation round (default: the launcher's, 10 for Atari)",
+        help="greedy episodes per evaluation round (default: the launcher's, 10 for Atari, else 100)",
     )
     parser.add_argument(
         "--scrape-seconds",
@@ -415,7 +425,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--json", metavar="PATH", help="also write the figures and the scrapes to PATH")
     args, extra = parser.parse_known_args(argv)
     if args.run_dir is None:
-        args.run_dir = f"runs/pong_run-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = args.env.replace("/", "-")
+        args.run_dir = f"runs/fleet_run-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     return args, extra
 
 
