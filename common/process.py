@@ -29,6 +29,8 @@ EXIT_FAILURE = 1
 EXIT_BAD_CONFIG = 2
 
 TOKEN_VARIABLE = "APEXRL_TOKEN"  # the bearer token when neither --token nor --token-file is given
+# Set by `apexrl launch` in each role's environment: the launcher's pid, which the role watches (`stop_with_launcher`).
+LAUNCHER_PID_VARIABLE = "APEXRL_LAUNCHER_PID"
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -91,6 +93,32 @@ def stop_on_signals(
     finally:
         for sig, prev in previous.items():
             signal.signal(sig, prev)
+
+
+def stop_with_launcher(stop: threading.Event, poll_seconds: float = 1.0) -> None:
+    """When `apexrl launch` started this process (LAUNCHER_PID_VARIABLE holds its pid), set `stop` once the
+    launcher is gone, so the role shuts down as on SIGTERM (checkpoints written, batches acknowledged) instead of
+    running on unsupervised. Roles run in their own sessions, so a launcher killed with SIGKILL (or the OOM killer)
+    otherwise leaves its whole fleet training, holding the run directory's lock and its ports. The launcher is
+    this process's parent: once the parent pid differs, it has exited and the role was re-parented. The variable
+    is removed, so nothing this process starts inherits the watch."""
+    value = os.environ.pop(LAUNCHER_PID_VARIABLE, None)
+    if not value:
+        return
+    try:
+        launcher = int(value)
+    except ValueError:
+        log.warning("ignoring %s=%r: not a pid", LAUNCHER_PID_VARIABLE, value)
+        return
+
+    def watch() -> None:
+        while not stop.wait(poll_seconds):
+            if os.getppid() != launcher:
+                log.warning("the launcher (pid %d) is gone; shutting down", launcher)
+                stop.set()
+                return
+
+    threading.Thread(target=watch, name="apexrl-launcher-watch", daemon=True).start()
 
 
 def host_setting() -> str:

@@ -22,6 +22,7 @@ from apexrl.common.process import (
     exit_within,
     setup_logging,
     stop_on_signals,
+    stop_with_launcher,
     with_token,
 )
 from apexrl.common.settings import SettingsError, add_arguments, from_namespace
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"apexrl {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     with stop_on_signals() as stop:
+        stop_with_launcher(stop)  # started by `apexrl launch`: stop when it is gone
         try:
             return int(module.run(config, stop) or 0)
         except (

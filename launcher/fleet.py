@@ -28,6 +28,7 @@ from typing import IO
 from apexrl.common.files import open_private
 from apexrl.common.grpc_util import wait_for_health
 from apexrl.common.port_check import check_ports_free
+from apexrl.common.process import LAUNCHER_PID_VARIABLE
 from apexrl.common.settings import SettingsError
 from apexrl.common.tls import TlsFiles
 from apexrl.launcher.commands import command, environment, extra_args_for
@@ -239,7 +240,13 @@ class Fleet:
         log_file = open_private(log_path, "ab")  # 0600; the child writes to it for its lifetime
         log_file.write(f"# {' '.join(argv)}\n".encode())
         log_file.flush()
-        env = environment(self.config, role, links, self.run_dir, {**os.environ, "PYTHONUNBUFFERED": "1"})
+        env = environment(
+            self.config,
+            role,
+            links,
+            self.run_dir,
+            {**os.environ, "PYTHONUNBUFFERED": "1", LAUNCHER_PID_VARIABLE: str(os.getpid())},
+        )
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

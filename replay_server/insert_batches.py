@@ -10,27 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from apexrl.common.signature import SUPPORTED_DTYPES
 from apexrl.proto import replay_pb2
 from apexrl.replay_server import wire
 
 # Column dtypes a merged batch may have: those the codec sends as they are (replay.proto, tensor.proto).
-_MERGEABLE_DTYPES = frozenset(
-    np.dtype(name)
-    for name in (
-        "float16",
-        "float32",
-        "float64",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "bool",
-    )
-)
+_MERGEABLE_DTYPES = frozenset(np.dtype(name) for name in SUPPORTED_DTYPES)
 _BOOL = np.dtype(np.bool_)
 _PRIORITY_DTYPES = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 

@@ -26,18 +26,20 @@ from apexrl.common import grpc_util
 from apexrl.common.files import atomic_write
 
 ECHO_SERVICE = "apexrl.bench.Echo"
+# One zero-filled reply per size asked for, built once (one server per process).
+_REPLIES: dict[int, bytes] = {}
+
+
+def sized_reply(request: bytes) -> bytes:
+    """The reply of the size the request's first 8 bytes ask for."""
+    size = struct.unpack_from("<Q", request)[0]
+    reply = _REPLIES.get(size)
+    if reply is None:
+        reply = _REPLIES[size] = bytes(size)
+    return reply
 
 
 def make_handler() -> grpc.GenericRpcHandler:
-    replies: dict[int, bytes] = {}
-
-    def sized_reply(request: bytes) -> bytes:
-        size = struct.unpack_from("<Q", request)[0]
-        reply = replies.get(size)
-        if reply is None:
-            reply = replies[size] = bytes(size)
-        return reply
-
     def count(request_iterator, context) -> bytes:
         n = nbytes = 0
         for request in request_iterator:
@@ -64,14 +66,6 @@ def make_handler() -> grpc.GenericRpcHandler:
 
 def make_aio_handler() -> grpc.GenericRpcHandler:
     """The same methods as coroutines, for a grpc.aio server."""
-    replies: dict[int, bytes] = {}
-
-    def sized_reply(request: bytes) -> bytes:
-        size = struct.unpack_from("<Q", request)[0]
-        reply = replies.get(size)
-        if reply is None:
-            reply = replies[size] = bytes(size)
-        return reply
 
     async def count(request_iterator, context) -> bytes:
         n = nbytes = 0

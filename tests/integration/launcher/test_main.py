@@ -204,6 +204,26 @@ def test_sigterm_stops_every_role_cleanly_and_prints_the_result(launch):
 
 
 @pytest.mark.timeout(150)
+def test_roles_shut_down_cleanly_when_their_launcher_is_killed(launch):
+    """Roles run in their own sessions, so a launcher killed with SIGKILL (or by the OOM killer) cannot stop them:
+    each notices that its launcher is gone and shuts down as on SIGTERM, instead of training on unsupervised and
+    holding the run directory's lock."""
+    run = launch()
+    pids = run.wait_running()
+    launcher = run.process.pid
+    run.process.kill()
+    run.process.wait(10)
+    assert_all_gone(pids, timeout=60)
+    for name in ROLES:
+        text = run.log(name)
+        assert f"the launcher (pid {launcher}) is gone; shutting down" in text, (name, text[-2000:])
+        assert "Traceback" not in text, name
+    logs = {name: run.log(name) for name in ROLES}
+    assert "replay shard stopped" in logs["shard-0"] and "learner stopped after" in logs["learner"]
+    assert "actor 0 stopped after" in logs["actor-0"] and "evaluator 0 stopped after" in logs["evaluator"]
+
+
+@pytest.mark.timeout(150)
 def test_a_role_that_dies_is_restarted_while_the_rest_of_the_fleet_runs_on(launch):
     run = launch()
     pids = run.wait_running()
