@@ -182,11 +182,10 @@ class ApeXActor:
             if not self._pull_weights():
                 stop.wait(0.2)
         log.info(
-            "actor %d got weights version %d; %s %.4f",
+            "actor %d got weights version %d; %s",
             self.config.actor_index,
             self.weight_version,
-            self.explorer.name,
-            self.explorer.scale,
+            self.explorer.describe(),
         )
 
     # ------------------------------------------------------------------------------------------------- replay

@@ -25,14 +25,13 @@ def run(config: ActorConfig, stop: threading.Event) -> int:
     metrics = serve_metrics(registry, config.serving_metrics_port, config.host)
     role = "evaluator" if config.evaluate else "actor"
     log.info(
-        "%s %d/%d on %s (%s): %s %.4f, %d env(s), shards %s, params %s; metrics %s",
+        "%s %d/%d on %s (%s): %s, %d env(s), shards %s, params %s; metrics %s",
         role,
         config.actor_index,
         config.num_actors,
         config.env,
         actor.algorithm.name,
-        actor.explorer.name,
-        actor.explorer.scale,
+        actor.explorer.describe(),
         config.num_envs,
         ",".join(config.replay),
         config.params,

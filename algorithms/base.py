@@ -36,11 +36,15 @@ class ActingPolicy(Protocol):
 
 
 class Explorer(Protocol):
-    """How one actor departs from the greedy policy; `scale` (its epsilon or noise scale) is exported as a
-    metric and logged under `name`."""
+    """How one actor departs from the greedy policy; `scale` (its epsilon or noise scale) is exported as the
+    metric `name`."""
 
     name: str
     scale: float
+
+    def describe(self) -> str:
+        """Its settings in a few words for the actor's start-up log (e.g. "epsilon 0.0160")."""
+        ...
 
     def actions(self, policy: ActingPolicy, obs: np.ndarray) -> np.ndarray:
         """Actions for a batch of observations (one per environment of the actor)."""

@@ -133,6 +133,14 @@ class GaussianNoise:
         self.noise = UnitNoise(correlation, rng)
         self._rng = rng
 
+    def describe(self) -> str:
+        words = f"noise scale {self.scale:.4f}"
+        if self.noise.correlation:
+            words += f", correlation {self.noise.correlation:g}"
+        if self.random_steps:
+            words += f", {self.random_steps} uniformly random steps first"
+        return words
+
     def actions(self, policy: DPGPolicy, obs: np.ndarray) -> np.ndarray:
         batch = len(obs)
         random = self.steps < self.random_steps

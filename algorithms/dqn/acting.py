@@ -104,6 +104,9 @@ class EpsilonGreedy:
         self.scale = float(epsilon)
         self._rng = rng
 
+    def describe(self) -> str:
+        return f"epsilon {self.scale:.4f}"
+
     def actions(self, policy: ActingPolicy, obs: np.ndarray) -> np.ndarray:
         if self.scale == 0.0:
             return policy.greedy(obs)

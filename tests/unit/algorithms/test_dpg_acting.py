@@ -202,3 +202,14 @@ def test_each_actor_gets_its_own_scale_and_the_evaluator_plays_greedily():
     np.testing.assert_array_equal(
         evaluator.actions(policy, np.zeros((7, 3))), policy.greedy(np.zeros((7, 3)))
     )
+
+
+def test_the_start_up_line_names_scale_correlation_and_warm_up():
+    rng = np.random.default_rng(0)
+    fixed = make_explorer(actor_settings(noise_scale=0.3), SPACES, rng)
+    assert fixed.describe() == "noise scale 0.3000, 500 uniformly random steps first"
+    correlated = make_explorer(
+        actor_settings(noise_scale=0.1, noise_correlation=0.9, random_steps=0), SPACES, rng
+    )
+    assert correlated.describe() == "noise scale 0.1000, correlation 0.9"
+    assert make_explorer(actor_settings(evaluate=True), SPACES, rng).describe() == "noise scale 0.0000"

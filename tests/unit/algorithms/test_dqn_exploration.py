@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from apexrl.algorithms.dqn.acting import make_explorer
 from apexrl.algorithms.dqn.exploration import apex_epsilon, epsilon_greedy
 
 
@@ -61,3 +63,13 @@ def test_epsilon_greedy() -> None:
         epsilon_greedy(q, 1.1, rng)
     with pytest.raises(ValueError):
         epsilon_greedy(q[0], 0.1, rng)
+
+
+def test_each_actor_logs_its_own_epsilon_and_the_evaluator_plays_greedily() -> None:
+    rng = np.random.default_rng(0)
+    settings = {"actor_index": 1, "num_actors": 4, "evaluate": False, "epsilon": None}
+    actor = make_explorer(SimpleNamespace(**settings), None, rng)  # type: ignore[arg-type]
+    assert actor.scale == pytest.approx(apex_epsilon(1, 4))
+    assert actor.describe() == f"epsilon {apex_epsilon(1, 4):.4f}"
+    evaluator = make_explorer(SimpleNamespace(**{**settings, "evaluate": True}), None, rng)  # type: ignore[arg-type]
+    assert evaluator.describe() == "epsilon 0.0000"
