@@ -1,6 +1,7 @@
 """A digest of Ape-X DQN's behaviour, to compare two checkouts bit for bit (a refactor must not change it): the
 learner's published weights, priorities and losses after 50 updates on fixed batches with seed 0, and the actor
-policy's epsilon-greedy actions and initial priorities on fixed weights and transitions.
+policy's epsilon-greedy actions and initial priorities on fixed weights and transitions; then the same learner and
+the actor's torch policy on MinAtar-shaped pixels (the convolutional torso).
 
     .venv/bin/python bench/dqn_digest.py                                   # this checkout
     cd /tmp/base && /tmp/base/.venv/bin/python /work/main/bench/dqn_digest.py --checkout /tmp/base
@@ -46,6 +47,46 @@ def learner_line() -> str:
     return (
         f"learner: version {version}, weights {digest(weights[k] for k in sorted(weights))}, priorities "
         f"{digest(p for _, p in sampler.updates)}, losses {digest([np.array(losses)])}"
+    )
+
+
+def pixel_learner_line() -> str:
+    """The learner on MinAtar-shaped batches (bool [10, 10, 4] observations, 3 actions: the convolutional torso),
+    then the actor's torch policy rebuilt from its published weights: priorities and greedy actions."""
+    from apexrl.common.environments import EnvSpaces
+    from apexrl.learner.learner import Learner
+    from tests.unit.learner.fakes import FakeSampler, Publisher, config, make_batch
+
+    spaces = EnvSpaces((10, 10, 4), "bool", 3)
+    cfg = config(network="auto", hidden_sizes=None, batch_size=32, publish_every=10, target_update_period=7)
+    sampler, publisher = FakeSampler(), Publisher()
+    if list(inspect.signature(Learner.__init__).parameters)[2] == "obs_dim":  # before the seam
+        learner = Learner(cfg, 400, 3, sampler, publisher, spaces=spaces)
+    else:
+        learner = Learner(cfg, spaces, sampler, publisher)
+    batches = []
+    for i in range(50):
+        batch = make_batch(range(32 * i, 32 * i + 32), obs_dim=400, num_actions=3, seed=i)
+        for name in ("obs", "next_obs"):
+            batch.columns[name] = (batch.columns[name] > 0.5).reshape(-1, 10, 10, 4)
+        batches.append(batch)
+    losses = [learner.train_step(batch) for batch in batches]
+    version, weights = publisher.published[-1]
+    try:
+        from apexrl.algorithms.dqn.acting import make_policy
+    except ImportError:  # before the seam
+        from apexrl.actor.policy import make_policy
+    policy = make_policy(weights, spaces)
+    columns = batches[-1].columns
+    priorities = (
+        policy.initial_priorities(columns)
+        if hasattr(policy, "initial_priorities")
+        else policy.td_error_abs(columns)
+    )
+    return (
+        f"pixel learner: version {version}, weights {digest(weights[k] for k in sorted(weights))}, priorities "
+        f"{digest(p for _, p in sampler.updates)}, losses {digest([np.array(losses)])}; actor priorities "
+        f"{digest([priorities])}, greedy {digest([policy.greedy(columns['obs']).astype(np.int64)])}"
     )
 
 
@@ -100,8 +141,12 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, args.checkout)
     torch.set_num_threads(1)
+    import apexrl.learner.learner
+
+    print(f"code: {Path(apexrl.learner.learner.__file__).resolve().parents[1]}")  # which checkout was imported
     print(learner_line())
     print(actor_line())
+    print(pixel_learner_line())
     return 0
 
 

@@ -155,6 +155,11 @@ def run_sb3(python: Path, seed: int, args: argparse.Namespace) -> dict:
     }
 
 
+# Launcher end reasons that make a run a result; any other (a role that kept crashing, a start-up that failed)
+# is a failed run, reported apart and left out of the medians.
+FINISHED = ("target", "max_seconds")
+
+
 def sb3_train_seconds(args: argparse.Namespace) -> float:
     """SB3's training-time budget per run: `--sb3-max-seconds`, or 5x apexrl's (SB3 runs one process; its step
     budget usually ends it first)."""
@@ -169,9 +174,13 @@ def run_apexrl(seed: int, args: argparse.Namespace, workdir: Path, system: str =
     )
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.max_seconds + 120)
     result = last_json_line(done, f"apexrl seed {seed}")
+    failed = result["reason"] not in FINISHED
+    if failed:
+        progress(f"{system} seed {seed} did not run to an end ({result['reason']}):\n{done.stderr[-2000:]}")
     return {
         "system": system,
         "seed": seed,
+        "failed": result["reason"] if failed else None,
         "solved": result["solved"],
         "seconds": result["wall_seconds"],
         "env_steps": result["env_steps"],
@@ -181,12 +190,14 @@ def run_apexrl(seed: int, args: argparse.Namespace, workdir: Path, system: str =
 
 
 def summary(runs: list[dict], system: str) -> dict:
-    mine = [r for r in runs if r["system"] == system]
+    """Medians over the runs that ran to an end (solved, or out of budget); runs that failed are counted apart."""
+    mine = [r for r in runs if r["system"] == system and not r.get("failed")]
     return {
         "runs": len(mine),
+        "failed": sum(1 for r in runs if r["system"] == system and r.get("failed")),
         "solved": sum(r["solved"] for r in mine),
-        "median_seconds": statistics.median(r["seconds"] for r in mine),
-        "median_env_steps": statistics.median(r["env_steps"] for r in mine),
+        "median_seconds": statistics.median(r["seconds"] for r in mine) if mine else None,
+        "median_env_steps": statistics.median(r["env_steps"] for r in mine) if mine else None,
     }
 
 
@@ -273,7 +284,7 @@ def main() -> int:
         [
             r["system"],
             str(r["seed"]),
-            "yes" if r["solved"] else "NO",
+            f"FAILED ({r['failed']})" if r.get("failed") else "yes" if r["solved"] else "NO",
             f"{r['seconds']:.1f}",
             f"{r['env_steps']:,}",
             _final(r.get("final_return")),
@@ -284,9 +295,9 @@ def main() -> int:
         [
             f"{system} median",
             "",
-            f"{s['solved']}/{s['runs']}",
-            f"{s['median_seconds']:.1f}",
-            f"{s['median_env_steps']:,.0f}",
+            f"{s['solved']}/{s['runs']}" + (f" ({s['failed']} failed)" if s["failed"] else ""),
+            "-" if s["median_seconds"] is None else f"{s['median_seconds']:.1f}",
+            "-" if s["median_env_steps"] is None else f"{s['median_env_steps']:,.0f}",
             "",
         ]
         for system, s in summaries.items()
@@ -303,7 +314,10 @@ def main() -> int:
     if "apexrl" in summaries:
         apexrl = summaries["apexrl"]
         for other in ("sb3", "base"):
-            if other in summaries:
+            if other in summaries and None not in (
+                apexrl["median_seconds"],
+                summaries[other]["median_seconds"],
+            ):
                 ratios[other] = {
                     "wall_time": apexrl["median_seconds"] / summaries[other]["median_seconds"],
                     "env_steps": apexrl["median_env_steps"] / summaries[other]["median_env_steps"],
