@@ -16,9 +16,11 @@ a slow spell of a shared machine hits both sides alike.
 What is compared ("solved" = mean return of 100 greedy episodes >= --target):
 - apexrl: `apexrl launch --seed S` with every default; wall time from the launcher's start to its stop
   (`wall_seconds` of its final JSON line: start-up of every role, and the evaluator's greedy episodes, which run
-  in their own process, included); env steps summed over actors.
+  in their own process, included); env steps summed over actors. A run that ends for another reason than its
+  target or budget (start-up failed, a role kept crashing) is shown FAILED and left out of the medians.
 - SB3: `bench/sb3_worker.py` (one process, torch 1 thread as the zoo runs it); training time with its periodic
-  100-episode evaluations left out (`train_seconds`), env steps at the first solving evaluation.
+  100-episode evaluations left out (`train_seconds`), env steps at the first solving evaluation; unsolved at
+  `--sb3-max-steps` env steps or `--sb3-max-seconds` of training, whichever comes first.
 Printed: each run, the median of each side, and the ratios apexrl / SB3 of the medians (the issue's target is a
 wall-time ratio <= 0.5). Run it on an idle machine: the footer shows the load average.
 
