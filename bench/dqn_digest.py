@@ -143,7 +143,8 @@ def main() -> int:
     torch.set_num_threads(1)
     import apexrl.learner.learner
 
-    print(f"code: {Path(apexrl.learner.learner.__file__).resolve().parents[1]}")  # which checkout was imported
+    # Which checkout was imported: a baseline run that silently imports this working tree shows here.
+    print(f"code: {Path(apexrl.learner.learner.__file__).resolve().parents[1]}")
     print(learner_line())
     print(actor_line())
     print(pixel_learner_line())
