@@ -93,7 +93,8 @@ def test_a_pendulum_fleet_runs_dpg_stores_box_actions_trains_and_actors_pull_new
     assert "learner for Pendulum-v1" in logs["learner"] and "DPG (clipped double-Q" in logs["learner"]
     for index in (0, 1):  # each actor explored with its own noise scale and acted with newer weights
         log = logs[f"actor-{index}"]
-        assert f"(dpg): noise_scale {0.5 if index == 0 else 0.05:.4f}" in log, log[-2000:]
+        scale = 0.5 if index == 0 else 0.05
+        assert f"(dpg): noise scale {scale:.4f}, 1000 uniformly random steps first" in log, log[-2000:]
         stopped = ACTOR_STOPPED.search(log)
         assert stopped and int(stopped[2]) > 0 and int(stopped[4]) > 1, log[-2000:]
     for name in ("shard-0", "shard-1"):
