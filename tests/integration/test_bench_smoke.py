@@ -205,7 +205,8 @@ def test_scaling_model_quick_mode_measures_every_cost_and_models_every_shard_cou
 
 
 def test_the_dqn_digest_runs_and_is_reproducible():
-    """bench/dqn_digest.py compares checkouts bit for bit: it must run, and give the same lines twice."""
+    """bench/dqn_digest.py compares checkouts bit for bit: it must run, name the checkout it imported (this one),
+    and give the same lines twice."""
     runs = [
         subprocess.run(
             [sys.executable, str(BENCH / "dqn_digest.py")], timeout=120, capture_output=True, text=True
@@ -214,7 +215,8 @@ def test_the_dqn_digest_runs_and_is_reproducible():
     ]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-3000:]
     lines = runs[0].stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["learner", "actor"] and runs[1].stdout == runs[0].stdout
+    assert [line.split(":")[0] for line in lines] == ["code", "learner", "actor", "pixel learner"]
+    assert lines[0] == f"code: {BENCH.parent}" and runs[1].stdout == runs[0].stdout
 
 
 @pytest.mark.timeout(150)
