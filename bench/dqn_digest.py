@@ -30,48 +30,47 @@ def digest(arrays) -> str:
     return h.hexdigest()[:16]
 
 
-def learner_line() -> str:
+def train(spaces, batches, **settings) -> tuple[dict, str]:
+    """50 learner updates on `batches` from seed 0: the last published weights and the digest of the run."""
     from apexrl.learner.learner import Learner
-    from tests.unit.learner.fakes import FakeSampler, Publisher, config, make_batch
+    from tests.unit.learner.fakes import FakeSampler, Publisher, config
 
-    cfg = config(hidden_sizes=(64, 64), batch_size=32, publish_every=10, target_update_period=7)
+    cfg = config(batch_size=32, publish_every=10, target_update_period=7, **settings)
     sampler, publisher = FakeSampler(), Publisher()
     if list(inspect.signature(Learner.__init__).parameters)[2] == "obs_dim":  # before the seam
-        learner = Learner(cfg, 4, 2, sampler, publisher)
+        learner = Learner(cfg, spaces.obs_dim, spaces.num_actions, sampler, publisher, spaces=spaces)
     else:
-        from apexrl.common.spaces import EnvSpaces
-
-        learner = Learner(cfg, EnvSpaces.vector(4, 2), sampler, publisher)
-    losses = [learner.train_step(make_batch(range(32 * i, 32 * i + 32), seed=i)) for i in range(50)]
+        learner = Learner(cfg, spaces, sampler, publisher)
+    losses = [learner.train_step(batch) for batch in batches]
     version, weights = publisher.published[-1]
-    return (
-        f"learner: version {version}, weights {digest(weights[k] for k in sorted(weights))}, priorities "
+    return weights, (
+        f"version {version}, weights {digest(weights[k] for k in sorted(weights))}, priorities "
         f"{digest(p for _, p in sampler.updates)}, losses {digest([np.array(losses)])}"
     )
+
+
+def learner_line() -> str:
+    from apexrl.common.environments import EnvSpaces
+    from tests.unit.learner.fakes import make_batch
+
+    batches = [make_batch(range(32 * i, 32 * i + 32), seed=i) for i in range(50)]
+    return "learner: " + train(EnvSpaces.vector(4, 2), batches, hidden_sizes=(64, 64))[1]
 
 
 def pixel_learner_line() -> str:
     """The learner on MinAtar-shaped batches (bool [10, 10, 4] observations, 3 actions: the convolutional torso),
     then the actor's torch policy rebuilt from its published weights: priorities and greedy actions."""
     from apexrl.common.environments import EnvSpaces
-    from apexrl.learner.learner import Learner
-    from tests.unit.learner.fakes import FakeSampler, Publisher, config, make_batch
+    from tests.unit.learner.fakes import make_batch
 
-    spaces = EnvSpaces((10, 10, 4), "bool", 3)
-    cfg = config(network="auto", hidden_sizes=None, batch_size=32, publish_every=10, target_update_period=7)
-    sampler, publisher = FakeSampler(), Publisher()
-    if list(inspect.signature(Learner.__init__).parameters)[2] == "obs_dim":  # before the seam
-        learner = Learner(cfg, 400, 3, sampler, publisher, spaces=spaces)
-    else:
-        learner = Learner(cfg, spaces, sampler, publisher)
     batches = []
     for i in range(50):
         batch = make_batch(range(32 * i, 32 * i + 32), obs_dim=400, num_actions=3, seed=i)
         for name in ("obs", "next_obs"):
             batch.columns[name] = (batch.columns[name] > 0.5).reshape(-1, 10, 10, 4)
         batches.append(batch)
-    losses = [learner.train_step(batch) for batch in batches]
-    version, weights = publisher.published[-1]
+    spaces = EnvSpaces((10, 10, 4), "bool", 3)
+    weights, learned = train(spaces, batches, network="auto", hidden_sizes=None)
     try:
         from apexrl.algorithms.dqn.acting import make_policy
     except ImportError:  # before the seam
@@ -84,9 +83,8 @@ def pixel_learner_line() -> str:
         else policy.td_error_abs(columns)
     )
     return (
-        f"pixel learner: version {version}, weights {digest(weights[k] for k in sorted(weights))}, priorities "
-        f"{digest(p for _, p in sampler.updates)}, losses {digest([np.array(losses)])}; actor priorities "
-        f"{digest([priorities])}, greedy {digest([policy.greedy(columns['obs']).astype(np.int64)])}"
+        f"pixel learner: {learned}; actor priorities {digest([priorities])}, "
+        f"greedy {digest([policy.greedy(columns['obs']).astype(np.int64)])}"
     )
 
 
