@@ -9,6 +9,9 @@ Fewer messages per row (replay.proto, InsertRequest.batch_rows): while a request
 queue up instead of going out one by one, and the next request carries all of them merged (Nagle's algorithm,
 with the ack as the clock): one message and usually one ack for several batches, each still numbered and
 de-duplicated on its own. A writer that inserts slower than the shard answers still sends each batch at once.
+A new stream (a reconnect after a shard restart, which may be an older shard) sends one request and waits for its
+ack, which says whether the shard merges, before the batches queued behind it go out: merged, however loaded the
+machine, and never to a shard that would misread them.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ class _Stream:
         self.in_flight: deque[tuple[int, int]] = (
             deque()
         )  # (first, last) sequence of each request not yet answered
-        self.merge = False  # the shard's acks carry `batches`: it understands merged requests
+        # Whether the shard understands merged requests (its acks carry `batches`): None until its first ack.
+        self.merge: bool | None = None
         self.sender_waiting = False  # the request iterator waits for something to send
         self.done = False
 
@@ -233,6 +237,8 @@ class InsertStream:
         unsent = stream.unsent
         if not unsent:
             return False
+        if stream.merge is None and self._merging and stream.in_flight:
+            return False  # the first ack says whether the shard merges: until then one request goes out
         if not (stream.merge and self._merging) or unsent[0].request is not None or not stream.in_flight:
             return True
         return (
@@ -274,7 +280,7 @@ class InsertStream:
         with self._cond:
             self.acks_received += 1
             self.last_incarnation = ack.incarnation
-            stream.merge = stream.merge or ack.batches > 0
+            stream.merge = bool(stream.merge) or ack.batches > 0
             code = ErrorCode.of(ack.error_code)
             if code in _RETRY_ACK_CODES:
                 # The shard is going away and stored nothing of these: keep them (and every later one) pending and

@@ -104,7 +104,13 @@ class PriorityStream:
         while not self._closed:
             stream = _StreamState()
             try:
-                for reply in self._stub.StreamUpdatePriorities(self._requests(stream)):
+                replies = self._stub.StreamUpdatePriorities(self._requests(stream))
+            except (
+                ValueError
+            ):  # the client's channel was closed (ReplayClient.close) while this waited to reconnect
+                return
+            try:
+                for reply in replies:
                     result = wire.decode_update_result(reply)
                     if self._on_totals is not None:
                         self._on_totals(result.totals)

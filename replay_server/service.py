@@ -27,13 +27,12 @@ from apexrl.common.errors import (
     ApexError,
     FailedPreconditionError,
     InternalError,
-    ResourceExhaustedError,
 )
 from apexrl.common.metrics import RpcMetrics
+from apexrl.common.request_streams import RequestStreams
 from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
-from apexrl.replay_server.drain import drain_requests
 from apexrl.replay_server.inserts import InsertPath
 from apexrl.replay_server.metrics import TableCollector
 from apexrl.replay_server.quotas import Quotas, QuotaSettings
@@ -79,6 +78,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         ).set_function(lambda: len(self.insert_lane))
         self.waits = Waits(table, self.quotas, registry)
         self.inserts = InsertPath(table, self.waits, rpc_metrics, self.insert_lane)
+        # Insert and priority streams never end on their own: close() ends them before the server's grace runs out.
+        self.streams = RequestStreams("replay shard is shutting down")
 
     async def _abort(self, context: grpc.aio.ServicerContext, method: str, err: ApexError) -> NoReturn:
         """Count the refusal and end the call with `err`'s status (raises)."""
@@ -92,14 +93,15 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     async def Insert(self, request_iterator, context) -> AsyncIterator[replay_pb2.InsertAck]:  # noqa: N802
         try:
             with self.quotas.call(context.peer()):
+                requests = self.streams.each(request_iterator)
                 async with contextlib.aclosing(
-                    self.inserts.acks(request_iterator, self._writer(context), context)
+                    self.inserts.acks(requests, self._writer(context), context)
                 ) as acks:
                     async for ack in acks:
                         yield ack
         except (
-            ResourceExhaustedError
-        ) as err:  # the connection's quota: batches are answered one by one in acks
+            ApexError
+        ) as err:  # the connection's quota, or the shard stopping (batches are answered in acks)
             await self._abort(context, "Insert", err)
 
     async def Sample(self, request, context) -> replay_pb2.SampleResponse:  # noqa: N802
@@ -136,7 +138,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     async def StreamUpdatePriorities(self, request_iterator, context):  # noqa: N802
         try:
             with self.quotas.call(context.peer()):
-                async with contextlib.aclosing(drain_requests(request_iterator)) as steps:
+                async with contextlib.aclosing(self.streams.steps(request_iterator)) as steps:
                     async for requests in steps:
                         start = time.perf_counter()
                         responses, error = self._update_together(requests)
@@ -188,9 +190,10 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             return wire.encode_checkpoint(result)
 
     def close(self) -> None:
-        """The server is stopping: every waiting call answers UNAVAILABLE (the table itself stays usable, so a
-        new server can serve it)."""
+        """The server is stopping: every waiting call and open stream answers UNAVAILABLE (the table itself stays
+        usable, so a new server can serve it)."""
         self.waits.close()
+        self.streams.close()
 
 
 @dataclass(frozen=True)
