@@ -19,7 +19,8 @@ from apexrl.replay_server.service import create_replay_server
 from apexrl.replay_server.table import ReplayTable, TableConfig
 
 # On CI (CI=true) a skip fails the run unless tests/allowed_skips.py lists it with its reason.
-pytest_plugins = ("tests.support.skip_policy",)
+# time_budget: every test within its budget, the slowest named at the end; reaper: what a test left running is stopped.
+pytest_plugins = ("tests.support.skip_policy", "tests.support.time_budget", "tests.support.reaper")
 
 
 def wait_until(condition, what: str, timeout: float = 10.0) -> None:
