@@ -7,7 +7,9 @@ runtime) needs the `onnx` extra to write. Either takes one input, `obs`: a batch
 gives them (uint8 frames stay uint8; one-hot encoded Discrete observations are their int64 indices), and gives one
 output, `action`: int64 [batch] (Discrete) or float32 [batch, action_dim] inside the bounds (Box). After writing,
 the export is loaded back and its actions compared with `load_policy`'s on random observations of the checkpoint's
-spaces (ONNX: when onnxruntime is installed). Prints one JSON line: format, path, input, output, checked.
+spaces (ONNX: when onnxruntime is installed); a disagreement is an error. Prints one JSON line: format, path,
+input, output, checked, and `compared`: how many observations were compared and the largest absolute difference
+between the two actions seen on them (null when the file could not be run here), so a report shows what was checked.
 
 ONNX goes through torch's TorchScript-based exporter (`dynamo=False`), which needs only the `onnx` package; the
 newer torch.export-based one would add onnxscript and its dependencies for these few-layer networks.
@@ -71,7 +73,7 @@ def run(args: ExportConfig, stop: threading.Event) -> int:
     except (FileNotFoundError, ValueError) as err:
         raise SettingsError(str(err)) from None
     out = Path(args.out) if args.out else default_path(policy.path, args.format)
-    checked = export_policy(policy, args.format, out)
+    check = export_policy(policy, args.format, out)
     spaces = policy.spaces
     obs = ["batch"] if spaces.obs_one_hot else ["batch", *spaces.obs_shape]
     action = ["batch"] if spaces.num_actions else ["batch", spaces.action_dim]
@@ -86,7 +88,10 @@ def run(args: ExportConfig, stop: threading.Event) -> int:
                     "dtype": "int64" if spaces.num_actions else "float32",
                     "shape": action,
                 },
-                "checked": checked,
+                "checked": check is not None,
+                "compared": None
+                if check is None
+                else {"observations": check.observations, "max_abs_diff": check.max_abs_diff},
             }
         ),
         flush=True,
@@ -101,10 +106,19 @@ def default_path(checkpoint: Path, fmt: str) -> Path:
     return folder / f"policy{SUFFIXES[fmt]}"
 
 
-def export_policy(policy: TrainedPolicy, fmt: str, out: Path) -> bool:
-    """Write `policy` to `out` in `fmt` and check the written file's actions against `policy.act` on random
-    observations; True when checked (an ONNX file without onnxruntime is not). SettingsError naming the extra
-    when ONNX cannot be written; RuntimeError when the export disagrees with the policy."""
+@dataclass(frozen=True)
+class ExportCheck:
+    """What comparing a written file with its policy found: the observations both acted on, and the largest
+    absolute difference between their actions (within the tolerance, or the file would have been refused)."""
+
+    observations: int
+    max_abs_diff: float
+
+
+def export_policy(policy: TrainedPolicy, fmt: str, out: Path) -> ExportCheck | None:
+    """Write `policy` to `out` in `fmt` and check the written file against it (`check_export`); None when the
+    file cannot be run here (ONNX without onnxruntime). SettingsError naming the extra when ONNX cannot be
+    written; RuntimeError when the export disagrees with the policy."""
     import torch
 
     module = policy.greedy_module()
@@ -131,17 +145,34 @@ def export_policy(policy: TrainedPolicy, fmt: str, out: Path) -> bool:
                 output_names=["action"],
                 dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}},
             )
+    return check_export(policy, fmt, out)
+
+
+def check_export(policy: TrainedPolicy, fmt: str, out: Path, rows: int = CHECK_ROWS) -> ExportCheck | None:
+    """Run the file at `out` and `policy.act` on the same `rows` random observations and compare the actions;
+    None when nothing here can run the file. RuntimeError naming the disagreement when an action differs by more
+    than the tolerance (1e-4, relative and absolute) or the shapes differ: a file that acts otherwise than its
+    checkpoint must not be reported as checked."""
     run_export = _loader(fmt, out)
     if run_export is None:
         log.info("onnxruntime is not installed: %s was written but not checked", out)
-        return False
-    obs = sample_observations(policy, CHECK_ROWS, seed=1)
+        return None
+    obs = sample_observations(policy, rows, seed=1)
     want, got = np.asarray(policy.act(obs)), np.asarray(run_export(obs))
-    if want.shape != got.shape or not np.allclose(want, got, rtol=1e-4, atol=1e-4):
+    if want.shape != got.shape:
         raise RuntimeError(
-            f"the exported policy {out} disagrees with the checkpoint's on {CHECK_ROWS} observations"
+            f"the exported policy {out} gives actions of shape {got.shape} where the checkpoint's give "
+            f"{want.shape} on {rows} observations"
         )
-    return True
+    diff = np.abs(want.astype(np.float64) - got.astype(np.float64))
+    close = np.isclose(got, want, rtol=1e-4, atol=1e-4)
+    if not close.all():
+        disagree = int(len(obs) - close.reshape(len(obs), -1).all(axis=1).sum())
+        raise RuntimeError(
+            f"the exported policy {out} disagrees with the checkpoint's on {disagree} of {rows} observations "
+            f"(largest difference {diff.max():.6g})"
+        )
+    return ExportCheck(observations=len(obs), max_abs_diff=float(diff.max(initial=0.0)))
 
 
 def sample_observations(policy: TrainedPolicy, rows: int, seed: int) -> np.ndarray:

@@ -11,6 +11,7 @@ a budget must not turn that into a failure.
 
 from __future__ import annotations
 
+import os
 import runpy
 import time
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ import pytest
 
 DEFAULT_BUDGET_SECONDS = 120.0
 LIST = "tests/time_budgets.py"
+LOG_VARIABLE = (
+    "APEXRL_TEST_TIMES"  # a file that each test's time is appended to as it ends (a run's live record)
+)
 SLOWEST_SHOWN = 15
 _TIMES = pytest.StashKey[dict]()  # node id -> seconds so far (setup + call + teardown)
 _BUDGETS = pytest.StashKey[tuple]()
@@ -60,6 +64,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     times[item.nodeid] = times.get(item.nodeid, 0.0) + call.duration
     if call.when != "teardown":
         return
+    if log := os.environ.get(LOG_VARIABLE):
+        with open(log, "a") as out:
+            out.write(f"{times[item.nodeid]:.2f} {item.nodeid}\n")
     budget = budget_of(item.nodeid, item.config.stash[_BUDGETS])
     if times[item.nodeid] > budget and report.outcome != "failed":
         report.outcome = "failed"

@@ -20,6 +20,7 @@ from apexrl.common.env_settings import EnvChoice, EnvKwargs
 from apexrl.common.environments import env_spaces, make_env
 from apexrl.launcher import cli
 from apexrl.learner.checkpoint import save_checkpoint
+from apexrl.learner.export import CHECK_ROWS, check_export, export_policy
 from tests.integration.learner.test_evaluate import balancing_network
 from tests.support.checkpoints import dqn_checkpoint, fresh_checkpoint
 
@@ -106,6 +107,8 @@ def test_an_export_acts_as_load_policy_on_real_observations(tmp_path, capsys, en
     assert cli.main(["export", str(folder), "--format", fmt, "--out", str(out)]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["path"] == str(out) and report["checked"] is True and out.stat().st_size > 0
+    compared = report["compared"]
+    assert compared["observations"] == CHECK_ROWS and 0 <= compared["max_abs_diff"] <= 1e-4, compared
     policy = apexrl.load_policy(folder)
     obs = real_observations(env, raw=env == "FrozenLake-v1")  # FrozenLake: the raw environment's ints
     want = policy.act(obs)
@@ -117,6 +120,28 @@ def test_an_export_acts_as_load_policy_on_real_observations(tmp_path, capsys, en
         )[0]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_an_export_that_acts_otherwise_than_its_checkpoint_is_refused(tmp_path, env, fmt):
+    """The check compares: a file written from other weights than those of the policy it is checked against is
+    refused, naming how many observations disagree; checked against the policy it came from, it passes."""
+    if fmt == "onnx":
+        pytest.importorskip("onnx")
+        pytest.importorskip("onnxruntime")
+    policy = apexrl.load_policy(run_dir(tmp_path / "mine", env))
+    other = apexrl.load_policy(run_dir(tmp_path / "other", env, seed=1))
+    policy.greedy_module = other.greedy_module  # the file gets other weights than policy.act uses
+    out = tmp_path / f"policy.{fmt}"
+    with pytest.raises(
+        RuntimeError,
+        match=rf"^the exported policy {out} disagrees with the checkpoint's on [1-9][0-9]* of {CHECK_ROWS} "
+        rf"observations \(largest difference ",
+    ):
+        export_policy(policy, fmt, out)
+    check = check_export(other, fmt, out)  # the same file, against the policy it was written from
+    assert check is not None and check.observations == CHECK_ROWS and check.max_abs_diff <= 1e-4, check
 
 
 def test_export_defaults_to_the_run_directory_and_names_the_onnx_extra_when_it_is_missing(tmp_path):

@@ -182,7 +182,36 @@ def test_far_ahead_versions_are_refused_and_the_service_keeps_serving_the_old_we
     assert s.metric("apexrl_params_publish_refusals_total", {"reason": "version"}) == 4
 
 
-# --- max_weights_bytes, server side: a real `apexrl params` process and its memory --------------------------------
+# --- max_weights_bytes, server side: the boundary, then a real `apexrl params` process and its memory --------------
+
+
+def test_a_publish_of_exactly_max_weights_bytes_is_stored_and_one_byte_more_is_refused(service):
+    """The limit is inclusive: weights of max_weights_bytes are served; one byte more is refused before anything
+    is buffered, and the version before it stays the one served."""
+    limit = 64
+    s = service(limits=PublishLimits(max_weights_bytes=limit))
+    at_limit = bytes(range(limit))
+    published = s.stub.Publish(
+        iter([parameters_pb2.PublishRequest(header=header(limit, dtype=U8), chunk=at_limit)]), timeout=10
+    )
+    assert published.version == 1, "a Publish of exactly max_weights_bytes was not stored"
+    with ParameterClient(s.address, timeout=10, max_weights_bytes=limit) as client:
+        version, weights = client.fetch(0)
+    assert version == 1 and weights["w"].tobytes() == at_limit
+
+    over = parameters_pb2.PublishRequest(header=header(limit + 1, dtype=U8), chunk=b"\2" * (limit + 1))
+    with pytest.raises(grpc.RpcError) as refused:
+        s.stub.Publish(iter([over]), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value.details()
+    assert refused.value.details() == (
+        f"Publish declares total_bytes {limit + 1}, more than this service accepts "
+        f"(max_weights_bytes {limit}); nothing was buffered"
+    )
+    assert s.store.version == 1 and s.store.published_total == 1, "the refused Publish was stored"
+    assert s.metric("apexrl_params_publish_refusals_total", {"reason": "limit"}) == 1
+    assert s.metric("apexrl_params_received_bytes_total") == limit  # the refused chunk was never read
+    with ParameterClient(s.address, timeout=10) as client:
+        assert client.fetch(0)[1]["w"].tobytes() == at_limit
 
 
 def free_port() -> int:

@@ -1,26 +1,47 @@
 """Per-connection and shard-wide quotas on a real shard (loopback): a caller over a limit gets RESOURCE_EXHAUSTED
 naming the limit and its setting, the refusal is counted, and nothing is stored or drawn for it.
 
-Each test fails on a shard without quotas (it held every waiting call, and waiting inserts' bytes, unbounded)."""
+Each test fails on a shard without quotas (it held every waiting call, and waiting inserts' bytes, unbounded), and
+fails within seconds: the call that must be refused has a short deadline, and a call let in instead (a limit off by
+one, or not enforced) fails the test naming the limit. tests/unit/replay_server/test_quotas.py holds the boundaries.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 import numpy as np
 import pytest
 
-from apexrl.common.errors import DeadlineExceededError, ResourceExhaustedError
+from apexrl.common.errors import ApexError, DeadlineExceededError, ResourceExhaustedError
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server.client import ReplayClient
 from apexrl.replay_server.quotas import QuotaSettings
 from apexrl.replay_server.table import TableConfig
 from tests.conftest import cartpole_batch, wait_until
 
+# The deadline of a call that must be refused: a refusal comes at once; a call let in waits for the table.
+REFUSED_WITHIN = 5.0
+
 
 def refusals(shard, limit: str) -> float:
     return shard.registry.get_sample_value("apexrl_replay_quota_refusals_total", {"limit": limit})
+
+
+def refusal(call: Callable[[float], object], setting: str) -> str:
+    """The message of the RESOURCE_EXHAUSTED that `call(deadline)` must get; fails naming `setting` when the call
+    was let in instead (it then waits for the table until its short deadline, or is answered)."""
+    try:
+        answer = call(REFUSED_WITHIN)
+    except ResourceExhaustedError as err:
+        return str(err)
+    except DeadlineExceededError as err:
+        pytest.fail(f"the call over {setting} was let in, not refused: it waited for the table ({err})")
+    except ApexError as err:
+        pytest.fail(f"the call over {setting} was let in, not refused: {type(err).__name__}: {err}")
+    pytest.fail(f"the call over {setting} was let in, not refused: answered {answer!r}")
 
 
 def test_one_connection_cannot_hold_more_calls_than_its_quota(make_shard):
@@ -37,12 +58,9 @@ def test_one_connection_cannot_hold_more_calls_than_its_quota(make_shard):
             "8 calls are open",
             timeout=30,
         )
-        with pytest.raises(
-            ResourceExhaustedError,
-            match=r"already has 8 calls open, the limit "
-            r"\(max_calls_per_connection\) 8$",
-        ):
-            greedy.sample(4, timeout=30.0)
+        assert refusal(
+            lambda deadline: greedy.sample(4, timeout=deadline), "max_calls_per_connection"
+        ).endswith("already has 8 calls open, the limit (max_calls_per_connection) 8")
         assert refusals(shard, "calls_per_connection") == 1
         # Another connection is not affected (channels of one process share a connection unless told not to).
         with grpc.insecure_channel(shard.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
@@ -70,8 +88,11 @@ def test_calls_waiting_for_the_table_are_capped_across_connections(make_shard):
             "3 samples wait",
             timeout=30,
         )
-        with pytest.raises(ResourceExhaustedError, match=r"limit \(max_waiting_calls\) 3"):
-            clients[3].sample(4, timeout=30.0)
+        message = refusal(lambda deadline: clients[3].sample(4, timeout=deadline), "max_waiting_calls")
+        assert message.endswith(
+            "RESOURCE_EXHAUSTED: 3 calls are already waiting for the table, the limit (max_waiting_calls) 3"
+        ), message
+        assert refusals(shard, "waiting_calls") == 1
         for call in waiting:
             call.cancel()
     finally:
@@ -107,10 +128,8 @@ def test_inserts_waiting_on_the_rate_limiter_hold_bounded_bytes(make_shard):
         writer.insert(cartpole_batch(10), priorities=np.ones(10))
         writer.flush(timeout=30)
         writer.insert(cartpole_batch(10, start=10), priorities=np.ones(10))
-        with pytest.raises(
-            ResourceExhaustedError, match=r"over the limit \(max_waiting_insert_bytes\) of 100$"
-        ):
-            writer.flush(timeout=30)
+        message = refusal(lambda deadline: writer.flush(timeout=deadline), "max_waiting_insert_bytes")
+        assert message.endswith("over the limit (max_waiting_insert_bytes) of 100"), message
     assert shard.table.info().size == 10 and refusals(shard, "waiting_insert_bytes") == 1
 
 

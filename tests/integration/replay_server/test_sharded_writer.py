@@ -14,9 +14,12 @@ import pytest
 
 from apexrl.actor import ReplayClient, ShardedWriter
 from apexrl.common.errors import DeadlineExceededError
+from apexrl.replay_server.table import TableConfig
 from tests.conftest import cartpole_batch, start_shard_process, wait_until
 
 ROWS = 10  # per batch
+# How long an insert may take while some shard has room: failover is immediate; waiting instead is the bug.
+FAILOVER_WITHIN = 5.0
 
 
 def free_port() -> int:
@@ -123,7 +126,7 @@ def test_a_killed_shard_is_passed_over_then_used_again_and_every_row_lands_once(
             feed.insert()
         writer.flush()
         b.stop(signal.SIGKILL)
-        during = [feed.insert() for _ in range(12)]
+        during = [feed.insert(timeout=10.0) for _ in range(12)]  # never waits on b: a and c have room
         assert writer.backlog()[b.address] == 2  # its backlog filled, then it was passed over
         assert sum(p.address == b.address for p in during) == 2
         assert any(p.failed_over for p in during)  # b's later turns went to the next shard
@@ -133,6 +136,52 @@ def test_a_killed_shard_is_passed_over_then_used_again_and_every_row_lands_once(
         assert any(p.address == b.address for p in after)  # b takes its turns again
         writer.flush(timeout=30)
     assert_every_row_once(addresses, feed.rows)
+
+
+@pytest.mark.timeout(60)
+def test_the_batches_of_a_shard_with_a_full_backlog_go_to_the_next_shard_at_once(make_shard):
+    """Failover without a process to kill: shard `held` takes no rows (its rate limiter waits for a sampler that
+    never comes), so its backlog fills at max_in_flight; each later turn of it goes to `taker` straight away
+    (failed_over), and `taker` stores those rows."""
+    held = make_shard(
+        TableConfig(
+            capacity=1000,
+            min_size_to_sample=1,
+            samples_per_insert=1.0,
+            samples_per_insert_tolerance=1.0,
+            seed=0,
+        )
+    )
+    held.table.insert(cartpole_batch(ROWS, start=1000), np.ones(ROWS))  # 10 rows, none sampled: inserts wait
+    taker = make_shard()
+    writer = ShardedWriter([held.address, taker.address], max_in_flight=2, timeout=30)
+    try:
+        feed = Feed(writer)
+        placed = []
+        for batch in range(8):
+            try:
+                placed.append(feed.insert(timeout=FAILOVER_WITHIN))
+            except DeadlineExceededError as err:
+                pytest.fail(
+                    f"batch {batch} waited for the full backlog of {held.address} (backlogs {writer.backlog()}) "
+                    f"instead of going to {taker.address}: no failover ({err})"
+                )
+            # taker acknowledges each batch before the next: only held's backlog is ever full
+            wait_until(lambda: writer.backlog()[taker.address] == 0, "taker acknowledged its batches")
+        where = ["held" if p.address == held.address else "taker" for p in placed]
+        assert where == ["held", "taker", "held", "taker", "taker", "taker", "taker", "taker"], where
+        assert [p.failed_over for p in placed] == [False] * 4 + [True, False, True, False]
+        assert writer.backlog()[held.address] == 2  # full, and no further
+        taken = [b * ROWS + r for b in (1, 3, 4, 5, 6, 7) for r in range(ROWS)]
+        wait_until(
+            lambda: taker.table.info().size == len(taken),
+            "taker stored the 6 batches placed on it",
+            timeout=10,
+        )
+        np.testing.assert_array_equal(stored_ids(taker.address), taken)
+        assert held.table.info().size == ROWS  # only the rows it held before: its two batches still wait
+    finally:
+        writer.close()
 
 
 @pytest.mark.timeout(120)
