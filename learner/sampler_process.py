@@ -78,6 +78,9 @@ class SamplerProcess:
             raise ValueError(f"slots ({slots}) must be at least 2: one held by the learner, one being filled")
         self._config = config
         self._slots = max(slots, batches_per_call + 1)
+        self.slots_path: str | None = (
+            None  # the shared file of the batch slots, once made (unlinked once mapped)
+        )
         self._batches_per_call = batches_per_call
         self._start_timeout = start_timeout
         self._process: multiprocessing.process.BaseProcess | None = None
@@ -223,6 +226,7 @@ class SamplerProcess:
             _, columns, rows = message
             self._layout = SlotLayout(columns, rows, self._slots)
             self._buffer, path = create_slots_file(self._layout)
+            self.slots_path = path
             self._send(("slots", path))  # the child maps the file, then unlinks its name
             log.info("sampler slots: %d x %.1f KiB in %s", self._slots, self._layout.slot_bytes / 1024, path)
         elif kind == "flushed":

@@ -19,8 +19,14 @@ from apexrl.replay_server.service import create_replay_server
 from apexrl.replay_server.table import ReplayTable, TableConfig
 
 # On CI (CI=true) a skip fails the run unless tests/allowed_skips.py lists it with its reason.
-# time_budget: every test within its budget, the slowest named at the end; reaper: what a test left running is stopped.
-pytest_plugins = ("tests.support.skip_policy", "tests.support.time_budget", "tests.support.reaper")
+# time_budget: every test within its budget, the slowest named at the end; reaper: what a test left running is stopped;
+# worker_groups: a module (the container tests: all of them) on one xdist worker.
+pytest_plugins = (
+    "tests.support.skip_policy",
+    "tests.support.time_budget",
+    "tests.support.reaper",
+    "tests.support.worker_groups",
+)
 
 
 def wait_until(condition, what: str, timeout: float = 10.0) -> None:

@@ -42,9 +42,21 @@ def marked_processes(run: bytes) -> dict[int, str]:
             cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile, or a zombie
             continue
-        if cmdline:
+        if cmdline and not _own_helper(int(name), cmdline):
             found[int(name)] = cmdline.strip()
     return found
+
+
+def _own_helper(pid: int, cmdline: str) -> bool:
+    """multiprocessing's resource tracker or fork server of this process: started on first use, kept for the run,
+    deaf to SIGTERM by design; stopping it would only make the next test start another."""
+    if "from multiprocessing." not in cmdline:
+        return False
+    try:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return False
+    return parent == os.getpid()
 
 
 def stop_processes(pids: dict[int, str], run: bytes) -> list[str]:
@@ -72,6 +84,8 @@ def stop_processes(pids: dict[int, str], run: bytes) -> list[str]:
 def pytest_configure(config: pytest.Config) -> None:
     if not Path("/proc/self/environ").exists():
         return  # not Linux: nothing to look in
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # xdist's controller runs no test; each worker reaps its own (and the workers carry its marker)
     # A fresh marker even under another run (a nested pytest): its children are its own to stop, not the outer ones.
     run = os.environ[MARKER] = f"{os.getpid()}-{uuid.uuid4().hex}"
     config.stash[_RUN] = f"{MARKER}={run}".encode()

@@ -96,6 +96,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_ALLOWED] = load(path) if path.exists() else ()
     config.stash[_ON_CI] = on_ci()
     config.stash[_UNLISTED], config.stash[_SEEN] = [], []
+    config.pluginmanager.register(_Collections(config), "apexrl-skip-collections")
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_ControllerReports(config), "apexrl-skip-reports")
 
 
 def _judge(config: pytest.Config, report: pytest.TestReport | pytest.CollectReport) -> str | None:
@@ -120,10 +123,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.outcome, report.longrepr = "failed", message
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector):
-    outcome = yield
-    _judge(collector.config, outcome.get_result())  # a whole module skipped: failed at the session's end
+class _Collections:
+    """A whole module skipped: failed at the session's end. Judged where skipped collections are reported: in
+    this process, or under xdist in the controller too."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self._config = config
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        _judge(self._config, report)
+
+
+class _ControllerReports:
+    """Under xdist: the tests' skips were judged where they ran; the controller lists the allowed ones."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self._config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        _judge(self._config, report)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

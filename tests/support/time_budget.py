@@ -25,7 +25,10 @@ LOG_VARIABLE = (
     "APEXRL_TEST_TIMES"  # a file that each test's time is appended to as it ends (a run's live record)
 )
 SLOWEST_SHOWN = 15
-_TIMES = pytest.StashKey[dict]()  # node id -> seconds so far (setup + call + teardown)
+_TIMES = pytest.StashKey[dict]()  # node id -> seconds so far (setup + call + teardown), where the test runs
+_REPORTED = pytest.StashKey[
+    dict
+]()  # the same from the reports, where the summary is written (xdist's controller)
 _BUDGETS = pytest.StashKey[tuple]()
 _STARTED = pytest.StashKey[float]()
 
@@ -53,6 +56,8 @@ def pytest_configure(config: pytest.Config) -> None:
     path = Path(config.rootpath, LIST)
     config.stash[_BUDGETS] = tuple(runpy.run_path(str(path))["LONGER_BUDGETS"]) if path.exists() else ()
     config.stash[_TIMES] = {}
+    config.stash[_REPORTED] = {}
+    config.pluginmanager.register(_Reports(config.stash[_REPORTED]), "apexrl-time-reports")
     config.stash[_STARTED] = time.monotonic()
 
 
@@ -76,8 +81,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         )
 
 
+class _Reports:
+    """Adds up each test's phases from its reports, in the process that writes the summary (under xdist, the
+    controller, which sees the workers' reports)."""
+
+    def __init__(self, times: dict[str, float]) -> None:
+        self._times = times
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._times[report.nodeid] = self._times.get(report.nodeid, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    times: dict[str, float] = config.stash[_TIMES]
+    times: dict[str, float] = config.stash[_REPORTED]
     if not times:
         return
     total = time.monotonic() - config.stash[_STARTED]
