@@ -22,10 +22,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# The source, and nothing else: what `pip install .` needs (see .dockerignore for what never enters the context).
-FROM base AS source
+# What the dependencies are read from: pyproject.toml and the install script, nothing else, so that the layers
+# installing them (torch: minutes) are rebuilt only when pyproject.toml changes, not with every change of the source.
+FROM base AS requirements
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+COPY docker/install.sh docker/install.sh
+
+# The source, and nothing else: what `pip install .` needs (see .dockerignore for what never enters the context).
+FROM requirements AS source
+COPY README.md ./
 COPY protos/apexrl/proto/ protos/apexrl/proto/
 COPY apexrl/ apexrl/
 COPY common/ common/
@@ -35,17 +41,25 @@ COPY actor/ actor/
 COPY learner/ learner/
 COPY algorithms/ algorithms/
 COPY launcher/ launcher/
-COPY docker/install.sh docker/install.sh
 
-# A virtual environment in /opt/apexrl holding apexrl's core dependencies only.
-FROM source AS build-replay
+# A virtual environment in /opt/apexrl holding apexrl's core dependencies only: first those (from pyproject.toml),
+# then apexrl itself over them.
+FROM requirements AS dependencies-replay
+RUN sh docker/install.sh --dependencies replay /opt/apexrl /src
+
+FROM dependencies-replay AS build-replay
+COPY --from=source /src /src
 RUN sh docker/install.sh replay /opt/apexrl /src
 
 # The same plus torch (CPU build unless TORCH_INDEX_URL names another index), gymnasium and matplotlib.
 # install.sh reads both build arguments from the environment.
-FROM source AS build-train
+FROM requirements AS dependencies-train
 ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN sh docker/install.sh --dependencies train /opt/apexrl /src
+
+FROM dependencies-train AS build-train
+COPY --from=source /src /src
 RUN sh docker/install.sh train /opt/apexrl /src
 
 # What both images share: a fixed non-root user (Kubernetes pods run as 10001 with a read-only root filesystem;

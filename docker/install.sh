@@ -5,6 +5,10 @@
 #
 #   sh docker/install.sh replay PREFIX [SOURCE]   the core install only (numpy, grpcio, ...): replay shards, SDK
 #   sh docker/install.sh train  PREFIX [SOURCE]   + torch, gymnasium (MuJoCo too), matplotlib: actors, learner, launcher
+#   sh docker/install.sh --dependencies TARGET PREFIX [SOURCE]
+#                                                 what TARGET needs but apexrl itself, read from SOURCE/pyproject.toml
+#                                                 alone: the Dockerfile's first layer, so that a change of the source
+#                                                 rebuilds only the layer that installs apexrl (seconds), not torch
 #
 # SOURCE is the apexrl source tree (default: the folder above this script). Environment:
 #   TORCH_SPEC       torch requirement of the train target (default torch==2.13.0)
@@ -15,7 +19,12 @@
 #                    they skip, to save minutes of CPU; images keep it, their root filesystem is read-only)
 set -eu
 
-usage() { echo "usage: install.sh replay|train PREFIX [SOURCE]" >&2; exit 2; }
+usage() { echo "usage: install.sh [--dependencies] replay|train PREFIX [SOURCE]" >&2; exit 2; }
+only_dependencies=0
+if [ "${1:-}" = --dependencies ]; then
+    only_dependencies=1
+    shift
+fi
 [ $# -ge 2 ] || usage
 target=$1
 prefix=$2
@@ -37,10 +46,36 @@ if [ "$target" = train ]; then
     else
         "$py" -m pip install --quiet $pip_args "$torch_spec"
     fi
-    "$py" -m pip install --quiet $pip_args "$source_dir[train,mujoco]"
-else
-    "$py" -m pip install --quiet $pip_args "$source_dir"
 fi
+extras=
+[ "$target" = train ] && extras=train,mujoco
+if [ "$only_dependencies" = 1 ]; then
+    # The requirements of apexrl[$extras] from pyproject.toml (its own extras, such as apexrl[compression], expanded),
+    # one per line; pip installs them as it would for apexrl, which is then installed over them.
+    "$py" - "$source_dir/pyproject.toml" "$extras" > "$prefix/apexrl-requirements.txt" <<'PY'
+import sys, tomllib
+
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+name, optional = project["name"], project.get("optional-dependencies", {})
+wanted, seen, requirements = [e for e in sys.argv[2].split(",") if e], set(), list(project["dependencies"])
+while wanted:
+    extra = wanted.pop()
+    if extra in seen:
+        continue
+    seen.add(extra)
+    for requirement in optional[extra]:
+        if requirement.startswith(name + "["):
+            wanted += requirement[len(name) + 1 : requirement.index("]")].split(",")
+        else:
+            requirements.append(requirement)
+print("\n".join(dict.fromkeys(requirements)))
+PY
+    "$py" -m pip install --quiet $pip_args --requirement "$prefix/apexrl-requirements.txt"
+    rm "$prefix/apexrl-requirements.txt"
+    echo "install.sh: the dependencies of apexrl ($target) installed in $prefix"
+    exit 0
+fi
+"$py" -m pip install --quiet $pip_args "$source_dir${extras:+[$extras]}"
 
 # Check what was installed: the replay image must not carry torch or gymnasium (checked by the module finder,
 # without importing anything heavy), the train image must import both; both must run the CLI. From the prefix, not

@@ -45,20 +45,24 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def install(context: Path, target: str, prefix: Path) -> None:
+    """As the image's build stages do: the dependencies from pyproject.toml alone, then apexrl over them."""
     started = time.monotonic()
-    result = subprocess.run(
-        ["sh", str(context / "docker" / "install.sh"), target, str(prefix), str(context)],
-        cwd=prefix.parent,
-        capture_output=True,
-        text=True,
-        timeout=INSTALL_TIMEOUT,
-        env=clean_env(
-            PYTHON=sys.executable,
-            TORCH_INDEX_URL=os.environ.get("APEXRL_TORCH_INDEX_URL", ""),
-            PIP_ARGS="--no-compile",
-        ),
-    )
-    assert result.returncode == 0, f"install.sh {target} failed:\n{result.stdout}\n{result.stderr[-4000:]}"
+    for phase in (["--dependencies"], []):
+        result = subprocess.run(
+            ["sh", str(context / "docker" / "install.sh"), *phase, target, str(prefix), str(context)],
+            cwd=prefix.parent,
+            capture_output=True,
+            text=True,
+            timeout=INSTALL_TIMEOUT,
+            env=clean_env(
+                PYTHON=sys.executable,
+                TORCH_INDEX_URL=os.environ.get("APEXRL_TORCH_INDEX_URL", ""),
+                PIP_ARGS="--no-compile",
+            ),
+        )
+        assert result.returncode == 0, (
+            f"install.sh {' '.join(phase)} {target} failed:\n{result.stdout}\n{result.stderr[-4000:]}"
+        )
     size = sum(f.stat().st_size for f in prefix.rglob("*") if f.is_file() and not f.is_symlink())
     print(f"\ninstall.sh {target}: {time.monotonic() - started:.0f} s, {size / 2**20:.0f} MiB in {prefix}")
 

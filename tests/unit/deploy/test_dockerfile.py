@@ -54,7 +54,25 @@ def test_targets_exist_and_each_installs_into_a_stage_of_its_own(recipe):
         flags, srcs, dest = copies[0]
         assert srcs == ["/opt/apexrl"] and dest == "/opt/apexrl"
         build = recipe.stage(flags["from"])
-        assert install_runs(recipe, build.name) == [[install_target, "/opt/apexrl", "/src"]]
+        assert install_runs(recipe, build.name) == [
+            ["--dependencies", install_target, "/opt/apexrl", "/src"],
+            [install_target, "/opt/apexrl", "/src"],
+        ]
+        # The dependencies (torch: minutes) are installed from pyproject.toml alone, before any source file is
+        # copied: a change of the source rebuilds only the layer that installs apexrl over them.
+        first_install = next(
+            stage
+            for stage in recipe.chain(build.name)
+            if any("docker/install.sh" in i.args for i in stage.all("RUN"))
+        )
+        copied = [
+            src
+            for stage in recipe.chain(first_install.name)
+            for (s, _i, _flags, srcs, _dest) in recipe.copies()
+            if s is stage
+            for src in srcs
+        ]
+        assert sorted(copied) == ["docker/install.sh", "pyproject.toml"], copied
         # The runtime image itself installs nothing: no pip, no compiler, no build context beyond the venv.
         assert install_runs(recipe, target) == []
 
