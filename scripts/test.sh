@@ -43,7 +43,7 @@ else
   # APEXRL_TEST_WORKERS=0 runs it in this one process.
   workers=${APEXRL_TEST_WORKERS:-2}
   xdist=()
-  [ "$workers" -gt 0 ] && xdist=(-n "$workers" --dist loadgroup)
+  [ "$workers" -gt 0 ] && xdist=(-n "$workers")
   "$VENV/bin/python" -m pytest "${xdist[@]}" "$@" || status=$?
 fi
 echo "scripts/test.sh: $((SECONDS - started)) s in all (set-up $set_up s, checks $((checked - set_up)) s," \
