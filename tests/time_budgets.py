@@ -4,4 +4,17 @@ usually one that repeats what another already pays for."""
 
 from tests.support.time_budget import LongerBudget
 
-LONGER_BUDGETS: tuple[LongerBudget, ...] = ()
+LONGER_BUDGETS: tuple[LongerBudget, ...] = (
+    LongerBudget(
+        "tests/integration/containers/",
+        900,
+        "the first container test pays the session's image build (scripts/build_images.sh): about 4 minutes on a "
+        "machine that has none of its layers, twice that under load; seconds when only the source changed",
+    ),
+    LongerBudget(
+        "tests/integration/deploy/test_image_recipe.py",
+        400,
+        "each target is installed into a fresh prefix once per module (the train one unpacks torch: about a "
+        "minute idle), paid by the module's first test of it",
+    ),
+)

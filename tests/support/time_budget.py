@@ -35,14 +35,16 @@ _STARTED = pytest.StashKey[float]()
 
 @dataclass(frozen=True)
 class LongerBudget:
-    """A test (`path::test`, any parametrization of it, or a whole module `path`) allowed more than the default
-    budget: its own budget in seconds and why it needs it."""
+    """A test (`path::test`, any parametrization of it, a whole module `path` or a folder `path/`) allowed more
+    than the default budget: its own budget in seconds and why it needs it."""
 
     test: str
     seconds: float
     why: str
 
     def covers(self, nodeid: str) -> bool:
+        if self.test.endswith("/"):
+            return nodeid.startswith(self.test)
         return nodeid == self.test or nodeid.startswith((self.test + "[", self.test + "::"))
 
 

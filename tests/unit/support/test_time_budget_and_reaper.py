@@ -36,11 +36,17 @@ def test_within():
 
 
 def test_budget_of_takes_the_listed_budget_else_the_default():
-    budgets = (LongerBudget("tests/a.py::test_x", 300, "why"), LongerBudget("tests/b.py", 200, "why"))
+    budgets = (
+        LongerBudget("tests/a.py::test_x", 300, "why"),
+        LongerBudget("tests/b.py", 200, "why"),
+        LongerBudget("tests/c/", 500, "why"),
+    )
     assert budget_of("tests/a.py::test_x", budgets) == 300
     assert budget_of("tests/a.py::test_x[1-2]", budgets) == 300
     assert budget_of("tests/b.py::test_y", budgets) == 200
+    assert budget_of("tests/c/test_z.py::test_z", budgets) == 500
     assert budget_of("tests/a.py::test_xy", budgets) == DEFAULT_BUDGET_SECONDS
+    assert budget_of("tests/cd/test_z.py::test_z", budgets) == DEFAULT_BUDGET_SECONDS
 
 
 def test_a_test_over_its_budget_fails_and_the_slowest_are_named(pytester, monkeypatch):
