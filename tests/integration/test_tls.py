@@ -13,6 +13,7 @@ tls_server_name trains with every server port refusing plaintext.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,7 +37,7 @@ from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server.client import ReplayClient
-from tests.conftest import cartpole_batch
+from tests.conftest import cartpole_batch, wait_until
 from tests.integration.launcher.test_main import Launch
 from tests.support.certs import SERVER_NAME, Certs, make_certs
 
@@ -417,8 +418,6 @@ def test_a_launched_fleet_trains_over_mutual_tls(tmp_path):
     tls = TlsFiles.read(certs.named_cert, certs.named_key, certs.ca, server_name=SERVER_NAME)
     run = Launch(
         tmp_path,
-        "--max-seconds",
-        "40",
         "--tls-cert",
         certs.named_cert,
         "--tls-key",
@@ -453,8 +452,19 @@ def test_a_launched_fleet_trains_over_mutual_tls(tmp_path):
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE, name  # plaintext is refused
             wait_for_health(address, timeout=5, tls=tls)
         assert "mutual TLS" in run.log("shard-0") and "hosted, mutual TLS" in run.log("learner")
+        # It trains: the learner updates from what the actor inserted, and both clients of its weights get them.
+        wait_until(
+            lambda: (
+                re.search(r"updates [1-9][\d,]* ", run.out_path.read_text())
+                and "got weights version" in run.log("actor-0")
+                and "got weights version" in run.log("evaluator")
+            ),
+            "the learner updated and the actor and the evaluator got weights, over TLS",
+            timeout=90,
+        )
+        run.process.send_signal(signal.SIGTERM)
         code, result, err = run.wait(timeout=90)
-        assert result["reason"] == "max_seconds", err[-3000:]
+        assert code == 1 and result["reason"] == "signal", err[-3000:]  # stopped before its (unreachable) target
         assert result["updates"] > 0 and result["env_steps"] > 0, result
         print(
             f"\nmutual-TLS fleet: {result['updates']} updates, {result['env_steps']} env steps in "
