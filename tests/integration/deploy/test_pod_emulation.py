@@ -301,12 +301,21 @@ def test_a_shard_port_the_service_does_not_use_is_reported(netns_network, tmp_pa
             "the actor holds the learner's weights (so it is ready to insert)",
             timeout=60,
         )
+        # The actor's inserts to the shards' Service port fail (positive evidence, not a wait for a timeout)...
+        failing = re.compile(r".*insert stream to \S+ failed.*")
+        deadline.wait(
+            lambda: failing.search(actor.log_tail(100_000)),
+            "the actor's inserts to the shards' Service port fail",
+            timeout=60,
+        )
+        print(f"\nactor: {failing.search(actor.log_tail(100_000)).group(0)}")
         shards = cluster.pods_of("apexrl-replay")
         clients = {p.name: ReplayClient(f"{p.ip}:7001", timeout=3) for p in shards}
         try:
+            # ...and the emulation reports the fleet as not training.
             with pytest.raises(pods.PodFailure) as failure:
                 deadline.wait(
-                    lambda: written_and_sampled(clients), "every shard is written to and sampled", timeout=30
+                    lambda: written_and_sampled(clients), "every shard is written to and sampled", timeout=5
                 )
             counts = shard_counts(clients)
         finally:
