@@ -12,6 +12,7 @@ a budget must not turn that into a failure.
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import time
 from dataclasses import dataclass
@@ -105,3 +106,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     budgets = config.stash[_BUDGETS]
     for nodeid, seconds in sorted(times.items(), key=lambda kv: -kv[1])[:SLOWEST_SHOWN]:
         write(f"  {seconds:7.1f} s  (budget {budget_of(nodeid, budgets):4.0f} s)  {nodeid}")
+    stated = readme_figures(Path(config.rootpath, "README.md"))
+    if stated is not None and len(times) >= stated[0] * 0.9:  # a whole run: the README's figures should hold
+        tests, minutes = stated
+        if abs(len(times) - tests) > tests * 0.05 or total / 60 > minutes * 1.25:
+            write(
+                f"README.md says {tests:,} tests in {minutes} minutes; this run: {len(times):,} in "
+                f"{total / 60:.1f}: measure again and update it",
+                yellow=True,
+            )
+
+
+def readme_figures(readme: Path) -> tuple[int, float] | None:
+    """(tests, minutes) as README.md states them ("The test suite (1,562 tests ... in **13.9 minutes**")."""
+    try:
+        text = readme.read_text()
+    except OSError:
+        return None
+    match = re.search(r"The test suite \(([\d,]+) tests.*?\*\*([\d.]+) minutes\*\*", text, re.S)
+    return (int(match.group(1).replace(",", "")), float(match.group(2))) if match else None

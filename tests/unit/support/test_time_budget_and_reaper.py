@@ -10,7 +10,7 @@ import re
 import signal
 from pathlib import Path
 
-from tests.support.time_budget import DEFAULT_BUDGET_SECONDS, LongerBudget, budget_of
+from tests.support.time_budget import DEFAULT_BUDGET_SECONDS, LongerBudget, budget_of, readme_figures
 
 pytest_plugins = ("pytester",)
 REPO = Path(__file__).resolve().parents[3]
@@ -91,3 +91,15 @@ def test_a_process_a_test_left_running_in_its_own_session_is_stopped_and_named(p
     state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
     os.kill(pid, signal.SIGKILL)  # do not leave it running if the reaper failed
     assert state == "Z", f"the leaked process {pid} still runs ({state})"
+
+
+def test_the_readme_states_the_suites_figures_where_the_run_checks_them(tmp_path):
+    """The end of a whole run compares its count and time with the README's (time_budget.readme_figures): the
+    README must state them in the form it reads."""
+    tests, minutes = readme_figures(REPO / "README.md")
+    assert tests > 1000 and 0 < minutes <= 15
+    (tmp_path / "README.md").write_text(
+        "The test suite (1,234 tests: all of them) ran in **9.5 minutes** of pytest"
+    )
+    assert readme_figures(tmp_path / "README.md") == (1234, 9.5)
+    assert readme_figures(tmp_path / "missing.md") is None
