@@ -464,7 +464,9 @@ def test_a_launched_fleet_trains_over_mutual_tls(tmp_path):
         )
         run.process.send_signal(signal.SIGTERM)
         code, result, err = run.wait(timeout=90)
-        assert code == 1 and result["reason"] == "signal", err[-3000:]  # stopped before its (unreachable) target
+        assert code == 1 and result["reason"] == "signal", err[
+            -3000:
+        ]  # stopped before its (unreachable) target
         assert result["updates"] > 0 and result["env_steps"] > 0, result
         print(
             f"\nmutual-TLS fleet: {result['updates']} updates, {result['env_steps']} env steps in "
