@@ -65,48 +65,35 @@ RUN sh docker/install.sh train /opt/apexrl /src
 # What both images share: a fixed non-root user (Kubernetes pods run as 10001 with a read-only root filesystem;
 # its home is /tmp, the one writable place), the environment on PATH, `apexrl` as the entry point.
 FROM base AS runtime
+ARG PYTHON_IMAGE
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+ARG SOURCE=unknown
 RUN groupadd --system --gid 10001 apexrl \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin apexrl
 ENV PATH=/opt/apexrl/bin:$PATH
+LABEL org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 WORKDIR /tmp
 USER 10001:10001
 ENTRYPOINT ["apexrl"]
 CMD ["--help"]
 
-# The labels come last in each target: they change with every commit (revision, created), and nothing after them
-# is rebuilt for it, so an unchanged environment is not copied again (the train one is over 1 GB).
 FROM runtime AS replay
 COPY --from=build-replay /opt/apexrl /opt/apexrl
+LABEL org.opencontainers.image.title="apexrl-replay" \
+      org.opencontainers.image.description="apexrl replay shard (apexrl replay) and parameter service; no torch"
 # gRPC ReplayService, Prometheus /metrics
 EXPOSE 7000 9000
-ARG PYTHON_IMAGE
-ARG VERSION=0.1.0
-ARG REVISION=unknown
-ARG CREATED=unknown
-ARG SOURCE=unknown
-LABEL org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.created="${CREATED}" \
-      org.opencontainers.image.source="${SOURCE}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${PYTHON_IMAGE}" \
-      org.opencontainers.image.title="apexrl-replay" \
-      org.opencontainers.image.description="apexrl replay shard (apexrl replay) and parameter service; no torch"
 
 FROM runtime AS train
 COPY --from=build-train /opt/apexrl /opt/apexrl
+LABEL org.opencontainers.image.title="apexrl-train" \
+      org.opencontainers.image.description="apexrl learner (with its parameter service), actors, evaluator, launcher"
 # learner's parameter service (gRPC), learner /metrics, actor /metrics
 EXPOSE 7200 9200 9300
-ARG PYTHON_IMAGE
-ARG VERSION=0.1.0
-ARG REVISION=unknown
-ARG CREATED=unknown
-ARG SOURCE=unknown
-LABEL org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.created="${CREATED}" \
-      org.opencontainers.image.source="${SOURCE}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${PYTHON_IMAGE}" \
-      org.opencontainers.image.title="apexrl-train" \
-      org.opencontainers.image.description="apexrl learner (with its parameter service), actors, evaluator, launcher"
