@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,6 +50,17 @@ def test_updates_are_applied_or_counted_stale_and_flush_waits_for_the_answers(fi
     assert info.total_priority == pytest.approx(50 * 1.0 + 50 * 3.0)
 
 
+def stopped(pid: int) -> bool:
+    """Every thread of the process is stopped (state T)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            continue
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 def test_updates_in_flight_when_the_shard_stops_are_dropped_and_the_stream_reconnects(tmp_path):
     """A shard process frozen (SIGSTOP) with an update in flight, then killed: the update is dropped and counted;
     a new shard process on the same address is found by the same stream."""
@@ -64,6 +76,8 @@ def test_updates_in_flight_when_the_shard_stops_are_dropped_and_the_stream_recon
         assert stream.send(np.arange(3, dtype=np.uint64), np.full(3, 2.0), incarnation)
         assert stream.flush(timeout=10) and stream.applied == 3  # the stream is open
         shard.process.send_signal(signal.SIGSTOP)
+        # Every thread of it stopped before the update goes (a loaded machine delivers the stop late).
+        wait_until(lambda: stopped(shard.process.pid), "the shard process is stopped", timeout=30)
         assert stream.send(np.arange(10, 17, dtype=np.uint64), np.full(7, 5.0), incarnation)
         assert not stream.flush(timeout=0.5)  # in flight: the frozen shard cannot answer
         shard.process.send_signal(signal.SIGKILL)
