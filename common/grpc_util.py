@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# How long one connection attempt (TCP connect, TLS handshake, the server's HTTP/2 SETTINGS) may take: gRPC's own
+# default. A refused connection (a server down) still fails at once and is redialled within the reconnect backoff;
+# 100 ms here once failed every connection slower than that on a loaded machine (tests/integration/test_slow_connect.py).
+CONNECT_TIMEOUT_MS = 20_000
 HEALTH_SERVICE = "grpc.health.v1.Health"
 _AUTH_HEADER = "authorization"
 
@@ -278,8 +282,9 @@ def make_channel(
         # Reconnect to a restarted server within a second: gRPC's own backoff grows to 2 minutes, which would keep
         # a shard that came back out of sampling far longer than the sampler's stated bound.
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1_000),
+        # Despite its name, gRPC's minimum connect timeout (subchannel.cc ParseArgsForBackoffValues).
+        ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
     ]
     if tls is not None:
         if tls.server_name is not None:

@@ -28,7 +28,7 @@ def group_of(nodeid: str) -> str:
     return path
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:xdist` runs without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     if config.getvalue("dist") not in ("load", "loadgroup", "loadscope", "loadfile"):
         return None  # another distribution asked for by name (each, worksteal): xdist's own
