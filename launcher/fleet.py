@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from apexrl.common.files import open_private
+from apexrl.common.free_ports import pick_free_port
 from apexrl.common.grpc_util import wait_for_health
 from apexrl.common.port_check import check_ports_free
 from apexrl.common.process import LAUNCHER_PID_VARIABLE
@@ -47,13 +47,6 @@ class Interrupted(Exception):
 
 class StartupError(Exception):
     """A role did not come up; the message names it and quotes the end of its log."""
-
-
-def free_port(host: str = "") -> int:
-    """A port nothing listens on right now (bind port 0, read, close); a small race with other programs remains."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def check_fixed_ports(config: FleetConfig, host: str) -> None:
@@ -179,7 +172,7 @@ class Fleet:
         local_learner: tuple[Role, Child] | None = None
         for role in (r for r in self.roles if r.kind == "learner"):
             if not role.port:
-                self.config = with_ports(self.config, params_port=free_port())
+                self.config = with_ports(self.config, params_port=pick_free_port())
                 role = replace(role, port=self.config.learner.port)
             local_learner = (role, self._spawn(role))
         learner = self.config.learner
@@ -224,7 +217,7 @@ class Fleet:
         if self.stop_requested.is_set():
             raise Interrupted()
         if role.metrics_port is None:
-            role = replace(role, metrics_port=free_port())
+            role = replace(role, metrics_port=pick_free_port())
         self.roles = [role if r.name == role.name else r for r in self.roles]
         if role.kind == "replay":
             self._port_file(role).unlink(missing_ok=True)
@@ -375,7 +368,9 @@ class Fleet:
                             log.warning(
                                 "killing %s (%s)",
                                 child.role.name,
-                                "second signal" if forced else f"still running {grace:.0f}s after SIGTERM",
+                                "second signal"
+                                if forced
+                                else f"still running {grace:g}s after SIGTERM; --stop-grace gives roles longer",
                             )
                             _signal(child, signal.SIGKILL)
                     for child in group:

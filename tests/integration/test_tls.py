@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from apexrl.actor.config import ActorConfig
 from apexrl.common.errors import ApexError, DeadlineExceededError, UnauthenticatedError, UnavailableError
+from apexrl.common.free_ports import pick_free_port
 from apexrl.common.grpc_util import make_channel, wait_for_health
 from apexrl.common.tls import TlsFiles, tls_of
 from apexrl.learner.sharded_client import ShardedReplayClient
@@ -46,9 +46,8 @@ WEIGHTS = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(3, d
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """Below the ephemeral range: no connecting socket takes it before the process that will bind it starts."""
+    return pick_free_port("127.0.0.1")
 
 
 @dataclass

@@ -21,13 +21,14 @@ import functools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from apexrl.common.free_ports import pick_free_port
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO / "scripts" / "build_images.sh"
@@ -267,17 +268,14 @@ def _alive(pid: int) -> bool:
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports free on 127.0.0.1 right now (held open together while chosen)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """`count` distinct TCP ports free on 127.0.0.1 right now, below the ephemeral range (common/free_ports.py: no
+    connecting socket takes them in the seconds before a container binds them)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = pick_free_port("127.0.0.1")
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def http_get(url: str, timeout: float = 5.0) -> str:

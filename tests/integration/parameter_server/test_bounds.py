@@ -6,7 +6,6 @@ no version can jump beyond the window above the current one."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from apexrl.common.errors import ResourceExhaustedError
+from apexrl.common.free_ports import pick_free_port
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.limits import PublishLimits
 from apexrl.parameter_server.service import create_parameter_server
@@ -215,9 +215,8 @@ def test_a_publish_of_exactly_max_weights_bytes_is_stored_and_one_byte_more_is_r
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """Below the ephemeral range: no connecting socket takes it before the process that will bind it starts."""
+    return pick_free_port("127.0.0.1")
 
 
 def rss_bytes(pid: int) -> int:

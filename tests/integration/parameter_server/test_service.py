@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 import urllib.request
@@ -21,6 +20,7 @@ from apexrl.common.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from apexrl.common.free_ports import pick_free_port
 from apexrl.common.metrics import serve_metrics
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import SERVICE_NAME, create_parameter_server
@@ -370,9 +370,8 @@ def test_a_publish_cancelled_after_its_last_byte_stores_all_of_it_or_nothing(ser
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Below the ephemeral range: no connecting socket takes it before the process that will bind it starts."""
+    return pick_free_port("127.0.0.1")
 
 
 def test_dead_address_raises_unavailable_within_the_deadline():
