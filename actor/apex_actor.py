@@ -14,14 +14,19 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
 from apexrl.actor.config import ActorConfig
+from apexrl.actor.evaluation_pacing import EvaluationPacer, log_round
+from apexrl.actor.kept_policy import KeptPolicy, KeptRecord
 from apexrl.actor.metrics import ActorMetrics
 from apexrl.actor.nstep import NStepAccumulator, Transition, compress_image_columns, stack_transitions
 from apexrl.algorithms.base import ActingPolicy
+from apexrl.algorithms.policy_file import PolicyFile, save_policy_file
 from apexrl.algorithms.registry import for_spaces, with_defaults
 from apexrl.common.env_settings import EnvChoice
 from apexrl.common.environments import check_spaces, clips_rewards, make_vector_env
@@ -42,29 +47,6 @@ MIN_PRIORITY = 1e-3
 # seconds of every run: that is logged at INFO, and only weights still missing after this long at WARNING.
 STARTUP_WINDOW_SECONDS = 30.0
 FETCH_WARNING_PERIOD_SECONDS = 30.0  # at most one such line per period
-
-
-def evaluation_rest(took: float, round_seconds: float, cpu_share: float) -> float:
-    """Seconds the evaluator waits after a round that took `took` seconds: until the next round is due (rounds
-    start at most every `round_seconds`), and at least long enough that rounds take `cpu_share` of the time;
-    `round_seconds` 0 plays rounds back to back."""
-    if round_seconds == 0:
-        return 0.0
-    return max(round_seconds - took, took * (1.0 / cpu_share - 1.0))
-
-
-def log_round(number: int, weight_version: int, returns: list[float], seconds: float) -> None:
-    """The evaluator's one line per round: what the greedy policy of these weights scores now."""
-    log.info(
-        "evaluation round %d (weights v%d): %d greedy episodes, mean return %.1f (min %.1f, max %.1f) in %.1fs",
-        number,
-        weight_version,
-        len(returns),
-        float(np.mean(returns)),
-        min(returns),
-        max(returns),
-        seconds,
-    )
 
 
 class ApeXActor:
@@ -118,10 +100,19 @@ class ApeXActor:
             )
             self.metrics.insert_backlog.source = self.writer.backlog
         self.policy: ActingPolicy | None = None
+        self.weights: Mapping[str, np.ndarray] = {}  # what `policy` plays (the evaluator keeps its best)
         self.weight_version = 0
         self.env_steps = 0
         self.episodes = 0
         self._recent_returns: deque[float] = deque(maxlen=100)
+        self.kept: KeptPolicy | None = None
+        if config.evaluate and config.keep_policy:
+            self.kept = KeptPolicy(
+                Path(config.keep_policy),
+                config.target_return,
+                self._save_kept,
+                confirm=config.confirm_solved,
+            )
         self._last_fetch_warning = -float("inf")
         self._waiting_since = time.monotonic()  # for the first weights: reset when run() starts waiting
 
@@ -142,6 +133,7 @@ class ApeXActor:
         self.metrics.weight_lag.set(fetched[0] - self.weight_version if self.policy is not None else 0)
         self.weight_version, weights = fetched
         self.policy = self.acting.make_policy(weights, self.spaces)
+        self.weights = weights
         self.metrics.weight_version.set(self.weight_version)
         return True
 
@@ -275,16 +267,33 @@ class ApeXActor:
     def _evaluate(self, stop: threading.Event) -> None:
         """Evaluator: rounds of num_envs greedy episodes played side by side, every one with the newest weights at
         the round's start (100 episodes of one policy, as "solved" is defined, in the time of the longest one).
-        Rounds start at most every `evaluation_round_seconds`, with a rest that keeps them within
-        `evaluation_cpu_share` of a core (see `evaluation_rest`), so evaluation leaves the learner its CPU (a
-        Pong evaluator without it played 7x the exploring actors' env steps on 2 cores; CartPole's rounds, vectorised,
-        take a small fraction of their 2 s)."""
+        No round plays weights below `min_weight_version` (v1: the learner's untrained network). Rounds start at
+        most every `evaluation_round_seconds`, and take at most `evaluation_cpu_share` of a core beyond a burst
+        of `evaluation_burst_seconds` (actor/evaluation_pacing.py), so evaluation leaves the learner its CPU (a
+        Pong evaluator without it played 7x the exploring actors' env steps on 2 cores) without hiding a run's
+        first results. With `keep_policy`, each round is offered to the kept policy (actor/kept_policy.py)."""
         cfg = self.config
         num_envs = self.envs.num_envs
+        pacer = EvaluationPacer(
+            cfg.evaluation_round_seconds, cfg.evaluation_cpu_share, cfg.evaluation_burst_seconds
+        )
         rounds = 0
+        told_untrained = False
         while not stop.is_set():
             started = time.monotonic()
-            self._pull_weights()
+            if self.kept is None or self.kept.confirming is None:  # a confirmation replays the same weights
+                self._pull_weights()
+            if self.weight_version < cfg.min_weight_version:
+                if not told_untrained:
+                    log.info(
+                        "evaluator: waiting for weights v%d or later (v%d is the learner's untrained network)",
+                        cfg.min_weight_version,
+                        self.weight_version,
+                    )
+                    told_untrained = True
+                stop.wait(0.5)
+                continue
+            weights, version = self.weights, self.weight_version
             obs, _ = self.envs.reset(
                 seed=self._env_seed + rounds * num_envs
             )  # fresh start states every round
@@ -314,12 +323,30 @@ class ApeXActor:
                 if limit:
                     break
             rounds += 1
-            took = time.monotonic() - started
+            ended = time.monotonic()
             if not playing.any():  # a whole round (one cut short by a stop or a limit gets no line)
-                log_round(rounds, self.weight_version, finished, took)
+                log_round(rounds, version, finished, ended - started)
+                if self.kept is not None:
+                    self.kept.offer(rounds, version, weights, finished, self._recent_returns)
             if limit:
                 return
-            stop.wait(evaluation_rest(took, cfg.evaluation_round_seconds, cfg.evaluation_cpu_share))
+            stop.wait(pacer.rest(started, ended))
+
+    def _save_kept(self, weights: Mapping[str, np.ndarray], record: KeptRecord) -> None:
+        """Write the kept policy file: the acting weights with what `apexrl evaluate` needs to play them (numpy
+        only: algorithms/policy_file.py)."""
+        cfg = self.config
+        save_policy_file(
+            Path(cfg.keep_policy),
+            PolicyFile(
+                algorithm=self.algorithm.name,
+                env=EnvChoice.of(cfg),
+                spaces=self.spaces,
+                weights=weights,
+                weight_version=record.weight_version,
+                kept=record.as_dict(),
+            ),
+        )
 
     def _finish_episode(self, episode_return: float, length: int, env_steps: int) -> None:
         self.episodes += 1

@@ -70,6 +70,26 @@ class ActorConfig:
         "with the newest weights, insert nothing",
         wiring="the [evaluator] table",
     )
+    keep_policy: str | None = setting(
+        None,
+        "evaluator: save the weights of the round that solved the run (the first whose last 100 evaluation "
+        "episodes average at least target_return), else of its best round, as a policy file at PATH (what "
+        "apexrl evaluate, load_policy and export read), with a JSON record beside it (PATH with .json)",
+        wiring="RUN_DIR/checkpoints/best.npz",
+        metavar="PATH",
+    )
+    target_return: float | None = setting(
+        None,
+        "evaluator: the return the last 100 evaluation episodes must average for the run to be solved: the "
+        "round that reaches it is the one keep_policy keeps, and no later round replaces it",
+        wiring="[fleet] target_return (or the environment's reward_threshold)",
+    )
+    confirm_solved: bool = setting(
+        True,
+        "evaluator: a round that reaches target_return is played again with the same weights from fresh start "
+        "states, and the run is solved (those weights kept) only if the last 100 evaluation episodes still "
+        "reach it; false: the first round that reaches it solves",
+    )
     episodes_csv: str | None = setting(
         None,
         "append one CSV line per finished episode to this file",
@@ -159,6 +179,17 @@ class ActorConfig:
         "T x (1/share - 1) (0.25: 3T), so slow rounds (Atari, environments without a vectorised version) "
         "leave the learner its CPU; 1: no rest beyond evaluation_round_seconds",
     )
+    evaluation_burst_seconds: float = setting(
+        60.0,
+        "evaluator: seconds of play it may take beyond evaluation_cpu_share before the share holds, so the "
+        "first rounds of a run (barely trained policies, the longest episodes) follow each other within "
+        "evaluation_round_seconds instead of resting 3x their length; 0: the share holds from the first round",
+    )
+    min_weight_version: int = setting(
+        2,
+        "evaluator: the first weights version it plays rounds with (v1 is the learner's untrained network, "
+        "published before its first update; a resumed learner publishes trained weights above it)",
+    )
     max_env_steps: int | None = setting(None, "stop after this many environment steps")
     max_episodes: int | None = setting(None, "stop after this many episodes")
 
@@ -217,4 +248,8 @@ class ActorConfig:
             raise ValueError(f"evaluation_cpu_share ({self.evaluation_cpu_share}) must be in (0, 1]")
         if not self.evaluation_round_seconds >= 0:
             raise ValueError(f"evaluation_round_seconds ({self.evaluation_round_seconds}) must be >= 0")
+        if not self.evaluation_burst_seconds >= 0:
+            raise ValueError(f"evaluation_burst_seconds ({self.evaluation_burst_seconds}) must be >= 0")
+        if self.min_weight_version < 1:
+            raise ValueError(f"min_weight_version ({self.min_weight_version}) must be at least 1")
         tls_of(self)

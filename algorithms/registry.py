@@ -20,6 +20,8 @@ AUTO = "auto"
 _PACKAGES = ("apexrl.algorithms.dqn", "apexrl.algorithms.dpg")
 # Role settings an algorithm may give defaults for (a setting left at None takes the algorithm's value).
 ROLES = ("fleet", "learner", "actor")
+# How messages name the action spaces.
+SPACE_NAMES = {DISCRETE: "Discrete", BOX: "Box"}
 
 T = TypeVar("T")
 
@@ -27,8 +29,9 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Algorithm:
     """One algorithm: its name, the action space it plays (DISCRETE or BOX), where its acting and learning halves
-    live, its default settings per role ("fleet", "learner", "actor": setting name -> value), and the settings
-    only it reads (role -> names), which another algorithm's run refuses when they are given."""
+    live, its default settings per role ("fleet", "learner", "actor": setting name -> value), the settings only it
+    reads (role -> names), which another algorithm's run refuses when they are given, and what the launch line
+    calls its own learner settings' values (`options_label`: dpg's are TD3's options)."""
 
     name: str
     action_kind: str
@@ -37,6 +40,7 @@ class Algorithm:
     learning_module: str
     defaults: Mapping[str, Mapping[str, Any]]
     own_settings: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    options_label: str = "options"
 
     def __post_init__(self) -> None:
         if self.action_kind not in (DISCRETE, BOX):
@@ -88,8 +92,8 @@ def for_action_kind(name: str, action_kind: str, env_id: str = "the environment"
     if algorithm.action_kind != action_kind:
         fitting = ", ".join(a.name for a in algorithms().values() if a.action_kind == action_kind) or "none"
         raise ValueError(
-            f"algorithm {algorithm.name} needs a {_SPACE[algorithm.action_kind]} action space; "
-            f"{env_id} has a {_SPACE[action_kind]} one (algorithms for it: {fitting})"
+            f"algorithm {algorithm.name} needs a {SPACE_NAMES[algorithm.action_kind]} action space; "
+            f"{env_id} has a {SPACE_NAMES[action_kind]} one (algorithms for it: {fitting})"
         )
     return algorithm
 
@@ -122,6 +126,3 @@ def with_defaults(config: T, algorithm: Algorithm, role: str) -> T:
         raise ValueError(f"algorithm {algorithm.name} has {role} defaults for unknown settings {missing}")
     fill = {name: value for name, value in defaults.items() if getattr(config, name) is None}
     return dataclasses.replace(config, **fill) if fill else config
-
-
-_SPACE = {DISCRETE: "Discrete", BOX: "Box"}

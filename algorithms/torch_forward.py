@@ -117,3 +117,44 @@ class OneHot(nn.Module):
         if self.n > 0:
             return F.one_hot(obs.to(torch.int64).reshape(-1), self.n).to(torch.float32)
         return obs
+
+
+class OneOrBatch(nn.Module):
+    """A greedy module over batches that also takes one observation, as `TrainedPolicy.act` does: observations of
+    `obs_shape` (one; `()` for Discrete observations given as int64 indices) or [batch, *obs_shape], and the
+    action of one (a 0-d int64, or float32 [action_dim]) or the actions of the batch (int64 [batch], float32
+    [batch, action_dim]).
+
+    The batch is flattened to [-1, *obs_shape] and the actions given back the observations' leading axes. Under
+    TorchScript those are integer lists; traced for ONNX they are graph operations on the input's shape
+    (Shape, Slice, Concat, Reshape), so the exported graph takes either rank too, once its input is declared
+    without a fixed rank (`apexrl.learner.export`)."""
+
+    def __init__(self, batched: nn.Module, obs_shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.batched = batched
+        self.rank = len(obs_shape)
+        self.flat = [-1, *(int(n) for n in obs_shape)]  # never empty: TorchScript infers List[int] from it
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            one = self.flat[1:]
+            if obs.dim() < self.rank or obs.shape[obs.dim() - self.rank :] != one:
+                raise ValueError(
+                    f"observations must be of shape {one} (one) or [batch] + {one} (a batch), got {obs.shape}"
+                )
+            actions = self.batched(obs.reshape(self.flat))
+            return actions.reshape(obs.shape[: obs.dim() - self.rank] + actions.shape[1:])
+        return self._traced(obs)
+
+    @torch.jit.unused
+    def _traced(self, obs: torch.Tensor) -> torch.Tensor:
+        """Eager and traced (ONNX): the leading axes of `obs` as a tensor, so a trace does not fix them."""
+        from torch.onnx import operators
+
+        actions = self.batched(obs.reshape(self.flat))
+        shape = operators.shape_as_tensor(obs)
+        lead = shape[: -self.rank] if self.rank else shape
+        return operators.reshape_from_tensor_shape(
+            actions, torch.cat([lead, operators.shape_as_tensor(actions)[1:]])
+        )

@@ -20,21 +20,24 @@ class EnvKwargs:
     """Keyword arguments of the environment's constructor (`gymnasium.make(id, **kwargs)`): a JSON object.
 
     Kept as canonical JSON text, so a value is hashable, compares by content and is written on a command line as
-    it was read (`--env-kwargs '{"map_name": "8x8"}'`); a fleet file gives it as a table."""
+    it was read (`--env-kwargs '{"map_name": "8x8"}'`); a fleet file gives it as a table, Python as a dict. Its
+    errors say what is wrong and leave naming the setting to the caller."""
 
     __slots__ = ("_text",)
+    # How messages name the form (common/settings.py `expected`).
+    EXPECTED = 'a JSON object such as \'{"map_name": "8x8"}\''
 
     def __init__(self, value: Mapping[str, Any] | None = None) -> None:
         value = {} if value is None else value
         if not isinstance(value, Mapping):
-            raise ValueError(f"env_kwargs must be a JSON object (keyword arguments), got {value!r}")
+            raise ValueError(f"not a JSON object (keyword arguments, a dict in Python): {value!r}")
         bad = [k for k in value if not isinstance(k, str) or not k.isidentifier()]
         if bad:
-            raise ValueError(f"env_kwargs keys must be Python identifiers, got {bad}")
+            raise ValueError(f"keys must be Python identifiers, got {bad}")
         try:
             self._text = json.dumps(dict(value), sort_keys=True, separators=(", ", ": "), allow_nan=False)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"env_kwargs must hold JSON values only ({err})") from None
+            raise ValueError(f"JSON values only ({err})") from None
 
     @classmethod
     def parse(cls, text: str) -> EnvKwargs:
@@ -47,7 +50,7 @@ class EnvKwargs:
 
     @classmethod
     def from_value(cls, value: Any) -> EnvKwargs:
-        """From a fleet file: a table, or the JSON text of one."""
+        """From a fleet file or Python: a table (a dict), or the JSON text of one."""
         if isinstance(value, EnvKwargs):
             return value
         return cls.parse(value) if isinstance(value, str) else cls(value)

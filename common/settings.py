@@ -7,7 +7,10 @@ its command-line flags, its fleet-file keys and the launcher's argv for it are a
 
 gives `--capacity` (default and help from the field), the fleet-file key `capacity`, and `to_argv` writes
 `--capacity N` when a launcher sets it. Validation lives in the dataclass's `__post_init__` (ValueError naming the
-value), so a value is checked the same way whether it came from a flag, a fleet file or Python.
+value), so a value is checked the same way whether it came from a flag, a fleet file or Python. Before it, `coerce`
+brings a value to the field's type as a fleet file or a Python caller spells it (a list or comma-separated text for
+a tuple, an int for a float) and refuses any other with a SettingsError naming the setting and the expected form in
+plain words (`seed must be an integer, got 'zero'`), never a Python type name.
 
 Why a small helper and not a library (tyro, pydantic-settings): the three derivations must agree exactly, and the
 fleet file needs the same names and parsers as the flags. ~200 lines here do all three with the standard library;
@@ -18,10 +21,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import numbers
+import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
+
+from apexrl.common.arg_parser import ArgParser, plain
 
 C = TypeVar("C")
 
@@ -91,12 +98,15 @@ class Setting:
         return _is_union(self.type) and type(None) in typing.get_args(self.type)
 
     def parse(self, text: str) -> Any:
-        """A value from its command-line text."""
+        """A value from its command-line text; argparse.ArgumentTypeError saying the expected form otherwise."""
         kind = self.base_type
         if typing.get_origin(kind) is tuple:
             item = typing.get_args(kind)[0]
-            return tuple(_scalar(item, part.strip(), self.flag) for part in text.split(",") if part.strip())
-        return _scalar(kind, text, self.flag)
+            try:
+                return tuple(_scalar(item, part.strip()) for part in text.split(",") if part.strip())
+            except argparse.ArgumentTypeError:
+                raise argparse.ArgumentTypeError(f"expected {expected(kind)}, got {text!r}") from None
+        return _scalar(kind, text)
 
     def format(self, value: Any) -> str:
         """The command-line text of a value (the inverse of parse)."""
@@ -106,28 +116,57 @@ class Setting:
             return repr(value)
         return str(value)
 
-    def coerce(self, value: Any, where: str) -> Any:
-        """Check a value from a fleet file (TOML/YAML types) against the field's type."""
+    def coerce(self, value: Any, where: str | None = None) -> Any:
+        """A value from a fleet file (TOML/YAML types) or a Python caller, as the field's type: a list, a tuple or
+        comma-separated text for a tuple, an int for a float, a path for text, a type's own text form (a
+        signature, environment arguments as JSON) or value (a table of them). SettingsError naming the setting
+        (after `where`, the fleet-file table) and the expected form for anything else."""
+        what = f"{where}: {self.name}" if where else self.name
+        shown = "<redacted>" if self.name == "token" else repr(value)
         if value is None:
             if self.optional:
                 return None
-            raise SettingsError(f"{where}: {self.name} must not be empty")
+            raise SettingsError(f"{what} must not be empty")
         kind = self.base_type
-        if typing.get_origin(kind) is tuple:
-            if isinstance(value, str):
-                return self.parse(value)
-            if not isinstance(value, list | tuple):
-                raise SettingsError(f"{where}: {self.name} must be a list, got {value!r}")
-            item = typing.get_args(kind)[0]
-            return tuple(_checked(item, v, f"{where}: {self.name}") for v in value)
         if isinstance(kind, type) and callable(getattr(kind, "from_value", None)):
             try:  # a type that reads a fleet file's own value (e.g. a table of environment arguments)
                 return kind.from_value(value)
             except (ValueError, TypeError) as err:
-                raise SettingsError(f"{where}: {self.name}: {err}") from None
-        if kind not in (int, float, str, bool) and isinstance(value, str):
-            return self.parse(value)  # a type with its own text form (e.g. a signature)
-        return _checked(kind, value, f"{where}: {self.name}")
+                raise SettingsError(f"{what}: {err}") from None
+        if isinstance(value, str) and (
+            typing.get_origin(kind) is tuple or kind not in (int, float, str, bool)
+        ):
+            try:  # comma-separated items, or a type with its own text form (e.g. a signature)
+                return self.parse(value)
+            except argparse.ArgumentTypeError as err:
+                raise SettingsError(f"{what}: {err}") from None
+        if typing.get_origin(kind) is tuple:
+            item = typing.get_args(kind)[0]
+            try:
+                if not isinstance(value, list | tuple):
+                    raise ValueError(value)
+                return tuple(_checked(item, v) for v in value)
+            except ValueError:
+                raise SettingsError(
+                    f"{what} must be a list of {_PLURALS.get(item, 'values')}, got {shown}"
+                ) from None
+        try:
+            return _checked(kind, value)
+        except ValueError:
+            raise SettingsError(f"{what} must be {expected(kind)}, got {shown}") from None
+
+
+def coerce_fields(config: Any, cls: type | None = None) -> None:
+    """Bring every setting of `config` (a settings dataclass, frozen or not; `cls`: the settings class whose fields
+    to check, when `config`'s own class adds fields of its own) to its declared type, in place, as `Setting.coerce`
+    does: called first thing in `__post_init__`, so that Python callers may write values as they write any others
+    (`env_kwargs={"map_name": "8x8"}`, `env_module="corridor"`) and a wrong type (`seed="zero"`) is a
+    SettingsError naming the setting, not a TypeError from deep inside a run."""
+    for s in settings_of(cls or type(config)):
+        value = getattr(config, s.name)
+        checked = s.coerce(value)
+        if checked is not value:  # the dataclass may be frozen: this is still its construction
+            object.__setattr__(config, s.name, checked)
 
 
 def settings_of(cls: type) -> list[Setting]:
@@ -257,9 +296,11 @@ def parse_argv(cls: type[C], argv: Sequence[str], prog: str) -> C:
     return from_namespace(cls, parser.parse_args(list(argv)))
 
 
-class _ThrowingParser(argparse.ArgumentParser):
+class _ThrowingParser(ArgParser):
+    """The one-line errors of `apexrl`'s parser, raised as a SettingsError for the launcher to report."""
+
     def error(self, message: str) -> typing.NoReturn:
-        raise SettingsError(f"{self.prog}: {message}")
+        raise SettingsError(f"{self.prog}: {plain(message)}")
 
 
 def _with_flag(message: str, cls: type) -> str:
@@ -274,7 +315,23 @@ def _is_union(kind: Any) -> bool:
     return typing.get_origin(kind) in (typing.Union, types.UnionType)
 
 
-def _scalar(kind: Any, text: str, flag: str) -> Any:
+# The plain words for a type in messages (never its Python name: `EnvKwargs` means nothing to a user). A type of
+# its own says it with an EXPECTED class attribute.
+_EXPECTED = {int: "an integer", float: "a number", bool: "a boolean (true or false)", str: "a string"}
+_PLURALS = {int: "integers", float: "numbers", bool: "true/false values", str: "strings"}
+
+
+def expected(kind: Any) -> str:
+    """The form a value of `kind` takes, in plain words: "an integer", "a comma-separated list of strings"."""
+    if typing.get_origin(kind) is tuple:
+        return f"a comma-separated list of {_PLURALS.get(typing.get_args(kind)[0], 'values')}"
+    if kind in _EXPECTED:
+        return _EXPECTED[kind]
+    return getattr(kind, "EXPECTED", None) or f"a {getattr(kind, '__name__', 'value').lower()}"
+
+
+def _scalar(kind: Any, text: str) -> Any:
+    """One value from its command-line text; argparse.ArgumentTypeError naming the expected form otherwise."""
     try:
         if kind is bool:
             if text.lower() in ("1", "true", "yes", "on"):
@@ -286,19 +343,26 @@ def _scalar(kind: Any, text: str, flag: str) -> Any:
             return kind.parse(text)
         return kind(text)
     except (ValueError, TypeError) as err:
-        name = getattr(kind, "__name__", str(kind))
-        raise argparse.ArgumentTypeError(f"{flag} wants {name}, got {text!r} ({err})") from None
+        detail = f" ({err})" if kind not in _EXPECTED else ""  # a type of its own says what is wrong
+        raise argparse.ArgumentTypeError(f"expected {expected(kind)}, got {text!r}{detail}") from None
 
 
-def _checked(kind: Any, value: Any, where: str) -> Any:
-    ok = {
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, int | float) and not isinstance(value, bool),
-        str: isinstance(value, str),
-        bool: isinstance(value, bool),
-    }.get(kind)
-    if ok is None:
-        return value
+def _checked(kind: Any, value: Any) -> Any:
+    """`value` as `kind` (an int for a float, a path for text, numpy's numbers too), or ValueError. bool is not
+    taken for a number, nor a number for a bool."""
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        value = int(value) if ok else value
+    elif kind is float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif kind is str:
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value
+        ok = isinstance(value, str)
+    else:
+        ok = not isinstance(kind, type) or isinstance(value, kind)
     if not ok:
-        raise SettingsError(f"{where} must be {kind.__name__}, got {value!r}")
-    return float(value) if kind is float else value
+        raise ValueError(value)
+    return value

@@ -11,6 +11,7 @@ deadlines, and (ShardedWriter) round-robin over the shards with failover and bac
 from __future__ import annotations
 
 import argparse
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -77,4 +78,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -4,14 +4,17 @@
     .venv/bin/python examples/launch_from_python.py --max-seconds 60 --run-dir runs/from-python
 
 `apexrl.launch` starts the roles (replay shards, the learner, actors, the evaluator) as child processes and returns
-at once; the fleet runs in a background thread of this process. Leaving the `with` block (or Ctrl-C) stops it.
-The last line printed is the run's result as JSON, the same line `apexrl launch` ends with.
+at once; the fleet runs in a background thread of this process. Leaving the `with` block stops it; Ctrl-C stops it
+and still reports the result. The policy played at the end is the one the evaluator kept (the weights of the round
+that solved the run, else of its best round). The last line printed is the run's result as JSON, the same line
+`apexrl launch` ends with.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 import apexrl
 
@@ -48,9 +51,13 @@ def main() -> None:
         fleet, on_progress=show
     ) as run:  # show() gets every progress row, in the fleet's thread
         print(f"training in {run.run_dir}", flush=True)
-        result = run.wait()  # until solved or max_seconds; run.progress() is the latest row meanwhile
+        try:
+            result = run.wait()  # until solved or max_seconds; run.progress() is the latest row meanwhile
+        except KeyboardInterrupt:  # Ctrl-C: stop the fleet and report what it did, as `apexrl launch` does
+            print("stopping the fleet (Ctrl-C)", file=sys.stderr, flush=True)
+            result = run.stop()
 
-    if result.updates:  # the learner wrote its checkpoint at exit: play it greedily
+    if result.kept_policy or result.last_checkpoint:  # the evaluator's kept policy (else the learner's last)
         policy = apexrl.load_policy(result.run_dir)
         env = policy.make_env()
         obs, _ = env.reset(seed=0)
@@ -59,9 +66,12 @@ def main() -> None:
             obs, reward, terminated, truncated, _ = env.step(policy.act(obs))
             total += float(reward)
             done = terminated or truncated
-        print(f"one greedy episode of the trained policy: return {total:.0f}", flush=True)
+        print(f"one greedy episode of {policy.describe()}: return {total:.0f}", flush=True)
     print(result.to_json(), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # a second Ctrl-C while the fleet stops: leaving the `with` block stopped it
+        sys.exit(130)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import shlex
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,11 +69,16 @@ def launch(
     """Start `fleet` (default: `local_fleet()`, CartPole-v1 on this machine) and return its handle at once.
 
     `host_name` picks this machine's roles of a fleet spread over several (default: its only host);
-    `extra_args` appends arguments to every role of a kind ({"learner": ["--batch-size", "128"]}, as
-    `apexrl launch --learner-arg`); `on_progress` is called with each progress row, in the run's thread.
+    `extra_args` appends arguments to every role of a kind ({"learner": ["--batch-size", "128"]}, or a shell line
+    "--batch-size 128" as `apexrl launch --learner-arg` takes it); `on_progress` is called with each progress row,
+    in the run's thread.
     ConfigError (a ValueError) before any process starts when the fleet cannot run: a bad setting, a run directory
     that holds a run, a busy fixed port, an environment that cannot be made."""
     config = fleet if fleet is not None else local_fleet()
+    if not isinstance(config, FleetConfig):
+        raise ConfigError(
+            f"fleet must be a FleetConfig (apexrl.local_fleet(...) or a fleet file's load_config), got {config!r}"
+        )
     plan = plan_new(config, pick_host(config, host_name), _extra(extra_args))
     return start(plan, on_progress=on_progress)
 
@@ -81,7 +87,8 @@ def resume(
     run_dir: str | Path, *, on_progress: Callable[[ProgressRow], None] | None = None, **changes: Any
 ) -> FleetRun:
     """Continue the run in `run_dir` with the fleet its config.json records: the learner from its checkpoint,
-    shards from theirs where enabled, progress.csv and the episode files appended to. `changes` may set only the
+    shards from theirs when the run kept them ([fleet] replay_durability, or a shard's checkpoint_dir; else the
+    replay starts empty), progress.csv and the episode files appended to. `changes` may set only the
     settings that steer a launch (`apexrl.launcher.record.RESUMABLE`: max_seconds, target_return, token_file, ...);
     the token comes again from `token`/`token_file` or APEXRL_TOKEN."""
     return start(plan_resume(Path(run_dir), changes), on_progress=on_progress)
@@ -272,11 +279,21 @@ def _check(config: FleetConfig, host: str, run_dir: Path, extra_args: dict[str, 
             raise ConfigError(f"--env: {err}") from None
 
 
-def _extra(extra_args: Mapping[str, Sequence[str]] | None) -> dict[str, list[str]]:
-    extra = {kind: list((extra_args or {}).get(kind, ())) for kind in ROLE_KINDS}
+def _extra(extra_args: Mapping[str, Sequence[str] | str] | None) -> dict[str, list[str]]:
+    if extra_args is not None and not isinstance(extra_args, Mapping):
+        raise ConfigError(f"extra_args must be a dict of role kind -> arguments, got {extra_args!r}")
     unknown = sorted(set(extra_args or {}) - set(ROLE_KINDS))
     if unknown:
         raise ConfigError(f"extra_args: unknown role kind {unknown} (one of {', '.join(ROLE_KINDS)})")
-    if not all(isinstance(a, str) for args in extra.values() for a in args):
-        raise ConfigError("extra_args: each role kind's arguments must be a list of strings")
+    extra: dict[str, list[str]] = {}
+    for kind in ROLE_KINDS:
+        args = (extra_args or {}).get(kind, ())
+        if isinstance(args, str):  # a shell line, as --learner-arg takes it (not a list of its characters)
+            try:
+                args = shlex.split(args)
+            except ValueError as err:
+                raise ConfigError(f"extra_args[{kind!r}]: {err} in {args!r}") from None
+        if not isinstance(args, list | tuple) or not all(isinstance(a, str) for a in args):
+            raise ConfigError(f"extra_args[{kind!r}] must be a list of strings or a shell line, got {args!r}")
+        extra[kind] = list(args)
     return extra

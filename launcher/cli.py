@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from apexrl.common.arg_parser import ArgParser
 from apexrl.common.port_check import check_ports_free, listening_ports
 from apexrl.common.process import (
     EXIT_BAD_CONFIG,
@@ -44,7 +45,7 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgParser(  # one-line errors, exit status 2, for every subcommand (common/arg_parser.py)
         prog="apexrl",
         description="Distributed prioritized experience replay (Ape-X): replay shards, actors, a learner and a "
         "parameter service talking gRPC. Each subcommand runs one role; see 'apexrl ROLE --help'. "

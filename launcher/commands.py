@@ -17,14 +17,17 @@ from typing import Any
 
 from apexrl.actor.config import ActorConfig
 from apexrl.actor.nstep import replay_signature
-from apexrl.algorithms.registry import AUTO, for_action_kind, get, with_defaults
+from apexrl.algorithms.checkpoint_files import KEPT_POLICY_NAME
+from apexrl.algorithms.registry import AUTO, SPACE_NAMES, for_action_kind, get, with_defaults
 from apexrl.common.env_settings import EnvChoice
 from apexrl.common.process import TOKEN_VARIABLE
-from apexrl.common.settings import SettingsError, parse_argv, to_argv
+from apexrl.common.settings import parse_argv, to_argv
 from apexrl.common.signature import Signature
 from apexrl.launcher.fleet_config import (
     ATARI_EVALUATION_EPISODES,
     DEFAULT_EVALUATION_EPISODES,
+    REPLAY_OFF,
+    REPLAY_WAL,
     ConfigError,
     FleetConfig,
 )
@@ -48,6 +51,16 @@ def evaluation_episodes(config: FleetConfig) -> int:
     from apexrl.common.environments import is_atari
 
     return ATARI_EVALUATION_EPISODES if is_atari(config.env) else DEFAULT_EVALUATION_EPISODES
+
+
+def target_return(config: FleetConfig) -> float | None:
+    """The return the run is solved at: [fleet] target_return, else the environment's reward_threshold (None when
+    neither gives one: the run goes on until max_seconds)."""
+    if config.target_return is not None:
+        return config.target_return
+    from apexrl.common.environments import reward_threshold
+
+    return reward_threshold(EnvChoice.of(config))
 
 
 @functools.lru_cache(maxsize=16)
@@ -115,6 +128,61 @@ def with_algorithm(config: FleetConfig) -> FleetConfig:
         raise ConfigError(f"--algorithm: {err}") from None
 
 
+def describe_algorithm(
+    config: FleetConfig, host: str, run_dir: Path, extra_args: Mapping[str, Sequence[str]]
+) -> str:
+    """The launch line's account of the algorithm: its name, why (auto: the action space; each space has one
+    algorithm, so one named explicitly reads the same), and the values of the learner settings only it reads,
+    named as `apexrl learner --help` names them: "dpg (auto: Box actions), TD3 options: twin_critics on,
+    policy_delay 2, target_noise 0.2, target_noise_clip 0.5". The values are the learner's command line's when this
+    machine runs the learner (pass-through args included), else its table's over the algorithm's defaults."""
+    try:
+        config = with_algorithm(config)
+        algorithm = get(config.algorithm)
+    except ValueError as err:  # refused before a launch: only a caller that skipped the checks gets here
+        return f"{config.algorithm} ({err})"
+    kind = action_kind(EnvChoice.of(config))
+    if kind is None:  # no gymnasium here: the fleet file names it
+        why = "[fleet] algorithm"
+    else:
+        auto = for_action_kind(AUTO, kind).name == algorithm.name
+        why = f"{'auto' if auto else 'named'}: {SPACE_NAMES[kind]} actions"
+    own = algorithm.own_settings.get("learner", ())
+    if not own:
+        return f"{algorithm.name} ({why})"
+    table = {**algorithm.defaults.get("learner", {}), **config.learner.settings}
+    values = {name: table.get(name) for name in own}
+    try:
+        for role, settings in parsed_commands(
+            config, host, run_dir, {k: list(v) for k, v in extra_args.items()}
+        ):
+            if role.kind == "learner":
+                learner = with_defaults(settings, algorithm, "learner")
+                values = {name: getattr(learner, name) for name in own}
+    except ValueError:  # refused before a launch; the table's values still tell what was chosen
+        pass
+    shown = ", ".join(f"{name} {_option_text(value)}" for name, value in values.items() if value is not None)
+    return f"{algorithm.name} ({why}), {algorithm.options_label}: {shown}"
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+def replay_directories(config: FleetConfig, role: Role, run_dir: Path) -> dict[str, str]:
+    """The directories [fleet] replay_durability gives shard `role`: its checkpoint_dir RUN_DIR/replay/shard-I, and
+    with wal its write-ahead log in wal/ there; none when it is off."""
+    if config.replay_durability == REPLAY_OFF:
+        return {}
+    directory = run_dir / "replay" / role.name
+    return {
+        "checkpoint_dir": str(directory),
+        **({"wal": str(directory / "wal")} if config.replay_durability == REPLAY_WAL else {}),
+    }
+
+
 def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -> Any:
     """The settings dataclass of `role`: its fleet-file settings with the launcher's wiring on top. Its ports
     must be concrete (0 is allowed for a shard: it reports the port it got in its port file). Every role gets
@@ -131,6 +199,7 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
                 **{**shard_settings, "signature": pinned_signature(config, shard_settings)},
                 **tls,
                 **({} if config.role_tokens is None else {"role_tokens": config.role_tokens}),
+                **replay_directories(config, role, run_dir),
                 host=config.bind,
                 port=role.port or 0,
                 metrics_port=metrics,
@@ -143,8 +212,9 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
                 port_file=str(run_dir / "ports" / f"{role.name}.port"),
             )
         if role.kind == "learner":
+            device = {} if config.device is None else {"device": config.device}  # over the [learner] table's
             return LearnerConfig(
-                **config.learner.settings,
+                **{**config.learner.settings, **device},
                 **client_tls,
                 replay=links.replay,
                 env=config.env,
@@ -165,6 +235,9 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
                 settings = {
                     "num_envs": evaluation_episodes(config),
                     **(config.evaluator.settings if config.evaluator else {}),
+                    # The weights it scored, kept where evaluate/load_policy/export look first (kept_policy.py).
+                    "keep_policy": str(run_dir / "checkpoints" / KEPT_POLICY_NAME),
+                    "target_return": target_return(config),
                 }
             else:
                 settings = next(
@@ -224,28 +297,72 @@ def environment(
 
 def check_commands(config: FleetConfig, host: str, run_dir: Path, extra_args: dict[str, list[str]]) -> None:
     """Parse every command `host` would run, as the role itself will (placeholder ports where the launcher picks
-    them at start); ConfigError naming the role and the bad flag or value."""
-    placeholder = Wiring(
-        replay=tuple(f"127.0.0.1:{7000 + i}" for i in range(len(config.shards))), params="127.0.0.1:7100"
-    )
-    for role in roles_on(config, host):
-        role = dataclasses.replace(role, port=role.port or 1)
-        argv = command(config, role, placeholder, run_dir, extra_args_for(role.kind, extra_args))
-        subcommand, cls = SUBCOMMANDS[role.kind]
+    them at start); ConfigError naming the role and the bad flag or value, or two shards that would share a
+    directory."""
+    parsed = parsed_commands(config, host, run_dir, extra_args)
+    for role, settings in parsed:
         try:
-            parsed = parse_argv(cls, argv[1:], prog=f"apexrl {subcommand} ({role.name})")
-            if parsed.token is not None:  # only a pass-through arg can put it there: `command` leaves it out
+            # Only a pass-through arg can put a token there: `command` leaves it out.
+            if settings.token is not None:
                 raise ConfigError(
                     f"--token in a pass-through arg would put the token on the command line and "
                     f"in config.json; give it to apexrl launch (--token-file, {TOKEN_VARIABLE} or "
                     f"[fleet] token_file)"
                 )
             if role.kind != "replay":  # the same check the role makes: no setting another algorithm owns
-                with_defaults(parsed, get(parsed.algorithm), "learner" if role.kind == "learner" else "actor")
-        except SettingsError as err:
+                with_defaults(
+                    settings, get(settings.algorithm), "learner" if role.kind == "learner" else "actor"
+                )
+        except ValueError as err:  # SettingsError and ConfigError too
             raise ConfigError(f"{role.name}: {err}") from None
+    check_shard_directories(config, run_dir, parsed)
+
+
+def parsed_commands(
+    config: FleetConfig, host: str, run_dir: Path, extra_args: dict[str, list[str]]
+) -> list[tuple[Role, Any]]:
+    """Every role of `host` with its settings as its command parses them (placeholder ports where the launcher
+    picks them at start); ConfigError naming the role and the bad flag or value."""
+    placeholder = Wiring(
+        replay=tuple(f"127.0.0.1:{7000 + i}" for i in range(len(config.shards))), params="127.0.0.1:7100"
+    )
+    parsed = []
+    for role in roles_on(config, host):
+        role = dataclasses.replace(role, port=role.port or 1)
+        argv = command(config, role, placeholder, run_dir, extra_args_for(role.kind, extra_args))
+        subcommand, cls = SUBCOMMANDS[role.kind]
+        try:
+            parsed.append((role, parse_argv(cls, argv[1:], prog=f"apexrl {subcommand} ({role.name})")))
         except ValueError as err:
             raise ConfigError(f"{role.name}: {err}") from None
+    return parsed
+
+
+def check_shard_directories(config: FleetConfig, run_dir: Path, parsed: Sequence[tuple[Role, Any]]) -> None:
+    """ConfigError when two local shards would share a checkpoint or write-ahead-log directory (each would write
+    checkpoint files of the same names over the other's; `apexrl replay` refuses a directory another shard holds),
+    or when a --replay-arg moves a shard away from the directory [fleet] replay_durability gives it."""
+    held: dict[Path, str] = {}
+    for role, settings in parsed:
+        if role.kind != "replay":
+            continue
+        wired = replay_directories(config, role, run_dir)
+        for key in ("checkpoint_dir", "wal"):
+            value, flag = getattr(settings, key), "--" + key.replace("_", "-")
+            if wired and value != wired.get(key):
+                raise ConfigError(
+                    f"{role.name}: {flag} {value} (a --replay-arg) and [fleet] replay_durability "
+                    f"{config.replay_durability!r} ({flag} {wired.get(key)}) disagree: drop one of them"
+                )
+            if value is None:
+                continue
+            other = held.setdefault(Path(value).resolve(), role.name)
+            if other != role.name:
+                raise ConfigError(
+                    f"{other} and {role.name} would share the directory {value} ({flag}): one shard's "
+                    f"checkpoints would replace the other's; give each shard its own ([[shard]] checkpoint_dir, "
+                    f"or [fleet] replay_durability, which keeps shard I's in RUN_DIR/replay/shard-I)"
+                )
 
 
 def extra_args_for(kind: str, extra_args: dict[str, list[str]]) -> list[str]:

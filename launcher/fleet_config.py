@@ -18,13 +18,17 @@ from apexrl.common.access import read_role_tokens
 from apexrl.common.addresses import check_host
 from apexrl.common.env_settings import EnvKwargs, env_kwargs_setting, env_module_setting
 from apexrl.common.process import TOKEN_PRECEDENCE, TOKEN_VARIABLE
-from apexrl.common.settings import SettingsError, setting
+from apexrl.common.settings import SettingsError, coerce_fields, setting
 from apexrl.common.tls import TlsFiles
+from apexrl.learner.config import DEVICE_HELP, check_device
 
 LOCAL_HOST = "local"
 DEFAULT_ENV = "CartPole-v1"
 DEFAULT_EVALUATION_EPISODES = 100  # one round is the 100 episodes "solved" is defined on, of one policy
 ATARI_EVALUATION_EPISODES = 10
+# What of the replay outlives its shards ([fleet] replay_durability).
+REPLAY_OFF, REPLAY_CHECKPOINT, REPLAY_WAL = "off", "checkpoint", "wal"
+REPLAY_DURABILITY = (REPLAY_OFF, REPLAY_CHECKPOINT, REPLAY_WAL)
 
 
 class ConfigError(SettingsError):
@@ -50,6 +54,13 @@ class FleetSettings:
             than coverage. CartPole-v1 solved in a median 18 s over seeds 0-5 (12-29 s) against 52 s with 100,000;
             MinAtar/Breakout-v1 reached the same return at 150 s (7.7 vs 7.3); Acrobot-v1 solved in 72 s against
             47 s (seed 0). Atari at scale wants ~1,000,000 rows bounded by --max-bytes (Ape-X used 2M).
+        replay_durability: off, a resumed run (or a restarted shard) starts its replay empty and the learner waits
+            for min_replay_size new rows; checkpoint, each shard i keeps its table in RUN_DIR/replay/shard-i
+            (`apexrl replay --checkpoint-dir`: every checkpoint_every seconds, 300 by default, and once more when
+            it stops on SIGTERM) and restores it at start, so the learner samples the old transitions at once;
+            wal adds a write-ahead log (RUN_DIR/replay/shard-i/wal), so that even a SIGKILL or a power cut loses no
+            acknowledged row. A shard table may not set its own checkpoint_dir or wal then. The final
+            checkpoint must fit in stop_grace: raise it for a replay of many megabytes.
         tls_cert, tls_key, tls_ca: one TLS identity per machine, given to every role it runs (a role's table may
             not set its own): the shards and the learner's parameter service serve TLS with the certificate, every
             client verifies them with the CA and, as a CA makes the servers require client certificates, presents
@@ -80,6 +91,11 @@ class FleetSettings:
         "actions); auto picks by the environment's action space",
         choices=algorithm_names(),
     )
+    device: str | None = setting(
+        None,
+        f"{DEVICE_HELP}; given, it replaces a [learner] table's device (none: that table's device, else auto)",
+        metavar="DEVICE",
+    )
     run_dir: str | None = setting(
         None,
         "directory of logs, episodes, checkpoints and results on every machine (none: runs/ENV-TIMESTAMP)",
@@ -89,7 +105,8 @@ class FleetSettings:
     target_return: float | None = setting(
         None,
         "stop, solved, once the last 100 evaluation episodes average at "
-        "least this (none: the environment's reward_threshold from its "
+        "least this, and again after one more round of the same weights (the evaluator's confirm_solved); "
+        "those weights are kept, RUN_DIR/checkpoints/best.npz (none: the environment's reward_threshold from its "
         "Gymnasium registration, e.g. 475 for CartPole-v1 and -100 for "
         "Acrobot-v1, or the usual bar where it registers none: -150 for "
         "Pendulum-v1; an environment without one runs until --max-seconds)",
@@ -167,9 +184,21 @@ class FleetSettings:
         "algorithm's default: dqn 16, one update of 256 rows per 16 env steps; dpg 64, one per 4)",
     )
     min_replay_size: int = setting(1_000, "rows the shards hold in total before the learner trains")
+    replay_durability: str = setting(
+        REPLAY_OFF,
+        "what of the replay a resume (or a restarted shard) keeps: off, the replay starts empty; checkpoint, "
+        "shard I checkpoints its table in RUN_DIR/replay/shard-I (every 300 s and when it stops) and restores "
+        "it at start; wal, also a write-ahead log there, so a SIGKILL loses no acknowledged row",
+        choices=REPLAY_DURABILITY,
+    )
     startup_timeout: float = setting(120.0, "seconds each service may take to report SERVING")
     progress_seconds: float = setting(5.0, "seconds between progress lines")
-    stop_grace: float = setting(5.0, "seconds a role may take to exit after SIGTERM before SIGKILL")
+    stop_grace: float = setting(
+        20.0,
+        "seconds a role may take to exit after SIGTERM before SIGKILL (roles stop in two groups, each within it; "
+        "a clean stop takes a few seconds, but on a loaded machine the learner's final checkpoint, its sampler "
+        "process and the parameter service's last calls took over 5)",
+    )
     max_restarts: int = setting(
         5,
         "restarts of one role that dies within restart_window before the run ends "
@@ -178,6 +207,10 @@ class FleetSettings:
     restart_window: float = setting(300.0, "seconds over which a role's restarts are counted")
 
     def __post_init__(self) -> None:
+        try:  # Python's spellings (env_kwargs as a dict, env_module as text); a wrong type is refused
+            coerce_fields(self, FleetSettings)
+        except SettingsError as err:
+            raise ConfigError(str(err)) from None
         if not self.env.strip():
             raise ConfigError("env must not be empty")
         try:
@@ -201,6 +234,11 @@ class FleetSettings:
             raise ConfigError(f"stop_grace ({self.stop_grace}) must be >= 0")
         if self.algorithm not in algorithm_names():
             raise ConfigError(f"algorithm ({self.algorithm!r}) must be one of {', '.join(algorithm_names())}")
+        if self.device is not None:
+            try:
+                check_device(self.device)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         if (self.replay_capacity is not None and self.replay_capacity < 1) or self.min_replay_size < 1:
             raise ConfigError(
                 f"replay_capacity ({self.replay_capacity}) and min_replay_size "
@@ -210,6 +248,10 @@ class FleetSettings:
             math.isfinite(self.samples_per_insert) and self.samples_per_insert >= 0
         ):
             raise ConfigError(f"samples_per_insert ({self.samples_per_insert}) must be >= 0")
+        if self.replay_durability not in REPLAY_DURABILITY:
+            raise ConfigError(
+                f"replay_durability ({self.replay_durability!r}) must be one of {', '.join(REPLAY_DURABILITY)}"
+            )
         try:
             self.tls_files()
         except ValueError as err:
@@ -280,6 +322,15 @@ class FleetConfig(FleetSettings):
             raise ConfigError("the fleet needs at least one [[shard]]")
         if not self.actors:
             raise ConfigError("the fleet needs at least one [[actors]] group")
+        if self.replay_durability != REPLAY_OFF:
+            for i, shard in enumerate(self.shards):
+                own = [key for key in ("checkpoint_dir", "wal") if shard.settings.get(key) is not None]
+                if own:
+                    raise ConfigError(
+                        f"[[shard]] #{i} sets {' and '.join(own)} and [fleet] replay_durability is "
+                        f"{self.replay_durability!r}, which gives each shard its own directory in the run "
+                        f"directory (RUN_DIR/replay/shard-{i}): drop one of them"
+                    )
         if self.role_tokens is not None:
             for name in ("learner", *(["evaluator"] if self.evaluator is not None else [])):
                 self.role_token(name)
@@ -322,6 +373,11 @@ def local_fleet(
     the launcher picks the other ports."""
     from apexrl.launcher.topology import validate
 
+    for name, value in (("num_shards", num_shards), ("num_actors", num_actors)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if not isinstance(evaluator, bool):
+        raise ConfigError(f"evaluator must be a boolean (true or false), got {evaluator!r}")
     if num_shards < 1:
         raise ConfigError(f"--num-shards ({num_shards}) must be at least 1")
     if num_actors < 1:

@@ -54,13 +54,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "With --config: only the roles the fleet file assigns to --host-name. Only the machine running the "
         "learner and the evaluator checks the target return; the others run until a signal or --max-seconds.\n\n"
         "Every role's command line is checked before any process starts: a bad setting, pass-through flag or "
-        "environment id is refused in one line with exit status 2.\n\n"
+        "environment id is refused in one line with exit status 2. The first log line names the algorithm, why "
+        "it was chosen and its options (dpg (auto: Box actions), TD3 options: ...).\n\n"
+        "The flags below are the run's. Each role has settings of its own, listed by `apexrl replay --help` "
+        "(the shards: capacity, PER's alpha, checkpoints), `apexrl learner --help` (network, optimiser, the "
+        "algorithm's options such as DPG's TD3 settings) and `apexrl actor --help` (exploration: DQN's epsilons, "
+        "DPG's action noise; the evaluator is an `apexrl actor --evaluate`). Give them to every local role of a "
+        "kind with --replay-arg, --learner-arg, --actor-arg or --evaluator-arg, written with '=' "
+        "(--learner-arg='--policy-delay 1 --target-noise 0.1'), or in the role's table of a fleet file "
+        "([[shard]], [learner], [[actors]], [evaluator]).\n\n"
         "The bearer token (--token, else --token-file, else the APEXRL_TOKEN environment variable) reaches each "
         "role in its environment as APEXRL_TOKEN, never on a command line, in config.json or in a log. RUN_DIR "
         "(when the launcher creates it), RUN_DIR/logs and RUN_DIR/checkpoints are mode 0700, the logs 0600.\n\n"
         "--resume RUN_DIR continues an interrupted run in its own directory with the fleet its config.json "
-        "records: the learner from its checkpoint (networks, optimiser, update count), shards from theirs where "
-        "their tables enable checkpoints, progress.csv and the episode files appended to, env steps and episodes "
+        "records: the learner from its last checkpoint (networks, optimiser, update count; fresh weights, said "
+        "in the log, when the run stopped before its first), the replay only when the run kept it "
+        "(--replay-durability checkpoint or wal; else it starts empty and the learner waits for "
+        "--min-replay-size new rows), progress.csv and the episode files appended to, env steps and episodes "
         "counted on from the last progress row. It takes the token again like a first launch and may change "
         "only what steers the launch (--max-seconds, which counts this launch's time, --target-return, "
         "--progress-seconds, --stop-grace, --startup-timeout, --max-restarts, --restart-window, the token and "
@@ -111,7 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     passing = parser.add_argument_group(
         "pass-through",
         "Extra arguments appended to every local role of a kind, split like a shell line; write "
-        "them with '=': --learner-arg='--batch-size 256' --actor-arg=--num-envs=2.",
+        "them with '=': --learner-arg='--batch-size 256' --actor-arg=--num-envs=2. Each kind's settings: "
+        "apexrl replay --help, apexrl learner --help, apexrl actor --help.",
     )
     for kind in ROLE_ARG_KINDS:
         passing.add_argument(

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from apexrl.common.episodes import EVALUATE, EpisodeTail
 
 WINDOW = 100  # episodes in the rolling mean, as in the "solved" criterion
+MIN_RATE_SECONDS = 1.0  # the shortest interval a rate is measured over (see _Rate)
 
 
 def scrape(url: str, timeout: float = 1.0) -> dict[str, float]:
@@ -83,7 +84,7 @@ class ProgressRow:
     weight_version: int | None
     unix_time: float
     restarts: int = 0  # role restarts by this machine's launcher so far
-    env_steps_per_second: float | None = None  # over the last tick, as updates_per_second (None at the first)
+    env_steps_per_second: float | None = None  # since the last tick, as updates_per_second (_Rate)
     eval_episodes: int = 0  # evaluation episodes read so far (mean_return_100 is over the last 100 of them)
 
     @classmethod
@@ -169,10 +170,6 @@ class Progress:
     def eval_mean(self) -> float | None:
         return _mean(self.eval_returns)
 
-    def solved(self, target: float) -> bool:
-        """At least 100 evaluation episodes, and the last 100 average at least `target`."""
-        return len(self.eval_returns) >= WINDOW and sum(self.eval_returns) / WINDOW >= target
-
     def tick(self, now: float) -> ProgressRow:
         self.scraper.refresh()
         self.read_episodes()
@@ -256,17 +253,22 @@ class ProgressCsv:
 
 
 class _Rate:
-    """A counter's rate between the last two ticks (None until there are two)."""
+    """A counter's rate since the last tick at least `min_seconds` earlier (None until there is one). A tick sooner
+    than that (the row written when the run stops, often a fraction of a second after the last) repeats the rate
+    before it rather than measure one over a sliver of time; the next tick measures from the same earlier tick."""
 
-    def __init__(self) -> None:
-        self._last: tuple[float, float] | None = None  # (unix time, value)
+    def __init__(self, min_seconds: float = MIN_RATE_SECONDS) -> None:
+        self.min_seconds = min_seconds
+        self._last: tuple[float, float] | None = None  # (unix time, value) the rate is measured from
+        self._rate: float | None = None
 
     def update(self, now: float, value: float) -> float | None:
-        rate = None
-        if self._last is not None and now > self._last[0]:
-            rate = (value - self._last[1]) / (now - self._last[0])
-        self._last = (now, value)
-        return rate
+        if self._last is None:
+            self._last = (now, value)
+        elif now - self._last[0] >= self.min_seconds:
+            self._rate = (value - self._last[1]) / (now - self._last[0])
+            self._last = (now, value)
+        return self._rate
 
 
 def _ends_a_line(path: Path) -> bool:

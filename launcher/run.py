@@ -9,7 +9,6 @@ from the main thread with its handlers in place, `apexrl.launch` (launcher/api.p
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -19,7 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from apexrl.common.env_settings import EnvChoice
+from apexrl.actor.kept_policy import KeptRecord, record_path
+from apexrl.algorithms.checkpoint_files import CHECKPOINT_NAME, KEPT_POLICY_NAME
+from apexrl.common.report import json_line, plural
+from apexrl.launcher.commands import describe_algorithm, target_return
 from apexrl.launcher.fleet_config import FleetConfig
 from apexrl.launcher.progress import ProgressRow
 from apexrl.launcher.record import RECORD_KEY, fleet_record, write_record
@@ -55,6 +57,10 @@ class RunResult:
         run_dir: the run directory.
         reason: why the run ended (one of REASONS).
         restarts, restarts_by_role: role restarts by this launch.
+        kept_policy: the policy the evaluator kept (RUN_DIR/checkpoints/best.npz: the weights of the round that
+            solved the run, else of its best round) and what they scored: path, weight_version, round,
+            mean_return, episodes, mean_return_100, solved; None when no round was kept.
+        last_checkpoint: the learner's last checkpoint (what a resume continues from), None before the first.
     """
 
     env_steps: int
@@ -68,9 +74,18 @@ class RunResult:
     reason: str
     restarts: int
     restarts_by_role: Mapping[str, int]
+    kept_policy: Mapping[str, Any] | None = None
+    last_checkpoint: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps({**dataclasses.asdict(self), "restarts_by_role": dict(self.restarts_by_role)})
+        """The JSON line, floats rounded as in every apexrl JSON line (`apexrl.common.report`)."""
+        return json_line(
+            {
+                **dataclasses.asdict(self),
+                "restarts_by_role": dict(self.restarts_by_role),
+                "kept_policy": None if self.kept_policy is None else dict(self.kept_policy),
+            }
+        )
 
 
 class Launch:
@@ -109,11 +124,9 @@ class Launch:
         self.report = report or log.error
         self.progress_seconds = config.progress_seconds
         self.stop_grace = config.stop_grace
-        self.target = config.target_return
-        if self.target is None:
-            from apexrl.common.environments import reward_threshold
-
-            self.target = reward_threshold(EnvChoice.of(config))
+        self.target = target_return(config)
+        self.kept_path = run_dir / "checkpoints" / KEPT_POLICY_NAME  # the evaluator's kept policy
+        self.kept_record = record_path(self.kept_path)
         self.checks_target = checks_target(config, host) and self.target is not None
         self.stop = stop or threading.Event()  # set to end the run
         self.force = force or threading.Event()  # set to kill the roles at once (a second Ctrl-C)
@@ -155,14 +168,20 @@ class Launch:
         reason = "signal"
         try:
             log.info(
-                "%s %s on %s (target return %s, at most %.0fs); run directory %s",
+                "%s %s on %s with %s; target return %s, at most %.0fs; run directory %s",
                 "resuming" if self.resuming else "launching",
                 self.config.env,
                 self.host,
+                describe_algorithm(self.config, self.host, self.run_dir, self.extra),
                 self.target if self.checks_target else "not checked here",
                 self.config.max_seconds,
                 self.run_dir,
             )
+            if self.resuming:  # what it continues from, before any role starts
+                from apexrl.launcher.resume_state import resume_lines
+
+                for level, line in resume_lines(self.config, self.host, self.run_dir, self.extra):
+                    log.log(level, line)
             fleet.start()
             self._write_config(fleet, start)
             write_targets(self.run_dir, fleet.config, self.host, fleet.roles)  # Prometheus file-SD
@@ -190,12 +209,17 @@ class Launch:
                     break
                 if now >= next_tick:
                     row = self._tick(progress, progress_csv, now, restarts=sum(fleet.restart_counts.values()))
-                    if self.checks_target and progress.solved(self.target):
+                    verdict = self._verdict(start) if self.checks_target else None
+                    if verdict is not None:
                         solved, reason = True, "target"
                         log.info(
-                            "solved: the last 100 evaluation episodes average %.1f >= %g",
-                            progress.eval_mean(),
+                            "solved: after evaluation round %d (weights v%d) the last 100 evaluation episodes "
+                            "average %.1f >= %g; those weights are kept in %s",
+                            verdict.round,
+                            verdict.weight_version,
+                            verdict.mean_return_100,
                             self.target,
+                            self.kept_path,
                         )
                         break
                     next_tick += self.progress_seconds
@@ -228,11 +252,15 @@ class Launch:
             self._write_config(fleet, start)
         self._write_results()
         row = row or self.previous
+        kept = KeptRecord.read(self.kept_record)
+        verdict = kept if solved else None
+        last = self.run_dir / "checkpoints" / CHECKPOINT_NAME
         return RunResult(
             env_steps=row.env_steps if row else 0,
             episodes=row.episodes if row else 0,
             updates=row.updates if row else None,
-            mean_return_100=progress.eval_mean(),
+            # A solved run reports the episodes that solved it (later ones belong to a round cut short by the stop).
+            mean_return_100=verdict.mean_return_100 if verdict is not None else progress.eval_mean(),
             wall_seconds=round(
                 time.time() - start + (self.previous.wall_seconds if self.previous else 0.0), 3
             ),
@@ -242,7 +270,16 @@ class Launch:
             reason=reason,
             restarts=sum(fleet.restart_counts.values()),
             restarts_by_role=fleet.restart_counts,
+            kept_policy=None if kept is None else {"path": str(self.kept_path), **_kept_fields(kept)},
+            last_checkpoint=str(last) if last.is_file() else None,
         )
+
+    def _verdict(self, start: float) -> KeptRecord | None:
+        """The evaluator's record of the round that solved the run, when a round of this launch did."""
+        record = KeptRecord.read(self.kept_record)
+        if record is None or not record.solved or record.written_at < start:
+            return None
+        return record
 
     def _progress(self, fleet, start: float):
         from apexrl.launcher.progress import Progress
@@ -313,7 +350,7 @@ class Launch:
 
         episodes = sorted((self.run_dir / "episodes").glob("*.csv"))
         count = merge_episode_files(episodes, self.run_dir / "episodes.csv")
-        written = ["progress.csv", f"episodes.csv ({count} episodes)"]
+        written = ["progress.csv", f"episodes.csv ({plural(count, 'episode')})"]
         if self.force.is_set() or count == 0:
             log.info("no learning curve: %s", "second signal" if count else "no episodes finished")
         else:
@@ -331,6 +368,14 @@ class Launch:
             except Exception as err:  # a missing plot must not hide the run's result
                 log.warning("could not plot the learning curve: %s", err)
         log.info("wrote %s in %s", ", ".join(written), self.run_dir)
+
+
+def _kept_fields(record: KeptRecord) -> dict[str, Any]:
+    """What the final JSON says about the kept policy."""
+    fields = record.as_dict()
+    for name in ("target_return", "written_at"):  # the run's own target is beside it; the time says nothing
+        fields.pop(name)
+    return fields
 
 
 def _import_plotting() -> None:

@@ -30,6 +30,20 @@ from apexrl.common.tls import check_health_port, tls_of
 
 DEFAULT_PORT = 7200
 DEFAULT_METRICS_PORT = 9200
+DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")  # torch device types a learner may train on (cuda:N, xpu:N too)
+DEVICE_HELP = (
+    "torch device of the learner: auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:N, mps, xpu"
+)
+
+
+def check_device(device: str) -> None:
+    """ValueError naming the value unless `device` is auto or a device type of DEVICE_KINDS, with an index or
+    without (cuda, cuda:1). Whether this machine has that device is for the learner to find out (it needs torch)."""
+    kind, colon, index = device.partition(":")
+    if device != "auto" and not (kind in DEVICE_KINDS and (not colon or index.isdigit())):
+        raise ValueError(
+            f"device ({device!r}) must be auto, {', '.join(DEVICE_KINDS)}, or one of those with an index (cuda:1)"
+        )
 
 
 @dataclass(frozen=True)
@@ -178,11 +192,12 @@ class LearnerConfig:
     checkpoint_every: int = setting(2_000, "updates between checkpoints; one more is written at exit")
     # Limits and hardware
     max_updates: int | None = setting(None, "stop after this many updates (none: run until stopped)")
-    device: str = setting("auto", "torch device: auto (CUDA when available), cpu, cuda:0 and so on")
+    device: str = setting("auto", DEVICE_HELP, metavar="DEVICE")
     torch_threads: int = setting(1, "CPU threads for torch (the fleet shares the machine's cores)")
 
     def __post_init__(self) -> None:
         check_targets(self.replay, "replay")
+        check_device(self.device)
         if self.params is not None:
             check_address(self.params, "params")
         check_listen(self.host, self.port, self.metrics_port)

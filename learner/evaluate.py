@@ -4,13 +4,13 @@
     apexrl evaluate runs/CartPole-v1-20250101-120000 --episodes 3 --record-video videos/
 
 Prints one line per episode, then one JSON line: episodes, mean_return, std_return, min_return, max_return (and
-videos, the files written, with --record-video). The environment is built as training built it: the checkpoint's
-id, plugin modules and constructor arguments, through the same `make_env`.
+videos, the files written, with --record-video), its floats rounded as in every apexrl JSON line
+(`apexrl.common.report`). The environment is built as training built it: the checkpoint's id, plugin modules and
+constructor arguments, through the same `make_env`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -19,7 +19,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from apexrl.algorithms.checkpoint_files import weights_setting
 from apexrl.common.env_settings import NO_KWARGS, EnvChoice, EnvKwargs
+from apexrl.common.report import json_line, plural
 from apexrl.common.settings import SettingsError, setting
 from apexrl.common.spaces import EnvSpaces
 
@@ -34,10 +36,12 @@ VIDEO_HINT = "--record-video needs moviepy: pip install 'apexrl[video]'"
 @dataclass(frozen=True)
 class EvaluateConfig:
     path: str = setting(
-        help="a checkpoint file, or a run directory holding checkpoints/checkpoint.pt",
+        help="a run directory (its kept policy, checkpoints/best.npz, or with --weights last its last "
+        "checkpoint), or a checkpoint file",
         metavar="RUN_DIR_OR_CHECKPOINT",
         positional=True,
     )
+    weights: str = weights_setting()
     episodes: int = setting(10, "greedy episodes to play")
     seed: int | None = setting(None, "episode k resets the environment with seed S + k (none: unseeded)")
     render: bool = setting(
@@ -84,7 +88,7 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
     from apexrl.learner.policy import load_policy
 
     try:
-        policy = load_policy(args.path)
+        policy = load_policy(args.path, args.weights)
     except (FileNotFoundError, ValueError) as err:
         raise SettingsError(str(err)) from None
     trained = policy.env  # another --env keeps the plugin modules but not the arguments meant for this one
@@ -117,8 +121,8 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
         env.close()
         raise SettingsError(f"{policy.path} does not fit {choice.id}: {err}") from None
     print(
-        f"evaluating {policy.path} ({policy.algorithm}, updates {policy.updates}, weights v{policy.weight_version}) "
-        f"on {choice.describe()} for {args.episodes} greedy episodes",
+        f"evaluating {policy.path} ({policy.algorithm}, {policy.describe()}) "
+        f"on {choice.describe()} for {plural(args.episodes, 'greedy episode')}",
         flush=True,
     )
     returns = []
@@ -136,7 +140,7 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
             returns.append(total)
             print(f"episode {k + 1}/{args.episodes}: return {total:.1f}, length {length}", flush=True)
     except KeyboardInterrupt:
-        print(f"interrupted after {len(returns)} episodes", file=sys.stderr)
+        print(f"interrupted after {plural(len(returns), 'episode')}", file=sys.stderr)
         if not returns:
             return 1
     finally:
@@ -152,7 +156,7 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
     }
     if args.record_video is not None:
         summary["videos"] = sorted(str(p) for p in Path(args.record_video).glob("*.mp4"))
-    print(json.dumps(summary), flush=True)
+    print(json_line(summary), flush=True)
     return 0
 
 

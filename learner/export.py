@@ -5,11 +5,16 @@
 TorchScript (`torch.jit.load(path)`, or libtorch from C++) needs torch alone; ONNX (onnxruntime and every ONNX
 runtime) needs the `onnx` extra to write. Either takes one input, `obs`: a batch of observations as the environment
 gives them (uint8 frames stay uint8; one-hot encoded Discrete observations are their int64 indices), and gives one
-output, `action`: int64 [batch] (Discrete) or float32 [batch, action_dim] inside the bounds (Box). After writing,
-the export is loaded back and its actions compared with `load_policy`'s on random observations of the checkpoint's
-spaces (ONNX: when onnxruntime is installed); a disagreement is an error. Prints one JSON line: format, path,
-input, output, checked, and `compared`: how many observations were compared and the largest absolute difference
-between the two actions seen on them (null when the file could not be run here), so a report shows what was checked.
+output, `action`: int64 [batch] (Discrete) or float32 [batch, action_dim] inside the bounds (Box). Like
+`TrainedPolicy.act`, either also takes one observation, without the batch axis, and gives its action without it:
+int64 [] or float32 [action_dim] (`apexrl.algorithms.torch_forward.OneOrBatch`). An ONNX file therefore declares
+`obs` and `action` with their element type but no shape (ONNX cannot declare "rank 1 or 2", and onnxruntime
+refuses an input of another rank than declared); the JSON line gives the batch shapes. After writing, the export is
+loaded back and its actions compared with `load_policy`'s on random observations of the checkpoint's spaces, as a
+batch and one alone (ONNX: when onnxruntime is installed); a disagreement is an error. Prints one JSON line:
+format, path, input, output, checked, and `compared`: how many observations were compared and the largest
+absolute difference between the two actions seen on them (null when the file could not be run here), so a report
+shows what was checked.
 
 ONNX goes through torch's TorchScript-based exporter (`dynamo=False`), which needs only the `onnx` package; the
 newer torch.export-based one would add onnxscript and its dependencies for these few-layer networks.
@@ -17,7 +22,6 @@ newer torch.export-based one would add onnxscript and its dependencies for these
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import warnings
@@ -27,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from apexrl.algorithms.checkpoint_files import weights_setting
+from apexrl.common.report import json_line
 from apexrl.common.settings import SettingsError, setting
 
 if TYPE_CHECKING:
@@ -44,10 +50,12 @@ CHECK_ROWS = 64
 @dataclass(frozen=True)
 class ExportConfig:
     path: str = setting(
-        help="a checkpoint file, or a run directory holding checkpoints/checkpoint.pt",
+        help="a run directory (its kept policy, checkpoints/best.npz, or with --weights last its last "
+        "checkpoint), or a checkpoint file",
         metavar="RUN_DIR_OR_CHECKPOINT",
         positional=True,
     )
+    weights: str = weights_setting()
     format: str = setting(
         "torchscript",
         "torchscript (torch.jit.load, libtorch) or onnx (onnxruntime; needs the onnx extra)",
@@ -69,7 +77,7 @@ def run(args: ExportConfig, stop: threading.Event) -> int:
     from apexrl.learner.policy import load_policy
 
     try:
-        policy = load_policy(args.path)
+        policy = load_policy(args.path, args.weights)
     except (FileNotFoundError, ValueError) as err:
         raise SettingsError(str(err)) from None
     out = Path(args.out) if args.out else default_path(policy.path, args.format)
@@ -78,7 +86,7 @@ def run(args: ExportConfig, stop: threading.Event) -> int:
     obs = ["batch"] if spaces.obs_one_hot else ["batch", *spaces.obs_shape]
     action = ["batch"] if spaces.num_actions else ["batch", spaces.action_dim]
     print(
-        json.dumps(
+        json_line(
             {
                 "format": args.format,
                 "path": str(out),
@@ -145,6 +153,7 @@ def export_policy(policy: TrainedPolicy, fmt: str, out: Path) -> ExportCheck | N
                 output_names=["action"],
                 dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}},
             )
+            _without_shapes(out)
     return check_export(policy, fmt, out)
 
 
@@ -171,6 +180,12 @@ def check_export(policy: TrainedPolicy, fmt: str, out: Path, rows: int = CHECK_R
         raise RuntimeError(
             f"the exported policy {out} disagrees with the checkpoint's on {disagree} of {rows} observations "
             f"(largest difference {diff.max():.6g})"
+        )
+    one = np.asarray(run_export(obs[0]))  # one observation, without the batch axis, as `policy.act` takes it
+    if one.shape != want.shape[1:] or not np.allclose(one, want[0], rtol=1e-4, atol=1e-4):
+        raise RuntimeError(
+            f"the exported policy {out} gives {one.tolist()} (shape {list(one.shape)}) for one observation where "
+            f"the checkpoint's gives {want[0].tolist()} (shape {list(want.shape[1:])})"
         )
     return ExportCheck(observations=len(obs), max_abs_diff=float(diff.max(initial=0.0)))
 
@@ -206,4 +221,17 @@ def _loader(fmt: str, out: Path):
     except ImportError:
         return None
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    return lambda obs: session.run(["action"], {"obs": obs})[0]
+    return lambda obs: session.run(["action"], {"obs": np.asarray(obs)})[0]
+
+
+def _without_shapes(path: Path) -> None:
+    """Declare the ONNX graph's input and output by element type alone: the graph takes one observation or a batch
+    (`OneOrBatch`), but the exporter declares the example batch's rank, which onnxruntime enforces. The shapes it
+    inferred inside the graph (value_info) go too: they assume that rank."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.ClearField("shape")
+    del model.graph.value_info[:]
+    onnx.save(model, str(path))

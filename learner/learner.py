@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from prometheus_client import CollectorRegistry
 
+from apexrl.algorithms.checkpoint import CHECKPOINT_NAME, Checkpoint, load_checkpoint, save_checkpoint
 from apexrl.algorithms.registry import Algorithm, for_spaces, with_defaults
 from apexrl.common.errors import ApexError, ResourceExhaustedError, is_transient
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import ROW_VERSION_COLUMN
 from apexrl.common.spaces import EnvSpaces
-from apexrl.learner.checkpoint import CHECKPOINT_NAME, Checkpoint, load_checkpoint, save_checkpoint
 from apexrl.learner.config import LearnerConfig
 from apexrl.learner.learner_metrics import LearnerMetrics
 from apexrl.learner.prefetch import Prefetcher
@@ -37,10 +37,18 @@ log = logging.getLogger("apexrl.learner")
 
 
 def resolve_device(name: str) -> torch.device:
-    """ "auto" is CUDA when available, else the CPU; any other name is passed to torch."""
+    """ "auto" is CUDA when available, else the CPU; any other name is passed to torch. SettingsError (exit status 2)
+    for a device this machine's torch cannot use (no GPU, a CPU-only build, an index past its GPUs), before any
+    network is built on it."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    try:  # "Torch not compiled with CUDA enabled" is an AssertionError, no GPU or a bad index a RuntimeError
+        torch.zeros(1, device=device)
+    except (RuntimeError, AssertionError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SettingsError(f"--device {name}: this machine's torch cannot use it ({reason})") from None
+    return device
 
 
 def make_sampler(

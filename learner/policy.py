@@ -1,7 +1,7 @@
 """`apexrl.load_policy`: a trained policy to use outside a fleet, from a run directory or a checkpoint file.
 
     import apexrl
-    policy = apexrl.load_policy("runs/CartPole-v1-20250101-120000")
+    policy = apexrl.load_policy("runs/CartPole-v1-20250101-120000")   # the policy the evaluator kept
     env = policy.make_env()                  # the environment as training built it
     obs, _ = env.reset(seed=0)
     obs, reward, terminated, truncated, _ = env.step(policy.act(obs))
@@ -20,20 +20,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from apexrl.algorithms.checkpoint import load_checkpoint
+from apexrl.algorithms.checkpoint_files import BEST, resolve_checkpoint
 from apexrl.algorithms.registry import get
 from apexrl.common.env_settings import EnvChoice
 from apexrl.common.spaces import EnvSpaces, one_hot
-from apexrl.learner.checkpoint import load_checkpoint, resolve_checkpoint
 
 if TYPE_CHECKING:
     import gymnasium
     import torch
 
 
-def load_policy(path: str | os.PathLike) -> TrainedPolicy:
-    """The greedy policy of `path`: a run directory (RUN_DIR/checkpoints/checkpoint.pt), a checkpoint folder or
-    file. FileNotFoundError when there is none; ValueError when the file is not a checkpoint apexrl can play."""
-    file = resolve_checkpoint(path)
+def load_policy(path: str | os.PathLike, weights: str = BEST) -> TrainedPolicy:
+    """The greedy policy of `path`: a run directory or its checkpoints folder (weights="best": the policy the
+    evaluator kept, RUN_DIR/checkpoints/best.npz, or the last checkpoint when it kept none; "last": the learner's
+    last checkpoint), or a checkpoint file. FileNotFoundError when there is none; ValueError when the file is not a
+    checkpoint apexrl can play."""
+    file = resolve_checkpoint(path, weights)
     checkpoint = load_checkpoint(file)
     return TrainedPolicy(
         file,
@@ -43,13 +46,15 @@ def load_policy(path: str | os.PathLike) -> TrainedPolicy:
         checkpoint.acting_weights,
         updates=checkpoint.updates,
         weight_version=checkpoint.weight_version,
+        kept=checkpoint.kept,
     )
 
 
 class TrainedPolicy:
     """A checkpoint's greedy policy. `spaces` are the observations and actions it was trained on, `env` the
-    environment (id, plugin modules, constructor arguments), `updates` and `weight_version` how far training
-    had gone."""
+    environment (id, plugin modules, constructor arguments), `updates` (None for a kept policy) and
+    `weight_version` how far training had gone, `kept` what the evaluator measured when it kept these weights
+    (actor/kept_policy.py KeptRecord's fields; None for the learner's checkpoint)."""
 
     def __init__(
         self,
@@ -59,8 +64,9 @@ class TrainedPolicy:
         env: EnvChoice,
         weights: Mapping[str, np.ndarray],
         *,
-        updates: int = 0,
+        updates: int | None = 0,
         weight_version: int = 0,
+        kept: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = Path(path)
         self.algorithm = algorithm
@@ -68,6 +74,7 @@ class TrainedPolicy:
         self.env = env
         self.updates = updates
         self.weight_version = weight_version
+        self.kept = dict(kept) if kept is not None else None
         self._weights = weights
         try:
             self._acting = get(algorithm).acting()
@@ -95,9 +102,12 @@ class TrainedPolicy:
         return make_env(self.env, render_mode=render_mode)
 
     def greedy_module(self) -> torch.nn.Module:
-        """A torch module from an observation batch (as `act` takes a batch; one-hot encoded observations as their
-        int64 indices) to the greedy actions: what `apexrl export` writes."""
-        return self._acting.make_greedy_module(self._weights, self.spaces)
+        """A torch module from one observation or a batch, as `act` takes them (one-hot encoded observations as
+        their int64 indices), to the greedy action or actions: what `apexrl export` writes."""
+        from apexrl.algorithms.torch_forward import OneOrBatch
+
+        batched = self._acting.make_greedy_module(self._weights, self.spaces)
+        return OneOrBatch(batched, () if self.spaces.obs_one_hot else self.spaces.obs_shape).eval()
 
     def _as_batch(self, obs: Any) -> tuple[np.ndarray, bool]:
         """(a batch of observations as the networks read them, whether `obs` was one observation)."""
@@ -114,8 +124,16 @@ class TrainedPolicy:
             f"(a batch), got {array.shape}"
         )
 
+    def describe(self) -> str:
+        """Which weights these are, in words: kept by the evaluator (what they scored) or the learner's."""
+        if self.kept is not None:
+            solved = ", solved the run" if self.kept.get("solved") else ""
+            return (
+                f"weights v{self.weight_version} kept by the evaluator: round {self.kept.get('round')}, mean "
+                f"return {float(self.kept.get('mean_return', float('nan'))):.1f} over "
+                f"{self.kept.get('episodes')} episodes{solved}"
+            )
+        return f"the learner's weights v{self.weight_version} after {self.updates} updates"
+
     def __repr__(self) -> str:
-        return (
-            f"TrainedPolicy({self.path}, {self.algorithm} on {self.env.describe()}, updates {self.updates}, "
-            f"weights v{self.weight_version})"
-        )
+        return f"TrainedPolicy({self.path}, {self.algorithm} on {self.env.describe()}, {self.describe()})"

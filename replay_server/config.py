@@ -54,7 +54,8 @@ class ReplayConfig(ConnectionPolicy, QuotaSettings, TableConfig):
         "directory of this shard's checkpoints: restored at start (health NOT_SERVING until done; a torn or "
         "corrupt file is skipped for the previous one), written every --checkpoint-every seconds, on the "
         "Checkpoint RPC and at SIGTERM, without stopping the shard (`apexrl replay-reshard` moves a fleet's "
-        "checkpoints onto another number of shards); none: no checkpoints",
+        "checkpoints onto another number of shards); one shard per directory: a second shard given one in use "
+        "is refused (`apexrl launch --replay-durability` gives each its own); none: no checkpoints",
         metavar="DIR",
     )
     checkpoint_every: float = setting(

@@ -1,6 +1,7 @@
 """`apexrl replay`: run one replay shard until SIGTERM or Ctrl-C. With --checkpoint-dir it restores its newest
 good checkpoint first (gRPC health NOT_SERVING until then), checkpoints without stopping (periodically, on the
-Checkpoint RPC, and once more after SIGTERM) and, with --wal, acknowledges only logged inserts."""
+Checkpoint RPC, and once more after SIGTERM) and, with --wal, acknowledges only logged inserts. It holds its
+directories for as long as it runs: a second shard given one of them is refused (exit status 2)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,18 @@ class _BlockedTimeCollector:
 
 
 def run(config: ReplayConfig, stop: threading.Event) -> int:
+    from apexrl.replay_server.durability.directory_lock import lock_directories
+
+    # Before anything is read or written there: another shard's files are never touched.
+    locks = lock_directories((("--checkpoint-dir", config.checkpoint_dir), ("--wal", config.wal)))
+    try:
+        return _serve(config, stop)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _serve(config: ReplayConfig, stop: threading.Event) -> int:
     from apexrl.replay_server.durability.checkpointer import Checkpointer
     from apexrl.replay_server.durability.wal import WriteAheadLog
     from apexrl.replay_server.service import create_replay_server
@@ -149,7 +162,11 @@ def _restore(table, checkpointer, wal, config: ReplayConfig) -> None:
     start = time.monotonic()
     state = checkpointer.restore()
     if state is None:
-        log.info("no checkpoint in %s", config.checkpoint_dir)
+        log.info(
+            "no checkpoint in %s: the shard starts %s",
+            config.checkpoint_dir,
+            "empty" if wal is None else "from its write-ahead log alone",
+        )
     if wal is not None:
         wal.replay(table, restored=state is not None)
         wal.open(table)

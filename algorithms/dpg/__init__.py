@@ -36,4 +36,5 @@ ALGORITHM = Algorithm(
         ),
         "actor": ("noise_scale", "noise_correlation", "random_steps"),
     },
+    options_label="TD3 options",
 )

@@ -2,7 +2,7 @@
 
     python examples/custom_env/play.py RUN_DIR [--episodes 5]
 
-`apexrl.load_policy` reads the run's checkpoint; `policy.make_env()` builds the environment as training built it
+`apexrl.load_policy` reads the policy the run kept (the evaluator's best round); `policy.make_env()` builds the environment as training built it
 (its plugin module imported, its constructor arguments given); `policy.act(obs)` is the greedy action. Prints one
 line per episode, then the mean return.
 """
@@ -36,10 +36,14 @@ def main() -> int:
         print(f"episode {episode}: return {total:.2f}")
     env.close()
     print(
-        f"mean return {sum(returns) / len(returns):.2f} over {len(returns)} episodes of {policy.env.describe()}"
+        f"mean return {sum(returns) / len(returns):.2f} over {len(returns)} episode{'' if len(returns) == 1 else 's'} of {policy.env.describe()}"
     )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

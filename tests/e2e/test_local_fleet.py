@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
-# Random play scores ~22 on CartPole-v1; 150 over the last 100 greedy evaluation episodes is learning, reached in
-# about 30-60 s of a 2-core machine (the default target, 475, takes ~4 minutes: see the README).
-TARGET = 150.0
-BUDGET_SECONDS = 300
+# CartPole-v1's own target (random play scores ~22): seeds 0-6 of the default launch solved it in 27-44 s on this
+# 2-core machine (2026-11-28), the kept policies then averaging 493.7-500 on 100 fresh episodes. The real target,
+# not an easier one, so the check that the kept policy meets it again does not depend on luck.
+TARGET = 475.0
+BUDGET_SECONDS = 240
 
 
 def explain(result: dict, launch: subprocess.CompletedProcess, run_dir) -> str:
@@ -39,8 +41,6 @@ def test_local_fleet_learns_cartpole_and_leaves_a_usable_run_directory(tmp_path)
             "-m",
             "apexrl.launcher",
             "launch",
-            "--num-actors",
-            "2",
             "--seed",
             "0",
             "--target-return",
@@ -64,6 +64,8 @@ def test_local_fleet_learns_cartpole_and_leaves_a_usable_run_directory(tmp_path)
     assert result["mean_return_100"] >= TARGET
     assert result["updates"] > 0 and result["env_steps"] > 1000 and result["episodes"] > 0
     assert any(line.startswith("[") and "env steps" in line for line in lines[:-1])  # live progress lines
+    # Everything stopped cleanly within its grace: nothing for the user to worry about on the screen.
+    assert "WARNING" not in launch.stderr and "Traceback" not in launch.stderr, launch.stderr[-3000:]
 
     # Evaluation episodes (greedy, newest weights) are recorded apart from exploration episodes.
     with open(run_dir / "episodes.csv", newline="") as f:
@@ -71,19 +73,53 @@ def test_local_fleet_learns_cartpole_and_leaves_a_usable_run_directory(tmp_path)
     roles = {row["role"] for row in episodes}
     assert roles == {"explore", "evaluate"}
     evaluation = [float(r["return"]) for r in episodes if r["role"] == "evaluate"]
-    assert sum(evaluation[-100:]) / 100 >= TARGET > sum(evaluation[:20]) / 20  # a clear rise
+    assert max(evaluation) >= TARGET > sum(evaluation[:20]) / 20  # a clear rise
     assert max(int(r["weight_version"]) for r in episodes) > 1
+    assert min(int(r["weight_version"]) for r in episodes if r["role"] == "evaluate") > 1  # v1: untrained
     for name in ("config.json", "progress.csv", "learning_curve.png", "checkpoints/checkpoint.pt"):
         assert (run_dir / name).stat().st_size > 0, name
     assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # The checkpoint plays the learned policy.
+    # The policy kept is the one the evaluator scored in the solving round (and its confirmation, the round
+    # before it with the same weights), as its log says, not the learner's later weights.
+    kept = result["kept_policy"]
+    assert kept["solved"] and kept["path"] == str(run_dir / "checkpoints" / "best.npz"), kept
+    assert kept["mean_return_100"] == result["mean_return_100"] >= TARGET
+    assert (
+        json.loads((run_dir / "checkpoints" / "best.json").read_text())["weight_version"]
+        == kept["weight_version"]
+    )
+    rounds = {
+        int(m[1]): (int(m[2]), float(m[3]))
+        for m in re.finditer(
+            r"evaluation round (\d+) \(weights v(\d+)\): 100 greedy episodes, mean return ([-\d.]+)",
+            (run_dir / "logs" / "evaluator.log").read_text(),
+        )
+    }
+    version, mean = rounds[kept["round"]]
+    assert version == kept["weight_version"] and mean == pytest.approx(kept["mean_return"], abs=0.05)
+    assert rounds[kept["round"] - 1][0] == version  # the round it confirmed
+    assert f"solved: after evaluation round {kept['round']} (weights v{version})" in launch.stderr
+    assert result["last_checkpoint"] == str(run_dir / "checkpoints" / "checkpoint.pt")
+
+    # The kept policy meets the target on 100 fresh episodes (start states the evaluator never played).
     played = subprocess.run(
-        [sys.executable, "-m", "apexrl.launcher", "evaluate", str(run_dir), "--episodes", "5", "--seed", "1"],
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "evaluate",
+            str(run_dir),
+            "--episodes",
+            "100",
+            "--seed",
+            "77777",
+        ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         check=True,
     )
+    assert f"weights v{version} kept by the evaluator" in played.stdout
     summary = json.loads(played.stdout.strip().splitlines()[-1])
-    assert summary["episodes"] == 5 and summary["mean_return"] > 50  # random play: ~22
+    assert summary["episodes"] == 100 and summary["mean_return"] >= TARGET, summary

@@ -122,3 +122,39 @@ def test_custom_env_example_trains_plays_and_exports(tmp_path):
         check=True,
     )
     assert json.loads(exported.stdout.strip().splitlines()[-1])["checked"] is True
+
+
+def test_custom_env_example_trains_from_python_with_its_kwargs_as_a_dict(tmp_path):
+    """examples/custom_env/train.py, started from another folder for a few seconds: local_fleet takes
+    env_module="corridor" and env_kwargs={"length": 6} as Python values, and every role plays that corridor."""
+    run = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(CUSTOM_ENV / "train.py"),
+            "--length",
+            "6",
+            "--max-seconds",
+            "15",
+            "--run-dir",
+            str(run),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == f'training Corridor-v0 {{"length": 6}} in {run}', done.stdout
+    result = json.loads(lines[-1])
+    assert result["reason"] in ("max_seconds", "target") and result["run_dir"] == str(run), result
+    recorded = json.loads((run / "config.json").read_text())
+    assert recorded["fleet_file"]["fleet"]["env_module"] == ["corridor"]
+    assert recorded["fleet_file"]["fleet"]["env_kwargs"] == '{"length": 6}'
+    commands = [r["command"] for r in recorded["roles"] if r["command"]]
+    playing = [c for c in commands if "--env-kwargs" in c]  # every role but the shard plays the corridor
+    assert len(commands) == 5 and len(playing) == 4, commands
+    for command in playing:
+        assert command[command.index("--env-kwargs") + 1] == '{"length": 6}', command
+        assert command[command.index("--env-module") + 1] == "corridor", command

@@ -228,7 +228,7 @@ def test_shard_checkpoints_write_ahead_logs_and_learner_checkpoints_are_owner_on
         log.close()
         with table.begin_snapshot(16) as snapshot:
             write_snapshot(tmp_path / "shard.ckpt", snapshot)
-        from apexrl.learner.checkpoint import Checkpoint, save_checkpoint
+        from apexrl.algorithms.checkpoint import Checkpoint, save_checkpoint
 
         learner = save_checkpoint(
             tmp_path / "checkpoints" / "checkpoint.pt",

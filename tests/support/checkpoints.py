@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from apexrl.algorithms.checkpoint import Checkpoint
 from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.env_settings import NO_KWARGS, EnvKwargs
 from apexrl.common.spaces import EnvSpaces
-from apexrl.learner.checkpoint import Checkpoint
 
 
 def dqn_checkpoint(

@@ -52,7 +52,7 @@ GRPC = ("grpc", "grpc_health", "grpc_reflection", "apexrl.proto")
 MODEL_LIBRARIES = (
     "torch",
     "apexrl.learner.learner",
-    "apexrl.learner.checkpoint",
+    "apexrl.algorithms.checkpoint",
     "apexrl.learner.evaluate",
     "apexrl.learner.policy",
     "apexrl.learner.export",

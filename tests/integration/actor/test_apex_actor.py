@@ -250,26 +250,78 @@ def test_the_evaluator_plays_rounds_of_greedy_episodes_each_round_with_the_newes
     caplog.set_level(logging.INFO, logger="apexrl.actor")
     shard = make_shard()
     service = params()
-    service.store.publish(weights(0))
+    service.store.publish(
+        weights(0)
+    )  # v1: the learner's untrained network, which the evaluator does not play
     run = run_actor(
         params=service.address, evaluate=True, num_envs=5, max_episodes=10, evaluation_round_seconds=2.0
     )
     assert run.actor.explorer.scale == 0.0 and run.actor.shards == []
+    wait_until(
+        lambda: "evaluator: waiting for weights v2 or later" in caplog.text, "the evaluator passed over v1"
+    )
+    service.store.publish(weights(1))
     wait_until(lambda: run.actor.episodes >= 5, "a first round of 5 evaluation episodes")
     service.store.publish(weights(3))  # while the evaluator rests (at least 2 s minus its round's length)
     run.join()
     episodes = read_episodes(run.csv)
     assert len(episodes) == 10 and all(e.role == EVALUATE for e in episodes)
-    assert [e.weight_version for e in episodes] == [1] * 5 + [2] * 5  # one version per round, the newest
+    assert [e.weight_version for e in episodes] == [2] * 5 + [3] * 5  # one version per round, the newest
     assert shard.table.info().inserted_total == 0
     # Its log says how the greedy policy does: one line per round (docs/deploy-kubernetes.md, "Watch").
     rounds = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evaluation round")]
     for k, line in enumerate(rounds):
         mean = sum(e.episode_return for e in episodes[5 * k : 5 * k + 5]) / 5
         assert line.startswith(
-            f"evaluation round {k + 1} (weights v{k + 1}): 5 greedy episodes, mean return {mean:.1f} (min "
+            f"evaluation round {k + 1} (weights v{k + 2}): 5 greedy episodes, mean return {mean:.1f} (min "
         ), line
     assert len(rounds) == 2, caplog.text
+
+
+def test_the_evaluator_keeps_the_weights_it_scored_and_a_confirmed_solving_round_freezes_them(
+    params, run_actor, tmp_path
+):
+    """CartPole pays 1 per step, so any policy's round averages at least 8: a target of 1 is reached by the first
+    round of 100 episodes, confirmed by the second with the same weights, though newer ones are published."""
+    import apexrl
+    from apexrl.actor.kept_policy import KeptRecord
+
+    service = params()
+    service.store.publish(weights(0))  # v1, untrained: the evaluator waits for v2
+    path = tmp_path / "checkpoints" / "best.npz"
+    run = run_actor(
+        params=service.address,
+        evaluate=True,
+        num_envs=100,
+        max_episodes=300,
+        evaluation_round_seconds=0,
+        keep_policy=str(path),
+        target_return=1.0,
+    )
+    offer = run.actor.kept.offer
+
+    def offer_then_publish(*args):
+        """v3 appears right after the first round (in the evaluator's thread: before the second starts)."""
+        record = offer(*args)
+        if service.store.version == 2:
+            service.store.publish(weights(2))
+        return record
+
+    run.actor.kept.offer = offer_then_publish
+    service.store.publish(weights(1))
+    run.join(120)
+    record = KeptRecord.read(path.with_suffix(".json"))
+    assert record is not None and record.solved and record.weight_version == 2 and record.round == 2
+    episodes = read_episodes(run.csv)
+    assert [e.weight_version for e in episodes[:200]] == [
+        2
+    ] * 200  # the candidate's round and its confirmation
+    assert record.mean_return_100 == pytest.approx(sum(e.episode_return for e in episodes[100:200]) / 100)
+    assert {e.weight_version for e in episodes[200:]} == {3}  # later rounds play newer weights ...
+    policy = apexrl.load_policy(path)  # ... and the file still holds the weights the solving round played
+    for name, array in weights(1).items():
+        np.testing.assert_array_equal(policy._weights[name], array)
+    assert policy.weight_version == 2 and policy.kept["solved"] is True and policy.updates is None
 
 
 class CounterEnv(gym.Env):

@@ -82,6 +82,7 @@ def test_the_evaluator_plays_the_policy_without_noise(make_shard, params, run_ac
         num_envs=2,
         max_episodes=2,
         evaluation_round_seconds=0,
+        min_weight_version=1,  # the one version published here is played
     )
     policy = NumpyDPGPolicy(published)
     seen = []

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import apexrl
+from apexrl.launcher.api import plan_new
 from tests.conftest import wait_until
 from tests.integration.launcher.test_main import alive, pid_of
 
@@ -85,6 +86,26 @@ def test_bad_settings_raise_before_any_process_starts(tmp_path):
         apexrl.launch(tiny_fleet(tmp_path / "used"))
 
 
+def test_plain_python_values_reach_the_plan_and_other_values_are_refused(tmp_path):
+    """Issue 28's spellings: env_kwargs as a dict (it ended in `unhashable type: 'dict'` inside launch), extra_args
+    as a shell line (as --learner-arg takes it), and a fleet that is not a FleetConfig: ConfigError each time, before
+    any process starts."""
+    fleet = tiny_fleet(tmp_path / "run", env="FrozenLake-v1", env_kwargs={"map_name": "8x8"})
+    plan = plan_new(fleet, "local", {})
+    assert plan.config.env_kwargs.as_dict() == {"map_name": "8x8"} and plan.config.algorithm == "dqn"
+    with pytest.raises(
+        apexrl.ConfigError, match=r"learner: --batch-size: batch_size \(0\) must be a positive"
+    ):
+        apexrl.launch(fleet, extra_args={"learner": "--batch-size 0"})
+    with pytest.raises(apexrl.ConfigError, match=r"extra_args\['actor'\] must be a list of strings"):
+        apexrl.launch(fleet, extra_args={"actor": 5})
+    with pytest.raises(apexrl.ConfigError, match="fleet must be a FleetConfig"):
+        apexrl.launch({"env": "CartPole-v1"})
+    with pytest.raises(apexrl.ConfigError, match="seed must be an integer, got 'zero'"):
+        apexrl.local_fleet(seed="zero")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.timeout(240)
 def test_the_launch_from_python_example_trains_until_its_time_budget(tmp_path):
     """examples/launch_from_python.py with a budget too short to solve CartPole: progress lines, then the result
@@ -112,8 +133,11 @@ def test_the_launch_from_python_example_trains_until_its_time_budget(tmp_path):
     assert result["run_dir"] == str(tmp_path / "run") and result["env_steps"] > 0
     assert lines[0] == f"training in {tmp_path / 'run'}"
     assert any(" env steps " in line and "updates" in line for line in lines[1:-1]), done.stdout
-    if result["updates"]:
-        assert "one greedy episode of the trained policy: return" in done.stdout
+    if result["kept_policy"]:  # the policy played is the one the evaluator kept, and it says so
+        kept = result["kept_policy"]
+        assert f"one greedy episode of weights v{kept['weight_version']} kept by the evaluator" in done.stdout
+    elif result["last_checkpoint"]:
+        assert "one greedy episode of the learner's weights" in done.stdout
 
 
 @pytest.mark.timeout(240)

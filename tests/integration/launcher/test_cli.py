@@ -91,7 +91,7 @@ def test_launch_refuses_a_fleet_file_with_a_port_used_twice(tmp_path, capsys):
         (["--num-actors", "0"], "--num-actors (0) must be at least 1"),
         (["--max-seconds", "-1"], "--max-seconds (-1.0) must be positive"),
         (["--replay-arg=--capacity 0"], "shard-0: --capacity: capacity (0) must be a positive integer"),
-        (["--learner-arg=--lr 0.1"], "learner: apexrl learner (learner): unrecognized arguments: --lr 0.1"),
+        (["--learner-arg=--lr 0.1"], "learner: apexrl learner (learner): unknown flag --lr"),
         (["--actor-arg=--num-envs=0"], "actor-0: --num-envs: num_envs (0) must be a positive integer"),
         (["--evaluator-arg=--epsilon 2"], "evaluator: --epsilon: epsilon (2.0) must be in [0, 1]"),
         (["--env", "NoSuchEnv-v0"], "--env: cannot make environment 'NoSuchEnv-v0'"),

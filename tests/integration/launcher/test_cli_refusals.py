@@ -25,12 +25,13 @@ def apexrl(*argv: str) -> subprocess.CompletedProcess:
     )
 
 
-def refused(done: subprocess.CompletedProcess, role: str) -> str:
-    """The one line of a refusal (asserted: exit status 2, one line on stderr, nothing on stdout)."""
+def refused(done: subprocess.CompletedProcess, role: str | None) -> str:
+    """The one line of a refusal (asserted: exit status 2, one line on stderr, nothing on stdout); `role` None: the
+    top-level command's."""
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and done.stdout == "", done.stderr[-2000:]
-    assert lines[0].startswith(f"apexrl {role}: error: "), lines[0]
+    assert lines[0].startswith("apexrl: error: " if role is None else f"apexrl {role}: error: "), lines[0]
     return lines[0]
 
 
@@ -146,6 +147,37 @@ def test_launch_refuses_a_busy_port_its_fleet_file_fixes_before_starting_anythin
     line = refused(apexrl("launch", "--config", str(fleet), "--run-dir", str(run_dir)), "launch")
     assert f"shard-0 port: port {busy_port} on 127.0.0.1 is already in use" in line, line
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "role", "message"),
+    [
+        (["launch", "--seed", "zero"], "launch", "--seed: expected an integer, got 'zero'"),
+        (
+            ["launch", "--env-kwargs", "map_name=8x8"],
+            "launch",
+            """--env-kwargs: expected a JSON object such as '{"map_name": "8x8"}', got 'map_name=8x8' (not JSON""",
+        ),
+        (["launch", "--num-shards", "two"], "launch", "--num-shards: expected an integer, got 'two'"),
+        (["launch", "--max-secs", "5"], "launch", "unknown flag --max-secs (did you mean --max-seconds?)"),
+        (["launch", "--algorithm", "dqm"], "launch", "--algorithm: expected one of "),
+        (
+            ["actor", "--params", ANY, "--evaluate", "--epsilom", "0.1"],
+            "actor",
+            "unknown flag --epsilom (did you mean --epsilon?)",
+        ),
+        (["replay", "--port"], "replay", "--port: expected a value"),
+        (["lanch"], None, "unknown command 'lanch' (did you mean launch?)"),
+        (["replay", "--log-levl", "INFO"], "replay", "unknown flag --log-levl (did you mean --log-level?)"),
+        (["learner"], "learner", "the following arguments are required: --replay"),
+    ],
+)
+def test_argparse_errors_are_one_line_naming_the_flag_and_the_expected_form(argv, role, message):
+    """argparse's own errors too: no usage block, no Python type name, the nearest flag or command suggested."""
+    line = refused(apexrl(*argv), role)
+    assert message in line and "EnvKwargs" not in line and "usage" not in line, line
+    if argv[1:2] == ["--algorithm"]:
+        assert line.endswith(", got 'dqm' (did you mean dqn?)"), line
 
 
 @pytest.mark.parametrize(

@@ -353,7 +353,7 @@ def test_one_of_three_shards_killed_while_training_loses_only_its_rows(launch):
 @pytest.mark.timeout(150)
 def test_a_killed_learner_resumes_from_its_checkpoint_and_actors_follow_its_versions(launch):
     from apexrl.actor import ParameterClient
-    from apexrl.learner.checkpoint import load_checkpoint
+    from apexrl.algorithms.checkpoint import load_checkpoint
 
     run = launch("--learner-arg=--checkpoint-every=20")
     pids = run.wait_running()
@@ -417,8 +417,8 @@ def test_a_role_that_dies_past_its_restart_budget_ends_the_run(launch):
 
 @pytest.mark.timeout(150)
 def test_a_learner_that_cannot_start_fails_the_launch_and_stops_the_shards(launch, tmp_path):
+    from apexrl.algorithms.checkpoint import save_checkpoint
     from apexrl.algorithms.dqn.networks import DuelingQNetwork
-    from apexrl.learner.checkpoint import save_checkpoint
     from tests.support.checkpoints import dqn_checkpoint
 
     save_checkpoint(

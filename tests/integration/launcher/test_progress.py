@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
-from apexrl.launcher.progress import Progress, ProgressCsv, ProgressRow, format_row
+from apexrl.launcher.progress import MIN_RATE_SECONDS, Progress, ProgressCsv, ProgressRow, format_row
 
 START = 1_700_000_000.0
 
@@ -88,26 +88,45 @@ def test_rows_sum_the_actors_counters_and_read_the_learner(tmp_path, endpoints):
         progress.close()
 
 
-def test_returns_come_from_the_csvs_and_solved_needs_100_evaluation_episodes(tmp_path):
+def test_a_row_soon_after_the_last_repeats_its_rates_instead_of_measuring_a_sliver(tmp_path, endpoints):
+    """The row written when a run stops comes a fraction of a second after the last tick: its rates would be the
+    noise of that sliver (or 0 while a scrape lags); it repeats the last ones, and the next tick measures from the
+    tick before it."""
+    actor, learner = endpoints("actor"), endpoints("learner")
+    progress = Progress(tmp_path, [actor.url], learner.url, start_time=START)
+    try:
+        progress.tick(START + 5)
+        actor.steps.inc(1000)
+        learner.updates.inc(100)
+        second = progress.tick(START + 10)
+        assert (second.env_steps_per_second, second.updates_per_second) == (200.0, 20.0)
+        actor.steps.inc(7)  # 0.3 s later
+        last = progress.tick(START + 10 + MIN_RATE_SECONDS * 0.3)
+        assert last.env_steps == 1007
+        assert (last.env_steps_per_second, last.updates_per_second) == (200.0, 20.0)
+        actor.steps.inc(493)  # 500 steps in the 5 s since the tick the rate is measured from
+        after = progress.tick(START + 15)
+        assert (after.env_steps_per_second, after.updates_per_second) == (100.0, 0.0)
+    finally:
+        progress.close()
+
+
+def test_returns_come_from_the_csvs_and_the_mean_is_over_the_last_100_evaluation_episodes(tmp_path):
     write(tmp_path / "evaluator.csv", [episode(k, EVALUATE, 480.0) for k in range(99)])
     write(tmp_path / "actor-0.csv", [episode(k, EXPLORE, 9.0) for k in range(3)])
     progress = Progress(tmp_path, [], None, start_time=START)
     row = progress.tick(START + 1)
-    assert not progress.solved(475.0)  # 99 episodes average 480, but 100 are needed
     assert row.mean_return_100 == 480.0 and row.mean_explore_return_100 == 9.0
     assert row.episodes == 3 and row.updates is None  # no actor endpoints: explore episodes read here
     with open(tmp_path / "evaluator.csv", "a") as f:  # what EpisodeLog appends
         f.write(",".join(episode(99, EVALUATE, 440.0).to_row()) + "\n")
     row = progress.tick(START + 2)
     assert progress.eval_episodes == 100 and row.mean_return_100 == pytest.approx(479.6)
-    assert progress.solved(475.0) and not progress.solved(480.0)
     # Only the last 100 count.
     with open(tmp_path / "evaluator.csv", "a") as f:
         f.write("".join(",".join(episode(100 + k, EVALUATE, 10.0).to_row()) + "\n" for k in range(50)))
     progress.tick(START + 3)
-    assert progress.eval_mean() == pytest.approx((49 * 480 + 440 + 50 * 10) / 100) and not progress.solved(
-        300
-    )
+    assert progress.eval_mean() == pytest.approx((49 * 480 + 440 + 50 * 10) / 100)
     assert "eval return 244.6 (last 100 of 150)" in format_row(
         progress.tick(START + 4), progress.eval_episodes
     )

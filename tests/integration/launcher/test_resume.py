@@ -88,7 +88,7 @@ def role_commands(run_dir: Path) -> list[list[str]]:
 
 @pytest.mark.timeout(300)
 def test_an_interrupted_run_resumes_in_its_directory_and_its_counters_go_on(tmp_path):
-    from apexrl.learner.checkpoint import load_checkpoint
+    from apexrl.algorithms.checkpoint import load_checkpoint
 
     run_dir = tmp_path / "run"
     launchers: list[Launcher] = []
@@ -112,7 +112,8 @@ def test_an_interrupted_run_resumes_in_its_directory_and_its_counters_go_on(tmp_
         first.process.send_signal(signal.SIGINT)
         code, before = first.result()
         assert code == 1 and before["reason"] == "signal" and before["updates"] > 0, before
-        saved = load_checkpoint(run_dir)  # written at exit: the updates made after the last progress tick too
+        # The learner's checkpoint, written at exit: the updates made after the last progress tick too.
+        saved = load_checkpoint(run_dir, weights="last")
         assert saved.updates >= before["updates"]
         rows_before = progress_rows(run_dir)
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from apexrl.algorithms.checkpoint import save_checkpoint
 from apexrl.algorithms.dqn.networks import DuelingQNetwork
 from apexrl.launcher import cli
-from apexrl.learner.checkpoint import save_checkpoint
 from tests.support.checkpoints import dqn_checkpoint
 
 # A linear controller that balances CartPole-v1 from every start: push right when w . obs > 0.

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from apexrl.algorithms.checkpoint import save_checkpoint
 from apexrl.common.env_settings import EnvChoice, EnvKwargs
 from apexrl.common.environments import env_spaces
 from apexrl.launcher import cli
-from apexrl.learner.checkpoint import save_checkpoint
 from tests.support.checkpoints import fresh_checkpoint
 
 ROOT = Path(__file__).resolve().parents[3]

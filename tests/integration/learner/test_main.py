@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from apexrl.actor import ParameterClient, ReplayClient
+from apexrl.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from apexrl.algorithms.dqn.acting import NumpyDuelingPolicy
-from apexrl.learner.checkpoint import load_checkpoint, save_checkpoint
 from apexrl.replay_server.table import TableConfig
 from tests.support.checkpoints import dqn_checkpoint
 

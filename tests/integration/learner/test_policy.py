@@ -1,6 +1,7 @@
 """A trained policy used outside the fleet: `apexrl.load_policy` (learner/policy.py) plays one observation or a
 batch greedily on the CPU, and `apexrl export` (learner/export.py) writes TorchScript or ONNX files whose actions on
-real observations are load_policy's, for Ape-X DQN (CartPole, FrozenLake's one-hot observations) and DPG (Pendulum).
+real observations are load_policy's, for Ape-X DQN (CartPole, FrozenLake's one-hot observations) and DPG (Pendulum),
+given a batch or one observation alone.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import pytest
 import torch
 
 import apexrl
+from apexrl.algorithms.checkpoint import save_checkpoint
 from apexrl.common.env_settings import EnvChoice, EnvKwargs
 from apexrl.common.environments import env_spaces, make_env
 from apexrl.launcher import cli
-from apexrl.learner.checkpoint import save_checkpoint
 from apexrl.learner.export import CHECK_ROWS, check_export, export_policy
 from tests.integration.learner.test_evaluate import balancing_network
 from tests.support.checkpoints import dqn_checkpoint, fresh_checkpoint
@@ -113,13 +114,24 @@ def test_an_export_acts_as_load_policy_on_real_observations(tmp_path, capsys, en
     obs = real_observations(env, raw=env == "FrozenLake-v1")  # FrozenLake: the raw environment's ints
     want = policy.act(obs)
     if fmt == "torchscript":
-        got = torch.jit.load(str(out))(torch.as_tensor(obs)).numpy()
+        module = torch.jit.load(str(out))
+
+        def run(batch: np.ndarray) -> np.ndarray:
+            return module(torch.as_tensor(batch)).numpy()
     else:
-        got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(
-            ["action"], {"obs": obs}
-        )[0]
+        session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+        def run(batch: np.ndarray) -> np.ndarray:
+            return session.run(["action"], {"obs": np.asarray(batch)})[0]
+
+    got = run(obs)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # One observation, as the environment gives it, as policy.act takes it: its action without the batch axis.
+    for k in (0, len(obs) // 2):
+        one, expected = run(obs[k]), np.asarray(policy.act(obs[k]))
+        assert one.shape == expected.shape == want.shape[1:] and one.dtype == want.dtype
+        np.testing.assert_allclose(one, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
@@ -142,6 +154,18 @@ def test_an_export_that_acts_otherwise_than_its_checkpoint_is_refused(tmp_path, 
         export_policy(policy, fmt, out)
     check = check_export(other, fmt, out)  # the same file, against the policy it was written from
     assert check is not None and check.observations == CHECK_ROWS and check.max_abs_diff <= 1e-4, check
+
+
+def test_a_torchscript_export_names_the_shapes_it_takes_when_given_another(tmp_path):
+    folder = run_dir(tmp_path, "CartPole-v1")
+    out = tmp_path / "policy.pt"
+    export_policy(apexrl.load_policy(folder), "torchscript", out)
+    module = torch.jit.load(str(out))
+    assert module(torch.zeros(3, 2, 4)).shape == (3, 2)  # leading axes are kept, as a batch's
+    with pytest.raises(
+        torch.jit.Error, match=r"observations must be of shape \[4\] \(one\) or \[batch\] \+ \[4\]"
+    ):
+        module(torch.zeros(5))
 
 
 def test_export_defaults_to_the_run_directory_and_names_the_onnx_extra_when_it_is_missing(tmp_path):

@@ -10,9 +10,9 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from apexrl.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from apexrl.algorithms.dqn.networks import DuelingQNetwork
 from apexrl.common.spaces import EnvSpaces
-from apexrl.learner.checkpoint import load_checkpoint, save_checkpoint
 from apexrl.learner.learner import Learner
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server

@@ -157,8 +157,8 @@ def minatar_batch(rows: int, seed: int = 0):
 
 
 def test_the_learner_trains_publishes_and_checkpoints_a_network_for_images(tmp_path):
+    from apexrl.algorithms.checkpoint import load_checkpoint
     from apexrl.common.settings import SettingsError
-    from apexrl.learner.checkpoint import load_checkpoint
     from apexrl.learner.learner import Learner
     from tests.unit.learner.fakes import FakeSampler, Publisher, config
 
@@ -188,8 +188,8 @@ def test_the_learner_trains_publishes_and_checkpoints_a_network_for_images(tmp_p
 
 def test_a_checkpoint_of_a_convolutional_network_plays_with_apexrl_evaluate(tmp_path, capsys):
     pytest.importorskip("minatar")
+    from apexrl.algorithms.checkpoint import Checkpoint, save_checkpoint
     from apexrl.launcher import cli
-    from apexrl.learner.checkpoint import Checkpoint, save_checkpoint
 
     torch.manual_seed(0)
     net = build_network("auto", MINATAR)

@@ -33,7 +33,7 @@ def test_env_kwargs_are_a_json_object_kept_as_canonical_text():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[1, 2]", "must be a JSON object"),
+        ("[1, 2]", "not a JSON object"),
         ("{map_name: 1}", "not JSON"),
         ('{"not an identifier": 1}', "identifiers"),
         ('{"x": NaN}', "JSON values only"),
@@ -88,9 +88,7 @@ def test_a_fleet_files_env_kwargs_table_reaches_the_learner_every_actor_and_the_
     assert parse_config(fleet(fleet={"env": "X-v0", "env_kwargs": '{"length": 3}'})).env_kwargs.as_dict() == {
         "length": 3
     }
-    assert "[fleet]: env_kwargs: env_kwargs must be a JSON object" in error(
-        fleet(fleet={"env": "X", "env_kwargs": 3})
-    )
+    assert "[fleet]: env_kwargs: not a JSON object" in error(fleet(fleet={"env": "X", "env_kwargs": 3}))
     assert "set by the launcher" in error(fleet(learner={"host": "m1", "env_kwargs": {"length": 2}}))
 
 

@@ -240,9 +240,9 @@ def test_names_defaults_and_help_are_declared_once():
 def test_bad_values_are_refused_with_the_flag_named():
     with pytest.raises(SettingsError, match="--batch-size: batch_size \\(0\\) must be a positive integer"):
         parse_argv(LearnerConfig, ["--replay", "a:1", "--batch-size", "0"], prog="apexrl learner")
-    with pytest.raises(SettingsError, match="--alpha wants float, got 'x'"):
+    with pytest.raises(SettingsError, match="--alpha: expected a number, got 'x'$"):
         parse_argv(ReplayConfig, ["--alpha", "x"], prog="apexrl replay")
-    with pytest.raises(SettingsError, match="unrecognized arguments: --lr"):
+    with pytest.raises(SettingsError, match="^apexrl learner: unknown flag --lr"):
         parse_argv(LearnerConfig, ["--replay", "a:1", "--lr", "0.1"], prog="apexrl learner")
 
 

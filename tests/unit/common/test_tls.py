@@ -273,7 +273,7 @@ def test_tls_server_name_needs_tls_files(certs):
 
 @pytest.mark.parametrize("cls", SERVERS)
 def test_a_pure_server_has_no_tls_server_name(cls, certs):
-    with pytest.raises(SettingsError, match="unrecognized arguments: --tls-server-name"):
+    with pytest.raises(SettingsError, match="unknown flag --tls-server-name"):
         parse_argv(
             cls, ["--tls-cert", certs.cert, "--tls-key", certs.key, "--tls-server-name", "x"], prog="test"
         )

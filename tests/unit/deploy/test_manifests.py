@@ -260,7 +260,7 @@ BREAKAGES = [
         "names Service 'apexrl-params'",
     ),
     ("base/replay.yaml", "$(APEXRL_REPLAY_ALPHA)", "$(APEXRL_REPLAY_ALFA)", "uses $(APEXRL_REPLAY_ALFA)"),
-    ("base/replay.yaml", "- --capacity=", "- --capacity-rows=", "unrecognized arguments: --capacity-rows"),
+    ("base/replay.yaml", "- --capacity=", "- --capacity-rows=", "unknown flag --capacity-rows"),
     ("base/replay.yaml", "- --host=0.0.0.0", "- --host=127.0.0.1", "pods must listen on 0.0.0.0"),
     (
         "base/replay.yaml",

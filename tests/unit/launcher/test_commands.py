@@ -100,9 +100,9 @@ def test_the_evaluator_gets_the_actors_pass_through_args_first():
         ({"replay": ["--alpha", "11"]}, "shard-0: --alpha: alpha (11.0) must be in [0, 10]"),
         (
             {"learner": ["--batch-size"]},
-            "learner: apexrl learner (learner): argument --batch-size: expected one argument",
+            "learner: apexrl learner (learner): --batch-size: expected a value",
         ),
-        ({"actor": ["--bogus"]}, "actor-0: apexrl actor (actor-0): unrecognized arguments: --bogus"),
+        ({"actor": ["--bogus"]}, "actor-0: apexrl actor (actor-0): unknown flag --bogus"),
         ({"actor": ["--epsilon", "3"]}, "actor-0: --epsilon: epsilon (3.0) must be in [0, 1]"),
         (
             {"actor": ["--noise-correlation", "1"]},

@@ -1,23 +1,28 @@
-"""Learner checkpoints (learner/checkpoint.py) and resuming from them (Learner with the same run directory): the
+"""Checkpoints (algorithms/checkpoint.py) and resuming from them (Learner with the same run directory): the
 same updates, weight version, networks and optimiser state; a checkpoint of another network shape or algorithm is
 refused; checkpoints of the DQN-only format (apexrl-dqn-v1) still load."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from apexrl.algorithms.dqn.networks import DuelingQNetwork
-from apexrl.algorithms.torsos import state_dict_to_numpy
-from apexrl.common.spaces import EnvSpaces
-from apexrl.learner.checkpoint import (
+from apexrl.algorithms.checkpoint import (
     CHECKPOINT_NAME,
+    KEPT_POLICY_NAME,
     Checkpoint,
     load_checkpoint,
     resolve_checkpoint,
     save_checkpoint,
 )
+from apexrl.algorithms.dqn.networks import DuelingQNetwork
+from apexrl.algorithms.policy_file import PolicyFile, save_policy_file
+from apexrl.algorithms.torsos import state_dict_to_numpy
+from apexrl.common.env_settings import EnvChoice
+from apexrl.common.spaces import EnvSpaces
 from tests.unit.learner.fakes import config, learner, make_batch, params, same
 
 
@@ -61,8 +66,59 @@ def test_a_checkpoint_round_trips_and_is_found_from_its_run_directory(tmp_path):
         assert loaded.acting_weights.keys() == saved.acting_weights.keys()
         for name, array in saved.acting_weights.items():
             np.testing.assert_array_equal(loaded.acting_weights[name], array)
-    with pytest.raises(FileNotFoundError, match="no checkpoint at .*looked for checkpoint.pt"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at .*looked for best.npz or checkpoint.pt"):
         resolve_checkpoint(tmp_path / "elsewhere")
+    with pytest.raises(FileNotFoundError, match="no checkpoint at .*looked for checkpoint.pt, also"):
+        resolve_checkpoint(tmp_path / "elsewhere", "last")
+
+
+def save_kept_policy(path, version: int = 9):
+    """What the evaluator writes (actor/apex_actor.py _save_kept): acting weights and their record, numpy only."""
+    full = checkpoint(weight_version=version)
+    record = {"weight_version": version, "round": 4, "mean_return": 481.5, "episodes": 100, "solved": True}
+    return save_policy_file(
+        path,
+        PolicyFile(
+            algorithm=full.algorithm,
+            env=EnvChoice(full.env_id),
+            spaces=full.spaces,
+            weights=full.acting_weights,
+            weight_version=version,
+            kept=record,
+        ),
+    )
+
+
+def test_a_run_directory_gives_the_kept_policy_by_default_and_the_last_checkpoint_on_request(tmp_path):
+    last = save_checkpoint(tmp_path / "checkpoints" / CHECKPOINT_NAME, checkpoint(weight_version=12))
+    assert resolve_checkpoint(tmp_path) == last  # no kept policy (no evaluator): the last checkpoint
+    best = save_kept_policy(tmp_path / "checkpoints" / KEPT_POLICY_NAME, 9)
+    for where in (tmp_path, tmp_path / "checkpoints"):
+        assert resolve_checkpoint(where) == best == resolve_checkpoint(where, "best")
+        assert resolve_checkpoint(where, "last") == last
+    assert resolve_checkpoint(last, "best") == last  # a file named directly is taken as it is
+    loaded = load_checkpoint(tmp_path)
+    assert (loaded.weight_version, loaded.updates, loaded.state, loaded.architecture) == (9, None, {}, {})
+    assert loaded.kept["solved"] is True and loaded.kept["mean_return"] == 481.5
+    assert load_checkpoint(tmp_path, weights="last").weight_version == 12
+    with pytest.raises(ValueError, match=r"weights \('newest'\) must be one of best, last"):
+        resolve_checkpoint(tmp_path, "newest")
+
+
+def test_load_policy_plays_the_kept_weights_and_says_which_they_are(tmp_path):
+    import apexrl
+
+    save_checkpoint(tmp_path / "checkpoints" / CHECKPOINT_NAME, checkpoint(weight_version=12))
+    save_kept_policy(tmp_path / "checkpoints" / KEPT_POLICY_NAME, 9)
+    policy = apexrl.load_policy(tmp_path)
+    assert policy.weight_version == 9 and policy.kept["round"] == 4
+    assert "kept by the evaluator: round 4, mean return 481.5 over 100 episodes, solved the run" in repr(
+        policy
+    )
+    last = apexrl.load_policy(tmp_path, "last")
+    assert last.weight_version == 12 and last.kept is None
+    assert "the learner's weights v12 after 42 updates" in repr(last)
+    assert policy.act(np.zeros(4, np.float32)) in (0, 1)
 
 
 def test_a_torch_file_of_another_kind_is_refused(tmp_path):
@@ -161,3 +217,23 @@ def test_a_checkpoint_of_the_dqn_only_format_still_loads_and_resumes(tmp_path):
 def test_without_a_run_directory_nothing_is_resumed_or_saved(tmp_path):
     lrn, _, _ = learner(config())
     assert lrn.config.checkpoint_dir is None and lrn.updates == 0
+
+
+def test_a_policy_file_holds_its_weights_in_numpy_format_and_refuses_pickles(tmp_path):
+    path = save_kept_policy(tmp_path / KEPT_POLICY_NAME, 3)
+    with np.load(path, allow_pickle=False) as npz:  # any .npz reader reads the weights
+        assert {n for n in npz.files if n.startswith("weights/")} == {
+            "weights/" + n for n in checkpoint().acting_weights
+        }
+    for name, array in checkpoint().acting_weights.items():
+        np.testing.assert_array_equal(load_checkpoint(path).acting_weights[name], array)
+    evil = tmp_path / "evil.npz"
+    np.savez(evil, meta=np.array([{"format": "apexrl-policy-v1"}], dtype=object))
+    with pytest.raises(ValueError, match="is not an apexrl policy file"):
+        load_checkpoint(evil)
+    np.savez(tmp_path / "other.npz", meta=np.array(json.dumps({"format": "someone-else-v1"})))
+    with pytest.raises(ValueError, match="format 'someone-else-v1'"):
+        load_checkpoint(tmp_path / "other.npz")
+    (tmp_path / "cut.npz").write_bytes(path.read_bytes()[:-40])  # a truncated file
+    with pytest.raises(ValueError, match="is not an apexrl policy file"):
+        load_checkpoint(tmp_path / "cut.npz")

@@ -10,9 +10,9 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from apexrl.algorithms.checkpoint import load_checkpoint
 from apexrl.common.settings import SettingsError
 from apexrl.common.spaces import EnvSpaces
-from apexrl.learner.checkpoint import load_checkpoint
 from apexrl.learner.learner import Learner
 from tests.unit.learner.fakes import FakeSampler, Publisher, config, make_batch
 

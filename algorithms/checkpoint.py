@@ -1,4 +1,5 @@
-"""Learner checkpoints: everything needed to resume training or to play the policy (`apexrl evaluate`).
+"""Checkpoints: everything needed to resume training or to play the policy (`apexrl evaluate`), written by the
+learner (its state) and by the evaluator (the policy it kept); beside the algorithms, which both roles share.
 
 A checkpoint is a torch file of tensors and plain values only, written atomically (temp file, fsync, rename) and
 read back with `torch.load(weights_only=True)`, so loading one never runs pickled code. It holds the algorithm's
@@ -7,6 +8,11 @@ name, the environment's spaces, the network architecture (checked on resume), th
 policy plays from a checkpoint with the actors' code alone; and how the environment was made (plugin modules,
 constructor arguments), so that evaluation builds the one training played. Checkpoints of the DQN-only format
 (`apexrl-dqn-v1`) still load.
+
+A run directory holds two: `checkpoints/checkpoint.pt`, the learner's last state (what a resume continues from), and
+`checkpoints/best.npz`, the policy the evaluator kept (actor/kept_policy.py: the weights of the round that solved
+the run, else of its best round), acting weights only, in numpy's format (algorithms/policy_file.py). Playing, exporting and `load_policy` take the kept one by default
+(`resolve_checkpoint(..., weights="best")`), the last one on request.
 """
 
 from __future__ import annotations
@@ -21,13 +27,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from apexrl.algorithms.checkpoint_files import (  # noqa: F401 (re-exported: where checkpoints live)
+    BEST,
+    CHECKPOINT_NAME,
+    KEPT_POLICY_NAME,
+    LAST,
+    POLICY_SUFFIX,
+    WEIGHTS_CHOICES,
+    resolve_checkpoint,
+)
+from apexrl.algorithms.policy_file import PolicyFile, load_policy_file, spaces_from_dict, spaces_to_dict
 from apexrl.common.env_settings import NO_KWARGS, EnvChoice, EnvKwargs
 from apexrl.common.files import PRIVATE, atomic_write
 from apexrl.common.spaces import EnvSpaces
 
 FORMAT = "apexrl-v2"
 FORMAT_DQN_V1 = "apexrl-dqn-v1"
-CHECKPOINT_NAME = "checkpoint.pt"
 
 
 @dataclass(frozen=True)
@@ -36,13 +51,15 @@ class Checkpoint:
     algorithm: str
     spaces: EnvSpaces
     architecture: dict[str, Any]
-    state: dict[str, Any]
+    state: dict[str, Any]  # empty in a kept policy (acting weights only: not a state to resume)
     acting_weights: Mapping[str, np.ndarray]
-    updates: int
+    updates: int | None  # None in a kept policy: the evaluator does not know the learner's count
     weight_version: int
     # How the environment was made besides its id (absent from older checkpoints: none).
     env_module: tuple[str, ...] = ()
     env_kwargs: EnvKwargs = NO_KWARGS
+    # A kept policy's evaluation record (actor/kept_policy.py KeptRecord.as_dict); None for the learner's checkpoint.
+    kept: Mapping[str, Any] | None = None
 
     @property
     def env(self) -> EnvChoice:
@@ -61,14 +78,7 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
         "env_module": list(checkpoint.env_module),
         "env_kwargs": str(checkpoint.env_kwargs),
         "algorithm": checkpoint.algorithm,
-        "spaces": {
-            "obs_shape": list(spaces.obs_shape),
-            "obs_dtype": spaces.obs_dtype,
-            "num_actions": spaces.num_actions,
-            "action_low": list(spaces.action_low),
-            "action_high": list(spaces.action_high),
-            "obs_one_hot": spaces.obs_one_hot,
-        },
+        "spaces": spaces_to_dict(spaces),
         "architecture": checkpoint.architecture,
         "state": checkpoint.state,
         "acting_weights": {
@@ -83,20 +93,13 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:
     return atomic_write(path, buffer.getvalue(), mode=PRIVATE)  # owner-only: the trained networks
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint file, or a run directory / checkpoint directory holding `checkpoint.pt`."""
-    path = Path(path)
-    for candidate in (path, path / CHECKPOINT_NAME, path / "checkpoints" / CHECKPOINT_NAME):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"no checkpoint at {path} (looked for {CHECKPOINT_NAME} and checkpoints/{CHECKPOINT_NAME})"
-    )
-
-
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu", weights: str = BEST
+) -> Checkpoint:
     """The checkpoint at `path` (see `resolve_checkpoint`); ValueError naming the fault when it is not one."""
-    file = resolve_checkpoint(path)
+    file = resolve_checkpoint(path, weights)
+    if file.suffix == POLICY_SUFFIX:
+        return _from_policy_file(load_policy_file(file))
     try:
         payload = torch.load(file, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises whatever its unpickler meets (UnpicklingError, EOFError, ...)
@@ -119,18 +122,10 @@ def _numpy(weights: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 
 def _from_v2(payload: dict[str, Any]) -> Checkpoint:
-    spaces = payload["spaces"]
     return Checkpoint(
         env_id=str(payload["env_id"]),
         algorithm=str(payload["algorithm"]),
-        spaces=EnvSpaces(
-            tuple(int(d) for d in spaces["obs_shape"]),
-            str(spaces["obs_dtype"]),
-            int(spaces["num_actions"]),
-            tuple(float(v) for v in spaces["action_low"]),
-            tuple(float(v) for v in spaces["action_high"]),
-            bool(spaces.get("obs_one_hot", False)),
-        ),
+        spaces=spaces_from_dict(payload["spaces"]),
         architecture=dict(payload["architecture"]),
         state=dict(payload["state"]),
         acting_weights=_numpy(payload["acting_weights"]),
@@ -162,4 +157,21 @@ def _from_dqn_v1(payload: dict[str, Any]) -> Checkpoint:
         acting_weights=_numpy(payload["online"]),
         updates=int(payload["updates"]),
         weight_version=int(payload["weight_version"]),
+    )
+
+
+def _from_policy_file(policy: PolicyFile) -> Checkpoint:
+    """A kept policy (algorithms/policy_file.py) as a checkpoint with acting weights only: no training state."""
+    return Checkpoint(
+        env_id=policy.env.id,
+        algorithm=policy.algorithm,
+        spaces=policy.spaces,
+        architecture={},
+        state={},
+        acting_weights=policy.weights,
+        updates=None,
+        weight_version=policy.weight_version,
+        env_module=policy.env.modules,
+        env_kwargs=policy.env.kwargs,
+        kept=policy.kept,
     )
