@@ -362,13 +362,13 @@ def test_a_killed_learner_resumes_from_its_checkpoint_and_actors_follow_its_vers
     wait_until(lambda: (checkpoint / "checkpoint.pt").exists(), "the learner wrote a checkpoint", timeout=60)
     with ParameterClient(f"127.0.0.1:{port}", timeout=2) as params:
         wait_until(
-            lambda: params.version() > load_checkpoint(checkpoint).weight_version,
+            lambda: params.version() > load_checkpoint(checkpoint, weights="last").weight_version,
             "versions newer than the checkpoint were published",
             timeout=60,
         )
         os.kill(pids["learner"], signal.SIGKILL)
         killed_at = time.monotonic()
-        saved = load_checkpoint(checkpoint)
+        saved = load_checkpoint(checkpoint, weights="last")
 
         def training_again() -> bool:
             try:
