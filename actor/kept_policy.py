@@ -25,11 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from apexrl.common.episodes import SOLVE_WINDOW
 from apexrl.common.files import atomic_write
 
 log = logging.getLogger(__name__)
-
-SOLVE_WINDOW = 100  # episodes the target is checked on (Gymnasium's "solved" definition)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ last or absent) and uint8 pixels are scaled by 1/255 inside the network, so repl
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -97,29 +97,3 @@ def state_dict_to_numpy(module: nn.Module, prefix: str = "") -> dict[str, np.nda
         prefix + name: np.ascontiguousarray(tensor.detach().cpu().numpy()).copy()
         for name, tensor in module.state_dict().items()
     }
-
-
-def load_numpy_state_dict(module: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
-    """Copy `weights` into `module` in place, cast to each parameter's dtype.
-
-    Raises ValueError naming every missing or unexpected name and every shape mismatch; on error the module is
-    left unchanged.
-    """
-    own = module.state_dict()
-    missing = sorted(set(own) - set(weights))
-    unexpected = sorted(set(weights) - set(own))
-    problems = []
-    if missing:
-        problems.append(f"missing {missing}")
-    if unexpected:
-        problems.append(f"unexpected {unexpected}")
-    problems += [
-        f"{name}: shape {tuple(np.shape(weights[name]))} != expected {tuple(tensor.shape)}"
-        for name, tensor in own.items()
-        if name in weights and tuple(np.shape(weights[name])) != tuple(tensor.shape)
-    ]
-    if problems:
-        raise ValueError(f"weights do not match {type(module).__name__}: " + "; ".join(problems))
-    with torch.no_grad():
-        for name, tensor in own.items():
-            tensor.copy_(torch.as_tensor(np.asarray(weights[name])))

@@ -20,9 +20,10 @@ from apexrl.common.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from apexrl.launcher.api import FleetRun, launch, resume
-    from apexrl.launcher.fleet_config import ConfigError, FleetConfig, local_fleet
+    from apexrl.launcher.fleet_config import ConfigError, FleetConfig
     from apexrl.launcher.progress import ProgressRow
     from apexrl.launcher.run import RunResult
+    from apexrl.launcher.topology import local_fleet
     from apexrl.learner.policy import TrainedPolicy, load_policy
 
 # Public name -> the module that defines it.
@@ -32,7 +33,7 @@ _EXPORTS = {
     "launch": "apexrl.launcher.api",
     "resume": "apexrl.launcher.api",
     "FleetRun": "apexrl.launcher.api",
-    "local_fleet": "apexrl.launcher.fleet_config",
+    "local_fleet": "apexrl.launcher.topology",
     "FleetConfig": "apexrl.launcher.fleet_config",
     "ConfigError": "apexrl.launcher.fleet_config",
     "ProgressRow": "apexrl.launcher.progress",

@@ -126,9 +126,11 @@ def _run_after(behavior: Callable, check: Callable) -> Callable:
 
 
 class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
-    """The asyncio twin of grpc_util.RequestDecodeInterceptor: INVALID_ARGUMENT, not UNKNOWN, for a request
-    message that does not parse. The wrapper keeps the behaviour's kind (coroutine or async generator), which
-    grpc.aio looks at to decide how to run it."""
+    """Answers INVALID_ARGUMENT for a request message that does not parse (grpc.aio itself answers UNKNOWN, a code
+    that blames the server for a client's bytes). The handler is given the raw bytes and decodes them itself; on a
+    streaming call the first bad message ends the call. Installed after the access check, so a call without a
+    credential is refused before its bytes are parsed. The wrapper keeps the behaviour's kind (coroutine or async
+    generator), which grpc.aio looks at to decide how to run it."""
 
     # Wrapped handlers kept per (method, handler): the servicer's handlers are built once, so each call reuses its
     # method's wrapper instead of building closures again (a noticeable share of a small call's CPU).

@@ -15,7 +15,7 @@ import numpy as np
 
 from apexrl.common.compression import MAGIC, CompressedColumn, max_frame_nbytes
 from apexrl.common.errors import InvalidArgumentError
-from apexrl.common.signature import FieldSpec, Signature, canonical_dtype
+from apexrl.common.signature import MAX_DIM, FieldSpec, Signature, canonical_dtype
 from apexrl.proto import tensor_pb2
 
 _TO_WIRE: dict[str, int] = {
@@ -44,8 +44,6 @@ _COMPRESSION_TO_WIRE: dict[str | None, int] = {
 }
 _COMPRESSION_FROM_WIRE: dict[int, str | None] = {v: k for k, v in _COMPRESSION_TO_WIRE.items()}
 _LENGTH_DTYPE = np.dtype("<u4")
-# Dimensions above this are refused before any arithmetic on them (prod() of a few of these cannot overflow int64).
-MAX_DIM = 1 << 31
 
 
 def dtype_to_wire(dtype: np.dtype) -> int:

@@ -146,10 +146,6 @@ def logical_shape(column: Column) -> tuple[int, ...]:
     return column.logical_shape if isinstance(column, CompressedColumn) else tuple(column.shape)
 
 
-def logical_dtype(column: Column) -> np.dtype:
-    return column.dtype
-
-
 # --- compressing and decompressing (the writer's and the learner's side) ------------------------------------------
 _local = threading.local()  # zstd contexts are not thread-safe: one per thread
 

@@ -1,6 +1,6 @@
 """The per-episode CSV: written by actors (one file each), tailed by the launcher while the fleet runs, merged
 into the run directory's episodes.csv and read back for the learning curve. This module is its only owner: the
-columns, the writer and the readers live here.
+columns, the writer and the readers live here, with the window of episodes "solved" is defined on.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from apexrl.common.files import atomic_write
 COLUMNS = ("wall_time", "actor", "role", "env_steps", "return", "length", "weight_version")
 EXPLORE = "explore"
 EVALUATE = "evaluate"
+# Episodes a mean return is taken over: the last 100, the window Gymnasium's "solved" is defined on. The evaluator
+# judges a run solved on it, the launcher's progress and plot average over it, a default evaluation round is it.
+SOLVE_WINDOW = 100
 
 
 @dataclass(frozen=True)

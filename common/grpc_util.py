@@ -25,8 +25,7 @@ import ipaddress
 import logging
 import threading
 from collections.abc import Callable
-from concurrent import futures
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -42,9 +41,6 @@ from apexrl.common.addresses import check_address
 from apexrl.common.errors import CancelledError, DeadlineExceededError, from_rpc_error
 from apexrl.common.tls import TlsFiles
 from apexrl.common.tls_reload import ReloadingChannel, reloading_server_credentials
-
-if TYPE_CHECKING:
-    from apexrl.common.aio_grpc import AioServerThread
 
 log = logging.getLogger(__name__)
 
@@ -168,36 +164,6 @@ def undecodable_message(method: str, err: Exception) -> str:
     return f"{method}: a request message does not parse as protobuf ({type(err).__name__}: {err})"
 
 
-class RequestDecodeInterceptor(grpc.ServerInterceptor):
-    """Answers INVALID_ARGUMENT for a request message that does not parse (gRPC itself answers INTERNAL on a
-    thread-pool server and UNKNOWN on grpc.aio, codes that blame the server for a client's bytes). The handler is
-    given the raw bytes and decodes them itself; on a streaming call the first bad message ends the call. Install
-    it after the token interceptor, so a call without the token is refused before its bytes are parsed."""
-
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
-            return handler
-        parse, method, behavior = (
-            handler.request_deserializer,
-            handler_call_details.method,
-            handler_behavior(handler),
-        )
-
-        def decode(raw: bytes, context: grpc.ServicerContext):
-            try:
-                return parse(raw)
-            except Exception as err:  # noqa: BLE001 (DecodeError, or anything else these bytes provoke)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_message(method, err))
-
-        def decoded(request, context):
-            if handler.request_streaming:
-                return behavior((decode(raw, context) for raw in request), context)
-            return behavior(decode(request, context), context)
-
-        return raw_request_handler(handler, decoded)
-
-
 class _TokenClientInterceptor(
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
@@ -302,19 +268,6 @@ def make_channel(
     return channel
 
 
-def create_server(
-    *, max_workers: int = 16, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-) -> grpc.Server:
-    """A thread-pool gRPC server with apexrl's message limits and no access control: the benchmarks' raw gRPC
-    ceiling (bench/harness/ceiling_server.py). apexrl's own services run on grpc.aio (common/aio_grpc.py)."""
-    return grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-        interceptors=[RequestDecodeInterceptor()],
-        options=message_size_options(max_message_bytes) + [("grpc.so_reuseport", 0)],
-        maximum_concurrent_rpcs=None,
-    )
-
-
 def bind(server: grpc.Server | grpc.aio.Server, address: str, *, tls: TlsFiles | None = None) -> int:
     """Bind `host:port` (port 0 picks a free one), with TLS when `tls` is given (see server_credentials: renewed
     files serve the next connections); return the bound port or raise OSError (naming a file that does not parse
@@ -363,9 +316,18 @@ def wait_for_health(
         channel.close()
 
 
+class GracefulServer(Protocol):
+    """What `serve_until` stops: common/aio_grpc.py's AioServerThread, named by what it does so that this module,
+    which aio_grpc.py builds on, never imports it."""
+
+    def enter_graceful_shutdown(self) -> None: ...
+
+    def stop(self, grace: float | None) -> threading.Event: ...
+
+
 def serve_until(
     stop: threading.Event,
-    server: AioServerThread,
+    server: GracefulServer,
     *,
     grace: float = 5.0,
     before_stop: Callable[[], None] | None = None,

@@ -36,11 +36,12 @@ SUPPORTED_DTYPES: tuple[str, ...] = (
     "uint64",
     "bool",
 )
+# Dimensions above this are refused before any arithmetic on them (prod() of a few of these cannot overflow int64).
+MAX_DIM = 1 << 31
 
-# The columns the built-in actor writes and the learner reads (custom actors write the same names). The learner
-# trains on the first five; `weight_version` (int64, the weights version acting when the row was completed) is
-# optional and feeds the learner's staleness histogram.
-TRANSITION_COLUMNS: tuple[str, ...] = ("obs", "action", "reward", "discount", "next_obs")
+# A column the built-in actor writes beside the transition's (obs, action, reward, discount, next_obs; custom actors
+# write the same names): the weights version acting when the row was completed (int64). Optional; it feeds the
+# learner's staleness histogram.
 ROW_VERSION_COLUMN = "weight_version"
 
 

@@ -28,12 +28,12 @@ from typing import Any
 
 from apexrl.common.env_settings import EnvChoice
 from apexrl.common.process import TOKEN_VARIABLE, with_token
-from apexrl.launcher.fleet_config import ConfigError, FleetConfig, local_fleet
+from apexrl.launcher.fleet_config import ConfigError, FleetConfig
 from apexrl.launcher.progress import ProgressRow, last_row
 from apexrl.launcher.record import read_run
 from apexrl.launcher.run import Launch, RunResult
 from apexrl.launcher.run_dir import RunLock, check_new, default_run_dir
-from apexrl.launcher.topology import host_names, roles_on
+from apexrl.launcher.topology import host_names, local_fleet, roles_on
 
 log = logging.getLogger("apexrl.launch")
 

@@ -17,6 +17,7 @@ from apexrl.algorithms.registry import names as algorithm_names
 from apexrl.common.access import read_role_tokens
 from apexrl.common.addresses import check_host
 from apexrl.common.env_settings import EnvKwargs, env_kwargs_setting, env_module_setting
+from apexrl.common.episodes import SOLVE_WINDOW
 from apexrl.common.process import TOKEN_PRECEDENCE, TOKEN_VARIABLE
 from apexrl.common.settings import SettingsError, coerce_fields, setting
 from apexrl.common.tls import TlsFiles
@@ -24,7 +25,7 @@ from apexrl.learner.config import DEVICE_HELP, check_device
 
 LOCAL_HOST = "local"
 DEFAULT_ENV = "CartPole-v1"
-DEFAULT_EVALUATION_EPISODES = 100  # one round is the 100 episodes "solved" is defined on, of one policy
+DEFAULT_EVALUATION_EPISODES = SOLVE_WINDOW  # a round: the episodes "solved" is defined on, of one policy
 ATARI_EVALUATION_EPISODES = 10
 # What of the replay outlives its shards ([fleet] replay_durability).
 REPLAY_OFF, REPLAY_CHECKPOINT, REPLAY_WAL = "off", "checkpoint", "wal"
@@ -364,32 +365,3 @@ class FleetConfig(FleetSettings):
     @property
     def shard_min_size(self) -> int:
         return max(1, -(-self.min_replay_size // len(self.shards)))
-
-
-def local_fleet(
-    *, num_shards: int = 2, num_actors: int = 4, evaluator: bool = True, **settings: Any
-) -> FleetConfig:
-    """Every role on this machine, listening on 127.0.0.1; shards pick free ports and report them in port files,
-    the launcher picks the other ports."""
-    from apexrl.launcher.topology import validate
-
-    for name, value in (("num_shards", num_shards), ("num_actors", num_actors)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if not isinstance(evaluator, bool):
-        raise ConfigError(f"evaluator must be a boolean (true or false), got {evaluator!r}")
-    if num_shards < 1:
-        raise ConfigError(f"--num-shards ({num_shards}) must be at least 1")
-    if num_actors < 1:
-        raise ConfigError(f"--num-actors ({num_actors}) must be at least 1")
-    config = FleetConfig(
-        shards=tuple(ShardSpec(LOCAL_HOST, 0) for _ in range(num_shards)),
-        learner=LearnerSpec(LOCAL_HOST, None),
-        # One group per actor, so that each gets its own free metrics port.
-        actors=tuple(ActorGroup(LOCAL_HOST, 1, i) for i in range(num_actors)),
-        evaluator=EvaluatorSpec(LOCAL_HOST) if evaluator else None,
-        hosts={LOCAL_HOST: "127.0.0.1"},
-        **{"bind": "127.0.0.1", **settings},
-    )
-    validate(config)
-    return config

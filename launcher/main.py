@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 from apexrl.common.process import EXIT_BAD_CONFIG, stop_on_signals
 from apexrl.common.settings import SettingsError, settings_of
 from apexrl.common.settings import add_arguments as add_settings
-from apexrl.launcher.fleet_config import ConfigError, FleetConfig, FleetSettings, local_fleet
+from apexrl.launcher.fleet_config import ConfigError, FleetConfig, FleetSettings
 from apexrl.launcher.fleet_file import load_config
 from apexrl.launcher.progress import ProgressRow, format_row
 from apexrl.launcher.record import REDACTED, redacted  # noqa: F401 (their home before launcher/record.py)
 from apexrl.launcher.run_dir import default_run_dir  # noqa: F401 (its home before launcher/run_dir.py)
+from apexrl.launcher.topology import local_fleet
 
 if TYPE_CHECKING:
     from apexrl.launcher.api import FleetRun

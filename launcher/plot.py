@@ -13,9 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from apexrl.common.episodes import EVALUATE, read_episodes
-
-WINDOW = 100
+from apexrl.common.episodes import EVALUATE, SOLVE_WINDOW, read_episodes
 
 
 def read_progress(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -41,7 +39,7 @@ def read_eval_returns(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     return np.array(times)[order], np.array(returns)[order]
 
 
-def rolling_mean(values: np.ndarray, window: int = WINDOW) -> np.ndarray:
+def rolling_mean(values: np.ndarray, window: int = SOLVE_WINDOW) -> np.ndarray:
     """Mean of the last `window` values at every position (fewer at the start)."""
     if values.size == 0:
         return values.astype(float)
@@ -87,7 +85,7 @@ def plot_learning_curve(
     for ax, x, xlabel in panels:
         if returns.size:
             ax.scatter(x, returns, s=4, alpha=0.25, color="tab:blue", label="evaluation episode")
-            ax.plot(x, mean, color="tab:blue", linewidth=2, label=f"mean of last {WINDOW}")
+            ax.plot(x, mean, color="tab:blue", linewidth=2, label=f"mean of last {SOLVE_WINDOW}")
         else:
             ax.text(0.5, 0.5, "no evaluation episodes", transform=ax.transAxes, ha="center", va="center")
         if target_return is not None:

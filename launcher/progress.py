@@ -5,6 +5,7 @@ episodes the actors append to their CSV files, summed into one progress row per 
 from __future__ import annotations
 
 import csv
+import logging
 import urllib.request
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -15,9 +16,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from apexrl.common.episodes import EVALUATE, EpisodeTail
+from apexrl.common.episodes import EVALUATE, SOLVE_WINDOW, EpisodeTail
+from apexrl.common.tensorboard_curves import TensorBoardCurves
 
-WINDOW = 100  # episodes in the rolling mean, as in the "solved" criterion
 MIN_RATE_SECONDS = 1.0  # the shortest interval a rate is measured over (see _Rate)
 
 
@@ -148,8 +149,8 @@ class Progress:
         self.learner_url = learner_url
         self.scraper = MetricsScraper(self.actor_urls + ([learner_url] if learner_url else []))
         self._tails: dict[Path, EpisodeTail] = {}
-        self.eval_returns: deque[float] = deque(maxlen=WINDOW)
-        self.explore_returns: deque[float] = deque(maxlen=WINDOW)
+        self.eval_returns: deque[float] = deque(maxlen=SOLVE_WINDOW)
+        self.explore_returns: deque[float] = deque(maxlen=SOLVE_WINDOW)
         self.eval_episodes = 0
         self.explore_episodes_read = 0
         self._env_steps_rate = _Rate()
@@ -215,7 +216,7 @@ def format_row(row: ProgressRow, eval_episodes: int | None = None) -> str:
     return (
         f"[{row.wall_seconds:6.0f}s] env steps {row.env_steps:,} ({num(row.env_steps_per_second)}/s) | "
         f"episodes {row.episodes:,} | eval return {num(row.mean_return_100, '.1f')} "
-        f"(last {min(eval_episodes, WINDOW)} of {eval_episodes}) | "
+        f"(last {min(eval_episodes, SOLVE_WINDOW)} of {eval_episodes}) | "
         f"explore return {num(row.mean_explore_return_100, '.1f')} | "
         f"updates {num(row.updates)} ({num(row.updates_per_second, ',.1f')}/s) | "
         f"weights v{num(row.weight_version, 'd')}" + (f" | restarts {row.restarts}" if row.restarts else "")
@@ -224,12 +225,11 @@ def format_row(row: ProgressRow, eval_episodes: int | None = None) -> str:
 
 class ProgressCsv:
     """progress.csv, one row per tick, flushed as it goes so a killed launcher still leaves its history; with
-    `tensorboard_dir`, the returns also go to TensorBoard event files there (launcher/tensorboard_curves.py).
-    A resumed run appends to the file it finds."""
+    `tensorboard_dir`, the mean returns also go to TensorBoard event files there, on disk at every tick
+    (`return/evaluation_mean_100` and `return/exploration_mean_100` against the fleet's environment steps,
+    common/tensorboard_curves.py). A resumed run appends to the file it finds."""
 
     def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None) -> None:
-        from apexrl.launcher.tensorboard_curves import ReturnCurves
-
         path = Path(path)
         new = not path.exists() or path.stat().st_size == 0
         self._file = open(path, "a", newline="")  # noqa: SIM115 (open for the run's lifetime)
@@ -238,13 +238,28 @@ class ProgressCsv:
             self._writer.writeheader()
         elif not _ends_a_line(path):
             self._file.write("\n")  # a row cut short by a killed launcher stays a (skipped) line of its own
-        self._curves = ReturnCurves(tensorboard_dir) if tensorboard_dir is not None else None
+        self._curves = (
+            TensorBoardCurves(
+                tensorboard_dir,
+                "return/",
+                flush_seconds=0,
+                load_at_start=False,
+                logger=logging.getLogger("apexrl.launch"),
+            )
+            if tensorboard_dir is not None
+            else None
+        )
 
     def write(self, row: ProgressRow) -> None:
         self._writer.writerow({k: ("" if v is None else _round(v)) for k, v in asdict(row).items()})
         self._file.flush()
         if self._curves is not None:
-            self._curves.write(row)
+            self._curves.add(
+                row.env_steps,
+                wall_time=row.unix_time,
+                evaluation_mean_100=row.mean_return_100,
+                exploration_mean_100=row.mean_explore_return_100,
+            )
 
     def close(self) -> None:
         self._file.close()

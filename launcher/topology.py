@@ -1,13 +1,22 @@
-"""Which processes a fleet has, which machine runs each, and how they find each other. Pure functions of a
-FleetConfig (no processes, no sockets)."""
+"""Which processes a fleet has, which machine runs each, and how they find each other: pure functions of a
+FleetConfig (no processes, no sockets), and `local_fleet`, the fleet with every role on this machine."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from apexrl.launcher.fleet_config import ConfigError, FleetConfig
+from apexrl.launcher.fleet_config import (
+    LOCAL_HOST,
+    ActorGroup,
+    ConfigError,
+    EvaluatorSpec,
+    FleetConfig,
+    LearnerSpec,
+    ShardSpec,
+)
 
 # Interfaces on which a service is reachable from its own machine as 127.0.0.1.
 _ANY_OR_LOOPBACK = {"0.0.0.0", "::", "127.0.0.1", "localhost"}
@@ -101,6 +110,33 @@ def validate(config: FleetConfig) -> None:
                     f"port {port} on host {role.host!r} is used by both {used[role.host, port]} and {owner}"
                 )
             used[role.host, port] = owner
+
+
+def local_fleet(
+    *, num_shards: int = 2, num_actors: int = 4, evaluator: bool = True, **settings: Any
+) -> FleetConfig:
+    """Every role on this machine, listening on 127.0.0.1; shards pick free ports and report them in port files,
+    the launcher picks the other ports."""
+    for name, value in (("num_shards", num_shards), ("num_actors", num_actors)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if not isinstance(evaluator, bool):
+        raise ConfigError(f"evaluator must be a boolean (true or false), got {evaluator!r}")
+    if num_shards < 1:
+        raise ConfigError(f"--num-shards ({num_shards}) must be at least 1")
+    if num_actors < 1:
+        raise ConfigError(f"--num-actors ({num_actors}) must be at least 1")
+    config = FleetConfig(
+        shards=tuple(ShardSpec(LOCAL_HOST, 0) for _ in range(num_shards)),
+        learner=LearnerSpec(LOCAL_HOST, None),
+        # One group per actor, so that each gets its own free metrics port.
+        actors=tuple(ActorGroup(LOCAL_HOST, 1, i) for i in range(num_actors)),
+        evaluator=EvaluatorSpec(LOCAL_HOST) if evaluator else None,
+        hosts={LOCAL_HOST: "127.0.0.1"},
+        **{"bind": "127.0.0.1", **settings},
+    )
+    validate(config)
+    return config
 
 
 def host_names(config: FleetConfig) -> list[str]:

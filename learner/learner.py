@@ -25,13 +25,13 @@ from apexrl.common.errors import ApexError, ResourceExhaustedError, is_transient
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import ROW_VERSION_COLUMN
 from apexrl.common.spaces import EnvSpaces
+from apexrl.common.tensorboard_curves import TensorBoardCurves
 from apexrl.learner.config import LearnerConfig
 from apexrl.learner.learner_metrics import LearnerMetrics
 from apexrl.learner.prefetch import Prefetcher
 from apexrl.learner.sampler_process import SamplerProcess, replay_sampler
 from apexrl.learner.sharded_client import PrioritizedBatch, Shard, ShardedReplayClient
-from apexrl.learner.tensorboard_curves import TrainingCurves
-from apexrl.parameter_server.store import VersionRefusedError
+from apexrl.parameter_server.weights import VersionRefusedError
 
 log = logging.getLogger("apexrl.learner")
 
@@ -87,7 +87,7 @@ class Learner:
         sampler: ShardedReplayClient | SamplerProcess,
         publish: Callable[[dict[str, np.ndarray], int], int],
         registry: CollectorRegistry | None = None,
-        curves: TrainingCurves | None = None,
+        curves: TensorBoardCurves | None = None,
         *,
         service_version: Callable[[], int] | None = None,
     ) -> None:

@@ -27,9 +27,9 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
     from apexrl.common.environments import env_spaces
     from apexrl.common.files import atomic_write
     from apexrl.common.metrics import serve_metrics
+    from apexrl.common.tensorboard_curves import TensorBoardCurves
     from apexrl.common.tls import describe, tls_of
     from apexrl.learner.learner import Learner, make_sampler
-    from apexrl.learner.tensorboard_curves import TrainingCurves
 
     torch.set_num_threads(config.torch_threads)
     try:
@@ -59,7 +59,11 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
         store = WeightStore()
         publish, service_version = store.publish, lambda: store.version
     # The learner (and its checkpoint) first: the hosted service reports SERVING only for a learner that can run.
-    curves = TrainingCurves(Path(config.run_dir) / "tensorboard" / "learner") if config.run_dir else None
+    curves = (
+        TensorBoardCurves(Path(config.run_dir) / "tensorboard" / "learner", "learner/", logger=log)
+        if config.run_dir
+        else None
+    )
     learner = Learner(
         config, spaces, make_sampler(config), publish, registry, curves, service_version=service_version
     )

@@ -1,6 +1,7 @@
 """The parameter service: versioned model weights as named raw tensors, published by the learner and fetched by
 actors in chunks. Hosted inside the learner process by default (`create_parameter_server(store=...)`), or run
-standalone with `apexrl params`. Its client is `apexrl.parameter_server.client.ParameterClient`.
+standalone with `apexrl params`. Its client is `apexrl.parameter_server.client.ParameterClient`; the weights
+format and the version rules, without protobuf or gRPC, are `apexrl.parameter_server.weights`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ if TYPE_CHECKING:
     from apexrl.parameter_server.client import ParameterClient
     from apexrl.parameter_server.limits import PublishLimits
     from apexrl.parameter_server.service import ParameterServicer, create_parameter_server
-    from apexrl.parameter_server.store import Snapshot, TensorEntry, VersionRefusedError, WeightStore
+    from apexrl.parameter_server.store import Snapshot, WeightStore
+    from apexrl.parameter_server.weights import (
+        MAX_VERSION,
+        MAX_VERSION_STEP,
+        TensorEntry,
+        VersionRefusedError,
+    )
     from apexrl.parameter_server.wire import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_MESSAGE_BYTES, SERVICE_NAME
 
 # Public name -> the module that defines it; loaded on first use.
@@ -23,9 +30,11 @@ _EXPORTS = {
     "ParameterServicer": "apexrl.parameter_server.service",
     "create_parameter_server": "apexrl.parameter_server.service",
     "Snapshot": "apexrl.parameter_server.store",
-    "TensorEntry": "apexrl.parameter_server.store",
-    "VersionRefusedError": "apexrl.parameter_server.store",
     "WeightStore": "apexrl.parameter_server.store",
+    "MAX_VERSION": "apexrl.parameter_server.weights",
+    "MAX_VERSION_STEP": "apexrl.parameter_server.weights",
+    "TensorEntry": "apexrl.parameter_server.weights",
+    "VersionRefusedError": "apexrl.parameter_server.weights",
     "DEFAULT_CHUNK_BYTES": "apexrl.parameter_server.wire",
     "DEFAULT_MAX_MESSAGE_BYTES": "apexrl.parameter_server.wire",
     "SERVICE_NAME": "apexrl.parameter_server.wire",
@@ -33,6 +42,8 @@ _EXPORTS = {
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "MAX_VERSION",
+    "MAX_VERSION_STEP",
     "ParameterClient",
     "ParameterServicer",
     "PublishLimits",

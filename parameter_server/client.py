@@ -25,7 +25,13 @@ from apexrl.common.errors import (
 from apexrl.common.grpc_util import make_channel
 from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.limits import DEFAULT_MAX_WEIGHTS_BYTES, check_max_weights_bytes
-from apexrl.parameter_server.store import MAX_VERSION, VersionRefusedError, pack, unpack
+from apexrl.parameter_server.weights import (
+    VersionRefusedError,
+    check_version_in_window,
+    check_version_number,
+    pack,
+    unpack,
+)
 from apexrl.parameter_server.wire import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -116,16 +122,17 @@ class ParameterClient:
         """Publish `weights` (name -> array of a supported dtype) as a new version; return its number.
 
         `version` None lets the server assign the previous version + 1. An explicit version must be greater than
-        the service's current one and at most store.MAX_VERSION_STEP above it: VersionRefusedError otherwise
-        (also for one above store.MAX_VERSION, refused here); read `version()` and publish above it.
+        the service's current one and at most weights.MAX_VERSION_STEP above it: VersionRefusedError otherwise
+        (also for one above weights.MAX_VERSION, refused here); read `version()` and publish above it.
+        InvalidArgumentError for a version that is not a positive integer.
         """
-        if version is not None and (
-            isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 1
-        ):
-            raise InvalidArgumentError(f"version must be None or an integer >= 1, got {version!r}")
+        version = check_version_number(version)
         what = f"Publish(version={version}) to {self.address}"
-        if version is not None and version > MAX_VERSION:
-            raise VersionRefusedError(f"{what}: version {version} is above the largest version {MAX_VERSION}")
+        if version is not None:
+            try:
+                check_version_in_window(version)  # the top; the service checks the window above its version
+            except VersionRefusedError as err:
+                raise VersionRefusedError(f"{what}: {err}") from None
         layout, payload = pack(weights)
         header = header_to_proto(int(version or 0), layout, payload.nbytes)
         try:

@@ -1,5 +1,5 @@
 """ParameterService servicer: reassembles published chunks, streams the newest weights in chunks, maps errors to
-gRPC status codes. No versioning logic lives here; see store.py.
+gRPC status codes. No versioning logic lives here; see weights.py and store.py.
 
 Every message stays under gRPC's default 4 MiB limit whatever the model size: weights travel as the header (the
 layout of every tensor) followed by chunks of at most `chunk_bytes` of the concatenated tensor bytes.
@@ -35,7 +35,8 @@ from apexrl.common.errors import (
 from apexrl.common.metrics import RpcMetrics
 from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.limits import PublishLimits
-from apexrl.parameter_server.store import Snapshot, VersionRefusedError, WeightStore
+from apexrl.parameter_server.store import Snapshot, WeightStore
+from apexrl.parameter_server.weights import VersionRefusedError
 from apexrl.parameter_server.wire import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,

@@ -1,5 +1,5 @@
 """The ParameterService's wire helpers, shared by the servicer and the client: the weights header <-> layout
-conversion and the chunking of the concatenated tensor bytes.
+conversion (the layout and its checks are weights.py's) and the chunking of the concatenated tensor bytes.
 
 Every message stays under gRPC's default 4 MiB limit whatever the model size: weights travel as the header (the
 layout of every tensor) followed by chunks of at most `chunk_bytes` of the concatenated tensor bytes.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from apexrl.common import codec
-from apexrl.parameter_server.store import Layout, TensorEntry, check_layout
+from apexrl.parameter_server.weights import Layout, TensorEntry, check_layout
 from apexrl.proto import parameters_pb2
 
 SERVICE_NAME = parameters_pb2.DESCRIPTOR.services_by_name["ParameterService"].full_name

@@ -3,8 +3,8 @@
 the initial priorities of n-step transitions.
 
 `make_policy` evaluates MLP weights with numpy and convolutional ones (`policy.conv.*`) with torch
-(`apexrl.algorithms.dpg.torch_policy`). Both mirror `apexrl.algorithms.dpg.networks` without importing it; tests
-check them equal on the same weights.
+(`apexrl.algorithms.dpg.torch_policy`, imported only then): two `policy_base.DPGPolicy`s that mirror
+`apexrl.algorithms.dpg.networks` without importing it; tests check them equal on the same weights.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from apexrl.algorithms.base import ActorSettings
 from apexrl.algorithms.dpg.exploration import UnitNoise, apex_noise_scale, gaussian_actions, uniform_actions
+from apexrl.algorithms.dpg.policy_base import DPGPolicy
 from apexrl.algorithms.forward import dense, dense_stack, flat_float, is_convolutional, relu_stack
 from apexrl.common.spaces import EnvSpaces
 
@@ -41,39 +42,6 @@ def make_greedy_module(weights: Mapping[str, np.ndarray], spaces: EnvSpaces) -> 
 
     one_hot = spaces.obs_dim if spaces.obs_one_hot else 0
     return greedy_module(weights, spaces.layout, spaces.input_scale, one_hot).eval()
-
-
-class DPGPolicy:
-    """pi(s) and Q(s, a) from the weights; subclasses provide `greedy` and `q`. `low`/`high` are the bounds the
-    weights carry (float64 [action_dim])."""
-
-    low: np.ndarray
-    high: np.ndarray
-
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def q(self, obs: np.ndarray, action: np.ndarray) -> np.ndarray:
-        """Q(s, a) [batch] for actions in the environment's units."""
-        raise NotImplementedError
-
-    def initial_priorities(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
-        """|reward + discount * Q(next_obs, pi(next_obs)) - Q(obs, action)| at the stored action, this copy standing
-        in for the online and the target networks."""
-        obs, next_obs = np.asarray(columns["obs"]), np.asarray(columns["next_obs"])
-        both = np.concatenate([obs, next_obs])
-        actions = np.concatenate([np.asarray(columns["action"], np.float32), self.greedy(next_obs)])
-        q = self.q(both, actions)
-        target = columns["reward"] + columns["discount"] * q[len(obs) :]
-        return np.abs(target - q[: len(obs)]).astype(np.float64)
-
-    def _unit(self, action: np.ndarray) -> np.ndarray:
-        return ((np.asarray(action, np.float32) - self.low) / (self.high - self.low) * 2.0 - 1.0).astype(
-            np.float32
-        )
-
-    def _squash(self, x: np.ndarray) -> np.ndarray:
-        return (self.low + (np.tanh(x) + 1.0) * 0.5 * (self.high - self.low)).astype(np.float32)
 
 
 class NumpyDPGPolicy(DPGPolicy):

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from apexrl.algorithms.dpg.acting import DPGPolicy
+from apexrl.algorithms.dpg.policy_base import DPGPolicy
 from apexrl.algorithms.torch_forward import ConvTorso, DenseStack, OneHot, batch_tensor, linear, tensor
 from apexrl.common.spaces import CHW
 

@@ -2,8 +2,8 @@
 the fixed per-actor epsilons, and the initial priorities of n-step transitions.
 
 `make_policy` evaluates an MLP (`DuelingQNetwork`) with numpy, and a convolutional network (its weights have
-`conv.*` names) with torch (`apexrl.algorithms.dqn.torch_policy`), batched over the actor's environments. Tests
-check both against the learner's modules on the same weights.
+`conv.*` names) with torch (`apexrl.algorithms.dqn.torch_policy`, imported only then), batched over the actor's
+environments; both are `policy_base.QPolicy`s. Tests check both against the learner's modules on the same weights.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 
 from apexrl.algorithms.base import ActingPolicy, ActorSettings
 from apexrl.algorithms.dqn.exploration import apex_epsilon, epsilon_greedy
+from apexrl.algorithms.dqn.policy_base import QPolicy
 from apexrl.algorithms.forward import dense, dense_stack, flat_float, is_convolutional, relu_stack
 from apexrl.common.spaces import EnvSpaces
 
@@ -41,29 +42,6 @@ def make_greedy_module(weights: Mapping[str, np.ndarray], spaces: EnvSpaces) -> 
     return GreedyQ(
         DuelingQModule(weights, layout=spaces.layout, input_scale=spaces.input_scale), one_hot
     ).eval()
-
-
-class QPolicy:
-    """Greedy actions and initial priorities from `q_values`, which subclasses provide."""
-
-    num_actions: int
-
-    def q_values(self, obs: np.ndarray) -> np.ndarray:
-        """Q-values [batch, num_actions] for a batch of observations as the environment gives them."""
-        raise NotImplementedError
-
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        return self.q_values(obs).argmax(axis=1).astype(np.int64)
-
-    def initial_priorities(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
-        """|reward + discount * max_a Q(next_obs, a) - Q(obs, action)|: the double-Q target with this one network
-        as online and target network (argmax then the same net: its max)."""
-        obs, next_obs = np.asarray(columns["obs"]), np.asarray(columns["next_obs"])
-        q = self.q_values(np.concatenate([obs, next_obs]))  # one forward pass for both
-        rows = np.arange(len(obs))
-        taken = q[rows, np.asarray(columns["action"])]
-        target = columns["reward"] + columns["discount"] * q[len(obs) :].max(axis=1)
-        return np.abs(target - taken).astype(np.float64)
 
 
 class NumpyDuelingPolicy(QPolicy):

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from apexrl.algorithms.dqn.acting import QPolicy
+from apexrl.algorithms.dqn.policy_base import QPolicy
 from apexrl.algorithms.torch_forward import ConvTorso, DenseStack, OneHot, batch_tensor, linear
 from apexrl.common.spaces import CHW
 

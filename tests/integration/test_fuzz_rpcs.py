@@ -18,7 +18,7 @@ gRPC methods without serializers, so bytes that are not protobuf at all go out t
   an unknown field or garbage appended, or all replaced by random bytes. About one call in 25 carries a message
   over the server's size limit.
 - ParameterService: Publish (client stream), Fetch, GetVersion. Publish streams start from weights packed by
-  parameter_server/store.py with a header from parameter_server/wire.py, cut into 1-4 chunks, then mutated: the
+  parameter_server/weights.py with a header from parameter_server/wire.py, cut into 1-4 chunks, then mutated: the
   version (0 = assign, current, older, newer), total_bytes, each tensor's name, dtype, shape, rank, offset and
   nbytes, tensors dropped or duplicated, the header missing, late or repeated, a byte too many or too few, chunks
   swapped, a BOOL byte above 1, an empty stream; each message's bytes are then damaged one time in eight. A

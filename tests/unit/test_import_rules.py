@@ -2,8 +2,9 @@
 
 Roles stand side by side on the SDK: clients live beside their services, the learner and the actor never import
 each other, only the wire edge (clients, servicers, wire modules, the codec and common's gRPC helpers) touches
-gRPC or generated code, the replay shard never imports torch, and the launcher starts processes without loading
-models. A violation names the module, the line and the rule, so the structure cannot silently decay.
+gRPC or generated code, the replay shard never imports torch, the launcher starts processes without loading
+models, and no two modules import each other, even lazily (one listed exception). A violation names the module,
+the line and the rule, so the structure cannot silently decay.
 """
 
 from __future__ import annotations
@@ -79,10 +80,19 @@ TORCH_FREE_ACTING = (
     "apexrl.algorithms.dqn",
     "apexrl.algorithms.dqn.acting",
     "apexrl.algorithms.dqn.exploration",
+    "apexrl.algorithms.dqn.policy_base",
     "apexrl.algorithms.dpg",
     "apexrl.algorithms.dpg.acting",
     "apexrl.algorithms.dpg.exploration",
+    "apexrl.algorithms.dpg.policy_base",
 )
+# Import cycles between apexrl modules that are allowed for now, each with its reason; every other cycle fails
+# test_no_import_cycles_between_apexrl_modules, lazy imports (inside functions, under TYPE_CHECKING) included.
+ALLOWED_CYCLES = {
+    # The table delegates to its durability hooks, which work on its private fields: the rework of the table's
+    # persistence (a public interface durability observes, issue 29) removes this cycle, and then this line.
+    frozenset({"apexrl.replay_server.table", "apexrl.replay_server.durability.table_hooks"}),
+}
 
 
 def modules() -> dict[str, Path]:
@@ -265,6 +275,77 @@ def test_the_launcher_starts_processes_and_loads_no_model():
     assert violations(rule) == []
 
 
+def import_graph() -> dict[str, dict[str, str]]:
+    """module -> {apexrl module it imports: "file:line" of the first such import}, lazy imports included. A
+    module's imports of the packages it sits in are left out: Python runs a package's __init__ before any module
+    in it, so `from apexrl.replay_server import wire` inside the package is a dependency on wire.py alone."""
+    names = modules()
+    graph: dict[str, dict[str, str]] = {}
+    for module, path in names.items():
+        edges = graph.setdefault(module, {})
+        for line, target in imports(path):
+            if target in names and target != module and not module.startswith(target + "."):
+                edges.setdefault(target, f"{path.relative_to(ROOT)}:{line}")
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, str]]) -> list[frozenset[str]]:
+    """The groups of modules that import each other, directly or round a loop (strongly connected components of
+    more than one module; Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, {}):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles_between_apexrl_modules():
+    """Two modules that import each other, even one of them inside a function, can be read, tested and moved only
+    together: share the piece both need from a third module, or invert the dependency. ALLOWED_CYCLES lists the
+    exceptions, and an exception whose cycle is gone must leave the list."""
+    graph = import_graph()
+    found = cycles(graph)
+
+    def described(group: frozenset[str]) -> str:
+        edges = [
+            f"{graph[a][b]}: {a} imports {b}" for a in sorted(group) for b in sorted(graph[a]) if b in group
+        ]
+        return "; ".join(edges)
+
+    assert [described(group) for group in found if group not in ALLOWED_CYCLES] == []
+    gone = [sorted(group) for group in ALLOWED_CYCLES - set(found)]
+    assert gone == [], f"allowed cycles that no longer exist (remove them from ALLOWED_CYCLES): {gone}"
+
+
+def test_the_cycle_finder_finds_a_loop_through_three_modules_and_nothing_else():
+    graph = {"a": {"b": "a.py:3"}, "b": {"c": "b.py:9"}, "c": {"a": "c.py:12"}, "d": {"a": "d.py:1"}}
+    assert cycles(graph) == [frozenset({"a", "b", "c"})]
+    assert cycles({"a": {"b": "a.py:3"}, "b": {}}) == []
+
+
 def test_a_rule_violation_is_caught(tmp_path):
     """The checker itself: a module that imports grpc outside the edge is reported with its line."""
     bad = tmp_path / "bad.py"
@@ -311,6 +392,9 @@ PURE_CORES = [
     "apexrl.replay_server.table_counters",
     "apexrl.replay_server.admission",
     "apexrl.replay_server.merged_batches",
+    "apexrl.parameter_server.weights",
+    "apexrl.parameter_server.store",
+    "apexrl.parameter_server.limits",
 ]
 
 
@@ -337,6 +421,33 @@ def test_the_replay_cores_and_durability_never_import_the_edge():
     def rule(module: str, target: str) -> str | None:
         if under(module, below) and under(target, REPLAY_EDGE):
             return "the replay cores and durability/ sit below the edge (wire, service, clients, main)"
+        return None
+
+    assert violations(rule) == []
+
+
+# The parameter service's cores (the weights format and version rules, the store, the limits) and its edge.
+PARAMS_CORES = (
+    "apexrl.parameter_server.weights",
+    "apexrl.parameter_server.store",
+    "apexrl.parameter_server.limits",
+)
+PARAMS_EDGE = tuple(
+    f"apexrl.parameter_server.{name}" for name in ("wire", "service", "client", "config", "main")
+)
+STORE_NAMES = ("WeightStore", "Snapshot")  # what parameter_server/store.py defines
+
+
+def test_the_parameter_cores_never_import_the_edge_and_the_format_comes_from_weights():
+    """The weights format lives in parameter_server/weights.py: the store, the client, the wire module and the
+    learner import it from there, and no core reaches protobuf through the codec or the wire module."""
+
+    def rule(module: str, target: str) -> str | None:
+        if module in PARAMS_CORES and under(target, (*PARAMS_EDGE, "apexrl.common.codec")):
+            return "the weights, the store and the limits sit below the edge and the codec"
+        store, _, name = target.rpartition(".")
+        if store == "apexrl.parameter_server.store" and name not in STORE_NAMES:
+            return "the weights format and the version rules come from weights.py"
         return None
 
     assert violations(rule) == []

@@ -1,4 +1,4 @@
-"""The ParameterService under fuzzing: Publish streams drawn from valid ones (packed with parameter_server/store.py,
+"""The ParameterService under fuzzing: Publish streams drawn from valid ones (packed with parameter_server/weights.py,
 headers from parameter_server/wire.py) and then mutated (header fields, layout, chunk order and lengths, bytes), the
 published state before and after, and what each answer implies.
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from apexrl.common import codec
 from apexrl.parameter_server import wire
-from apexrl.parameter_server.store import pack
+from apexrl.parameter_server.weights import pack
 from apexrl.proto import parameters_pb2, parameters_pb2_grpc
 from tests.integration.fuzzing.mutations import (
     DTYPE_NUMBERS,

@@ -16,7 +16,7 @@ from apexrl.common.spaces import EnvSpaces
 from apexrl.learner.learner import Learner
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
-from apexrl.parameter_server.store import MAX_VERSION_STEP
+from apexrl.parameter_server.weights import MAX_VERSION_STEP
 from tests.integration.learner.test_main import filled_shard, learner_process
 from tests.support.checkpoints import dqn_checkpoint
 from tests.unit.learner.fakes import FakeSampler, config, make_batch

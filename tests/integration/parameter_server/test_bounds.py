@@ -24,7 +24,7 @@ from apexrl.common.free_ports import pick_free_port
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.limits import PublishLimits
 from apexrl.parameter_server.service import create_parameter_server
-from apexrl.parameter_server.store import MAX_VERSION, MAX_VERSION_STEP, VersionRefusedError
+from apexrl.parameter_server.weights import MAX_VERSION, MAX_VERSION_STEP, VersionRefusedError
 from apexrl.proto import parameters_pb2, parameters_pb2_grpc, tensor_pb2
 from tests.conftest import wait_until
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from apexrl.algorithms.dqn.networks import DuelingQNetwork
-from apexrl.algorithms.torsos import load_numpy_state_dict, state_dict_to_numpy
+from apexrl.algorithms.torsos import state_dict_to_numpy
+from tests.support.numpy_weights import load_numpy_state_dict
 
 
 def test_dueling_head_by_hand() -> None:

@@ -9,8 +9,9 @@ import torch
 
 from apexrl.algorithms.dqn.networks import ConvDuelingQNetwork, DuelingQNetwork, build_network
 from apexrl.algorithms.torso_specs import resolve_network
-from apexrl.algorithms.torsos import load_numpy_state_dict, state_dict_to_numpy
+from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.environments import CHW, HW, HWC, VECTOR, EnvSpaces, image_layout
+from tests.support.numpy_weights import load_numpy_state_dict
 
 ATARI = EnvSpaces((4, 84, 84), "uint8", 6)  # FrameStackObservation(AtariPreprocessing(...), 4)
 MINATAR = EnvSpaces((10, 10, 4), "bool", 3)  # MinAtar/Breakout-v1

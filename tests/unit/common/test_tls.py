@@ -17,9 +17,9 @@ from apexrl.common.settings import SettingsError, parse_argv
 from apexrl.common.tls import TlsFiles, describe, tls_of
 from apexrl.launcher.commands import check_commands, role_config
 from apexrl.launcher.fleet import Fleet
-from apexrl.launcher.fleet_config import ConfigError, FleetSettings, local_fleet
+from apexrl.launcher.fleet_config import ConfigError, FleetSettings
 from apexrl.launcher.fleet_file import parse_config
-from apexrl.launcher.topology import Wiring, roles
+from apexrl.launcher.topology import Wiring, local_fleet, roles
 from apexrl.learner.config import LearnerConfig
 from apexrl.parameter_server.config import ParamsConfig
 from apexrl.replay_server.config import ReplayConfig

@@ -10,9 +10,9 @@ import pytest
 
 from apexrl.common.settings import SettingsError, parse_argv
 from apexrl.launcher.commands import command, describe_algorithm
-from apexrl.launcher.fleet_config import ConfigError, local_fleet
+from apexrl.launcher.fleet_config import ConfigError
 from apexrl.launcher.fleet_file import parse_config
-from apexrl.launcher.topology import roles, wiring
+from apexrl.launcher.topology import local_fleet, roles, wiring
 from apexrl.learner.config import LearnerConfig
 from tests.unit.launcher.fleets import fleet
 

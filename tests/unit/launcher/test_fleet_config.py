@@ -9,8 +9,8 @@ import pytest
 
 from apexrl.common.env_settings import EnvChoice, EnvKwargs
 from apexrl.common.settings import settings_of
-from apexrl.launcher.fleet_config import ActorGroup, ConfigError, FleetConfig, FleetSettings, local_fleet
-from apexrl.launcher.topology import checks_target, host_names, roles_on
+from apexrl.launcher.fleet_config import ActorGroup, ConfigError, FleetConfig, FleetSettings
+from apexrl.launcher.topology import checks_target, host_names, local_fleet, roles_on
 
 
 def test_local_fleet_puts_every_role_on_this_machine():

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from apexrl.common.env_settings import EnvKwargs
-from apexrl.launcher.fleet_config import ConfigError, FleetSettings, local_fleet
+from apexrl.launcher.fleet_config import ConfigError, FleetSettings
 from apexrl.launcher.fleet_file import load_config, parse_config
 from apexrl.launcher.progress import Progress, ProgressCsv, ProgressRow, last_row
 from apexrl.launcher.record import RECORD_KEY, RESUMABLE, fleet_record, read_run, redacted
 from apexrl.launcher.run_dir import RunLock, check_new
+from apexrl.launcher.topology import local_fleet
 from tests.unit.launcher.fleets import EXAMPLE, fleet
 
 FLEETS = EXAMPLE.parent / "fleets"

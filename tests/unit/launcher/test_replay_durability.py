@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from apexrl.launcher.commands import check_commands, role_config
-from apexrl.launcher.fleet_config import ConfigError, local_fleet
+from apexrl.launcher.fleet_config import ConfigError
 from apexrl.launcher.fleet_file import parse_config
 from apexrl.launcher.resume_state import resume_lines
-from apexrl.launcher.topology import Wiring, roles
+from apexrl.launcher.topology import Wiring, local_fleet, roles
 from tests.unit.launcher.fleets import error, fleet
 
 

@@ -101,7 +101,7 @@ def test_a_busy_or_refusing_service_costs_a_publish_and_a_bad_request_stops_the_
     service's own is counted as a failed publish and retried at the next one; a request that is wrong in itself is
     the learner's bug and raises."""
     from apexrl.common.errors import InvalidArgumentError, ResourceExhaustedError
-    from apexrl.parameter_server.store import VersionRefusedError
+    from apexrl.parameter_server.weights import VersionRefusedError
 
     registry = CollectorRegistry()
     lrn = Learner(config(publish_every=1), EnvSpaces.vector(4, 2), FakeSampler(), Publisher(), registry)

@@ -8,10 +8,9 @@ import logging
 
 import yaml
 
-from apexrl.launcher.fleet_config import local_fleet
 from apexrl.launcher.fleet_file import parse_config
 from apexrl.launcher.prometheus_targets import target_groups, write_targets
-from apexrl.launcher.topology import roles, roles_on
+from apexrl.launcher.topology import local_fleet, roles, roles_on
 from tests.unit.launcher.fleets import fleet
 from tests.unit.monitoring.tools import needs_promtool, promtool
 

@@ -1,6 +1,6 @@
-"""TensorBoard event files, read back with TensorBoard's own EventAccumulator: the launcher's returns against
-environment steps (launcher/tensorboard_curves.py, written through progress.csv's writer) and the learner's
-loss, mean Q and updates/s against updates (learner/tensorboard_curves.py)."""
+"""TensorBoard event files (common/tensorboard_curves.py), read back with TensorBoard's own EventAccumulator: the
+launcher's returns against environment steps (written through progress.csv's writer) and the learner's loss,
+mean Q and updates/s against updates."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from apexrl.common.spaces import EnvSpaces
+from apexrl.common.tensorboard_curves import TensorBoardCurves
 from apexrl.launcher.progress import ProgressCsv, ProgressRow
 
 
@@ -82,11 +83,42 @@ def test_the_launchers_curves_load_no_model_library(tmp_path):
     assert read_scalars(tmp_path / "tb")["return/exploration_mean_100"] == [(10, 6.0)]
 
 
-def test_the_learners_curves_are_loss_mean_q_and_updates_per_second_against_updates(tmp_path):
-    pytest.importorskip("torch")
-    from apexrl.learner.tensorboard_curves import TrainingCurves
+def test_tensorboard_is_imported_when_the_curves_are_built_or_at_their_first_point(tmp_path):
+    """The learner imports it at start (never mid-training), the launcher at its first return (its start waits on
+    nothing it does not need yet); neither writes a file before the first point (checked in a fresh interpreter)."""
+    import subprocess
 
-    curves = TrainingCurves(tmp_path / "learner")
+    code = (
+        "import sys; from apexrl.common.tensorboard_curves import TensorBoardCurves\n"
+        "loaded = lambda: 'tensorboard' in sys.modules\n"
+        f"later = TensorBoardCurves({str(tmp_path / 'later')!r}, load_at_start=False)\n"
+        "seen = [loaded()]\n"
+        "later.add(1, x=None)\n"
+        "seen.append(loaded())\n"
+        "later.add(1, x=2.0)\n"
+        "seen.append(loaded())\n"
+        "later.close()\n"
+        "print(seen)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[False, False, True]"
+    code = (
+        "import sys; from apexrl.common.tensorboard_curves import TensorBoardCurves\n"
+        f"TensorBoardCurves({str(tmp_path / 'at_start')!r})\n"
+        "print('tensorboard' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "True"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["later"]
+    assert read_scalars(tmp_path / "later") == {"x": [(1, 2.0)]}
+
+
+def test_the_learners_curves_are_loss_mean_q_and_updates_per_second_against_updates(tmp_path):
+    curves = TensorBoardCurves(tmp_path / "learner", "learner/")  # as learner/main.py builds them
     assert not (tmp_path / "learner").exists()  # nothing until the first point
     curves.add(20, loss=0.5, mean_q=1.25)
     curves.add(40, loss=0.25, mean_q=2.5)
@@ -110,7 +142,6 @@ def test_a_learner_training_from_a_real_shard_leaves_its_curves_in_the_run_direc
 
     from apexrl.learner.config import LearnerConfig
     from apexrl.learner.learner import Learner, make_sampler
-    from apexrl.learner.tensorboard_curves import TrainingCurves
     from apexrl.parameter_server.store import WeightStore
     from apexrl.replay_server.client import ReplayClient
     from apexrl.replay_server.table import TableConfig
@@ -139,7 +170,7 @@ def test_a_learner_training_from_a_real_shard_leaves_its_curves_in_the_run_direc
         max_updates=60,
         sample_batches_per_call=1,
     )
-    curves = TrainingCurves(Path(config.run_dir) / "tensorboard" / "learner")
+    curves = TensorBoardCurves(Path(config.run_dir) / "tensorboard" / "learner", "learner/")
     learner = Learner(
         config, EnvSpaces.vector(4, 2), make_sampler(config), WeightStore().publish, curves=curves
     )

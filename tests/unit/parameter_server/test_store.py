@@ -1,4 +1,5 @@
-"""The weight store (parameter_server/store.py): a pure, thread-safe holder of the newest versioned weights."""
+"""The weight store (parameter_server/store.py): a pure, thread-safe holder of the newest versioned weights. The
+format and the version rules it applies are tested on their own in test_weights.py."""
 
 from __future__ import annotations
 
@@ -8,16 +9,14 @@ import numpy as np
 import pytest
 
 from apexrl.common.errors import FailedPreconditionError, InvalidArgumentError
-from apexrl.parameter_server import store as store_module
-from apexrl.parameter_server.store import (
+from apexrl.parameter_server import weights as weights_module
+from apexrl.parameter_server.store import WeightStore
+from apexrl.parameter_server.weights import (
     MAX_VERSION,
     MAX_VERSION_STEP,
     TensorEntry,
     VersionRefusedError,
-    WeightStore,
-    check_layout,
     pack,
-    unpack,
 )
 
 
@@ -41,32 +40,20 @@ def test_store_concurrent_publishers_get_distinct_increasing_versions():
     assert store.version == 200 and store.published_total == 200
 
 
-def test_store_wait_newer_and_snapshot_isolation():
+def test_a_snapshot_is_isolated_from_the_published_arrays_and_from_later_versions():
     store = WeightStore()
-    assert store.latest() is None and store.wait_newer(0, timeout=0.01) is None
+    assert store.latest() is None and store.version == 0
     source = np.arange(4, dtype=np.float32)
-    threading.Timer(0.05, store.publish, args=({"w": source},)).start()
-    snapshot = store.wait_newer(0, timeout=5)
-    assert snapshot is not None and snapshot.version == 1
+    assert store.publish({"w": source}) == 1
+    snapshot = store.latest()
+    assert snapshot is not None and snapshot.version == 1 and snapshot.total_bytes == 16
     source[:] = -1  # the store copied the arrays
     arrays = snapshot.arrays()
     np.testing.assert_array_equal(arrays["w"], [0, 1, 2, 3])
     assert not arrays["w"].flags.writeable
-    assert store.wait_newer(1, timeout=0.01) is None
-
-
-def test_check_layout_accepts_any_order_and_empty_tensors():
-    f4 = np.dtype("<f4")
-    check_layout(
-        [
-            TensorEntry("b", f4, (2,), 8, 8),
-            TensorEntry("e", f4, (0,), 16, 0),
-            TensorEntry("a", f4, (2,), 0, 8),
-        ],
-        16,
-    )
-    with pytest.raises(InvalidArgumentError, match="needs"):
-        check_layout([TensorEntry("a", f4, (1 << 31, 1 << 31, 1 << 31), 0, 0)], 0)  # no int64 overflow
+    store.publish({"w": source})
+    np.testing.assert_array_equal(snapshot.arrays()["w"], [0, 1, 2, 3])  # a reader's snapshot never changes
+    assert store.latest().version == 2
 
 
 def test_versions_strictly_increase_and_a_refused_publish_changes_nothing():
@@ -89,25 +76,6 @@ def test_versions_strictly_increase_and_a_refused_publish_changes_nothing():
         store.publish({})
     assert store.version == 6 and store.published_total == 3
     np.testing.assert_array_equal(store.latest().arrays()["w"], [2.0, 2.0])
-
-
-def test_pack_and_unpack_keep_order_dtype_shape_and_alignment():
-    weights = {
-        "b": np.arange(3, dtype=np.int8),
-        "a": np.arange(6, dtype=">f8").reshape(2, 3),
-        "s": np.float32(1.5),
-        "m": np.array([True, False]),
-    }
-    layout, payload = pack(weights)
-    assert [e.name for e in layout] == ["b", "a", "s", "m"]
-    assert [e.offset for e in layout] == [0, 3, 51, 55] and payload.nbytes == 57
-    assert payload.readonly
-    check_layout(layout, payload.nbytes)
-    arrays = unpack(layout, payload)
-    assert arrays["a"].dtype == np.dtype("<f8") and arrays["a"].flags.aligned  # offset 3: copied to align
-    for name, value in weights.items():
-        np.testing.assert_array_equal(arrays[name], value)
-        assert arrays[name].shape == np.shape(value)
 
 
 def test_publish_packed_refuses_bool_bytes_other_than_0_or_1():
@@ -146,7 +114,7 @@ def test_a_version_beyond_the_window_above_the_current_one_is_refused_and_change
 
 def test_at_the_largest_version_no_version_is_left(monkeypatch):
     """MAX_VERSION takes 2**43 publishes to reach; with a larger step the store shows what happens there."""
-    monkeypatch.setattr(store_module, "MAX_VERSION_STEP", MAX_VERSION)
+    monkeypatch.setattr(weights_module, "MAX_VERSION_STEP", MAX_VERSION)
     store = WeightStore()
     assert store.publish({"w": np.zeros(2, np.float32)}, version=MAX_VERSION) == MAX_VERSION
     with pytest.raises(
