@@ -9,12 +9,12 @@ pid file is ever left to clean up.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from datetime import datetime
 from pathlib import Path
 
 from apexrl.common.env_settings import EnvChoice
+from apexrl.common.lock_files import LockHeld, hold_lock
 from apexrl.launcher.fleet_config import ConfigError
 
 CONFIG_NAME = "config.json"
@@ -42,18 +42,13 @@ class RunLock:
             run_dir.mkdir(parents=True)
             run_dir.chmod(0o700)  # logs, checkpoints: the run is its owner's alone
         path = run_dir / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+            fd = hold_lock(path)
+        except LockHeld as held:
             raise ConfigError(
-                f"{run_dir} is in use by a running launch (pid {holder}, or roles it started, hold {path}): "
+                f"{run_dir} is in use by a running launch (pid {held.holder}, or roles it started, hold {path}): "
                 f"stop it first (SIGTERM or Ctrl-C)"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return cls(run_dir, fd)
 
     def release(self) -> None:

@@ -7,12 +7,12 @@ the lock when its holder exits, SIGKILL included: no stale file to clean up.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from apexrl.common.lock_files import LockHeld, hold_lock
 from apexrl.common.settings import SettingsError
 
 log = logging.getLogger("apexrl.replay")
@@ -34,14 +34,11 @@ class DirectoryLock:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+            fd = hold_lock(path)
+        except LockHeld as held:
             raise SettingsError(
-                f"{flag} {directory} is in use by another replay shard (pid {holder} holds {path}): give each "
+                f"{flag} {directory} is in use by another replay shard (pid {held.holder} holds {path}): give each "
                 f"shard its own directory"
             ) from None
         except OSError as err:  # a file system without locks (some FUSE mounts): serve, and say what is lost
@@ -51,9 +48,7 @@ class DirectoryLock:
                 err.strerror,
                 directory,
             )
-            return cls(directory, fd)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return cls(directory, -1)
         return cls(directory, fd)
 
     def release(self) -> None:
