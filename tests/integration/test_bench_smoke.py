@@ -219,6 +219,20 @@ def test_the_dqn_digest_runs_and_is_reproducible():
     assert lines[0] == f"code: {BENCH.parent}" and runs[1].stdout == runs[0].stdout
 
 
+def test_the_dpg_digest_runs_and_is_reproducible():
+    """bench/dpg_digest.py, dqn_digest.py's twin for Ape-X DPG: the same checks."""
+    runs = [
+        subprocess.run(
+            [sys.executable, str(BENCH / "dpg_digest.py")], timeout=120, capture_output=True, text=True
+        )
+        for _ in range(2)
+    ]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-3000:]
+    lines = runs[0].stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["code", "learner", "actor"]
+    assert lines[0] == f"code: {BENCH.parent}" and runs[1].stdout == runs[0].stdout
+
+
 @pytest.mark.timeout(150)
 def test_access_bench_quick_mode_measures_both_modes(tmp_path):
     data = run_quick("access_bench.py", tmp_path)
