@@ -14,23 +14,14 @@ same behaviour. It runs on checkouts since the algorithm seam (DPG came after it
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import torch
+from harness.digest import digest, run
 
 LOW, HIGH = (-2.0, -1.0), (2.0, 3.0)  # Pendulum's [-2, 2], and one off-centre dimension
-
-
-def digest(arrays) -> str:
-    h = hashlib.sha256()
-    for array in arrays:
-        h.update(np.ascontiguousarray(array).tobytes())
-    return h.hexdigest()[:16]
 
 
 def spaces():
@@ -117,24 +108,7 @@ def actor_line() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--checkout",
-        default=str(Path(__file__).resolve().parents[1]),
-        help="the checkout whose tests/unit/learner/fakes.py makes the batches",
-    )
-    args = parser.parse_args()
-    sys.path.insert(0, args.checkout)
-    torch.set_num_threads(1)
-    import apexrl.learner.learner
-
-    # Which checkout was imported: a baseline run that silently imports this working tree shows here.
-    print(f"code: {Path(apexrl.learner.learner.__file__).resolve().parents[1]}")
-    print(learner_line())
-    print(actor_line())
-    return 0
+    return run(__doc__, (learner_line, actor_line))
 
 
 if __name__ == "__main__":

@@ -13,21 +13,11 @@ num_actions, their actor policy lived in apexrl.actor.policy).
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import inspect
 import sys
-from pathlib import Path
 
 import numpy as np
-import torch
-
-
-def digest(arrays) -> str:
-    h = hashlib.sha256()
-    for array in arrays:
-        h.update(np.ascontiguousarray(array).tobytes())
-    return h.hexdigest()[:16]
+from harness.digest import digest, run
 
 
 def train(spaces, batches, **settings) -> tuple[dict, str]:
@@ -128,25 +118,7 @@ def actor_line() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--checkout",
-        default=str(Path(__file__).resolve().parents[1]),
-        help="the checkout whose tests/unit/learner/fakes.py makes the batches",
-    )
-    args = parser.parse_args()
-    sys.path.insert(0, args.checkout)
-    torch.set_num_threads(1)
-    import apexrl.learner.learner
-
-    # Which checkout was imported: a baseline run that silently imports this working tree shows here.
-    print(f"code: {Path(apexrl.learner.learner.__file__).resolve().parents[1]}")
-    print(learner_line())
-    print(actor_line())
-    print(pixel_learner_line())
-    return 0
+    return run(__doc__, (learner_line, actor_line, pixel_learner_line))
 
 
 if __name__ == "__main__":
