@@ -27,6 +27,8 @@ _AT_MODULE_START = pytest.StashKey[set]()
 _AT_CALL_START = pytest.StashKey[set]()
 _REAPED = pytest.StashKey[list]()
 _STOP_BOUND_SECONDS = 5.0
+_EXEC_WINDOW_SECONDS = 1.0
+_PF_KTHREAD = 0x00200000  # include/linux/sched.h
 
 
 def marked_processes(run: bytes) -> dict[int, str]:
@@ -37,7 +39,7 @@ def marked_processes(run: bytes) -> dict[int, str]:
         if not name.isdigit() or int(name) == me:
             continue
         try:
-            if run not in Path(f"/proc/{name}/environ").read_bytes():
+            if run not in _environment(int(name)):
                 continue
             cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile, or a zombie
@@ -45,6 +47,30 @@ def marked_processes(run: bytes) -> dict[int, str]:
         if cmdline and not _own_helper(int(name), cmdline):
             found[int(name)] = cmdline.strip()
     return found
+
+
+def _environment(pid: int) -> bytes:
+    """/proc/PID/environ, read again for a moment while it is empty but the process lives in user space: a child
+    that is exec'ing shows an empty environment (and command line) between the kernel releasing its parent from
+    vfork/close-on-exec and setting up its new stack, so a test's Popen can return before its child is readable (8
+    in 2,000 Popen calls here) and a scan at that moment would not see it."""
+    path = Path(f"/proc/{pid}/environ")
+    deadline = time.monotonic() + _EXEC_WINDOW_SECONDS
+    while (
+        not (environment := path.read_bytes()) and time.monotonic() < deadline and _exec_may_be_under_way(pid)
+    ):
+        time.sleep(0.005)
+    return environment
+
+
+def _exec_may_be_under_way(pid: int) -> bool:
+    """False for a zombie and a kernel thread (their environment stays empty for good)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    state, parent, flags = fields[0], int(fields[1]), int(fields[6])
+    return state not in "ZX" and not flags & _PF_KTHREAD and parent != 2
 
 
 def _own_helper(pid: int, cmdline: str) -> bool:
