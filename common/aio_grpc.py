@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from apexrl.common.access import AUDITED_METHODS, AccessDenied, AccessPolicy, Identity, is_open_method
 from apexrl.common.errors import ApexError, ErrorCode
+from apexrl.common.grpc_logs import quiet_peer_gone_errors
 from apexrl.common.grpc_util import (
     HEALTH_SERVICE,
     audit_allowed,
@@ -287,6 +288,7 @@ class AioServerThread:
         serving: bool = True,
         on_stop: Callable[[], Awaitable[None] | None] | None = None,
     ) -> None:
+        quiet_peer_gone_errors()
         self._add_services = add_services
         self._service_names = list(service_names)
         self._max_message_bytes = max_message_bytes
