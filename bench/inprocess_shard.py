@@ -10,12 +10,14 @@ on a stream.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 import numpy as np
 
 from apexrl.common.errors import ApexError
+from apexrl.replay_server.admission import NotReadyError
 from apexrl.replay_server.table import ReplayTable
 from apexrl.replay_server.types import SampledBatch, ShardInfo, ShardTotals
 
@@ -72,6 +74,21 @@ class TableSink:
         return None
 
 
+def sample_when_ready(
+    table: ReplayTable, batch_size: int, timeout: float | None, batch_rows: Sequence[int] = ()
+) -> SampledBatch:
+    """table.sample, tried again while the table holds it back (NotReadyError) until `timeout`: the blocking wait a
+    shard's server does on its event loop (waits.py), by polling, for in-process benchmarks."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return table.sample(batch_size, batch_rows=batch_rows)
+        except NotReadyError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 class TableShard:
     """One in-process shard: the `Shard` calls answered by a ReplayTable."""
 
@@ -85,7 +102,7 @@ class TableShard:
     def sample_future(
         self, batch_size: int, *, timeout: float | None = None, batch_rows: Sequence[int] = ()
     ) -> Completed[SampledBatch]:
-        return Completed(lambda: self.table.sample(batch_size, timeout=timeout, batch_rows=batch_rows))
+        return Completed(lambda: sample_when_ready(self.table, batch_size, timeout, batch_rows))
 
     def info_future(self, *, timeout: float | None = None) -> Completed[ShardInfo]:
         return Completed(self.table.info)

@@ -374,7 +374,7 @@ def fed_phase(learner, shard_pids: list[int], timing: Timing) -> tuple[Measureme
         marks.append((waited[0], time.perf_counter(), sum(process_cpu_seconds(pid) for pid in shard_pids)))
 
     try:
-        m = with_cpu(sampler._process.pid, measure_loop, step, timing.seconds, timing.warmup, finish=mark)
+        m = with_cpu(sampler.pid, measure_loop, step, timing.seconds, timing.warmup, finish=mark)
         batch = dataclasses.replace(
             last[0], columns={k: v.copy() for k, v in last[0].columns.items()}, weights=last[0].weights.copy()
         )  # the slot's views die with the sampler

@@ -219,7 +219,7 @@ def data_path(address: str, timing: Timing) -> Measurement:
                 raise TimeoutError("no batch from the sampler process within 60 s")
             sampler.update_priorities(batch, np.ones(BATCH))
 
-        child = sampler._process.pid
+        child = sampler.pid
         started = time.perf_counter()
         m = with_cpu(child, measure_loop, step, timing.seconds, max(timing.warmup, 1.0))
         progress(f"  ({time.perf_counter() - started:.1f}s, {sampler.rows_rejected} rows rejected)")

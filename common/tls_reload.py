@@ -219,8 +219,8 @@ class ReloadingChannel(grpc.Channel):
         self._callables: dict[tuple, Any] = {}  # multicallables of the current channel
         self._closed = False
 
-    def _begin(self, kind: str, args: tuple) -> tuple[grpc.Channel, Any]:
-        """The channel a call starts on now, and its multicallable; the call counts as in flight until _end."""
+    def begin_call(self, kind: str, args: tuple) -> tuple[grpc.Channel, Any]:
+        """The channel a call starts on now, and its multicallable; the call counts as in flight until end_call (its multicallable's, _MultiCallable)."""
         now = time.monotonic()
         if now >= self._next_check:
             self._next_check = now + self._check_every
@@ -245,7 +245,7 @@ class ReloadingChannel(grpc.Channel):
             idle.close()
         return channel, multicallable
 
-    def _end(self, channel: grpc.Channel) -> None:
+    def end_call(self, channel: grpc.Channel) -> None:
         with self._lock:
             if channel not in self._in_flight:
                 return
@@ -316,16 +316,16 @@ class _MultiCallable:
         self._owner, self._kind, self._args = owner, kind, args
 
     def _invoke(self, name: str, args: tuple, kwargs: dict, *, blocking: bool) -> Any:
-        channel, multicallable = self._owner._begin(self._kind, self._args)
+        channel, multicallable = self._owner.begin_call(self._kind, self._args)
         try:
             result = getattr(multicallable, name)(*args, **kwargs)
         except BaseException:
-            self._owner._end(channel)
+            self._owner.end_call(channel)
             raise
         if blocking:
-            self._owner._end(channel)
+            self._owner.end_call(channel)
         else:  # a future or a stream: in flight until it ends
-            result.add_done_callback(lambda _call: self._owner._end(channel))
+            result.add_done_callback(lambda _call: self._owner.end_call(channel))
         return result
 
     def __call__(self, *args, **kwargs):

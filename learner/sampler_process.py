@@ -94,6 +94,11 @@ class SamplerProcess:
         self._beta: Callable[[], float] = lambda: 0.4
 
     # --- life cycle -------------------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """The sampling process's pid while it runs (benchmarks read its CPU time), else None."""
+        return None if self._process is None else self._process.pid
+
     def start(self, beta: Callable[[], float]) -> SamplerProcess:
         self._beta = beta
         context = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC threads

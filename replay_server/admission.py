@@ -1,13 +1,13 @@
 """When a table lets an insert or a sample through: the rate limiter, the minimum size, a refusal while a checkpoint
-is restored, and shutdown; and the blocking wait on the table's condition until it does.
+is restored, and shutdown.
 
-The servicer holds calls back without blocking a thread (waits.py) and asks with `timeout=0`; the blocking wait
-serves in-process users of the table. Both count the time a side was held back (BlockedTime).
+The table never blocks: a call that may not go on yet raises `NotReadyError` at once, and the one wait is the
+server's (waits.py: the call is tried again, on the event loop, each time the table changes). The time a side was
+held back is counted from its first refusal to its admission (BlockedTime).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
@@ -15,16 +15,21 @@ from apexrl.common.errors import DeadlineExceededError, UnavailableError
 from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
 from apexrl.replay_server.table_config import TableConfig
 
-# How often a blocked call re-checks whether its caller is still there.
-_WAIT_SLICE_SECONDS = 0.25
+
+class NotReadyError(DeadlineExceededError):
+    """The rate limiter or the minimum size holds the call back for now; `reason` says which (waits.py tries it
+    again as the table changes, and answers DEADLINE_EXCEEDED with the reason when the call's time runs out)."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what} not ready: {reason}")
+        self.reason = reason
 
 
 class Admission:
-    """The table's gate. Every method runs under the table's lock (`cond`), which the wait releases."""
+    """The table's gate. Every method runs under the table's lock."""
 
-    def __init__(self, config: TableConfig, cond: threading.Condition, size: Callable[[], int]) -> None:
+    def __init__(self, config: TableConfig, size: Callable[[], int]) -> None:
         self._config = config
-        self._cond = cond
         self._size = size
         self.limiter = self._fresh_limiter()
         self.blocked = {"insert": BlockedTime(), "sample": BlockedTime()}  # seconds held back, by call
@@ -54,39 +59,26 @@ class Admission:
         return self.limiter.can_sample(self._size())
 
     def not_ready_reason(self) -> str:
-        """Why a sample or insert would wait now (for error messages)."""
+        """Why a sample or insert is held back now (for error messages)."""
         size, least = self._size(), self._config.min_size_to_sample
         if size < least:
             return f"table holds {size} rows, fewer than min_size_to_sample ({least})"
         return f"rate limiter: {self.limiter.describe()}"
 
-    def wait_to_insert(self, timeout: float | None, is_active: Callable[[], bool] | None) -> None:
-        self._wait(lambda: self.limiter.can_insert(), timeout, is_active, "insert")
+    def admit_insert(self) -> None:
+        self._admit(self.limiter.can_insert(), "insert")
 
-    def wait_to_sample(self, timeout: float | None, is_active: Callable[[], bool] | None) -> None:
-        self._wait(self.can_sample, timeout, is_active, "sample")
+    def admit_sample(self) -> None:
+        self._admit(self.can_sample(), "sample")
 
-    def _wait(
-        self,
-        ready: Callable[[], bool],
-        timeout: float | None,
-        is_active: Callable[[], bool] | None,
-        what: str,
-    ) -> None:
-        """Wait (the lock released while waiting) until ready(); raise on deadline, abandonment or shutdown."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _admit(self, ready: bool, what: str) -> None:
+        """Let the call through, or raise NotReadyError (UnavailableError once the table is closed); the held-back
+        clock is kept either way."""
+        if self.closed:
+            raise UnavailableError("replay table is shutting down")
         clock = self.blocked[what]
-        while True:
-            if self.closed:
-                raise UnavailableError("replay table is shutting down")
-            if ready():
-                if clock.waiting:
-                    clock.admitted(time.monotonic())
-                return
+        if not ready:
             clock.refused(time.monotonic())
-            remaining = _WAIT_SLICE_SECONDS if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceededError(f"{what} waited until its deadline: {self.not_ready_reason()}")
-            if is_active is not None and not is_active():
-                raise DeadlineExceededError(f"{what} abandoned: the caller went away")
-            self._cond.wait(min(remaining, _WAIT_SLICE_SECONDS))
+            raise NotReadyError(what, self.not_ready_reason())
+        if clock.waiting:
+            clock.admitted(time.monotonic())

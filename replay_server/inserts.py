@@ -40,11 +40,18 @@ def batch_nbytes(decoded: tuple | None) -> int:
 class InsertPath:
     """Stores what Insert streams send (see the module docstring); one per servicer, shared by its streams."""
 
-    def __init__(self, table: ReplayTable, waits: Waits, rpc_metrics: RpcMetrics, lane: Lane) -> None:
+    def __init__(
+        self,
+        table: ReplayTable,
+        waits: Waits,
+        rpc_metrics: RpcMetrics,
+        lane: Lane,
+        wal: WriteAheadLog | None = None,
+    ) -> None:
         self.table = table
         self.waits = waits
         self.lane = lane
-        self.wal: WriteAheadLog | None = None  # set when the shard has a write-ahead log
+        self.wal = wal  # acks wait for it, when the shard has a write-ahead log
         self._metrics = rpc_metrics
 
     async def acks(
@@ -155,7 +162,6 @@ class InsertPath:
                 priorities,
                 writer_id=writer.qualified(request.writer_id),
                 sequence=request.sequence,
-                timeout=0,
             )
 
         try:
@@ -185,7 +191,7 @@ class InsertPath:
 
         def insert(rows, raw_priorities, sequence: int) -> InsertResult:
             writer.check_may_fix_signature(self.table)
-            return self.table.insert(rows, raw_priorities, writer_id=writer_id, sequence=sequence, timeout=0)
+            return self.table.insert(rows, raw_priorities, writer_id=writer_id, sequence=sequence)
 
         acks: list[replay_pb2.InsertAck] = []
         while not merged.done:

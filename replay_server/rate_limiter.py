@@ -51,7 +51,7 @@ class RateLimiter:
 class BlockedTime:
     """Seconds during which calls of one kind (inserts or samples) were held back, as the table sees them.
 
-    A waiting call is re-checked at least every `gap / 2` seconds (the table's and the servicer's wait slices are
+    A waiting call is re-checked at least every `gap / 2` seconds (the servicer's wait slice, waits.py, is
     0.25 s), so refusals less than `gap` apart belong to one continuous wait; a wait ends at the next admission, or
     at its last refusal when the caller gave up. Concurrent waiters count once: the total grows no faster than the
     wall clock, so its rate is the fraction of time that side of the table was blocked. Times are passed in (any

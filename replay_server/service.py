@@ -33,6 +33,7 @@ from apexrl.common.request_streams import RequestStreams
 from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
+from apexrl.replay_server.admission import NotReadyError
 from apexrl.replay_server.inserts import InsertPath
 from apexrl.replay_server.metrics import TableCollector
 from apexrl.replay_server.quotas import Quotas, QuotaSettings
@@ -51,8 +52,8 @@ log = logging.getLogger(__name__)
 class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     """Async servicer on one event loop (common/aio_grpc.py): every open stream costs a coroutine, not a thread.
 
-    Table calls never block the loop: they are made with timeout 0, and a call the rate limiter or the minimum
-    size holds back waits on `Changes` (woken by every insert, sample and update) until it can go on or its
+    Table calls never block the loop: the table answers at once, and a call the rate limiter or the minimum
+    size holds back (NotReadyError) waits on `Changes` (woken by every insert, sample and update) until it can go on or its
     deadline passes, so waiting writers and samplers cost nothing while they wait. Inserts take turns in a `Lane`,
     so Sample, Info and priority updates are answered between two slices of inserts however many writers are
     connected."""
@@ -64,11 +65,13 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         registry: CollectorRegistry,
         access: AccessPolicy | None = None,
         quotas: QuotaSettings | None = None,
+        checkpointer: Checkpointer | None = None,
+        wal: WriteAheadLog | None = None,
     ) -> None:
         self.table = table
         self.access = access if access is not None else AccessPolicy()
         self.quotas = Quotas(quotas if quotas is not None else QuotaSettings(), registry)
-        self.checkpointer: Checkpointer | None = None  # set when the shard has a checkpoint directory
+        self.checkpointer = checkpointer  # the Checkpoint RPC's, when the shard has a checkpoint directory
         self._metrics = rpc_metrics
         self.insert_lane = Lane()
         Gauge(
@@ -77,7 +80,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
             registry=registry,
         ).set_function(lambda: len(self.insert_lane))
         self.waits = Waits(table, self.quotas, registry)
-        self.inserts = InsertPath(table, self.waits, rpc_metrics, self.insert_lane)
+        self.inserts = InsertPath(table, self.waits, rpc_metrics, self.insert_lane, wal)
         # Insert and priority streams never end on their own: close() ends them before the server's grace runs out.
         self.streams = RequestStreams("replay shard is shutting down")
 
@@ -117,9 +120,12 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
     async def _sample(self, request, context):
         size, rows = request.batch_size, request.batch_rows
         if request.no_wait:
-            return self.table.sample(size, wait=False, batch_rows=rows)
+            try:
+                return self.table.sample(size, batch_rows=rows)
+            except NotReadyError as err:
+                raise FailedPreconditionError(err.reason) from None
         return await self.waits.when_ready(
-            lambda: self.table.sample(size, timeout=0, batch_rows=rows), context, "sample"
+            lambda: self.table.sample(size, batch_rows=rows), context, "sample"
         )
 
     def _update(self, request: replay_pb2.UpdatePrioritiesRequest) -> replay_pb2.UpdatePrioritiesResponse:
@@ -238,8 +244,9 @@ def create_replay_server(
     registry = registry if registry is not None else CollectorRegistry()
     registry.register(TableCollector(table))  # metrics.py
     access = access if access is not None else AccessPolicy.single_token(token) if token else AccessPolicy()
-    servicer = ReplayServicer(table, RpcMetrics(registry, "replay"), registry, access, quotas)
-    servicer.checkpointer, servicer.inserts.wal = checkpointer, wal
+    servicer = ReplayServicer(
+        table, RpcMetrics(registry, "replay"), registry, access, quotas, checkpointer=checkpointer, wal=wal
+    )
 
     async def close() -> None:
         servicer.close()

@@ -12,13 +12,14 @@ Not thread-safe by contract: the table owns the lock (as with sum_tree.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
 from apexrl.common.compression import CompressedColumn
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.signature import Signature
+from apexrl.replay_server.table_state import ROW_WRITER
 
 
 class ColumnStorage:
@@ -104,6 +105,23 @@ class ColumnStorage:
                 writers[offset : offset + rows] if isinstance(writers, np.ndarray) else (writers or "")
             )
         return slots
+
+    def load_blocks(
+        self, blocks: Iterable[tuple[int, Mapping[str, np.ndarray], np.ndarray]], lowest_key: int
+    ) -> np.ndarray:
+        """Write saved blocks (first key, columns, leaves) into their keys' slots, rows below `lowest_key` skipped
+        (with compressed fields a block's columns may hold each row's writer under ROW_WRITER); return the leaves
+        by slot (0 where no row was loaded)."""
+        cap = self.capacity
+        leaves = np.zeros(cap, dtype=np.float64)
+        for first_key, columns, block_leaves in blocks:
+            skip = max(0, lowest_key - first_key)
+            rows = len(block_leaves) - skip
+            if rows <= 0:
+                continue
+            slots = self.write((first_key + skip) % cap, columns, rows, skip, columns.get(ROW_WRITER))
+            leaves[slots] = block_leaves[skip:]
+        return leaves
 
     def frame_bytes_at(self, slots: np.ndarray) -> int:
         """Bytes of the frames held at `slots` (0 without compressed fields)."""

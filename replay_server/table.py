@@ -8,13 +8,19 @@ The rows themselves live in storage.py (columns, frames of compressed fields, ea
 resend rule in dedup.py, when calls may proceed (rate limiter, restore, shutdown) in admission.py, the running
 totals in table_counters.py; the table ties them together under one lock and decides what to evict (by rows, and
 by bytes when `max_bytes` is set: the oldest rows first).
+
+It knows nothing of what persists it. Durability sees it through a narrow public interface (the way Reverb's table
+exposes checkpointing and inserting from a checkpoint): listeners told of each write under the lock
+(`add_listener`, table_state.TableListener), its state and image (`state`, `TableImage`), and two ways to load rows
+that keep their keys (`load_state` from a saved state, `insert_at` for a logged batch). It never blocks: a call held
+back raises NotReadyError at once (admission.py); the server waits (waits.py).
 """
 
 from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -23,8 +29,6 @@ from apexrl.common.errors import FailedPreconditionError, InvalidArgumentError, 
 from apexrl.common.signature import Signature
 from apexrl.replay_server.admission import Admission
 from apexrl.replay_server.dedup import WriterSequences
-from apexrl.replay_server.durability import table_hooks
-from apexrl.replay_server.durability.snapshot import Snapshot, TableState
 from apexrl.replay_server.key_ring import KeyRing
 from apexrl.replay_server.probabilities import has_mass
 from apexrl.replay_server.storage import ColumnStorage
@@ -32,6 +36,7 @@ from apexrl.replay_server.strata import check_batch_rows, stratified_targets
 from apexrl.replay_server.sum_tree import SumTree
 from apexrl.replay_server.table_config import TableConfig  # re-exported: its old home
 from apexrl.replay_server.table_counters import TableCounters
+from apexrl.replay_server.table_state import MAX_ALIASES, ROW_WRITER, TableImage, TableListener, TableState
 from apexrl.replay_server.types import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
 from apexrl.replay_server.updates import (  # MAX_PRIORITY: re-exported, its old home
     MAX_PRIORITY,  # noqa: F401
@@ -48,11 +53,11 @@ class ReplayTable:
         self.config = config
         self.incarnation = secrets.randbits(63) | 1  # never 0: 0 means "current" on the wire
         self.lineage = secrets.randbits(63) | 1  # this table's history; a restore carries the saved one on
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._tree = SumTree(config.capacity, config.alpha)
         self._rng = np.random.default_rng(config.seed)
         self._ring = KeyRing(config.capacity)
-        self._gate = Admission(config, self._cond, lambda: self._ring.size)
+        self._gate = Admission(config, lambda: self._ring.size)
         self._signature: Signature | None = None
         self._rows: ColumnStorage | None = None  # allocated with the signature
         if config.signature is not None:
@@ -60,11 +65,9 @@ class ReplayTable:
         self._writers = WriterSequences(config.max_tracked_writers)
         self._max_priority = 1.0
         self._aliases: dict[int, int] = {}  # earlier incarnation -> key limit (see snapshot.TableState)
-        self._snapshot: Snapshot | None = None
-        # Durability hook (write-ahead log): called under the lock with each batch before it is stored (see
-        # set_journal); why inserts are refused when storing failed after the journal took a batch, or None.
-        self._journal: Callable[[int, Mapping[str, np.ndarray], np.ndarray, str, int], None] | None = None
-        self._journal_broken: str | None = None
+        self._listeners: tuple[TableListener, ...] = ()  # replaced, never changed in place
+        # Why inserts are refused for good: storing failed after a listener took the batch (its keys would clash).
+        self._broken: str | None = None
         self._counters = TableCounters()  # read by the metrics collector through info()
 
     # ----------------------------------------------------------------------------------------------- insert
@@ -75,10 +78,8 @@ class ReplayTable:
         *,
         writer_id: str = "",
         sequence: int = 0,
-        timeout: float | None = None,
-        is_active: Callable[[], bool] | None = None,
     ) -> InsertResult:
-        """Store a batch of rows (all or nothing).
+        """Store a batch of rows (all or nothing); NotReadyError at once while the rate limiter holds inserts back.
 
         A batch whose (writer_id, sequence) is not above the writer's last stored sequence is a resend: it is
         reported as a duplicate and not stored. An empty writer_id turns de-duplication off.
@@ -96,17 +97,17 @@ class ReplayTable:
                     f"batch of {nbytes} bytes exceeds the table's max_bytes ({self.config.max_bytes})"
                 )
         values = None if priorities is None else check_priorities(priorities, rows)
-        with self._cond:
-            self.check_available()
-            if self._journal_broken is not None:
-                raise UnavailableError(self._journal_broken)
+        with self._lock:
+            self._gate.check_available()
+            if self._broken is not None:
+                raise UnavailableError(self._broken)
             if self._writers.is_resend(writer_id, sequence):
                 self._counters.duplicates += 1
                 return InsertResult(first_key=0, rows=0, duplicate=True)
-            self._gate.wait_to_insert(timeout, is_active)
+            self._gate.admit_insert()
             storage = None
             if self._signature is None:
-                storage = ColumnStorage.allocate(  # adopted once the batch is journalled
+                storage = ColumnStorage.allocate(  # adopted once the listeners have taken the batch
                     signature, self.config.capacity, self.config.max_sample_batch_size
                 )
             elif signature is not self._signature:
@@ -114,23 +115,24 @@ class ReplayTable:
             first_key = self._ring.next_key
             if values is None:
                 values = np.full(rows, self._max_priority)
-            if self._journal is not None:
-                # Journal first: a journal that raises (the write-ahead log failed) leaves the table as it was, so
-                # nothing is ever stored, and so sampled or acknowledged, that the log does not hold.
-                self._journal(first_key, columns, values, writer_id, sequence)
+            # Listeners first: one that raises (a write-ahead log that failed) leaves the table as it was, so nothing
+            # is ever stored, and so sampled or acknowledged, that the log does not hold.
+            told = 0
             try:
+                for listener in self._listeners:
+                    listener.storing(first_key, columns, values, writer_id, sequence)
+                    told += 1
                 if storage is not None:
                     self._rows, self._signature = storage, signature
                 self._store(columns, values, rows, writer_id)
                 self._writers.remember(writer_id, sequence)
             except BaseException:
-                if self._journal is not None:  # the log holds keys the table does not: later keys would clash
-                    self._journal_broken = (
+                if told:  # a listener holds keys the table does not: later keys would clash
+                    self._broken = (
                         f"an insert failed after its batch was journalled at key {first_key}: "
                         f"inserts are refused until the shard restarts (and replays the log)"
                     )
                 raise
-            self._cond.notify_all()
         return InsertResult(first_key=first_key, rows=rows, duplicate=False)
 
     def _allocate(self, signature: Signature) -> None:
@@ -149,8 +151,8 @@ class ReplayTable:
         """Store a checked batch with its raw priorities at the next keys (evicting the oldest rows beyond
         max_bytes)."""
         start = self._ring.next_slot
-        if self._snapshot is not None:
-            self._snapshot.before_write(start, rows)
+        for listener in self._listeners:
+            listener.overwriting(start, rows)
         slots = self._write_rows(start, columns, rows, writers=writer_id)
         self._max_priority = max(self._max_priority, float(values.max()))
         self._tree.update(slots, values)
@@ -186,39 +188,28 @@ class ReplayTable:
         rows = self._rows.rows_to_evict(self._ring.oldest_slot, self._ring.size, excess)
         if rows <= 0:
             return
-        if self._snapshot is not None:
-            self._snapshot.before_write(self._ring.oldest_slot, rows)
+        for listener in self._listeners:
+            listener.overwriting(self._ring.oldest_slot, rows)
         slots = self._ring.drop_oldest(rows)  # their keys become stale, their frames are released
         self._tree.update(slots, np.zeros(rows))
         self._rows.release(slots)
         self._counters.evicted += rows
 
     # ----------------------------------------------------------------------------------------------- sample
-    def sample(
-        self,
-        batch_size: int,
-        *,
-        wait: bool = True,
-        timeout: float | None = None,
-        is_active: Callable[[], bool] | None = None,
-        batch_rows: Sequence[int] = (),
-    ) -> SampledBatch:
+    def sample(self, batch_size: int, *, batch_rows: Sequence[int] = ()) -> SampledBatch:
         """Draw `batch_size` rows (with replacement) by stratified proportional sampling; with `batch_rows`,
         that many batches back to back, each stratified on its own (strata.py), at one instant.
 
-        Below the minimum size (or when the ratio limiter says so) the call waits until `timeout` and then raises
-        DeadlineExceededError, or raises FailedPreconditionError at once when `wait` is false.
+        Below the minimum size (or when the ratio limiter says so) it raises NotReadyError at once.
         """
         if not 1 <= batch_size <= self.config.max_sample_batch_size:
             raise InvalidArgumentError(
                 f"batch_size ({batch_size}) must be in [1, {self.config.max_sample_batch_size}]"
             )
         rows = check_batch_rows(batch_rows, batch_size) if batch_rows else ()
-        with self._cond:
-            self.check_available()
-            if not wait and not self._gate.can_sample():
-                raise FailedPreconditionError(self._gate.not_ready_reason())
-            self._gate.wait_to_sample(timeout, is_active)
+        with self._lock:
+            self._gate.check_available()
+            self._gate.admit_sample()
             total = self._tree.total
             if has_mass(total):
                 slots = (
@@ -242,12 +233,11 @@ class ReplayTable:
             )
             self._counters.sampled += batch_size
             self._gate.limiter.sampled(batch_size)
-            self._cond.notify_all()
         return result
 
     def not_ready_reason(self) -> str:
         """Why a sample or insert would wait now (for error messages)."""
-        with self._cond:
+        with self._lock:
             return self._gate.not_ready_reason()
 
     # ---------------------------------------------------------------------------------------- priorities
@@ -263,7 +253,7 @@ class ReplayTable:
         in several of them gets the last one's priority). Each result counts its own entries; all carry the
         totals after the step."""
         counts: list[tuple[int, int]] = []
-        with self._cond:
+        with self._lock:
             self.check_available()
             slots, values = [], []
             for update in updates:
@@ -285,19 +275,100 @@ class ReplayTable:
             totals = ShardTotals(self._tree.total, self._ring.size, self._tree.min, self.incarnation)
         return [UpdateResult(applied=applied, stale=stale, totals=totals) for applied, stale in counts]
 
-    # ---------------------------------------------------------------------------------------- durability
-    # The hooks live in durability/table_hooks.py; these names are the table's public API for them.
-    def begin_snapshot(self, chunk_rows: int) -> Snapshot:
-        """A consistent copy of the table as it is now (durability/table_hooks.begin_snapshot)."""
-        return table_hooks.begin_snapshot(self, chunk_rows)
+    # ----------------------------------------------------------------------------- listeners, state, loading
+    def add_listener(self, listener: TableListener, *, with_image: bool = False) -> None:
+        """Tell `listener` of every write from now on (table_state.TableListener), in key order, under the lock.
+        With `with_image` it first gets the table's image (`added`) in the same critical section, so it misses no
+        write after the image and sees none before it: FailedPreconditionError before the first insert,
+        UnavailableError while the table refuses calls."""
+        with self._lock:
+            if with_image:
+                self._gate.check_available()
+                listener.added(self._image())
+            self._listeners = (*self._listeners, listener)
 
-    def restore(
+    def remove_listener(self, listener: TableListener) -> None:
+        with self._lock:
+            self._listeners = tuple(other for other in self._listeners if other is not listener)
+
+    def state(self) -> TableState:
+        """Everything but the rows and leaves, as a checkpoint records it (FailedPreconditionError before the first
+        insert)."""
+        with self._lock:
+            return self._state()
+
+    def _state(self) -> TableState:
+        if self._signature is None:
+            raise FailedPreconditionError("the table has no signature yet (nothing was ever inserted)")
+        return TableState(
+            signature=self._signature,
+            capacity=self.config.capacity,
+            alpha=self.config.alpha,
+            next_key=self._ring.next_key,
+            size=self._ring.size,
+            max_priority=self._max_priority,
+            incarnation=self.incarnation,
+            aliases=dict(self._aliases),
+            writers=tuple(self._writers.items()),
+            counters=self._counters.saved(),
+            lineage=self.lineage,
+        )
+
+    def _image(self) -> TableImage:
+        state, rows = self._state(), self._rows
+        columns = rows.columns if rows.row_writers is None else {**rows.columns, ROW_WRITER: rows.row_writers}
+        return TableImage(state, self._tree.leaf_values(), columns)
+
+    def load_state(
         self, state: TableState, blocks: Iterable[tuple[int, Mapping[str, np.ndarray], np.ndarray]]
     ) -> int:
-        """Load a saved state into this empty, refusing table (durability/table_hooks.restore)."""
-        return table_hooks.restore(self, state, blocks)
+        """Load a saved state into this table, which must be empty and refusing calls (`refuse_calls`): `blocks`
+        are (first key, columns, leaves p**alpha) in key order covering the state's keys (with compressed fields,
+        the columns may hold each row's writer id under ROW_WRITER). Rows keep their keys and priorities; with a
+        capacity (or max_bytes) below the saved size the oldest rows are dropped (counted as evicted). The table
+        keeps its own, new incarnation; the saved one (and its own aliases) become aliases, so priority updates
+        for restored keys still apply. A failed load (a block that does not read, or leaves the tree refuses)
+        leaves the table as it was, empty and without a signature unless the config declares one, ready for
+        another. Listeners are not told (nothing new is stored). Returns the rows loaded."""
+        if self.config.signature is not None and state.signature != self.config.signature:
+            raise InvalidArgumentError(
+                f"saved signature {state.signature} differs from the table's {self.config.signature}"
+            )
+        cap = self.config.capacity
+        keep = min(state.size, cap)
+        with self._lock:
+            if self._ring.next_key or self._gate.unavailable is None:
+                raise FailedPreconditionError(
+                    "restore needs an empty table that refuses calls (refuse_calls)"
+                )
+            if self._signature != state.signature:
+                self._allocate(state.signature)
+        try:  # calls are refused: nothing else writes meanwhile
+            leaves = self._rows.load_blocks(blocks, lowest_key=state.next_key - keep)
+            with self._lock:
+                self._tree.load_leaves(leaves)
+        except BaseException:
+            with self._lock:  # forget what was written: no frames held, the signature it had before
+                if self.config.signature is None:
+                    self._rows, self._signature = None, None
+                else:
+                    self._rows.release_all()
+            raise
+        with self._lock:
+            self._ring = KeyRing(cap, state.next_key, keep)
+            self._max_priority = state.max_priority
+            self.lineage = state.lineage or self.lineage
+            self._writers = WriterSequences(self.config.max_tracked_writers, state.writers)
+            self._counters = TableCounters.from_saved(state.counters)
+            self._counters.evicted += state.size - keep
+            aliases = dict(state.aliases)
+            if state.incarnation:
+                aliases[state.incarnation] = state.next_key
+            self._aliases = dict(list(aliases.items())[-MAX_ALIASES:])
+            self._enforce_max_bytes()
+            return self._ring.size
 
-    def replay_insert(
+    def insert_at(
         self,
         first_key: int,
         columns: Mapping[str, np.ndarray],
@@ -306,33 +377,38 @@ class ReplayTable:
         sequence: int,
         incarnation: int,
     ) -> bool:
-        """Store a batch read back from the write-ahead log (durability/table_hooks.replay_insert)."""
-        return table_hooks.replay_insert(
-            self, first_key, columns, priorities, writer_id, sequence, incarnation
-        )
+        """Store a batch at the keys it had (read back from a log, raw priorities); a batch below the next key is
+        already held and skipped (False), one above it is a gap (FailedPreconditionError). The incarnation that
+        wrote it becomes an alias up to the batch's last key: those keys name the same rows here. Listeners hear
+        of the rows it overwrites, not of the batch (it is not new)."""
+        signature = self._signature or Signature.from_batch(columns)
+        rows = signature.check_batch(columns)
+        with self._lock:
+            if first_key + rows <= self._ring.next_key:
+                return False
+            if self._signature is None:
+                self._allocate(signature)
+            if first_key != self._ring.next_key:
+                raise FailedPreconditionError(
+                    f"log batch at key {first_key} does not follow key {self._ring.next_key}"
+                )
+            self._store(columns, check_priorities(priorities, rows), rows, writer_id)
+            self._writers.remember(writer_id, sequence)
+            if incarnation and incarnation != self.incarnation:
+                self._aliases[incarnation] = max(self._aliases.get(incarnation, 0), self._ring.next_key)
+                self._aliases = dict(list(self._aliases.items())[-MAX_ALIASES:])
+            return True
 
     def refuse_calls(self, reason: str | None) -> None:
         """Make inserts, samples and priority updates raise UnavailableError(reason) (while a checkpoint is being
         restored), or serve them again with None. Info keeps answering. The rate limiter starts afresh when calls
         are served again: rows restored or replayed from the log earn no samples."""
-        with self._cond:
+        with self._lock:
             self._gate.refuse(reason)
-            self._cond.notify_all()
 
     def check_available(self) -> None:
         """UnavailableError while the table refuses calls (see refuse_calls)."""
         self._gate.check_available()
-
-    def set_journal(
-        self,
-        journal: Callable[[int, Mapping[str, np.ndarray], np.ndarray, str, int], None] | None,
-    ) -> None:
-        """Call `journal(first_key, columns, raw priorities, writer_id, sequence)` for each batch about to be
-        stored, under the table lock, in key order (the write-ahead log). It runs before the table changes: when
-        it raises, the insert raises that exception and the table is exactly as before (no key, row, counter or
-        writer's sequence advanced)."""
-        with self._cond:
-            self._journal = journal
 
     # ---------------------------------------------------------------------------------------------- misc
     @property
@@ -355,7 +431,7 @@ class ReplayTable:
         return self._ring.next_key
 
     def info(self) -> ShardInfo:
-        with self._cond:
+        with self._lock:
             return ShardInfo(
                 signature=self._signature,
                 capacity=self.config.capacity,
@@ -382,11 +458,10 @@ class ReplayTable:
     def blocked_seconds(self) -> dict[str, float]:
         """Seconds during which inserts ("insert") and samples ("sample") were held back by the rate limiter or,
         for samples, the minimum size (see BlockedTime)."""
-        with self._cond:
+        with self._lock:
             return {what: clock.total for what, clock in self._gate.blocked.items()}
 
     def close(self) -> None:
-        """Wake every blocked call with UnavailableError (the server is shutting down)."""
-        with self._cond:
+        """Answer every later insert, sample and update with UnavailableError (the server is shutting down)."""
+        with self._lock:
             self._gate.closed = True
-            self._cond.notify_all()

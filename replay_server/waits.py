@@ -1,7 +1,7 @@
-"""Calls the table holds back (the rate limiter, the minimum size) waited for on the server's event loop: a table
-call is made with timeout 0 and, while it is not ready, tried again each time the table changes (`Changes`, woken
-by every insert, sample and update), until the call's deadline or the shard's max_wait_seconds. Waiting calls cost
-a coroutine, not a thread, and count against the waiting quotas.
+"""Calls the table holds back (the rate limiter, the minimum size) waited for on the server's event loop: the one
+wait there is. The table answers at once; while a call is not ready (NotReadyError) it is tried again each time the
+table changes (`Changes`, woken by every insert, sample and update), until the call's deadline or the shard's
+max_wait_seconds. Waiting calls cost a coroutine, not a thread, and count against the waiting quotas.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from apexrl.common.aio_grpc import Changes, Lane
 from apexrl.common.errors import DeadlineExceededError, UnavailableError
+from apexrl.replay_server.admission import NotReadyError
 from apexrl.replay_server.quotas import Quotas
 from apexrl.replay_server.table import ReplayTable
 
@@ -58,13 +59,13 @@ class Waits:
         lane: Lane | None = None,
         held_bytes: Callable[[], int] = lambda: 0,
     ) -> T:
-        """attempt() (in `lane`'s turn when given) until it does not raise DeadlineExceededError (not ready yet),
+        """attempt() (in `lane`'s turn when given) until it does not raise NotReadyError,
         waiting for table changes in between, up to the call's deadline or the shard's max_wait_seconds, whichever
         comes first; then DeadlineExceededError naming what held it back. While it waits the call counts against
         the waiting quotas (with the `held_bytes()` of decoded data it keeps): ResourceExhaustedError when full."""
         try:
             return attempt() if lane is None else await lane.run(attempt)
-        except DeadlineExceededError:
+        except NotReadyError:
             pass
         with self.quotas.waiting_call(held_bytes()):
             return await self._wait_until_ready(attempt, context, what, lane)
@@ -90,5 +91,5 @@ class Waits:
                 await self.changes.wait(max(0.0, min(_WAIT_SLICE_SECONDS, deadline - loop.time())))
             try:
                 return attempt() if lane is None else await lane.run(attempt)
-            except DeadlineExceededError:
+            except NotReadyError:
                 continue

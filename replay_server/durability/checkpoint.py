@@ -42,7 +42,8 @@ from apexrl.replay_server.durability.checkpoint_format import (
     variable_parts,
     writer_ids,
 )
-from apexrl.replay_server.durability.snapshot import ROW_WRITER, Snapshot, TableState, chunks_holding
+from apexrl.replay_server.durability.snapshot import Snapshot, chunks_holding
+from apexrl.replay_server.table_state import ROW_WRITER, TableState
 
 # Slots per chunk aim at this many bytes (about 0.2 ms of copying per critical section while a snapshot is read).
 CHUNK_BYTES = 1 << 20

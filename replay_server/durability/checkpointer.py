@@ -29,8 +29,9 @@ from apexrl.replay_server.durability.checkpoint import (
 )
 from apexrl.replay_server.durability.durability_metrics import DurabilityStats
 from apexrl.replay_server.durability.restore_checks import check_state, checked_blocks
-from apexrl.replay_server.durability.snapshot import TableState
+from apexrl.replay_server.durability.snapshot import Snapshot
 from apexrl.replay_server.table import ReplayTable
+from apexrl.replay_server.table_state import TableState
 from apexrl.replay_server.types import CheckpointResult
 
 log = logging.getLogger("apexrl.replay.checkpoint")
@@ -122,7 +123,7 @@ class Checkpointer:
                     try:
                         check_state(state)
                         self._check_fits(state, path)
-                        rows = self.table.restore(state, checked_blocks(state, reader.blocks()))
+                        rows = self.table.load_state(state, checked_blocks(state, reader.blocks()))
                     except InvalidArgumentError as err:  # well formed, but no table could have saved it
                         raise CorruptCheckpointError(
                             f"checkpoint {path} holds invalid content: {err}"
@@ -199,7 +200,7 @@ class Checkpointer:
             number, self._next_number = self._next_number, self._next_number + 1
             path = self.directory / f"checkpoint-{number:010d}.apexrl"
             try:
-                with self.table.begin_snapshot(chunk_rows) as snapshot:
+                with Snapshot.take(self.table, chunk_rows) as snapshot:
                     size = write_snapshot(path, snapshot, self.max_mb_per_s * 1e6 if paced else 0.0)
             except OSError:
                 with self.stats.lock:

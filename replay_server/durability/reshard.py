@@ -33,7 +33,7 @@ from apexrl.replay_server.durability.checkpoint import (
     chunk_rows_for,
 )
 from apexrl.replay_server.durability.checkpointer import Checkpointer, signature_difference
-from apexrl.replay_server.durability.snapshot import TableState
+from apexrl.replay_server.table_state import TableState
 
 log = logging.getLogger("apexrl.replay.reshard")
 

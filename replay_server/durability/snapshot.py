@@ -1,68 +1,29 @@
 """A point-in-time copy of a replay table, taken while the table keeps serving (copy-on-write per chunk).
 
-`ReplayTable.begin_snapshot` records, in one short critical section, everything small (`TableState`: counters,
-keys, the writers' de-duplication table) and the sum tree's leaves (8 bytes a row). The rows themselves are
-copied later, one chunk of slots at a time, without holding the table lock: `chunks()` hands them to a writer.
-An insert that is about to overwrite rows of a chunk not copied yet first saves those rows' old values
-(`before_write`, called by the table under its lock: a copy of the rows it overwrites, not of the chunk), and the
-chunk's copy gets them back. So every chunk comes out exactly as it was when the snapshot began, even if an
-insert wrote into it while it was being copied: the snapshot is the table's state at that instant, although it
-is read over seconds. The lock is held only to hand the saved rows over, never for a copy of a chunk, so a call
-never waits behind the snapshot (in CPython a copy under a lock would also make the caller wait for the GIL).
-Priority updates touch only the tree, whose leaves were copied at the start; samples change no row. Compressed
-fields are object arrays of frames (bytes, immutable): their copies are copies of references. Rows evicted by the
-table's max_bytes are saved first as well (`before_write`), since eviction releases their frames.
+`Snapshot.take` adds the snapshot to the table as a listener with the table's image (table_state.py): in one short
+critical section, everything small (`TableState`: counters, keys, the writers' de-duplication table) and the sum
+tree's leaves (8 bytes a row). The rows themselves are copied later, one chunk of slots at a time, without holding
+the table lock: `chunks()` hands them to a writer. An insert that is about to overwrite rows of a chunk not copied
+yet first saves those rows' old values (`overwriting`, which the table calls under its lock: a copy of the rows it
+overwrites, not of the chunk), and the chunk's copy gets them back. So every chunk comes out exactly as it was when
+the snapshot began, even if an insert wrote into it while it was being copied: the snapshot is the table's state at
+that instant, although it is read over seconds. The snapshot's own lock is held only to hand the saved rows over,
+never for a copy of a chunk, so a call never waits behind the snapshot (in CPython a copy under a lock would also
+make the caller wait for the GIL). Priority updates touch only the tree, whose leaves were copied at the start;
+samples change no row. Compressed fields are object arrays of frames (bytes, immutable): their copies are copies of
+references. Rows evicted by the table's max_bytes are saved first as well, since eviction releases their frames.
+Several snapshots may be open at once: each is a listener of its own.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
 import numpy as np
 
-from apexrl.common.signature import Signature
-
-# Earlier incarnations remembered per table (see TableState.aliases); older ones are forgotten first.
-MAX_ALIASES = 8
-# In a table with compressed fields, the snapshot's, checkpoint's and restore's columns also hold each row's writer
-# id (an object array of str) under this name, which no field can have (field names start with a letter or _).
-ROW_WRITER = "@writer"
-
-
-@dataclass(frozen=True)
-class TableState:
-    """Everything of a table but its rows and leaves: what a checkpoint's footer records.
-
-    `aliases` maps an earlier incarnation to the key below which its keys name the same rows as this table's
-    (rows restored from a checkpoint, or replayed from the write-ahead log, keep their keys): a learner's priority
-    update for such a key still applies after a restart, while keys at or above the limit, which the restarted
-    shard may give to other rows, are stale. `lineage` names the table's history (see the field)."""
-
-    signature: Signature
-    capacity: int
-    alpha: float
-    next_key: int  # keys held: [next_key - size, next_key)
-    size: int
-    max_priority: float
-    incarnation: int
-    aliases: dict[int, int] = field(default_factory=dict)
-    writers: tuple[tuple[str, int], ...] = ()  # (writer id, last stored sequence), least recently used first
-    counters: dict[str, int] = field(
-        default_factory=dict
-    )  # evicted, sampled, updated, stale, duplicates, bytes
-    # Random, drawn when a table starts empty (or is made by resharding) and carried on by every restore: a
-    # write-ahead log replays only onto the lineage it was written for.
-    lineage: int = 0
-
-    @property
-    def first_key(self) -> int:
-        return self.next_key - self.size
-
-    def held_slots(self) -> tuple[int, int]:
-        """(first slot, rows): the held rows occupy slots first .. first + rows - 1, modulo the capacity."""
-        return self.first_key % self.capacity, self.size
+from apexrl.replay_server.table import ReplayTable
+from apexrl.replay_server.table_state import TableImage, TableListener, TableState
 
 
 def chunks_holding(state: TableState, chunk_rows: int) -> list[int]:
@@ -79,42 +40,48 @@ def chunks_holding(state: TableState, chunk_rows: int) -> list[int]:
     return sorted(held)
 
 
-class Snapshot:
-    """The consistent copy of one table (see the module docstring). Made by `ReplayTable.begin_snapshot`;
-    iterate `chunks()` once, then `close()` (or use it as a context manager) so inserts stop checking it."""
+class Snapshot(TableListener):
+    """The consistent copy of one table (see the module docstring). Made by `Snapshot.take(table, chunk_rows)`;
+    iterate `chunks()` once, then `close()` (or use it as a context manager) so the table stops telling it of
+    writes."""
 
-    def __init__(
-        self,
-        state: TableState,
-        leaves: np.ndarray,
-        storage: dict[str, np.ndarray],
-        lock: threading.Condition,
-        chunk_rows: int,
-        on_close: Callable[[], None],
-    ) -> None:
+    def __init__(self, table: ReplayTable, chunk_rows: int) -> None:
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows ({chunk_rows}) must be a positive integer")
-        self.state = state
-        self.leaves = leaves
         self.chunk_rows = chunk_rows
-        self.chunk_indices = chunks_holding(state, chunk_rows) if state.size else []
-        self._storage = storage
-        self._lock = lock
+        self._lock = threading.Lock()
+        self._table: ReplayTable | None = table  # until closed
+        self.saved_rows = 0  # rows inserts had to save first (for tests and metrics)
+
+    @classmethod
+    def take(cls, table: ReplayTable, chunk_rows: int) -> Snapshot:
+        """Start a consistent copy of `table` as it is now (FailedPreconditionError before its first insert,
+        UnavailableError while it refuses calls)."""
+        snapshot = cls(table, chunk_rows)
+        table.add_listener(snapshot, with_image=True)
+        return snapshot
+
+    def added(self, image: TableImage) -> None:
+        self.state: TableState = image.state
+        self.leaves = image.leaves
+        self.chunk_indices = chunks_holding(image.state, self.chunk_rows) if image.state.size else []
+        self._storage = image.columns
         self._pending = set(self.chunk_indices)  # chunks not copied yet
         # Per pending chunk: which of its rows were saved before an insert overwrote them, and their old values.
         self._saved_mask: dict[int, np.ndarray] = {}
         self._patches: dict[int, list[tuple[np.ndarray, dict[str, np.ndarray]]]] = {}
-        self._on_close = on_close
-        self.saved_rows = 0  # rows inserts had to save first (for tests and metrics)
 
     def _slots(self, j: int) -> tuple[int, int]:
         return j * self.chunk_rows, min((j + 1) * self.chunk_rows, self.state.capacity)
 
-    def before_write(self, start: int, rows: int) -> None:
-        """The table is about to overwrite slots start .. start + rows - 1 (modulo capacity); its lock is held.
-        Saves the old values of the rows of chunks not copied yet (only rows not saved before)."""
-        if not self._pending:
-            return
+    def overwriting(self, first_slot: int, rows: int) -> None:
+        """The table is about to overwrite slots first_slot .. first_slot + rows - 1 (modulo capacity); its lock
+        is held. Saves the old values of the rows of chunks not copied yet (only rows not saved before)."""
+        with self._lock:
+            if self._pending:
+                self._save(first_slot, rows)
+
+    def _save(self, start: int, rows: int) -> None:
         cap, size = self.state.capacity, self.chunk_rows
         first = min(rows, cap - start)
         for a, b in ((start, start + first), (0, rows - first)):
@@ -135,8 +102,8 @@ class Snapshot:
 
     def chunks(self) -> Iterator[tuple[int, dict[str, np.ndarray], np.ndarray]]:
         """(first slot, columns, leaves) of every chunk holding rows, in slot order, each as it was when the
-        snapshot began. A chunk is copied without the table lock (inserts may be writing into it meanwhile);
-        then, under the lock for a moment, it is marked copied and the rows inserts saved before overwriting
+        snapshot began. A chunk is copied without any lock (inserts may be writing into it meanwhile); then,
+        under the snapshot's lock for a moment, it is marked copied and the rows inserts saved before overwriting
         them are put back into the copy."""
         for j in self.chunk_indices:
             a, b = self._slots(j)
@@ -151,11 +118,13 @@ class Snapshot:
             yield a, columns, self.leaves[a:b]
 
     def close(self) -> None:
+        if self._table is not None:
+            self._table.remove_listener(self)
+            self._table = None
         with self._lock:
             self._pending.clear()
             self._saved_mask.clear()
             self._patches.clear()
-        self._on_close()
 
     def __enter__(self) -> Snapshot:
         return self

@@ -2,9 +2,9 @@
 fsynced before its ack goes out, and replayed at start after the newest checkpoint, so a SIGKILL loses no
 acknowledged row.
 
-Group commit: the table hands each batch to `append` before it stores it (under its lock, in key order); one
-thread writes everything appended since its last fsync and fsyncs once, then reports the keys durable; acks wait
-for that (`when_durable`). While one fsync runs the next group gathers, so the cost per batch falls as the load
+Group commit: the table hands each batch to `storing` (the log is its listener) before it stores it (under its
+lock, in key order); one thread writes everything appended since its last fsync and fsyncs once, then reports the
+keys durable; acks wait for that (`when_durable`). While one fsync runs the next group gathers, so the cost per batch falls as the load
 rises.
 
 Failure: once a write or fsync fails (a full disk), or an append raises, the log is failed for good: every later
@@ -55,11 +55,12 @@ from apexrl.replay_server.durability.wal_format import (
     segment_name,
 )
 from apexrl.replay_server.table import ReplayTable
+from apexrl.replay_server.table_state import TableListener
 
 log = logging.getLogger("apexrl.replay.wal")
 
 
-class WriteAheadLog:
+class WriteAheadLog(TableListener):
     """See the module docstring. `replay(table)` at start, then `open(table)`; `truncate(key)` after each
     checkpoint; `close()` at shutdown."""
 
@@ -87,6 +88,7 @@ class WriteAheadLog:
         self._rotate = False
         self._file: int | None = None
         self._thread: threading.Thread | None = None
+        self._table: ReplayTable | None = None  # the table it listens to, once open
         self._incarnation = 0
         self._lineage = 0
         self._signature: Signature | None = None
@@ -163,9 +165,10 @@ class WriteAheadLog:
         self._durable = table.next_key
         self._thread = threading.Thread(target=self._run, name="apexrl-wal", daemon=True)
         self._thread.start()
-        table.set_journal(self.append)
+        self._table = table
+        table.add_listener(self)
 
-    def append(
+    def storing(
         self,
         first_key: int,
         columns: Mapping[str, np.ndarray],
@@ -173,7 +176,7 @@ class WriteAheadLog:
         writer_id: str,
         sequence: int,
     ) -> None:
-        """Queue one batch the table is about to store (its journal hook: called under its lock, in key order).
+        """Queue one batch the table is about to store (as its listener: called under its lock, in key order).
         UnavailableError when the log has failed or fails now (see the module docstring): then the table stores
         nothing."""
         with self._cond:
@@ -329,7 +332,8 @@ class WriteAheadLog:
                 path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Write and fsync what is queued, then stop."""
+        """Write and fsync what is queued, then stop listening to the table (close it after the server stopped:
+        from then on the table is not logged)."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
@@ -339,6 +343,8 @@ class WriteAheadLog:
             os.close(self._file)
             self._file = None
         self._fail(OSError("the write-ahead log is closed"), closing=True)
+        if self._table is not None:
+            self._table.remove_listener(self)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -359,7 +365,7 @@ def _replay_segment(
         except (ValueError, struct.error, UnicodeDecodeError) as err:
             return replayed, (offset, f"it does not parse: {err}")
         try:
-            if table.replay_insert(first_key, columns, priorities, writer, sequence, incarnation):
+            if table.insert_at(first_key, columns, priorities, writer, sequence, incarnation):
                 replayed += len(priorities)
         except ApexError as err:
             return replayed, (offset, f"its batch at key {first_key} is refused: {err}")

@@ -29,6 +29,7 @@ from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
 from apexrl.replay_server.client import ReplayClient
 from apexrl.replay_server.durability.checkpoint import write_snapshot
+from apexrl.replay_server.durability.snapshot import Snapshot
 from apexrl.replay_server.durability.wal import WriteAheadLog
 from apexrl.replay_server.service import create_replay_server
 from apexrl.replay_server.table import ReplayTable, TableConfig
@@ -226,7 +227,7 @@ def test_shard_checkpoints_write_ahead_logs_and_learner_checkpoints_are_owner_on
         log.open(table)
         table.insert(cartpole_batch(10), np.ones(10), writer_id="w", sequence=0)
         log.close()
-        with table.begin_snapshot(16) as snapshot:
+        with Snapshot.take(table, 16) as snapshot:
             write_snapshot(tmp_path / "shard.ckpt", snapshot)
         from apexrl.algorithms.checkpoint import Checkpoint, save_checkpoint
 

@@ -88,11 +88,7 @@ TORCH_FREE_ACTING = (
 )
 # Import cycles between apexrl modules that are allowed for now, each with its reason; every other cycle fails
 # test_no_import_cycles_between_apexrl_modules, lazy imports (inside functions, under TYPE_CHECKING) included.
-ALLOWED_CYCLES = {
-    # The table delegates to its durability hooks, which work on its private fields: the rework of the table's
-    # persistence (a public interface durability observes, issue 29) removes this cycle, and then this line.
-    frozenset({"apexrl.replay_server.table", "apexrl.replay_server.durability.table_hooks"}),
-}
+ALLOWED_CYCLES: set[frozenset[str]] = set()  # none: a cycle that must stay is listed here with its reason
 
 
 def modules() -> dict[str, Path]:
@@ -385,6 +381,7 @@ PURE_CORES = [
     "apexrl.replay_server.strata",
     "apexrl.replay_server.updates",
     "apexrl.replay_server.table",
+    "apexrl.replay_server.table_state",
     "apexrl.replay_server.table_config",
     "apexrl.replay_server.storage",
     "apexrl.replay_server.dedup",

@@ -366,7 +366,7 @@ def info_scalars(response: replay_pb2.InfoResponse) -> dict[str, object]:
 
 def exact_state(table) -> ShardState:
     """Copy an in-process ReplayTable's contents (reads the table's internals under its lock; nothing else runs)."""
-    with table._cond:
+    with table._lock:
         storage = {name: array.copy() for name, array in table._storage.items()}
         leaves = table._tree.get(np.arange(table.config.capacity))
         writers = dict(table._writers)

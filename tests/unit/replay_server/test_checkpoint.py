@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from apexrl.common.errors import FailedPreconditionError, UnavailableError
+from apexrl.common.errors import UnavailableError
 from apexrl.replay_server.durability.checkpoint import (
     CheckpointReader,
     CheckpointWriter,
     CorruptCheckpointError,
     write_snapshot,
 )
+from apexrl.replay_server.durability.snapshot import Snapshot
 from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch
 
@@ -72,7 +73,7 @@ def read_back(path: Path) -> dict[int, tuple]:
 
 
 def save(t: ReplayTable, path: Path, chunk_rows: int = 16) -> Path:
-    with t.begin_snapshot(chunk_rows) as snapshot:
+    with Snapshot.take(t, chunk_rows) as snapshot:
         write_snapshot(path, snapshot)
     return path
 
@@ -81,7 +82,7 @@ def restored(path: Path, **config) -> ReplayTable:
     t = table(**config)
     t.refuse_calls("restoring")
     with CheckpointReader(path) as reader:
-        t.restore(reader.state, reader.blocks())
+        t.load_state(reader.state, reader.blocks())
     t.refuse_calls(None)
     return t
 
@@ -187,7 +188,7 @@ def test_the_file_holds_no_pickle_and_a_footer_anyone_can_read(tmp_path):
 def test_the_snapshot_is_the_table_at_its_instant_whatever_changes_while_it_is_read(tmp_path):
     t = filled(rows=250)
     before, info = contents(t), t.info()
-    with t.begin_snapshot(16) as snapshot:
+    with Snapshot.take(t, 16) as snapshot:
         writer = CheckpointWriter(tmp_path / "c", snapshot.chunk_rows)
         next_id = 1000
         for i, (slot, columns, leaves) in enumerate(snapshot.chunks()):
@@ -211,32 +212,49 @@ def test_rows_an_insert_overwrites_while_their_chunk_is_being_copied_come_back(t
     snapshot marks it copied (or in the middle of the copy): the rows it overwrote were saved first and win."""
     t = filled()
     before = contents(t)
-    lock, next_id = t._cond, [3000]
+    next_id = [3000]
 
     class InsertThenLock:  # the snapshot's lock: an insert gets in just before each chunk is marked copied
+        def __init__(self, lock) -> None:
+            self.lock, self.inserting = lock, False
+
         def __enter__(self):
-            t.insert(cartpole_batch(9, next_id[0]), np.full(9, 5.0))
-            next_id[0] += 9
-            return lock.__enter__()
+            if not self.inserting:  # the insert itself takes this lock to save the rows it overwrites
+                self.inserting = True
+                t.insert(cartpole_batch(9, next_id[0]), np.full(9, 5.0))
+                next_id[0] += 9
+                self.inserting = False
+            return self.lock.__enter__()
 
         def __exit__(self, *exc):
-            return lock.__exit__(*exc)
+            return self.lock.__exit__(*exc)
 
-    with t.begin_snapshot(16) as snapshot:
-        snapshot._lock = InsertThenLock()
+    with Snapshot.take(t, 16) as snapshot:
+        snapshot._lock = InsertThenLock(snapshot._lock)
         path = tmp_path / "c"
         write_snapshot(path, snapshot)
         assert snapshot.saved_rows > 0
     assert read_back(path) == before
 
 
-def test_one_snapshot_at_a_time_and_none_while_the_table_refuses_calls(tmp_path):
+def test_snapshots_may_overlap_and_none_is_taken_while_the_table_refuses_calls(tmp_path):
+    """Each snapshot is a listener of its own: two open at once each come out as the table was when it began."""
     t = filled()
-    with t.begin_snapshot(16), pytest.raises(FailedPreconditionError, match="already being taken"):
-        t.begin_snapshot(16)
+    first_contents = contents(t)
+    with Snapshot.take(t, 16) as first:
+        t.insert(cartpole_batch(30, 7000), np.full(30, 3.0))
+        second_contents = contents(t)
+        with Snapshot.take(t, 16) as second:
+            t.insert(cartpole_batch(50, 8000), np.full(50, 4.0))
+            write_snapshot(tmp_path / "second", second)
+        t.insert(cartpole_batch(50, 9000), np.full(50, 5.0))
+        write_snapshot(tmp_path / "first", first)
+    assert read_back(tmp_path / "first") == first_contents
+    assert read_back(tmp_path / "second") == second_contents
+    assert first.saved_rows > 0 and second.saved_rows > 0
     t.refuse_calls("restoring its checkpoint")
     with pytest.raises(UnavailableError, match="restoring its checkpoint"):
-        t.begin_snapshot(16)
+        Snapshot.take(t, 16)
     with pytest.raises(UnavailableError):
         t.sample(1)
     assert t.info().size == 100  # Info keeps answering
@@ -302,10 +320,10 @@ def test_a_failed_restore_leaves_an_empty_table_ready_for_the_next(tmp_path):
     t = table()
     t.refuse_calls("restoring")
     with pytest.raises(CorruptCheckpointError), CheckpointReader(bad) as reader:
-        t.restore(reader.state, reader.blocks())
+        t.load_state(reader.state, reader.blocks())
     assert t.info().size == 0
     with CheckpointReader(good) as reader:
-        t.restore(reader.state, reader.blocks())
+        t.load_state(reader.state, reader.blocks())
     t.refuse_calls(None)
     assert contents(t) == read_back(good)
 
@@ -347,7 +365,7 @@ def compressed_contents(t: ReplayTable) -> dict[int, tuple]:
 
 def test_compressed_fields_and_row_writers_round_trip_frame_for_frame(tmp_path):
     from apexrl.common.compression import CompressedColumn
-    from apexrl.replay_server.durability.snapshot import ROW_WRITER
+    from apexrl.replay_server.table_state import ROW_WRITER
 
     t = compressed_filled()
     before, info = compressed_contents(t), t.info()

@@ -61,7 +61,7 @@ def test_a_checkpoint_being_written_or_failed_mid_write_leaves_nothing_under_its
     final = tmp_path / "checkpoint-0000000002.apexrl"
     errors: list[BaseException] = []
 
-    with t.begin_snapshot(chunk_rows=50) as snapshot:
+    with Snapshot.take(t, chunk_rows=50) as snapshot:
         paused = PausedSnapshot(snapshot)
 
         def write() -> None:

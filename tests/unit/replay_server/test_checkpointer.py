@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from apexrl.common.errors import FailedPreconditionError
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import Signature
+from apexrl.replay_server.admission import NotReadyError
 from apexrl.replay_server.durability.checkpointer import Checkpointer, signature_difference
 from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch, wait_until
@@ -288,5 +288,5 @@ def test_the_rate_limiter_starts_afresh_after_a_restore(tmp_path):
     restored.sample(
         10
     )  # 20 sampled for 0 inserted: at the tolerance (each call looks at the state before it)
-    with pytest.raises(FailedPreconditionError, match="rate limiter"):
-        restored.sample(10, wait=False)
+    with pytest.raises(NotReadyError, match="rate limiter"):
+        restored.sample(10)

@@ -28,7 +28,7 @@ class Recorder:
 
     def __call__(self, columns, priorities, sequence: int) -> InsertResult:
         self.calls.append((float(columns["x"][0]), len(columns["x"]), sequence))
-        return self.table.insert(columns, priorities, writer_id=self.writer_id, sequence=sequence, timeout=0)
+        return self.table.insert(columns, priorities, writer_id=self.writer_id, sequence=sequence)
 
 
 def store_all(merged: MergedBatches, insert) -> list:

@@ -129,7 +129,7 @@ def test_what_is_refused(tmp_path):
 
 def test_compressed_rows_are_resharded_frame_for_frame_with_their_writers(tmp_path):
     from apexrl.common.compression import decompress
-    from apexrl.replay_server.durability.snapshot import ROW_WRITER
+    from apexrl.replay_server.table_state import ROW_WRITER
     from tests.conftest import frame_ids, pixel_batch
 
     sources = [tmp_path / "a", tmp_path / "b"]

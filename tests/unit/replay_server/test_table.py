@@ -3,21 +3,19 @@ signatures, default priorities, incarnations, sampling, rate limiting and shutdo
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 import pytest
 from scipy import stats
 
 from apexrl.common.errors import (
-    DeadlineExceededError,
-    FailedPreconditionError,
     InvalidArgumentError,
     UnavailableError,
 )
 from apexrl.common.signature import Signature
+from apexrl.replay_server.admission import NotReadyError
+from apexrl.replay_server.durability.snapshot import Snapshot
 from apexrl.replay_server.table import ReplayTable, TableConfig
+from apexrl.replay_server.table_state import TableListener
 from tests.conftest import cartpole_batch
 
 
@@ -249,112 +247,73 @@ def test_batch_size_must_be_within_limits():
 # --- waiting, rate limiting, shutdown ------------------------------------------------------------------------------
 
 
-class Blocked:
-    """A call run in a thread; `waiting` is set once the table holds it (the table polls is_active while it waits)."""
-
-    def __init__(self, call, **kwargs) -> None:
-        self.waiting = threading.Event()
-        self.result = self.error = None
-
-        def is_active() -> bool:
-            self.waiting.set()
-            return True
-
-        def run() -> None:
-            try:
-                self.result = call(is_active=is_active, **kwargs)
-            except Exception as err:  # noqa: BLE001 (the test inspects it)
-                self.error = err
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert self.waiting.wait(10), "the call never waited"
-
-    def join(self):
-        self.thread.join(10)
-        assert not self.thread.is_alive(), "the call is still blocked"
-        return self
-
-
-def test_below_the_minimum_size_sample_fails_at_once_or_waits_for_its_deadline_or_an_insert():
+def test_below_the_minimum_size_a_sample_is_not_ready_until_an_insert_brings_the_table_there():
+    """The table never blocks: the server waits (waits.py), trying the call again as the table changes."""
     t = table(capacity=100, min_size_to_sample=5)
     t.insert(cartpole_batch(4))
-    with pytest.raises(FailedPreconditionError, match="holds 4 rows, fewer than min_size_to_sample \\(5\\)"):
-        t.sample(2, wait=False)
-    with pytest.raises(DeadlineExceededError, match="sample waited until its deadline: table holds 4 rows"):
-        t.sample(2, timeout=0.05)
-    with pytest.raises(DeadlineExceededError, match="the caller went away"):
-        t.sample(2, timeout=5, is_active=lambda: False)
-    waiting = Blocked(t.sample, batch_size=3, timeout=30)
-    t.insert(cartpole_batch(1, 4))  # the fifth row releases it
-    assert waiting.join().error is None and waiting.result.size == 5
+    with pytest.raises(
+        NotReadyError, match="sample not ready: table holds 4 rows, fewer than min_size_to_sample"
+    ):
+        t.sample(2)
+    t.insert(cartpole_batch(1, 4))  # the fifth row lets it go
+    assert t.sample(3).size == 5
 
 
-def test_a_sampler_ahead_of_the_ratio_waits_until_an_insert_lets_it_go():
+def test_a_sampler_ahead_of_the_ratio_is_not_ready_until_an_insert_lets_it_go():
     t = table(capacity=1000, samples_per_insert=1.0, samples_per_insert_tolerance=16)
     t.insert(cartpole_batch(32))
     t.sample(32)
     t.sample(32)  # diff 32 - 64 = -32 < -16
     with pytest.raises(
-        FailedPreconditionError, match="rate limiter: samples_per_insert 1.0: 64 rows sampled"
-    ):
-        t.sample(8, wait=False)
-    waiting = Blocked(t.sample, batch_size=8, timeout=30)
-    assert waiting.thread.is_alive()
+        NotReadyError, match="rate limiter: samples_per_insert 1.0: 64 rows sampled"
+    ) as refused:
+        t.sample(8)
+    assert refused.value.reason.startswith("rate limiter: ") and t.info().sampled_total == 64
     t.insert(cartpole_batch(32, 32))  # diff 0: sampling allowed again
-    assert waiting.join().error is None and waiting.result.size == 64
-    assert t.info().sampled_total == 72
+    assert t.sample(8).size == 64 and t.info().sampled_total == 72
 
 
-def test_a_writer_ahead_of_the_ratio_waits_until_samples_let_it_go():
+def test_a_writer_ahead_of_the_ratio_is_not_ready_until_samples_let_it_go():
     t = table(capacity=1000, samples_per_insert=1.0, samples_per_insert_tolerance=16)
     t.insert(cartpole_batch(32))  # diff 32 > 16: the next insert waits
-    with pytest.raises(DeadlineExceededError, match="insert waited until its deadline: rate limiter"):
-        t.insert(cartpole_batch(8, 32), timeout=0.05)
-    waiting = Blocked(t.insert, columns=cartpole_batch(8, 32), writer_id="w", sequence=1, timeout=30)
-    assert t.info().inserted_total == 32  # held, not stored
+    with pytest.raises(NotReadyError, match="insert not ready: rate limiter"):
+        t.insert(cartpole_batch(8, 32), writer_id="w", sequence=1)
+    assert t.info().inserted_total == 32  # held, not stored, and its sequence not used up
     t.sample(16)  # diff 16: inserting allowed again
-    assert waiting.join().error is None and waiting.result.first_key == 32
+    assert t.insert(cartpole_batch(8, 32), writer_id="w", sequence=1).first_key == 32
     assert t.info().inserted_total == 40
 
 
-def test_close_wakes_every_waiting_call_with_unavailable():
-    """A shard shutting down answers its waiting calls at once (UNAVAILABLE: try another shard) instead of letting
-    them run into their deadlines; a sampler and a writer can never wait on one table together, so two tables."""
-    empty = table(capacity=100, min_size_to_sample=50)
-    empty.insert(cartpole_batch(10))
-    samplers = [Blocked(empty.sample, batch_size=4, timeout=60) for _ in range(3)]
-    full = table(capacity=1000, samples_per_insert=1.0, samples_per_insert_tolerance=16)
-    full.insert(cartpole_batch(32))
-    writer = Blocked(full.insert, columns=cartpole_batch(4, 32), timeout=60)
-    for t in (empty, full):
-        t.close()
-    for call in [*samplers, writer]:
-        assert isinstance(call.join().error, UnavailableError), call.error
-        assert "replay table is shutting down" in str(call.error)
-    assert full.info().inserted_total == 32 and empty.info().sampled_total == 0
-    with pytest.raises(UnavailableError):
-        empty.insert(cartpole_batch(50, 10))  # no new call is held either, ready or not
-    with pytest.raises(UnavailableError):
-        full.sample(1)
+def test_a_closed_table_answers_inserts_and_samples_unavailable_ready_or_not():
+    """A shard shutting down answers at once (UNAVAILABLE: try another shard); priority updates still land."""
+    t = table(capacity=100, min_size_to_sample=50)
+    t.insert(cartpole_batch(60))
+    t.close()
+    for call in (lambda: t.insert(cartpole_batch(1, 60)), lambda: t.sample(1)):
+        with pytest.raises(UnavailableError, match="replay table is shutting down"):
+            call()
+    assert t.update_priorities(np.arange(3), np.full(3, 2.0)).applied == 3
+    assert t.info().inserted_total == 60 and t.info().sampled_total == 0
 
 
-def test_blocked_seconds_count_how_long_writers_and_samplers_were_held_back():
+def test_blocked_seconds_count_from_a_sides_first_refusal_to_its_admission(monkeypatch):
+    from apexrl.replay_server import admission
+
+    now = [100.0]
+    monkeypatch.setattr(admission.time, "monotonic", lambda: now[0])
     t = table(capacity=1000, samples_per_insert=1.0, samples_per_insert_tolerance=16)
     assert t.blocked_seconds() == {"insert": 0.0, "sample": 0.0}
-    t.insert(cartpole_batch(32))  # diff 32 > 16: the next insert waits
-    start = time.monotonic()
-    with pytest.raises(DeadlineExceededError):
-        t.insert(cartpole_batch(8, 32), timeout=0.6)  # held back for its whole deadline
-    waited = time.monotonic() - start
-    blocked = t.blocked_seconds()
-    assert 0.3 <= blocked["insert"] <= waited and blocked["sample"] == 0.0
-    writer = Blocked(t.insert, columns=cartpole_batch(8, 32), timeout=30)
+    t.insert(cartpole_batch(32))  # diff 32 > 16: the next insert is held back
+    for _ in range(3):  # the server tries again every 0.25 s at most
+        with pytest.raises(NotReadyError):
+            t.insert(cartpole_batch(8, 32))
+        now[0] += 0.25
     t.sample(16)  # lets the writer go; its wait is added when it is admitted
-    assert writer.join().error is None
-    assert t.blocked_seconds()["insert"] >= blocked["insert"]
-    t.sample(8, timeout=1)  # admitted at once: samples were never held back
-    assert t.blocked_seconds()["sample"] == 0.0
+    t.insert(cartpole_batch(8, 32))
+    assert t.blocked_seconds() == {"insert": 0.75, "sample": 0.0}
+    now[0] += 10.0
+    t.sample(8)  # admitted at once: samples were never held back
+    assert t.blocked_seconds() == {"insert": 0.75, "sample": 0.0}
 
 
 # --- compressed fields and capacity in bytes ---------------------------------------------------------------------
@@ -455,7 +414,7 @@ def test_rows_evicted_by_bytes_while_a_snapshot_is_read_come_back_in_it():
     for i in range(3):
         t.insert(pixel_batch(10, 10 * i), writer_id="w", sequence=i)
     held = t.info().size
-    snapshot = t.begin_snapshot(chunk_rows=8)
+    snapshot = Snapshot.take(t, chunk_rows=8)
     for i in range(3, 8):
         t.insert(
             pixel_batch(10, 10 * i), writer_id="w", sequence=i
@@ -480,7 +439,14 @@ def test_rows_evicted_by_bytes_while_a_snapshot_is_read_come_back_in_it():
     assert ids == list(range(30 - held, 30))
 
 
-# --- the journal (write-ahead log hook) ----------------------------------------------------------------------------
+# --- listeners (the write-ahead log's and a snapshot's way in) -----------------------------------------------------
+
+
+class Journal(TableListener):
+    """A listener that hands each batch about to be stored to `storing` (as the write-ahead log does)."""
+
+    def __init__(self, storing) -> None:
+        self.storing = storing
 
 
 def _disk_full(*batch) -> None:
@@ -497,7 +463,8 @@ def test_a_journal_that_raises_fails_the_insert_and_leaves_the_table_unchanged()
         dict(t._writers),
         t._tree.leaf_values().copy(),
     )  # white box: exact state
-    t.set_journal(_disk_full)
+    journal = Journal(_disk_full)
+    t.add_listener(journal)
     with pytest.raises(OSError, match="No space left on device"):
         t.insert(cartpole_batch(10, 10), np.full(10, 7.0), writer_id="w", sequence=2)
     with pytest.raises(OSError, match="No space left on device"):
@@ -506,18 +473,19 @@ def test_a_journal_that_raises_fails_the_insert_and_leaves_the_table_unchanged()
     assert dict(t._writers) == writers and t.next_key == 10
     np.testing.assert_array_equal(t._tree.leaf_values(), leaves)
     assert t.insert(cartpole_batch(10, 10), writer_id="w", sequence=1).duplicate  # de-duplication as before
-    t.set_journal(None)
+    t.remove_listener(journal)
     result = t.insert(cartpole_batch(10, 10), writer_id="w", sequence=2)  # the sequence was not used up
     assert (result.first_key, result.rows, result.duplicate) == (10, 10, False)
 
 
 def test_a_first_insert_the_journal_refuses_fixes_no_signature():
     t = table()
-    t.set_journal(_disk_full)
+    journal = Journal(_disk_full)
+    t.add_listener(journal)
     with pytest.raises(OSError):
         t.insert(cartpole_batch(3))
     assert t.signature is None and t.info().size == 0
-    t.set_journal(None)
+    t.remove_listener(journal)
     t.insert({"x": np.zeros((2, 3), np.int8)})  # another signature is still free to come first
     assert str(t.signature) == "x:int8[3]"
 
@@ -529,7 +497,7 @@ def test_the_journal_sees_each_batch_before_the_table_changes_with_the_prioritie
     def journal(first_key, columns, priorities, writer_id, sequence):
         seen.append((first_key, t.next_key, priorities.tolist(), writer_id, sequence))
 
-    t.set_journal(journal)
+    t.add_listener(Journal(journal))
     t.insert(cartpole_batch(2), np.array([3.0, 4.0]), writer_id="w", sequence=7)
     t.insert(cartpole_batch(2, 2))  # no priorities: the largest seen
     assert seen == [(0, 0, [3.0, 4.0], "w", 7), (2, 2, [4.0, 4.0], "", 0)]
@@ -538,7 +506,7 @@ def test_the_journal_sees_each_batch_before_the_table_changes_with_the_prioritie
 def test_an_insert_that_fails_after_its_batch_was_journalled_stops_inserts(monkeypatch):
     """The log then holds keys the table does not: a later batch must not be logged under the same keys."""
     t = table(capacity=100)
-    t.set_journal(lambda *batch: None)
+    t.add_listener(Journal(lambda *batch: None))
 
     def broken(*args, **kwargs):
         raise MemoryError

@@ -14,6 +14,7 @@ import pytest
 from apexrl.common.errors import UnavailableError
 from apexrl.replay_server.durability import wal as wal_module
 from apexrl.replay_server.durability.checkpointer import Checkpointer
+from apexrl.replay_server.durability.snapshot import Snapshot
 from apexrl.replay_server.durability.wal import WriteAheadLog
 from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch, wait_until
@@ -51,14 +52,14 @@ def replayed(directory, restored_from: ReplayTable | None = None, **config) -> R
     t = table(**config)
     t.refuse_calls("restoring")
     if restored_from is not None:
-        t.restore(*_state_and_blocks(restored_from))
+        t.load_state(*_state_and_blocks(restored_from))
     WriteAheadLog(directory).replay(t, restored=restored_from is not None)
     t.refuse_calls(None)
     return t
 
 
 def _state_and_blocks(source: ReplayTable):
-    snapshot = source.begin_snapshot(64)
+    snapshot = Snapshot.take(source, 64)
     blocks = []
     for slot, columns, leaves in snapshot.chunks():
         blocks.append((slot, columns, leaves))
@@ -94,7 +95,7 @@ def test_replay_after_a_checkpoint_skips_what_the_checkpoint_holds(tmp_path):
     original, log = logged(tmp_path, 10)
     at_checkpoint = table()
     at_checkpoint.refuse_calls("r")
-    at_checkpoint.restore(*_state_and_blocks(original))
+    at_checkpoint.load_state(*_state_and_blocks(original))
     at_checkpoint.refuse_calls(None)
     logged(tmp_path, 10, t=original, start=10)
     t = replayed(tmp_path, restored_from=at_checkpoint)
@@ -169,7 +170,7 @@ def test_a_log_of_another_lineage_is_never_replayed(tmp_path, caplog):
     other.insert(cartpole_batch(10))
     t = table()
     t.refuse_calls("r")
-    t.restore(*_state_and_blocks(other))  # a checkpoint of another history (e.g. made by resharding)
+    t.load_state(*_state_and_blocks(other))  # a checkpoint of another history (e.g. made by resharding)
     with caplog.at_level(logging.WARNING, "apexrl.replay.wal"):
         assert WriteAheadLog(tmp_path).replay(t, restored=True) == 0
     assert t.next_key == 10 and "belongs to another history" in caplog.text
@@ -267,7 +268,7 @@ def test_a_record_whose_checksum_holds_but_cannot_be_replayed_is_a_gap_and_never
     again = WriteAheadLog(tmp_path)
     t2 = table()
     t2.refuse_calls("r")
-    t2.restore(*checkpoint)
+    t2.load_state(*checkpoint)
     again.replay(t2, restored=True)
     t2.refuse_calls(None)
     assert again.stats.wal_replay_gaps == 0
