@@ -36,8 +36,8 @@ from apexrl.common.settings import SettingsError
 from apexrl.common.signature import ROW_VERSION_COLUMN
 from apexrl.common.tls import tls_of
 from apexrl.parameter_server.client import ParameterClient
-from apexrl.replay_server.client import ReplayClient
-from apexrl.replay_server.sharded_writer import ShardedWriter
+from apexrl.replay_server.client.replay_client import ReplayClient
+from apexrl.replay_server.client.sharded_writer import ShardedWriter
 
 log = logging.getLogger("apexrl.actor")
 

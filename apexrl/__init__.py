@@ -8,7 +8,7 @@
         result = run.wait()
 
 Each name is imported on first use, so `import apexrl` loads neither torch nor gymnasium (the SDK's clients live
-beside their services: `apexrl.replay_server.client`, `apexrl.parameter_server.client`, re-exported by
+beside their services: `apexrl.replay_server.client.replay_client`, `apexrl.parameter_server.client`, re-exported by
 `apexrl.actor` and `apexrl.learner`).
 """
 

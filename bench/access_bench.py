@@ -33,7 +33,7 @@ from harness.baseline import ROOT, baseline_pythonpath, describe, imported_from
 from harness.processes import Child, Children, shard_argv, wait_healthy
 from harness.report import load_line, metadata, progress, render_table, write_json
 
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 
 SIGNATURE = "obs:float32[4],action:int64[],reward:float32[],discount:float32[],next_obs:float32[4]"
 TOKENS = {
@@ -121,7 +121,7 @@ def main() -> int:
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")])),
         }
-        if not imported_from("apexrl.replay_server.service", old_env, workdir).is_relative_to(workdir):
+        if not imported_from("apexrl.replay_server.server.service", old_env, workdir).is_relative_to(workdir):
             raise RuntimeError("the baseline shard would not import the baseline's code")
         old = Child("baseline", common + ["--token-file", fleet_file], workdir, env=old_env, cwd=workdir)
         children.started.append(old)
@@ -139,9 +139,9 @@ def main() -> int:
                 TOKENS["learner"],
             ),
         }
-        if not imported_from("apexrl.replay_server.service", dict(os.environ), str(ROOT)).is_relative_to(
-            ROOT
-        ):
+        if not imported_from(
+            "apexrl.replay_server.server.service", dict(os.environ), str(ROOT)
+        ).is_relative_to(ROOT):
             raise RuntimeError("this checkout's shards would not import its code")
         wait_healthy([child for child, _, _ in shards.values()])
         results: dict[str, dict[str, list[float]]] = {mode: {f: [] for f in FIGURES} for mode in shards}

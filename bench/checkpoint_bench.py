@@ -65,7 +65,7 @@ def shard(workdir: str, name: str, capacity: int, *extra: str) -> Child:
 
 def fill(address: str, capacity: int) -> float:
     """Insert `capacity` rows through the SDK; return rows/s."""
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     rng = np.random.default_rng(0)
     batch, pri = cartpole_batch(FILL_BATCH, rng), priorities(FILL_BATCH, rng)
@@ -221,7 +221,7 @@ def restore_time(workdir: str, directory: str, capacity: int) -> dict:
 
 def wal_throughput(workdir: str, capacity: int, seconds: float, rows: int, wal: bool) -> float:
     """Insert rows/s through the SDK (the acknowledged stream, 32 batches in flight) into a fresh shard."""
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     directory = os.path.join(workdir, f"wal-{wal}")
     extra = ["--checkpoint-dir", os.path.join(directory, "ck"), "--checkpoint-every", "0"]

@@ -17,9 +17,9 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from apexrl.common.errors import ApexError
-from apexrl.replay_server.admission import NotReadyError
-from apexrl.replay_server.table import ReplayTable
-from apexrl.replay_server.types import SampledBatch, ShardInfo, ShardTotals
+from apexrl.replay_server.core.admission import NotReadyError
+from apexrl.replay_server.core.table import ReplayTable
+from apexrl.replay_server.core.types import SampledBatch, ShardInfo, ShardTotals
 
 T = TypeVar("T")
 

@@ -282,7 +282,7 @@ def fill_env_shards(addresses: list[str], columns: dict, seed: int) -> float:
     """Split the rows evenly over the shards (SDK inserts, random priorities); bytes per stored row, as the
     shards count them."""
     from apexrl.common.compression import take_rows
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     rng = np.random.default_rng(seed)
     per_shard = len(columns["action"]) // len(addresses)

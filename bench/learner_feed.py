@@ -41,7 +41,7 @@ def batches(columns: dict[str, np.ndarray], priorities: np.ndarray) -> Iterator[
 
 def fill_shards(addresses: Sequence[str], data: Sequence[Rows]) -> float:
     """Insert each shard's rows through the SDK; returns the seconds it took."""
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     t0 = time.perf_counter()
     for address, (columns, pri) in zip(addresses, data, strict=True):
@@ -55,7 +55,7 @@ def fill_shards(addresses: Sequence[str], data: Sequence[Rows]) -> float:
 def build_tables(data: Sequence[Rows], capacity: int, alpha: float, seed: int) -> list:
     """In-process tables with the shards' TableConfig and seeds, filled with the same rows in the same
     batches."""
-    from apexrl.replay_server.table import ReplayTable, TableConfig
+    from apexrl.replay_server.core.table import ReplayTable, TableConfig
 
     tables = []
     for i, (columns, pri) in enumerate(data):
@@ -68,7 +68,7 @@ def build_tables(data: Sequence[Rows], capacity: int, alpha: float, seed: int) -
 
 def reset_priorities(addresses: Sequence[str], tables: Sequence, data: Sequence[Rows]) -> None:
     """Set every row's priority back to its initial value, on the shards and in the tables."""
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     for address, table, (_, pri) in zip(addresses, tables, data, strict=True):
         keys = np.arange(len(pri), dtype=np.uint64)
@@ -88,7 +88,7 @@ def check_same_contents(addresses: Sequence[str], tables: Sequence, data: Sequen
 
 
 def _check_pair(address: str, table, columns: dict[str, np.ndarray]) -> dict:
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     with ReplayClient(address, timeout=60) as client:
         remote = client.info()

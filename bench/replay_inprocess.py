@@ -29,7 +29,7 @@ BETA = 0.4  # importance-sampling exponent of the cycle
 def measure_in_process(
     results: Results, timing: Timing, capacity: int, atari_capacity: int, rng: np.random.Generator
 ) -> None:
-    from apexrl.replay_server.table import ReplayTable, TableConfig
+    from apexrl.replay_server.core.table import ReplayTable, TableConfig
 
     section = f"in-process ({capacity:,} slots, CartPole rows)"
     measure_sum_tree(results, section, timing, capacity, rng)
@@ -52,7 +52,7 @@ def _pools(rng: np.random.Generator, high: int | None = None) -> tuple[list[np.n
 def measure_sum_tree(
     results: Results, section: str, timing: Timing, capacity: int, rng: np.random.Generator
 ) -> None:
-    from apexrl.replay_server.sum_tree import SumTree
+    from apexrl.replay_server.core.sum_tree import SumTree
 
     progress(f"in-process: SumTree({capacity:,}) filled with random priorities")
     tree = SumTree(capacity, 0.6)

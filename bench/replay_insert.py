@@ -106,7 +106,7 @@ def sdk_insert(
     shard: Child, batch: dict[str, np.ndarray], pri: np.ndarray, timing: Timing, window: int
 ) -> tuple[Measurement, int, int, int]:
     """The measurement, and the batches, requests and acks of the whole run (warm-up included)."""
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     last = [0]  # the last batch's sequence number: batches are numbered 1, 2, ...
 

@@ -94,7 +94,7 @@ def measure_insert(
     results: Results, shard, kind: str, columns: dict, batch_rows: int, timing: Timing, window: int
 ) -> None:
     from apexrl.common.compression import column_nbytes
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     rows = len(columns["action"])
     batches = [
@@ -128,7 +128,7 @@ def measure_insert(
 
 
 def fill(address: str, columns: dict) -> None:
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     with ReplayClient(address, timeout=300) as client:
         rows = len(columns["action"])
@@ -138,7 +138,7 @@ def fill(address: str, columns: dict) -> None:
 
 
 def measure_bytes(results: Results, shards: dict) -> None:
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     per_row = {}
     for kind, shard in shards.items():

@@ -34,7 +34,7 @@ RATIO_STREAM_UPDATE = 0.8  # StreamUpdatePriorities
 def fill_shard(address: str, capacity: int, rng: np.random.Generator) -> float | None:
     """Insert CartPole rows through the SDK until the shard holds `capacity`; the rows/s, or None if it was
     already full."""
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     progress(f"filling the shard to {capacity:,} rows with batches of {FILL_BATCH:,}")
     batch = cartpole_batch(FILL_BATCH, rng)
@@ -86,7 +86,7 @@ class FullShard:
 def open_full_shard(shard: Child, rng: np.random.Generator, batches: int) -> FullShard:
     from apexrl.proto import replay_pb2
     from apexrl.replay_server import wire
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     client = ReplayClient(shard.address, timeout=60)
     info = client.info()

@@ -57,7 +57,7 @@ def fit(costs: dict[int, float]) -> tuple[float, float]:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     with tempfile.TemporaryDirectory(prefix="scaling_model_") as workdir, Children(workdir) as children:
         shard = children.start_shard("shard", args.rows, seed=0)

@@ -1,5 +1,5 @@
 """Public names of a package that load their modules on first use (PEP 562), so that importing one core module
-(`apexrl.replay_server.sum_tree`) does not load the package's clients, gRPC and protobuf with it."""
+(`apexrl.replay_server.core.sum_tree`) does not load the package's clients, gRPC and protobuf with it."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ log = logging.getLogger("apexrl")
 
 # subcommand -> module
 SUBCOMMANDS: dict[str, str] = {
-    "replay": "apexrl.replay_server.main",
+    "replay": "apexrl.replay_server.server.main",
     "replay-reshard": "apexrl.replay_server.durability.reshard",
     "params": "apexrl.parameter_server.main",
     "actor": "apexrl.actor.main",

@@ -33,7 +33,7 @@ from apexrl.launcher.fleet_config import (
 )
 from apexrl.launcher.topology import Role, Wiring, roles_on
 from apexrl.learner.config import LearnerConfig
-from apexrl.replay_server.config import ReplayConfig
+from apexrl.replay_server.server.config import ReplayConfig
 
 # Role kind -> (apexrl subcommand, its settings dataclass).
 SUBCOMMANDS: dict[str, tuple[str, type]] = {

@@ -71,7 +71,7 @@ from apexrl.launcher.fleet_config import (
 )
 from apexrl.launcher.topology import validate
 from apexrl.learner.config import LearnerConfig
-from apexrl.replay_server.config import ReplayConfig
+from apexrl.replay_server.server.config import ReplayConfig
 
 _TOP_KEYS = ("fleet", "hosts", "shard", "learner", "actors", "evaluator")
 

@@ -1,7 +1,7 @@
 """How a draw of batches is spread over the shards and cut back into batches (ARCHITECTURE §3), pure numpy.
 
 Each batch gets its own allocation k_s ~ Multinomial(B, share_s) over the sampleable shards (one multinomial per
-batch, shares from replay_server/probabilities.py); a shard's rows of every batch then travel in as few Sample
+batch, shares from replay_server/core/probabilities.py); a shard's rows of every batch then travel in as few Sample
 calls as its largest batch allows (`plan_calls`), each call asking for its pieces as separately stratified batches
 (SampleRequest.batch_rows), and each answer is cut back into its pieces (`cut`)."""
 
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from apexrl.learner.prioritized_batch import AnswerRows
-from apexrl.replay_server.probabilities import shard_shares
-from apexrl.replay_server.types import SampledBatch, ShardTotals
+from apexrl.replay_server.core.probabilities import shard_shares
+from apexrl.replay_server.core.types import SampledBatch, ShardTotals
 
 Piece = tuple[int, int]  # (batch, rows): one batch's rows from one shard
 

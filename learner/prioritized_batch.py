@@ -4,7 +4,7 @@ whole fleet and PER/Ape-X importance weights.
 Row i of shard s was drawn with P(i) = share_s * (p_i / T_s'), share_s being the shard's share of the allocation
 and T_s' its total when it answered. w_i = (N * P(i))^-beta / max_j w_j with N the rows of the shards the
 allocation covered and the maximum taken over all of their rows through each shard's minimum priority
-(replay_server/probabilities.py), so a shard left out of the allocation counts neither in N nor in the maximum.
+(replay_server/core/probabilities.py), so a shard left out of the allocation counts neither in N nor in the maximum.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from apexrl.common.compression import CompressedColumn, concatenate, take_rows
-from apexrl.replay_server.probabilities import importance_weights, smallest_probability
-from apexrl.replay_server.types import SampledBatch, ShardTotals
+from apexrl.replay_server.core.probabilities import importance_weights, smallest_probability
+from apexrl.replay_server.core.types import SampledBatch, ShardTotals
 
 
 @dataclass(frozen=True)

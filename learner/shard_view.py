@@ -13,7 +13,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from apexrl.replay_server.types import SampledBatch, ShardInfo, ShardTotals
+from apexrl.replay_server.core.types import SampledBatch, ShardInfo, ShardTotals
 
 T_co = TypeVar("T_co", covariant=True)
 

@@ -45,8 +45,8 @@ from apexrl.learner.allocation import Piece, allocate, call_rows, cut, plan_call
 from apexrl.learner.prioritized_batch import AnswerRows, PrioritizedBatch, assemble
 from apexrl.learner.priority_writeback import PriorityWriteback
 from apexrl.learner.shard_view import PrioritySink, ResultFuture, Shard, ShardView
-from apexrl.replay_server.client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
-from apexrl.replay_server.types import SampledBatch, ShardTotals
+from apexrl.replay_server.client.replay_client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
+from apexrl.replay_server.core.types import SampledBatch, ShardTotals
 
 # The batch and the seam are imported from here too (apexrl.learner re-exports them).
 __all__ = ["PrioritizedBatch", "PrioritySink", "ResultFuture", "Shard", "ShardedReplayClient"]

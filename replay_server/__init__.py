@@ -1,6 +1,8 @@
-"""Replay shard: a prioritized FIFO table (sum_tree.py, table.py; its results as plain types in types.py) served
-over gRPC (service.py, main.py), and its client (client.py); wire.py encodes the types both sides share. Durability
-(snapshots, checkpoints, the write-ahead log, resharding) lives in the durability/ subpackage.
+"""Replay shard, one folder a floor: core/ (the sum tree, the table and their plain types: numpy only),
+durability/ (snapshots, checkpoints, the write-ahead log, resharding: on the table's public interface), server/ (the
+servicer and its edge, the shard's settings and main) and client/ (the SDK's ReplayClient and ShardedWriter);
+wire.py, here, encodes the types both sides share. Which floor may import which is written once, by folder, in
+tests/unit/test_import_rules.py (REPLAY_FLOORS).
 
 The shard needs no torch; install apexrl without the `train` extra for a small replay image.
 """
@@ -12,26 +14,29 @@ from typing import TYPE_CHECKING
 from apexrl.common.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from apexrl.replay_server.client import ReplayClient
-    from apexrl.replay_server.sum_tree import SumTree
-    from apexrl.replay_server.table import ReplayTable, TableConfig
-    from apexrl.replay_server.types import SampledBatch, ShardInfo, UpdateResult
+    from apexrl.replay_server.client.replay_client import ReplayClient
+    from apexrl.replay_server.client.sharded_writer import ShardedWriter
+    from apexrl.replay_server.core.sum_tree import SumTree
+    from apexrl.replay_server.core.table import ReplayTable, TableConfig
+    from apexrl.replay_server.core.types import SampledBatch, ShardInfo, UpdateResult
 
 # Public name -> the module that defines it; loaded on first use.
 _EXPORTS = {
-    "ReplayClient": "apexrl.replay_server.client",
-    "SumTree": "apexrl.replay_server.sum_tree",
-    "ReplayTable": "apexrl.replay_server.table",
-    "TableConfig": "apexrl.replay_server.table",
-    "SampledBatch": "apexrl.replay_server.types",
-    "ShardInfo": "apexrl.replay_server.types",
-    "UpdateResult": "apexrl.replay_server.types",
+    "ReplayClient": "apexrl.replay_server.client.replay_client",
+    "ShardedWriter": "apexrl.replay_server.client.sharded_writer",
+    "SumTree": "apexrl.replay_server.core.sum_tree",
+    "ReplayTable": "apexrl.replay_server.core.table",
+    "TableConfig": "apexrl.replay_server.core.table",
+    "SampledBatch": "apexrl.replay_server.core.types",
+    "ShardInfo": "apexrl.replay_server.core.types",
+    "UpdateResult": "apexrl.replay_server.core.types",
 }
 __all__ = [
     "ReplayClient",
     "ReplayTable",
     "SampledBatch",
     "ShardInfo",
+    "ShardedWriter",
     "SumTree",
     "TableConfig",
     "UpdateResult",

@@ -31,10 +31,10 @@ RULES = ROOT / "monitoring" / "prometheus" / "rules.yml"
 
 
 def replay_registry() -> CollectorRegistry:
-    """`apexrl replay`: replay_server/main.py's registry, completed by create_replay_server."""
-    from apexrl.replay_server.main import metrics_registry
-    from apexrl.replay_server.service import create_replay_server
-    from apexrl.replay_server.table import ReplayTable, TableConfig
+    """`apexrl replay`: replay_server/server/main.py's registry, completed by create_replay_server."""
+    from apexrl.replay_server.core.table import ReplayTable, TableConfig
+    from apexrl.replay_server.server.main import metrics_registry
+    from apexrl.replay_server.server.service import create_replay_server
 
     table = ReplayTable(TableConfig(capacity=1))
     shard = create_replay_server(table, "127.0.0.1:0", registry=metrics_registry(table))

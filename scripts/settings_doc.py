@@ -19,8 +19,8 @@ from apexrl.learner.config import LearnerConfig
 from apexrl.learner.evaluate import EvaluateConfig
 from apexrl.learner.export import ExportConfig
 from apexrl.parameter_server.config import ParamsConfig
-from apexrl.replay_server.config import ReplayConfig
 from apexrl.replay_server.durability.reshard import ReshardConfig
+from apexrl.replay_server.server.config import ReplayConfig
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 # (command, dataclass, fleet-file table whose keys are the settings, keys that table uses for placement instead)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from apexrl.common.grpc_util import wait_for_health
-from apexrl.replay_server.service import create_replay_server
-from apexrl.replay_server.table import ReplayTable, TableConfig
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
+from apexrl.replay_server.server.service import create_replay_server
 
 # On CI (CI=true) a skip fails the run unless tests/allowed_skips.py lists it with its reason.
 # time_budget: every test within its budget, the slowest named at the end; reaper: what a test left running is stopped;

@@ -25,6 +25,7 @@ from apexrl.common.compression import CompressedColumn, take_rows
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.files import open_private
 from apexrl.common.signature import Signature
+from apexrl.replay_server.core.table_state import ROW_WRITER, TableState
 from apexrl.replay_server.durability.checkpoint_format import (
     COMPRESSED_FORMAT_VERSION,
     FORMAT_VERSION,
@@ -43,7 +44,6 @@ from apexrl.replay_server.durability.checkpoint_format import (
     writer_ids,
 )
 from apexrl.replay_server.durability.snapshot import Snapshot, chunks_holding
-from apexrl.replay_server.table_state import ROW_WRITER, TableState
 
 # Slots per chunk aim at this many bytes (about 0.2 ms of copying per critical section while a snapshot is read).
 CHUNK_BYTES = 1 << 20

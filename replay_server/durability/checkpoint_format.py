@@ -23,7 +23,7 @@ import numpy as np
 
 from apexrl.common.compression import CompressedColumn
 from apexrl.common.signature import Signature
-from apexrl.replay_server.table_state import TableState
+from apexrl.replay_server.core.table_state import TableState
 
 FORMAT_VERSION = 1
 # Files of tables with compressed fields (and so row writers) say 2, so an apexrl that cannot read them says why;

@@ -20,6 +20,9 @@ from pathlib import Path
 from apexrl.common.errors import InvalidArgumentError, UnavailableError
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import Signature
+from apexrl.replay_server.core.table import ReplayTable
+from apexrl.replay_server.core.table_state import TableState
+from apexrl.replay_server.core.types import CheckpointResult
 from apexrl.replay_server.durability.checkpoint import (
     CheckpointReader,
     CorruptCheckpointError,
@@ -30,9 +33,6 @@ from apexrl.replay_server.durability.checkpoint import (
 from apexrl.replay_server.durability.durability_metrics import DurabilityStats
 from apexrl.replay_server.durability.restore_checks import check_state, checked_blocks
 from apexrl.replay_server.durability.snapshot import Snapshot
-from apexrl.replay_server.table import ReplayTable
-from apexrl.replay_server.table_state import TableState
-from apexrl.replay_server.types import CheckpointResult
 
 log = logging.getLogger("apexrl.replay.checkpoint")
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from apexrl.common.compression import CompressedColumn, concatenate, take_rows
 from apexrl.common.settings import SettingsError, setting
+from apexrl.replay_server.core.table_state import TableState
 from apexrl.replay_server.durability.checkpoint import (
     CheckpointReader,
     CheckpointWriter,
@@ -33,7 +34,6 @@ from apexrl.replay_server.durability.checkpoint import (
     chunk_rows_for,
 )
 from apexrl.replay_server.durability.checkpointer import Checkpointer, signature_difference
-from apexrl.replay_server.table_state import TableState
 
 log = logging.getLogger("apexrl.replay.reshard")
 

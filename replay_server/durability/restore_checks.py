@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator, Mapping
 import numpy as np
 
 from apexrl.common.errors import InvalidArgumentError
-from apexrl.replay_server.table import MAX_PRIORITY, TableConfig, check_priorities
-from apexrl.replay_server.table_state import ROW_WRITER, TableState
+from apexrl.replay_server.core.table import MAX_PRIORITY, TableConfig, check_priorities
+from apexrl.replay_server.core.table_state import ROW_WRITER, TableState
 
 _KEY_LIMIT = 1 << 63  # keys travel as uint64 but the table computes with int64
 _WIRE_LIMIT = 1 << 64  # incarnations and sequence numbers are uint64 on the wire

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from apexrl.replay_server.table import ReplayTable
-from apexrl.replay_server.table_state import TableImage, TableListener, TableState
+from apexrl.replay_server.core.table import ReplayTable
+from apexrl.replay_server.core.table_state import TableImage, TableListener, TableState
 
 
 def chunks_holding(state: TableState, chunk_rows: int) -> list[int]:

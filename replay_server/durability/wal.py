@@ -43,6 +43,8 @@ import numpy as np
 from apexrl.common.errors import ApexError, UnavailableError
 from apexrl.common.files import PRIVATE, open_private
 from apexrl.common.signature import Signature
+from apexrl.replay_server.core.table import ReplayTable
+from apexrl.replay_server.core.table_state import TableListener
 from apexrl.replay_server.durability.checkpoint import fsync_directory
 from apexrl.replay_server.durability.durability_metrics import DurabilityStats
 from apexrl.replay_server.durability.wal_format import (
@@ -54,8 +56,6 @@ from apexrl.replay_server.durability.wal_format import (
     read_payloads,
     segment_name,
 )
-from apexrl.replay_server.table import ReplayTable
-from apexrl.replay_server.table_state import TableListener
 
 log = logging.getLogger("apexrl.replay.wal")
 

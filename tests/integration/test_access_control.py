@@ -24,8 +24,8 @@ from apexrl.common.signature import Signature
 from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
-from apexrl.replay_server.client import ReplayClient
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.client.replay_client import ReplayClient
+from apexrl.replay_server.core.table import TableConfig
 from tests.conftest import cartpole_batch, start_shard_process, wait_until
 from tests.integration.launcher.test_main import Launch
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 from tests.conftest import wait_until
 
 pytest_plugins = ("tests.support.fixtures",)

@@ -95,9 +95,9 @@ from apexrl.common.grpc_util import wait_for_health
 from apexrl.parameter_server.service import create_parameter_server
 from apexrl.parameter_server.store import WeightStore
 from apexrl.proto import replay_pb2, replay_pb2_grpc
-from apexrl.replay_server.client import ReplayClient
-from apexrl.replay_server.service import create_replay_server
-from apexrl.replay_server.table import ReplayTable, TableConfig
+from apexrl.replay_server.client.replay_client import ReplayClient
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
+from apexrl.replay_server.server.service import create_replay_server
 from tests.conftest import ShardProcess, cartpole_batch, start_shard_process
 from tests.integration.fuzzing import params, replay
 from tests.integration.fuzzing.mutations import chance, mangle, oversize_string_field
@@ -575,7 +575,7 @@ def test_parameter_service_process(params_process, rpc, data):
 
 @pytest.fixture(scope="module")
 def wal_shard(tmp_path_factory):
-    """An in-process shard wired as `apexrl replay --checkpoint-dir --wal` wires one (replay_server/main.py): the log
+    """An in-process shard wired as `apexrl replay --checkpoint-dir --wal` wires one (replay_server/server/main.py): the log
     journals every insert before the table stores it, acks wait for its fsync, checkpoints truncate it."""
     from apexrl.replay_server.durability.checkpointer import Checkpointer
     from apexrl.replay_server.durability.wal import WriteAheadLog

@@ -27,12 +27,12 @@ from apexrl.common.spaces import EnvSpaces
 from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
 from apexrl.replay_server.durability.checkpoint import write_snapshot
 from apexrl.replay_server.durability.snapshot import Snapshot
 from apexrl.replay_server.durability.wal import WriteAheadLog
-from apexrl.replay_server.service import create_replay_server
-from apexrl.replay_server.table import ReplayTable, TableConfig
+from apexrl.replay_server.server.service import create_replay_server
 from tests.conftest import cartpole_batch, wait_until
 from tests.integration.launcher.test_main import Launch
 from tests.support.certs import make_certs

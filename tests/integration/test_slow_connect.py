@@ -18,7 +18,7 @@ import pytest
 
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 
 HANDSHAKE_DELAY_S = 2.5  # past the old connect timeout (at most the 1 s reconnect backoff), well inside 20 s
 

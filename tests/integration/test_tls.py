@@ -36,7 +36,7 @@ from apexrl.learner.sharded_client import ShardedReplayClient
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
 from apexrl.proto import replay_pb2, replay_pb2_grpc
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 from tests.conftest import cartpole_batch, wait_until
 from tests.integration.launcher.test_main import Launch
 from tests.support.certs import SERVER_NAME, Certs, make_certs

@@ -33,9 +33,9 @@ from apexrl.common.metrics import add_process_metrics
 from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
-from apexrl.replay_server.client import ReplayClient
-from apexrl.replay_server.service import create_replay_server
-from apexrl.replay_server.table import ReplayTable, TableConfig
+from apexrl.replay_server.client.replay_client import ReplayClient
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
+from apexrl.replay_server.server.service import create_replay_server
 from tests.conftest import cartpole_batch
 from tests.support.certs import Identity, SecretVolume, issue
 

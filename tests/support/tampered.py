@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from apexrl.replay_server.core.table_state import TableState
 from apexrl.replay_server.durability.checkpoint import CheckpointReader, CheckpointWriter
 from apexrl.replay_server.durability.wal_format import PAYLOAD, RECORD, SEGMENT
-from apexrl.replay_server.table_state import TableState
 
 
 def rewrite_checkpoint(

@@ -1,10 +1,12 @@
-"""The module map's import rules (docs/architecture.md), enforced by parsing the imports of every module.
+"""The module map's import rules (docs/architecture.md §10 points here), enforced by parsing the imports of every
+module.
 
 Roles stand side by side on the SDK: clients live beside their services, the learner and the actor never import
-each other, only the wire edge (clients, servicers, wire modules, the codec and common's gRPC helpers) touches
-gRPC or generated code, the replay shard never imports torch, the launcher starts processes without loading
-models, and no two modules import each other, even lazily (one listed exception). A violation names the module,
-the line and the rule, so the structure cannot silently decay.
+each other, only the wire edge (the replay shard's server, client and wire floors, the parameter service's clients,
+servicers and wire module, the codec and common's gRPC helpers) touches gRPC or generated code, the replay shard is
+built in floors, one folder each (REPLAY_FLOORS: a new file inherits its folder's floor), the replay shard never
+imports torch, the launcher starts processes without loading models, and no two modules import each other, even
+lazily. A violation names the module, the line and the rule, so the structure cannot silently decay.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ PACKAGES = {
     "apexrl": "apexrl",
     "common": "apexrl.common",
     "replay_server": "apexrl.replay_server",
+    "replay_server/core": "apexrl.replay_server.core",
     "replay_server/durability": "apexrl.replay_server.durability",
+    "replay_server/server": "apexrl.replay_server.server",
+    "replay_server/client": "apexrl.replay_server.client",
     "parameter_server": "apexrl.parameter_server",
     "actor": "apexrl.actor",
     "learner": "apexrl.learner",
@@ -31,20 +36,26 @@ PACKAGES = {
     "algorithms/dqn": "apexrl.algorithms.dqn",
     "algorithms/dpg": "apexrl.algorithms.dpg",
 }
-# The only modules that may import grpc (and grpc_health / grpc_reflection) or the generated apexrl.proto code.
+# The replay shard's floors, one folder each: a module's floor is its folder, so a new file inherits the floor and
+# its rules. A floor may import its own modules and those of the floors listed for it, nothing else of the shard.
+# The package's root folder ("wire") holds wire.py, the encodings both sides share, and the lazy public names.
+REPLAY_FLOORS = {
+    "core": (),  # the pure data structures and the table
+    "durability": ("core",),  # snapshots, checkpoints, the write-ahead log: the table's public interface only
+    "wire": ("core",),  # the root: wire.py
+    "server": ("core", "durability", "wire"),  # the servicer and its edge, the shard's settings and main
+    "client": ("core", "wire"),  # the SDK: ReplayClient, its streams, ShardedWriter
+}
+REPLAY_PACKAGE = "apexrl.replay_server"
+# Floors that never load grpc or protobuf (checked in a fresh interpreter); the others are the shard's wire edge.
+GRPC_FREE_FLOORS = ("core", "durability")
+# The only modules outside the replay shard's edge floors that may import grpc (and grpc_health / grpc_reflection)
+# or the generated apexrl.proto code.
 WIRE_EDGE = {
     "apexrl.common.codec",
     "apexrl.common.aio_grpc",
     "apexrl.common.grpc_util",
     "apexrl.common.tls_reload",
-    "apexrl.replay_server.client",
-    "apexrl.replay_server.insert_stream",  # the client's Insert stream
-    "apexrl.replay_server.insert_batches",  # its batches and requests
-    "apexrl.replay_server.priority_stream",
-    "apexrl.replay_server.service",
-    "apexrl.replay_server.inserts",  # the servicer's Insert stream
-    "apexrl.replay_server.waits",  # the servicer's waiting calls
-    "apexrl.replay_server.wire",
     "apexrl.parameter_server.client",
     "apexrl.parameter_server.service",
     "apexrl.parameter_server.wire",
@@ -134,7 +145,9 @@ def test_the_tree_is_what_the_rules_describe():
     assert folders <= set(PACKAGES), f"packages the rules do not read: {sorted(folders - set(PACKAGES))}"
     names = set(modules())
     assert names >= WIRE_EDGE, f"wire-edge modules missing: {sorted(WIRE_EDGE - names)}"
-    assert {"apexrl.replay_server.client", "apexrl.parameter_server.client"} <= names
+    replay_folders = {p.name for p in (ROOT / "replay_server").iterdir() if (p / "__init__.py").exists()}
+    assert replay_folders == set(REPLAY_FLOORS) - {"wire"}, "every folder of replay_server/ is a floor"
+    assert {"apexrl.replay_server.client.replay_client", "apexrl.parameter_server.client"} <= names
     assert len(names) > 40
 
 
@@ -224,15 +237,61 @@ def test_services_and_common_do_not_import_the_roles_above_them():
 
 
 def test_no_client_imports_a_servicer():
-    clients = (
-        "apexrl.replay_server.client",
-        "apexrl.replay_server.priority_stream",
-        "apexrl.parameter_server.client",
-    )
+    """The replay client floor is held to this by REPLAY_FLOORS; the parameter client here."""
 
     def rule(module: str, target: str) -> str | None:
-        if module in clients and target.endswith(".service"):
+        if module == "apexrl.parameter_server.client" and target.endswith(".service"):
             return "a client shares wire helpers (wire.py) with its servicer, never the servicer itself"
+        return None
+
+    assert violations(rule) == []
+
+
+def replay_floor(module: str) -> str | None:
+    """The floor of a replay shard module (its folder; "wire" for the package's root), or None outside the shard."""
+    if not under(module, REPLAY_PACKAGE):
+        return None
+    folder = module[len(REPLAY_PACKAGE) + 1 :].split(".")[0] if module != REPLAY_PACKAGE else ""
+    return folder if folder in REPLAY_FLOORS else "wire"
+
+
+def in_wire_edge(module: str) -> bool:
+    floor = replay_floor(module)
+    return module in WIRE_EDGE or (floor is not None and floor not in GRPC_FREE_FLOORS)
+
+
+def test_every_replay_module_has_its_folder_as_its_floor():
+    floors = {module: replay_floor(module) for module in modules() if under(module, REPLAY_PACKAGE)}
+    assert len(floors) > 30 and set(floors.values()) == set(REPLAY_FLOORS)
+    assert replay_floor("apexrl.replay_server.core.anything_new") == "core"
+    assert replay_floor("apexrl.replay_server.wire") == replay_floor("apexrl.replay_server") == "wire"
+
+
+def replay_floor_lines() -> list[str]:
+    """docs/architecture.md's list of the replay floors, as REPLAY_FLOORS says it."""
+    return [
+        f"- `replay_server/{'' if floor == 'wire' else floor + '/'}`{' (wire.py)' if floor == 'wire' else ''}: "
+        + (", ".join(below) or "no other floor")
+        for floor, below in REPLAY_FLOORS.items()
+    ]
+
+
+def test_the_architecture_document_draws_the_floors_from_the_rule():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("<!-- replay floors:")[1].split("<!-- end of replay floors -->")[0]
+    assert block.splitlines()[1:] == replay_floor_lines(), (
+        "update docs/architecture.md §10 from REPLAY_FLOORS"
+    )
+
+
+def test_each_replay_floor_imports_only_the_floors_below_it():
+    def rule(module: str, target: str) -> str | None:
+        floor, reached = replay_floor(module), replay_floor(target)
+        if floor is None or reached is None or REPLAY_PACKAGE in (module, target) or reached == floor:
+            return None  # the package's __init__ is its public face: it names every floor's public types
+        if reached not in REPLAY_FLOORS[floor]:
+            allowed = ", ".join(REPLAY_FLOORS[floor]) or "no other floor"
+            return f"replay_server's {floor} floor may import {allowed} (REPLAY_FLOORS)"
         return None
 
     assert violations(rule) == []
@@ -240,7 +299,7 @@ def test_no_client_imports_a_servicer():
 
 def test_only_the_wire_edge_touches_grpc_and_generated_code():
     def rule(module: str, target: str) -> str | None:
-        if module not in WIRE_EDGE and under(target, GRPC):
+        if not in_wire_edge(module) and under(target, GRPC):
             return "only clients, servicers, wire modules, the codec and common's gRPC helpers may"
         return None
 
@@ -353,8 +412,8 @@ def test_a_rule_violation_is_caught(tmp_path):
     "module",
     [
         "apexrl",
-        "apexrl.replay_server.main",
-        "apexrl.replay_server.service",
+        "apexrl.replay_server.server.main",
+        "apexrl.replay_server.server.service",
         "apexrl.parameter_server.main",
         "apexrl.actor",
         "apexrl.learner",
@@ -370,57 +429,14 @@ def test_importing_the_shard_sdk_and_cli_loads_no_torch(module):
     assert out.stdout.split() == ["False", "False"], f"{module} pulled in torch or gymnasium: {out.stdout}"
 
 
-# Cores a shard, a tool or a test may import without the gRPC runtime: they raise apexrl errors, which the edge maps
-# to gRPC status codes (common/aio_grpc.py).
+# Modules a shard, a tool or a test may import without the gRPC runtime, beside the replay shard's grpc-free floors:
+# they raise apexrl errors, which the edge maps to gRPC status codes (common/aio_grpc.py).
 PURE_CORES = [
     "apexrl.common.errors",
-    "apexrl.replay_server.sum_tree",
-    "apexrl.replay_server.rate_limiter",
-    "apexrl.replay_server.types",
-    "apexrl.replay_server.probabilities",
-    "apexrl.replay_server.strata",
-    "apexrl.replay_server.updates",
-    "apexrl.replay_server.table",
-    "apexrl.replay_server.table_state",
-    "apexrl.replay_server.table_config",
-    "apexrl.replay_server.storage",
-    "apexrl.replay_server.dedup",
-    "apexrl.replay_server.key_ring",
-    "apexrl.replay_server.table_counters",
-    "apexrl.replay_server.admission",
-    "apexrl.replay_server.merged_batches",
     "apexrl.parameter_server.weights",
     "apexrl.parameter_server.store",
     "apexrl.parameter_server.limits",
 ]
-
-
-# The replay shard's edge: what decodes, serves or calls over the wire. Its cores (PURE_CORES, the table) and the
-# durability subpackage sit below it and never import it.
-REPLAY_EDGE = (
-    "apexrl.replay_server.wire",
-    "apexrl.replay_server.service",
-    "apexrl.replay_server.inserts",
-    "apexrl.replay_server.waits",
-    "apexrl.replay_server.metrics",
-    "apexrl.replay_server.client",
-    "apexrl.replay_server.insert_stream",
-    "apexrl.replay_server.insert_batches",
-    "apexrl.replay_server.priority_stream",
-    "apexrl.replay_server.sharded_writer",
-    "apexrl.replay_server.main",
-)
-
-
-def test_the_replay_cores_and_durability_never_import_the_edge():
-    below = (*PURE_CORES, "apexrl.replay_server.durability")
-
-    def rule(module: str, target: str) -> str | None:
-        if under(module, below) and under(target, REPLAY_EDGE):
-            return "the replay cores and durability/ sit below the edge (wire, service, clients, main)"
-        return None
-
-    assert violations(rule) == []
 
 
 # The parameter service's cores (the weights format and version rules, the store, the limits) and its edge.
@@ -450,14 +466,31 @@ def test_the_parameter_cores_never_import_the_edge_and_the_format_comes_from_wei
     assert violations(rule) == []
 
 
+GRPC_LOADED = "sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google') or m == 'apexrl.proto')"
+
+
 @pytest.mark.parametrize("module", PURE_CORES)
 def test_importing_a_pure_core_loads_neither_grpc_nor_protobuf(module):
-    code = (
-        f"import sys, {module}\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google') or m == 'apexrl.proto'))"
-    )
+    code = f"import sys, {module}\nprint({GRPC_LOADED})"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", f"{module} pulled in: {out.stdout}"
+
+
+@pytest.mark.parametrize("floor", GRPC_FREE_FLOORS)
+def test_importing_any_module_of_a_grpc_free_replay_floor_loads_neither_grpc_nor_protobuf(floor):
+    """Every module of the floor, one after another in one fresh interpreter: the first that loads grpc or protobuf
+    is named."""
+    members = sorted(m for m in modules() if replay_floor(m) == floor)
+    code = (
+        "import importlib, sys\n"
+        f"for name in {members!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"    if {GRPC_LOADED}:\n"
+        f"        print(name, {GRPC_LOADED})\n"
+        "        break\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert len(members) > 5 and out.stdout.strip() == "", f"{floor} floor: {out.stdout}"
 
 
 def test_only_the_compression_module_imports_the_codecs_and_the_shard_never_loads_them():
@@ -473,7 +506,7 @@ def test_only_the_compression_module_imports_the_codecs_and_the_shard_never_load
     code = (
         "import sys, numpy as np\n"
         "from apexrl.common import codec\n"
-        "from apexrl.replay_server.table import ReplayTable, TableConfig\n"
+        "from apexrl.replay_server.core.table import ReplayTable, TableConfig\n"
         "from apexrl.common.compression import CompressedColumn\n"
         "frames = CompressedColumn('zstd', np.dtype('uint8'), (4,), b'\\x28\\xb5\\x2f\\xfd' * 2, np.array([4, 4]))\n"
         "t = ReplayTable(TableConfig(capacity=10))\n"

@@ -25,8 +25,8 @@ from apexrl.common.metrics import RpcMetrics
 from apexrl.parameter_server.service import SERVICE_NAME, ParameterServicer
 from apexrl.parameter_server.store import WeightStore
 from apexrl.proto import parameters_pb2_grpc
-from apexrl.replay_server.service import create_replay_server
-from apexrl.replay_server.table import ReplayTable, TableConfig
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
+from apexrl.replay_server.server.service import create_replay_server
 from tests.conftest import wait_until
 from tests.integration.actor.conftest import BATCH, GAMMA
 

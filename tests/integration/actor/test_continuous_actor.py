@@ -15,7 +15,7 @@ from apexrl.algorithms.dpg.acting import NumpyDPGPolicy
 from apexrl.algorithms.dpg.networks import build_networks
 from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.environments import env_spaces
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
 from tests.conftest import wait_until
 
 # (environment, the extra that brings it; missing is a failure: scripts/setup.sh installs every extra)

@@ -21,7 +21,7 @@ from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.compression import decompress
 from apexrl.common.environments import env_spaces
 from apexrl.parameter_server.service import create_parameter_server
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
 
 GAMMA = 0.99
 BATCH = 16

@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from apexrl.common.grpc_util import wait_for_health
 from apexrl.parameter_server.client import ParameterClient
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 from tests.conftest import cartpole_batch
 from tests.integration.containers import engine
 

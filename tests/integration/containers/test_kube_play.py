@@ -17,7 +17,7 @@ import pytest
 
 from apexrl.common.grpc_util import wait_for_health
 from apexrl.parameter_server.client import ParameterClient
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 from tests.integration.containers import engine
 from tests.integration.containers.kube_play import ADAPTATIONS, KubePlay, container_facts
 from tests.integration.deploy import pods

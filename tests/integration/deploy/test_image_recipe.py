@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from apexrl.common.grpc_util import wait_for_health
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 from tests.conftest import cartpole_batch
 from tests.unit.deploy.dockerfile import build_context
 
@@ -134,7 +134,7 @@ def stop(process: subprocess.Popen, timeout: float = 30) -> int:
 
 def test_replay_install_carries_no_torch_or_gymnasium(replay_prefix):
     probe = (
-        "import importlib.util as u, importlib.metadata as md, json, apexrl.replay_server.main as m; "
+        "import importlib.util as u, importlib.metadata as md, json, apexrl.replay_server.server.main as m; "
         "print(json.dumps({'missing': [n for n in ('torch', 'gymnasium', 'matplotlib') if not u.find_spec(n)], "
         "'file': m.__file__, 'dists': sorted(d.metadata['Name'].lower() for d in md.distributions())}))"
     )

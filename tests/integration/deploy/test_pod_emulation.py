@@ -43,7 +43,7 @@ from apexrl.common.errors import UnauthenticatedError, UnavailableError
 from apexrl.common.grpc_util import make_channel
 from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.client import ParameterClient
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 from tests.integration.deploy import pods
 from tests.unit.deploy import fleet_secrets
 from tests.unit.deploy import manifests as m
@@ -512,7 +512,7 @@ import json, sys
 from apexrl.common.errors import ApexError
 from apexrl.common.tls import TlsFiles
 from apexrl.parameter_server.client import ParameterClient
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 import numpy as np
 
 volumes, shard, params, name = sys.argv[1:5]

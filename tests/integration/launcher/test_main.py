@@ -259,7 +259,7 @@ def test_a_role_that_dies_is_restarted_while_the_rest_of_the_fleet_runs_on(launc
 
 @pytest.mark.timeout(150)
 def test_a_killed_shard_comes_back_on_its_address_and_both_sides_use_it_again(launch):
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     run = launch()
     pids = run.wait_running()
@@ -304,7 +304,7 @@ def test_one_of_three_shards_killed_while_training_loses_only_its_rows(launch):
     """kill -9 one shard of three while actors insert and the learner trains: the learner keeps training on the
     live shards, the actor's batches for the dead shard wait in its client (acknowledged inserts) and reach the
     restarted shard; what is lost is exactly the rows the dead shard held (no checkpoint yet)."""
-    from apexrl.replay_server.client import ReplayClient
+    from apexrl.replay_server.client.replay_client import ReplayClient
 
     run = launch("--num-shards", "3")
     pids = run.wait_running()

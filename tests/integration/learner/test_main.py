@@ -15,7 +15,7 @@ import pytest
 from apexrl.actor import ParameterClient, ReplayClient
 from apexrl.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from apexrl.algorithms.dqn.acting import NumpyDuelingPolicy
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
 from tests.support.checkpoints import dqn_checkpoint
 
 

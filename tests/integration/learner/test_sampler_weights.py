@@ -12,8 +12,8 @@ import pytest
 from apexrl.learner.config import LearnerConfig
 from apexrl.learner.learner import make_sampler
 from apexrl.learner.sampler_process import SamplerProcess
-from apexrl.replay_server.client import ReplayClient
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.client.replay_client import ReplayClient
+from apexrl.replay_server.core.table import TableConfig
 from tests.conftest import cartpole_batch
 
 ALPHA, BETA = 0.7, 0.5

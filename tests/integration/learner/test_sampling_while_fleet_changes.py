@@ -19,7 +19,7 @@ import pytest
 from scipy import stats
 
 from apexrl.learner.sharded_client import ShardedReplayClient
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 from tests.conftest import cartpole_batch, start_shard_process
 
 STALENESS = 0.5

@@ -14,7 +14,7 @@ from apexrl.common import codec
 from apexrl.common.errors import InvalidArgumentError, ResourceExhaustedError
 from apexrl.common.grpc_util import make_channel
 from apexrl.proto import replay_pb2, replay_pb2_grpc, tensor_pb2
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
 from tests.conftest import cartpole_batch, wait_until
 
 ROWS = 64

@@ -235,9 +235,9 @@ def test_the_checkpoint_rpc_without_a_checkpoint_directory_fails_precondition(sh
 
 def test_not_serving_until_the_checkpoint_is_restored(tmp_path, monkeypatch):
     """The shard's own run(): its restore is held back here, to look at the shard meanwhile."""
-    from apexrl.replay_server import main
-    from apexrl.replay_server.config import ReplayConfig
     from apexrl.replay_server.durability import checkpointer
+    from apexrl.replay_server.server import main
+    from apexrl.replay_server.server.config import ReplayConfig
 
     directory = tmp_path / "ck"
     seed_shard = start_shard_process(
@@ -455,9 +455,9 @@ def test_with_the_write_ahead_log_acks_keep_their_order_errors_and_duplicates(tm
     """The Insert stream of a shard with a write-ahead log (in-process): one ack per request, in order, each
     only once its batch is logged; a bad batch and a resend are answered as without the log."""
     from apexrl.common import codec
+    from apexrl.replay_server.core.table import ReplayTable, TableConfig
     from apexrl.replay_server.durability.wal import WriteAheadLog
-    from apexrl.replay_server.service import create_replay_server
-    from apexrl.replay_server.table import ReplayTable, TableConfig
+    from apexrl.replay_server.server.service import create_replay_server
 
     table = ReplayTable(TableConfig(capacity=10_000))
     wal = WriteAheadLog(tmp_path / "wal")
@@ -507,9 +507,9 @@ def test_with_the_write_ahead_log_merged_requests_are_acknowledged_once_logged_a
     once its batches are logged, a bad batch inside is refused alone, a resend merged differently is de-duplicated
     batch by batch, and the log replays exactly the stored rows with the writer's last stored sequence."""
     from apexrl.common import codec
+    from apexrl.replay_server.core.table import ReplayTable, TableConfig
     from apexrl.replay_server.durability.wal import WriteAheadLog
-    from apexrl.replay_server.service import create_replay_server
-    from apexrl.replay_server.table import ReplayTable, TableConfig
+    from apexrl.replay_server.server.service import create_replay_server
 
     table = ReplayTable(TableConfig(capacity=10_000))
     wal = WriteAheadLog(tmp_path / "wal")
@@ -623,12 +623,12 @@ def test_when_the_write_ahead_log_fails_inserts_are_refused_health_is_not_servin
     one is refused without being stored, health turns NOT_SERVING, apexrl_replay_wal_failed is 1 and
     apexrl_replay_wal_failures_total counts the failed inserts; Sample and Info still answer."""
     from apexrl.common import codec
+    from apexrl.replay_server.core.table import ReplayTable, TableConfig
     from apexrl.replay_server.durability import wal as wal_module
     from apexrl.replay_server.durability.durability_metrics import DurabilityStats
     from apexrl.replay_server.durability.wal import WriteAheadLog
-    from apexrl.replay_server.main import metrics_registry
-    from apexrl.replay_server.service import create_replay_server
-    from apexrl.replay_server.table import ReplayTable, TableConfig
+    from apexrl.replay_server.server.main import metrics_registry
+    from apexrl.replay_server.server.service import create_replay_server
 
     table = ReplayTable(TableConfig(capacity=10_000))
     stats = DurabilityStats()

@@ -1,4 +1,4 @@
-"""The shard client (replay_server/client.py) against real shards on 127.0.0.1: acknowledged inserts resent after
+"""The shard client (replay_server/client/replay_client.py) against real shards on 127.0.0.1: acknowledged inserts resent after
 failures without loss or duplicates, and call futures that raise apexrl errors."""
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from apexrl.common.errors import (
     UnavailableError,
 )
 from apexrl.common.grpc_util import CallFuture
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
 from tests.conftest import cartpole_batch
 
 
 def test_client_resends_after_the_stream_breaks_without_loss_or_duplicates(shard):
     """Stop the server under a writing client and start a new one on the same port over the same table: the
     client reconnects, resends what was not acknowledged, and every row lands exactly once."""
-    from apexrl.replay_server.service import create_replay_server
+    from apexrl.replay_server.server.service import create_replay_server
 
     port = int(shard.address.rsplit(":", 1)[1])
     client = ReplayClient(shard.address, max_in_flight=64, timeout=30)
@@ -58,8 +58,8 @@ def test_client_resends_after_the_stream_breaks_without_loss_or_duplicates(shard
 def test_batches_refused_by_a_shutting_down_shard_are_resent_to_its_replacement(shard):
     """UNAVAILABLE in an ack means 'not stored, try later': the SDK keeps the batch and resends it when the shard
     is back (here: a new shard process on the same address), instead of failing the writer."""
-    from apexrl.replay_server.service import create_replay_server
-    from apexrl.replay_server.table import ReplayTable
+    from apexrl.replay_server.core.table import ReplayTable
+    from apexrl.replay_server.server.service import create_replay_server
 
     port = int(shard.address.rsplit(":", 1)[1])
     with ReplayClient(shard.address, timeout=30) as client:
@@ -151,7 +151,7 @@ def test_merged_resends_after_the_stream_breaks_lose_and_duplicate_nothing(make_
     """Stop the shard's server while merged requests are in flight, with a new one on the same port over the same
     table: the client resends what was not acknowledged (merged again, maybe differently) and every row lands
     exactly once."""
-    from apexrl.replay_server.service import create_replay_server
+    from apexrl.replay_server.server.service import create_replay_server
 
     shard = make_shard(TableConfig(capacity=10_000))
     held = HeldBack(shard.table)

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from apexrl.common.compression import CompressedColumn, compress, decompress
 from apexrl.common.errors import InvalidArgumentError
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 from tests.conftest import frame_ids, pixel_batch, pixel_frames, start_shard_process
 
 SIGNATURE = (

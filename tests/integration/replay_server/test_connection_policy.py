@@ -10,7 +10,7 @@ import pytest
 
 from apexrl.common.connections import ConnectionPolicy
 from apexrl.proto import replay_pb2, replay_pb2_grpc
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
 
 
 def test_the_server_closes_a_connection_left_idle_and_the_client_reconnects(make_shard):

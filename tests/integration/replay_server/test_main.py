@@ -1,4 +1,4 @@
-"""`apexrl replay` (replay_server/main.py) as an operator runs it: Prometheus metrics with the shard's real
+"""`apexrl replay` (replay_server/server/main.py) as an operator runs it: Prometheus metrics with the shard's real
 numbers, clean SIGTERM, exit status 2 for a bad configuration."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 from tests.conftest import cartpole_batch
 
 WRITERS = 64

@@ -1,4 +1,4 @@
-"""PriorityStream (replay_server/priority_stream.py): fire-and-forget priority updates over one long-lived stream
+"""PriorityStream (replay_server/client/priority_stream.py): fire-and-forget priority updates over one long-lived stream
 to a real in-process shard; what the shard applied or found stale is counted, updates in flight when the shard
 goes away are dropped and counted, and the stream reconnects when the shard is back."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from apexrl.actor import ReplayClient
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
 from tests.conftest import cartpole_batch, start_shard_process, wait_until
 
 

@@ -17,9 +17,9 @@ import pytest
 
 from apexrl.common.errors import ApexError, DeadlineExceededError, ResourceExhaustedError
 from apexrl.proto import replay_pb2, replay_pb2_grpc
-from apexrl.replay_server.client import ReplayClient
-from apexrl.replay_server.quotas import QuotaSettings
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.client.replay_client import ReplayClient
+from apexrl.replay_server.core.table import TableConfig
+from apexrl.replay_server.server.quotas import QuotaSettings
 from tests.conftest import cartpole_batch, wait_until
 
 # The deadline of a call that must be refused: a refusal comes at once; a call let in waits for the table.

@@ -14,8 +14,8 @@ from apexrl.actor import ReplayClient
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.learner import ShardedReplayClient
 from apexrl.proto import replay_pb2, replay_pb2_grpc
-from apexrl.replay_server.service import ReplayServicer
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
+from apexrl.replay_server.server.service import ReplayServicer
 from tests.conftest import cartpole_batch
 
 ROWS = 10

@@ -1,4 +1,4 @@
-"""A real replay shard on 127.0.0.1 (replay_server/service.py) through the SDK and the raw stub: storage, keys,
+"""A real replay shard on 127.0.0.1 (replay_server/server/service.py) through the SDK and the raw stub: storage, keys,
 de-duplication, rate limiting, health, reflection and tokens."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from apexrl.common import codec
 from apexrl.common.errors import DeadlineExceededError, FailedPreconditionError, UnauthenticatedError
 from apexrl.common.grpc_util import make_channel
 from apexrl.proto import replay_pb2, replay_pb2_grpc
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
 from tests.conftest import cartpole_batch
 
 

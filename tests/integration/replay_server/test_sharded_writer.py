@@ -1,4 +1,4 @@
-"""The SDK's writer to many shards (replay_server/sharded_writer.py) against real shard processes: batches go
+"""The SDK's writer to many shards (replay_server/client/sharded_writer.py) against real shard processes: batches go
 round-robin; a killed shard is passed over while its backlog holds, rows it acknowledged survive (its write-ahead
 log) and its queued batches are resent once it is back, so every row lands exactly once; the backlog bound holds
 under back pressure; and a `dns:///` name's shards join and leave the rotation."""
@@ -14,7 +14,7 @@ import pytest
 
 from apexrl.actor import ReplayClient, ShardedWriter
 from apexrl.common.errors import DeadlineExceededError
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
 from tests.conftest import cartpole_batch, start_shard_process, wait_until
 
 ROWS = 10  # per batch

@@ -11,7 +11,7 @@ import pytest
 from apexrl.actor import ReplayClient
 from apexrl.proto import replay_pb2_grpc
 from apexrl.replay_server import wire
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
 from tests.conftest import cartpole_batch
 
 

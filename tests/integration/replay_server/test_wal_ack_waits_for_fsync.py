@@ -20,9 +20,9 @@ import pytest
 from apexrl.common import codec
 from apexrl.common.grpc_util import make_channel
 from apexrl.proto import replay_pb2, replay_pb2_grpc
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
 from apexrl.replay_server.durability.wal import WriteAheadLog
-from apexrl.replay_server.service import create_replay_server
-from apexrl.replay_server.table import ReplayTable, TableConfig
+from apexrl.replay_server.server.service import create_replay_server
 from tests.conftest import cartpole_batch, wait_until
 
 

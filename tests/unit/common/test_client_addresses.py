@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from apexrl.parameter_server.client import ParameterClient
-from apexrl.replay_server.client import ReplayClient
+from apexrl.replay_server.client.replay_client import ReplayClient
 
 BAD = [
     ("localhost", "has no port: give HOST:PORT (e.g. localhost:7000)"),

@@ -26,7 +26,7 @@ from apexrl.launcher.fleet_config import FleetSettings
 from apexrl.launcher.fleet_file import parse_config
 from apexrl.learner.config import LearnerConfig
 from apexrl.parameter_server.config import ParamsConfig
-from apexrl.replay_server.config import ReplayConfig
+from apexrl.replay_server.server.config import ReplayConfig
 from tests.support.certs import make_certs
 
 ROLE_CONFIGS = {

@@ -12,7 +12,7 @@ import pytest
 from apexrl.common import access, grpc_util
 from apexrl.common.process import TOKEN_VARIABLE, resolve_token, with_token
 from apexrl.common.settings import SettingsError
-from apexrl.replay_server.config import ReplayConfig
+from apexrl.replay_server.server.config import ReplayConfig
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from apexrl.launcher.fleet_config import ConfigError
 from apexrl.launcher.fleet_file import parse_config
 from apexrl.launcher.topology import roles, wiring
 from apexrl.learner.config import LearnerConfig
-from apexrl.replay_server.config import ReplayConfig
+from apexrl.replay_server.server.config import ReplayConfig
 from tests.unit.launcher.fleets import fleet
 
 

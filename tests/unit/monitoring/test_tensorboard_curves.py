@@ -143,8 +143,8 @@ def test_a_learner_training_from_a_real_shard_leaves_its_curves_in_the_run_direc
     from apexrl.learner.config import LearnerConfig
     from apexrl.learner.learner import Learner, make_sampler
     from apexrl.parameter_server.store import WeightStore
-    from apexrl.replay_server.client import ReplayClient
-    from apexrl.replay_server.table import TableConfig
+    from apexrl.replay_server.client.replay_client import ReplayClient
+    from apexrl.replay_server.core.table import TableConfig
 
     shard = make_shard(TableConfig(capacity=1000, seed=0))
     rng = np.random.default_rng(0)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from apexrl.common.errors import UnavailableError
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
 from apexrl.replay_server.durability.checkpoint import (
     CheckpointReader,
     CheckpointWriter,
@@ -17,7 +18,6 @@ from apexrl.replay_server.durability.checkpoint import (
     write_snapshot,
 )
 from apexrl.replay_server.durability.snapshot import Snapshot
-from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch
 
 
@@ -365,7 +365,7 @@ def compressed_contents(t: ReplayTable) -> dict[int, tuple]:
 
 def test_compressed_fields_and_row_writers_round_trip_frame_for_frame(tmp_path):
     from apexrl.common.compression import CompressedColumn
-    from apexrl.replay_server.table_state import ROW_WRITER
+    from apexrl.replay_server.core.table_state import ROW_WRITER
 
     t = compressed_filled()
     before, info = compressed_contents(t), t.info()

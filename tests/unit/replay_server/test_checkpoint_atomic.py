@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
 from apexrl.replay_server.durability.checkpoint import write_snapshot
 from apexrl.replay_server.durability.checkpointer import Checkpointer
 from apexrl.replay_server.durability.snapshot import Snapshot
-from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch
 
 

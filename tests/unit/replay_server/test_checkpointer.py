@@ -13,9 +13,9 @@ import pytest
 
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import Signature
-from apexrl.replay_server.admission import NotReadyError
+from apexrl.replay_server.core.admission import NotReadyError
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
 from apexrl.replay_server.durability.checkpointer import Checkpointer, signature_difference
-from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch, wait_until
 
 CARTPOLE = "obs:float32[4],action:int64[],reward:float32[],discount:float32[],next_obs:float32[4]"
@@ -258,7 +258,7 @@ def test_stats_record_the_last_checkpoint(tmp_path):
 
 
 def test_durability_settings_are_checked():
-    from apexrl.replay_server.config import ReplayConfig
+    from apexrl.replay_server.server.config import ReplayConfig
 
     with pytest.raises(ValueError, match="wal needs checkpoint_dir"):
         ReplayConfig(wal="/tmp/wal")

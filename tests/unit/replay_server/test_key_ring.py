@@ -1,11 +1,11 @@
-"""The ring's key arithmetic (replay_server/key_ring.py) and the counters a checkpoint saves (table_counters.py)."""
+"""The ring's key arithmetic (replay_server/core/key_ring.py) and the counters a checkpoint saves (table_counters.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from apexrl.replay_server.key_ring import KeyRing
-from apexrl.replay_server.table_counters import TableCounters
+from apexrl.replay_server.core.key_ring import KeyRing
+from apexrl.replay_server.core.table_counters import TableCounters
 
 
 def test_keys_map_to_slots_and_back_after_the_ring_wraps():

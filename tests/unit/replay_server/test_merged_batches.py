@@ -1,4 +1,4 @@
-"""A merged request's batches stored exactly once (replay_server/merged_batches.py) against a real table: as few
+"""A merged request's batches stored exactly once (replay_server/core/merged_batches.py) against a real table: as few
 table calls as that allows, resent batches answered as duplicates, exactly the bad batch refused, and a step held
 back by the table going on from what it already stored."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from apexrl.common.errors import ApexError, DeadlineExceededError, InvalidArgumentError
-from apexrl.replay_server.merged_batches import MergedBatches
-from apexrl.replay_server.table import ReplayTable, TableConfig
-from apexrl.replay_server.types import InsertResult
+from apexrl.replay_server.core.merged_batches import MergedBatches
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
+from apexrl.replay_server.core.types import InsertResult
 
 BATCH_ROWS = [2, 3, 1, 4]
 OFFSETS = [0, 2, 5, 6, 10]

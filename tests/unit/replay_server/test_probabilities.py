@@ -1,4 +1,4 @@
-"""replay_server/probabilities.py against the published formulas (PER, Schaul et al. 2016, section 3.3 and 3.4).
+"""replay_server/core/probabilities.py against the published formulas (PER, Schaul et al. 2016, section 3.3 and 3.4).
 
 P(i) = p_i^alpha / sum_k p_k^alpha (the tables store p^alpha, so here p_i is already raised to alpha);
 w_i = (N * P(i))^-beta / max_j w_j. Written out naively per row and compared with the vectorised module, plus the
@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from apexrl.replay_server import probabilities as prob
+from apexrl.replay_server.core import probabilities as prob
 
 
 def naive_weights(p: list[float], n: int, beta: float, p_min: float) -> list[float]:
@@ -101,7 +101,7 @@ def test_the_module_is_pure() -> None:
     import sys
 
     code = (
-        "import sys, apexrl.replay_server.probabilities as m; "
+        "import sys, apexrl.replay_server.core.probabilities as m; "
         "print(sorted(x for x in ('grpc', 'google.protobuf', 'torch') if x in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

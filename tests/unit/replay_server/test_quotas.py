@@ -1,4 +1,4 @@
-"""The quota bookkeeping (replay_server/quotas.py) at its exact boundaries: a limit's last slot is granted, one more
+"""The quota bookkeeping (replay_server/server/quotas.py) at its exact boundaries: a limit's last slot is granted, one more
 is refused naming the limit and its setting and counted, and a released slot is granted again. Pure: no server,
 so a limit off by one, or never enforced, fails here at once instead of through a call that waits for its deadline
 (tests/integration/replay_server/test_quotas.py shows the same limits on a real shard)."""
@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from apexrl.common.errors import ResourceExhaustedError
-from apexrl.replay_server.quotas import Quotas, QuotaSettings
+from apexrl.replay_server.server.quotas import Quotas, QuotaSettings
 
 
 def quotas(**settings) -> tuple[Quotas, CollectorRegistry]:

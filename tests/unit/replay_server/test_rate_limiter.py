@@ -1,4 +1,4 @@
-"""The rate limiter (replay_server/rate_limiter.py, pure): a minimum size before sampling, and a samples-per-insert
+"""The rate limiter (replay_server/core/rate_limiter.py, pure): a minimum size before sampling, and a samples-per-insert
 ratio that blocks whichever side runs ahead by more than the tolerance, on both sides, and never both at once."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
+from apexrl.replay_server.core.rate_limiter import BlockedTime, RateLimiter
 
 
 def test_without_a_ratio_only_the_minimum_size_holds_sampling_back():

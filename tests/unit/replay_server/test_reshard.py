@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from apexrl.common.settings import SettingsError
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
 from apexrl.replay_server.durability.checkpoint import CheckpointReader
 from apexrl.replay_server.durability.checkpointer import Checkpointer
 from apexrl.replay_server.durability.reshard import reshard
-from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch
 
 
@@ -129,7 +129,7 @@ def test_what_is_refused(tmp_path):
 
 def test_compressed_rows_are_resharded_frame_for_frame_with_their_writers(tmp_path):
     from apexrl.common.compression import decompress
-    from apexrl.replay_server.table_state import ROW_WRITER
+    from apexrl.replay_server.core.table_state import ROW_WRITER
     from tests.conftest import frame_ids, pixel_batch
 
     sources = [tmp_path / "a", tmp_path / "b"]

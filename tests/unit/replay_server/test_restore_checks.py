@@ -11,8 +11,8 @@ import pytest
 
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.signature import Signature
+from apexrl.replay_server.core.table_state import TableState
 from apexrl.replay_server.durability.restore_checks import check_state, checked_blocks
-from apexrl.replay_server.table_state import TableState
 from tests.conftest import cartpole_batch
 
 SIGNATURE = Signature.parse(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from apexrl.common.errors import InvalidArgumentError
-from apexrl.replay_server.strata import check_batch_rows, stratified_targets
+from apexrl.replay_server.core.strata import check_batch_rows, stratified_targets
 
 
 def test_each_batch_has_one_target_in_each_of_its_own_strata():

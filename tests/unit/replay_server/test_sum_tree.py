@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from apexrl.replay_server.sum_tree import SumTree
+from apexrl.replay_server.core.sum_tree import SumTree
 
 TINY = 5e-324  # smallest positive float64 (subnormal)
 

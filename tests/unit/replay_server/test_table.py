@@ -1,4 +1,4 @@
-"""The replay table (replay_server/table.py) without a server: FIFO ring and keys, stale keys, de-duplication,
+"""The replay table (replay_server/core/table.py) without a server: FIFO ring and keys, stale keys, de-duplication,
 signatures, default priorities, incarnations, sampling, rate limiting and shutdown, driven from threads."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from apexrl.common.errors import (
     UnavailableError,
 )
 from apexrl.common.signature import Signature
-from apexrl.replay_server.admission import NotReadyError
+from apexrl.replay_server.core.admission import NotReadyError
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
+from apexrl.replay_server.core.table_state import TableListener
 from apexrl.replay_server.durability.snapshot import Snapshot
-from apexrl.replay_server.table import ReplayTable, TableConfig
-from apexrl.replay_server.table_state import TableListener
 from tests.conftest import cartpole_batch
 
 
@@ -297,7 +297,7 @@ def test_a_closed_table_answers_inserts_and_samples_unavailable_ready_or_not():
 
 
 def test_blocked_seconds_count_from_a_sides_first_refusal_to_its_admission(monkeypatch):
-    from apexrl.replay_server import admission
+    from apexrl.replay_server.core import admission
 
     now = [100.0]
     monkeypatch.setattr(admission.time, "monotonic", lambda: now[0])

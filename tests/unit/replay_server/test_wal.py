@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from apexrl.common.errors import UnavailableError
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
 from apexrl.replay_server.durability import wal as wal_module
 from apexrl.replay_server.durability.checkpointer import Checkpointer
 from apexrl.replay_server.durability.snapshot import Snapshot
 from apexrl.replay_server.durability.wal import WriteAheadLog
-from apexrl.replay_server.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch, wait_until
 from tests.support.tampered import wal_records
 

@@ -1,4 +1,4 @@
-"""The ReplayService's messages as Python types (replay_server/types.py) and their encodings (wire.py): what the table produces, the servicer
+"""The ReplayService's messages as Python types (replay_server/core/types.py) and their encodings (wire.py): what the table produces, the servicer
 encodes and the client decodes is the same value, field for field."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.proto import replay_pb2
-from apexrl.replay_server import types, wire
-from apexrl.replay_server.table import ReplayTable, TableConfig
+from apexrl.replay_server import wire
+from apexrl.replay_server.core import types
+from apexrl.replay_server.core.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch
 
 

@@ -33,14 +33,14 @@ from apexrl.common.request_streams import RequestStreams
 from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
-from apexrl.replay_server.admission import NotReadyError
-from apexrl.replay_server.inserts import InsertPath
-from apexrl.replay_server.metrics import TableCollector
-from apexrl.replay_server.quotas import Quotas, QuotaSettings
-from apexrl.replay_server.table import ReplayTable
-from apexrl.replay_server.updates import check_update
-from apexrl.replay_server.waits import Waits
-from apexrl.replay_server.writers import Writer
+from apexrl.replay_server.core.admission import NotReadyError
+from apexrl.replay_server.core.table import ReplayTable
+from apexrl.replay_server.core.updates import check_update
+from apexrl.replay_server.server.inserts import InsertPath
+from apexrl.replay_server.server.metrics import TableCollector
+from apexrl.replay_server.server.quotas import Quotas, QuotaSettings
+from apexrl.replay_server.server.waits import Waits
+from apexrl.replay_server.server.writer_identity import Writer
 
 if TYPE_CHECKING:
     from apexrl.replay_server.durability.checkpointer import Checkpointer
@@ -233,7 +233,7 @@ def create_replay_server(
     The server runs on its own event-loop thread; `server.stop(grace)` closes the table first (waiting calls
     answer UNAVAILABLE) and returns an event set once it has stopped; `server.enter_graceful_shutdown()` reports
     NOT_SERVING. `access` decides who may call what (common/access.py; a
-    single-token policy for `token`; neither: open), `quotas` what callers may hold open (replay_server/quotas.py),
+    single-token policy for `token`; neither: open), `quotas` what callers may hold open (replay_server/server/quotas.py),
     `connections` keepalive and connection lifetimes (common/connections.py).
     With `tls` it serves TLS (mutual with a CA); with
     `health_address` it also serves the health service alone, in plaintext, there (`server.health_port`). With

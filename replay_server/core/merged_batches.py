@@ -22,7 +22,7 @@ import numpy as np
 
 from apexrl.common.compression import Column, take_rows
 from apexrl.common.errors import ApexError
-from apexrl.replay_server.types import InsertResult
+from apexrl.replay_server.core.types import InsertResult
 
 # One table call: (columns, raw priorities or None, sequence) -> its result; raises ApexError.
 InsertCall = Callable[[Mapping[str, Column], "np.ndarray | None", int], InsertResult]

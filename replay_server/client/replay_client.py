@@ -24,9 +24,15 @@ from apexrl.common.grpc_util import CallFuture
 from apexrl.common.tls import TlsFiles
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
-from apexrl.replay_server.insert_stream import InsertStream
-from apexrl.replay_server.priority_stream import PriorityStream
-from apexrl.replay_server.types import CheckpointResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
+from apexrl.replay_server.client.insert_stream import InsertStream
+from apexrl.replay_server.client.priority_stream import PriorityStream
+from apexrl.replay_server.core.types import (
+    CheckpointResult,
+    SampledBatch,
+    ShardInfo,
+    ShardTotals,
+    UpdateResult,
+)
 
 log = logging.getLogger(__name__)
 

@@ -27,18 +27,24 @@ import numpy as np
 from apexrl.common.compression import CompressedColumn, column_nbytes
 from apexrl.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from apexrl.common.signature import Signature
-from apexrl.replay_server.admission import Admission
-from apexrl.replay_server.dedup import WriterSequences
-from apexrl.replay_server.key_ring import KeyRing
-from apexrl.replay_server.probabilities import has_mass
-from apexrl.replay_server.storage import ColumnStorage
-from apexrl.replay_server.strata import check_batch_rows, stratified_targets
-from apexrl.replay_server.sum_tree import SumTree
-from apexrl.replay_server.table_config import TableConfig  # re-exported: its old home
-from apexrl.replay_server.table_counters import TableCounters
-from apexrl.replay_server.table_state import MAX_ALIASES, ROW_WRITER, TableImage, TableListener, TableState
-from apexrl.replay_server.types import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
-from apexrl.replay_server.updates import (  # MAX_PRIORITY: re-exported, its old home
+from apexrl.replay_server.core.admission import Admission
+from apexrl.replay_server.core.dedup import WriterSequences
+from apexrl.replay_server.core.key_ring import KeyRing
+from apexrl.replay_server.core.probabilities import has_mass
+from apexrl.replay_server.core.storage import ColumnStorage
+from apexrl.replay_server.core.strata import check_batch_rows, stratified_targets
+from apexrl.replay_server.core.sum_tree import SumTree
+from apexrl.replay_server.core.table_config import TableConfig  # re-exported: its old home
+from apexrl.replay_server.core.table_counters import TableCounters
+from apexrl.replay_server.core.table_state import (
+    MAX_ALIASES,
+    ROW_WRITER,
+    TableImage,
+    TableListener,
+    TableState,
+)
+from apexrl.replay_server.core.types import InsertResult, SampledBatch, ShardInfo, ShardTotals, UpdateResult
+from apexrl.replay_server.core.updates import (  # MAX_PRIORITY: re-exported, its old home
     MAX_PRIORITY,  # noqa: F401
     CheckedUpdate,
     check_priorities,

@@ -19,7 +19,7 @@ import numpy as np
 from apexrl.common.compression import CompressedColumn
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.signature import Signature
-from apexrl.replay_server.table_state import ROW_WRITER
+from apexrl.replay_server.core.table_state import ROW_WRITER
 
 
 class ColumnStorage:

@@ -15,16 +15,16 @@ from apexrl.common.errors import ApexError, UnavailableError
 from apexrl.common.metrics import RpcMetrics
 from apexrl.proto import replay_pb2
 from apexrl.replay_server import wire
-from apexrl.replay_server.merged_batches import MergedBatches
-from apexrl.replay_server.table import ReplayTable
-from apexrl.replay_server.types import InsertResult
-from apexrl.replay_server.waits import Waits
-from apexrl.replay_server.writers import Writer
+from apexrl.replay_server.core.merged_batches import MergedBatches
+from apexrl.replay_server.core.table import ReplayTable
+from apexrl.replay_server.core.types import InsertResult
+from apexrl.replay_server.server.waits import Waits
+from apexrl.replay_server.server.writer_identity import Writer
 
 if TYPE_CHECKING:
     from apexrl.replay_server.durability.wal import WriteAheadLog
 
-log = logging.getLogger("apexrl.replay_server.service")  # the servicer's log, as before the split
+log = logging.getLogger("apexrl.replay_server.server.service")  # the servicer's log
 
 
 def batch_nbytes(decoded: tuple | None) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from apexrl.proto import replay_pb2_grpc
 from apexrl.replay_server import wire
-from apexrl.replay_server.types import ShardTotals
+from apexrl.replay_server.core.types import ShardTotals
 
 log = logging.getLogger(__name__)
 

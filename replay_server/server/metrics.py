@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from apexrl.replay_server.table import ReplayTable
+from apexrl.replay_server.core.table import ReplayTable
 
 
 class TableCollector:

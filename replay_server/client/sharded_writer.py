@@ -31,7 +31,7 @@ import numpy as np
 from apexrl.common.discovery import Resolver, ShardAddresses, system_resolver
 from apexrl.common.errors import DeadlineExceededError, UnavailableError
 from apexrl.common.tls import TlsFiles
-from apexrl.replay_server.client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
+from apexrl.replay_server.client.replay_client import DEFAULT_MAX_MESSAGE_BYTES, ReplayClient
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from apexrl.common.compression import CompressedColumn, take_rows
 from apexrl.common.signature import Signature
-from apexrl.replay_server.probabilities import within_shard
+from apexrl.replay_server.core.probabilities import within_shard
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from apexrl.common.addresses import join_host_port
 from apexrl.common.files import atomic_write
 from apexrl.common.metrics import serve_metrics
 from apexrl.common.tls import describe, tls_of
-from apexrl.replay_server.config import ReplayConfig
 from apexrl.replay_server.durability.durability_metrics import DurabilityCollector, DurabilityStats
+from apexrl.replay_server.server.config import ReplayConfig
 
 if TYPE_CHECKING:
-    from apexrl.replay_server.table import ReplayTable
+    from apexrl.replay_server.core.table import ReplayTable
 
 log = logging.getLogger("apexrl.replay")
 
@@ -73,10 +73,10 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
 
 
 def _serve(config: ReplayConfig, stop: threading.Event) -> int:
+    from apexrl.replay_server.core.table import ReplayTable
     from apexrl.replay_server.durability.checkpointer import Checkpointer
     from apexrl.replay_server.durability.wal import WriteAheadLog
-    from apexrl.replay_server.service import create_replay_server
-    from apexrl.replay_server.table import ReplayTable
+    from apexrl.replay_server.server.service import create_replay_server
 
     table = ReplayTable(config)
     stats = DurabilityStats()

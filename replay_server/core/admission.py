@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 from apexrl.common.errors import DeadlineExceededError, UnavailableError
-from apexrl.replay_server.rate_limiter import BlockedTime, RateLimiter
-from apexrl.replay_server.table_config import TableConfig
+from apexrl.replay_server.core.rate_limiter import BlockedTime, RateLimiter
+from apexrl.replay_server.core.table_config import TableConfig
 
 
 class NotReadyError(DeadlineExceededError):

@@ -21,8 +21,8 @@ from apexrl.common.process import (
 )
 from apexrl.common.settings import setting
 from apexrl.common.tls import check_health_port, tls_of
-from apexrl.replay_server.quotas import QuotaSettings
-from apexrl.replay_server.table import TableConfig
+from apexrl.replay_server.core.table import TableConfig
+from apexrl.replay_server.server.quotas import QuotaSettings
 
 DEFAULT_PORT = 7000
 DEFAULT_METRICS_PORT = 9000

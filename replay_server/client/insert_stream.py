@@ -36,7 +36,7 @@ from apexrl.common.errors import (
     from_rpc_error,
 )
 from apexrl.proto import replay_pb2, replay_pb2_grpc
-from apexrl.replay_server.insert_batches import Batch, encode_run, prepare_batch
+from apexrl.replay_server.client.insert_batches import Batch, encode_run, prepare_batch
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from apexrl.common.aio_grpc import Changes, Lane
 from apexrl.common.errors import DeadlineExceededError, UnavailableError
-from apexrl.replay_server.admission import NotReadyError
-from apexrl.replay_server.quotas import Quotas
-from apexrl.replay_server.table import ReplayTable
+from apexrl.replay_server.core.admission import NotReadyError
+from apexrl.replay_server.core.table import ReplayTable
+from apexrl.replay_server.server.quotas import Quotas
 
 T = TypeVar("T")
 # How often a waiting call re-checks its deadline and its caller when nothing changes.
