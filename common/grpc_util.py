@@ -317,7 +317,7 @@ def wait_for_health(
 
 
 class GracefulServer(Protocol):
-    """What `serve_until` stops: common/aio_grpc.py's AioServerThread, named by what it does so that this module,
+    """What `drain` stops: common/aio_grpc.py's AioServerThread, named by what it does so that this module,
     which aio_grpc.py builds on, never imports it."""
 
     def enter_graceful_shutdown(self) -> None: ...
@@ -325,18 +325,24 @@ class GracefulServer(Protocol):
     def stop(self, grace: float | None) -> threading.Event: ...
 
 
-def serve_until(
-    stop: threading.Event,
-    server: GracefulServer,
-    *,
-    grace: float = 5.0,
-    before_stop: Callable[[], None] | None = None,
-) -> None:
-    """Block until `stop` is set (by SIGTERM/SIGINT: common/process.py), then stop cleanly: report NOT_SERVING,
-    run `before_stop` (wake calls that wait on something, so they answer UNAVAILABLE), let calls in flight
-    finish for up to `grace` seconds."""
+def wait_for_stop(stop: threading.Event) -> None:
+    """Block until `stop` is set (in slices, so the main thread keeps taking signals)."""
     while not stop.wait(0.5):
         pass
+
+
+# How long a stopping server lets calls in flight finish (Kubernetes' terminationGracePeriodSeconds must exceed it).
+DRAIN_GRACE_SECONDS = 5.0
+
+
+def drain(
+    server: GracefulServer,
+    *,
+    grace: float = DRAIN_GRACE_SECONDS,
+    before_stop: Callable[[], None] | None = None,
+) -> None:
+    """Stop cleanly: report NOT_SERVING, run `before_stop` (wake calls that wait on something, so they answer
+    UNAVAILABLE), let calls in flight finish for up to `grace` seconds."""
     log.info("shutting down (grace %.1fs)", grace)
     server.enter_graceful_shutdown()
     if before_stop is not None:

@@ -188,83 +188,115 @@ def role_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -
     must be concrete (0 is allowed for a shard: it reports the port it got in its port file). Every role gets
     the machine's TLS files ([fleet] tls_cert, tls_key, tls_ca), every role that dials also tls_server_name."""
     config = with_algorithm(config)
-    seed = config.seed
-    metrics = role.metrics_port if role.metrics_port is not None else -1
-    tls = {"tls_cert": config.tls_cert, "tls_key": config.tls_key, "tls_ca": config.tls_ca}
-    client_tls = {**tls, "tls_server_name": config.tls_server_name}
     try:
         if role.kind == "replay":
-            shard_settings = config.shards[role.index].settings
-            return ReplayConfig(
-                **{**shard_settings, "signature": pinned_signature(config, shard_settings)},
-                **tls,
-                **({} if config.role_tokens is None else {"role_tokens": config.role_tokens}),
-                **replay_directories(config, role, run_dir),
-                host=config.bind,
-                port=role.port or 0,
-                metrics_port=metrics,
-                capacity=config.shard_capacity,
-                min_size_to_sample=config.shard_min_size,
-                samples_per_insert=config.samples_per_insert,
-                # Let each side run ahead by a few learner batches before it waits.
-                samples_per_insert_tolerance=float(max(1024, 4 * config.shard_min_size)),
-                seed=None if seed is None else seed + role.index,
-                port_file=str(run_dir / "ports" / f"{role.name}.port"),
-            )
+            return _replay_config(config, role, run_dir)
         if role.kind == "learner":
-            device = {} if config.device is None else {"device": config.device}  # over the [learner] table's
-            return LearnerConfig(
-                **{**config.learner.settings, **device},
-                **client_tls,
-                replay=links.replay,
-                env=config.env,
-                env_module=config.env_module,
-                env_kwargs=config.env_kwargs,
-                algorithm=config.algorithm,
-                run_dir=str(run_dir),
-                seed=seed,
-                host=config.bind,
-                port=role.port or 0,
-                metrics_port=metrics,
-                min_replay_size=config.shard_min_size * len(config.shards),
-                **({} if config.role_tokens is None else {"role_tokens": config.role_tokens}),
-            )
+            return _learner_config(config, role, links, run_dir)
         if role.kind in ("actor", "evaluator"):
-            evaluate = role.kind == "evaluator"
-            if evaluate:
-                settings = {
-                    "num_envs": evaluation_episodes(config),
-                    **(config.evaluator.settings if config.evaluator else {}),
-                    # The weights it scored, kept where evaluate/load_policy/export look first (kept_policy.py).
-                    "keep_policy": str(run_dir / "checkpoints" / KEPT_POLICY_NAME),
-                    "target_return": target_return(config),
-                }
-            else:
-                settings = next(
-                    g.settings for g in config.actors if g.first_index <= role.index < g.first_index + g.count
-                )
-            return ActorConfig(
-                **settings,
-                **client_tls,
-                params=links.params,
-                replay=links.replay,
-                actor_index=role.index,
-                num_actors=config.num_actors,
-                env=config.env,
-                env_module=config.env_module,
-                env_kwargs=config.env_kwargs,
-                algorithm=config.algorithm,
-                evaluate=evaluate,
-                episodes_csv=str(
-                    run_dir / "episodes" / ("evaluator.csv" if evaluate else f"actor-{role.index}.csv")
-                ),
-                seed=None if seed is None else seed + (999 if evaluate else 1000 + role.index),
-                host=config.bind,
-                metrics_port=metrics,
-            )
+            return _actor_config(config, role, links, run_dir)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{role.name}: {err}") from None
     raise ValueError(f"unknown role kind {role.kind!r}")
+
+
+def _tls_files(config: FleetConfig) -> dict[str, str | None]:
+    """The machine's TLS files, which every role gets; a role that dials also gets `_client_tls`."""
+    return {"tls_cert": config.tls_cert, "tls_key": config.tls_key, "tls_ca": config.tls_ca}
+
+
+def _client_tls(config: FleetConfig) -> dict[str, str | None]:
+    """A dialing role's TLS settings: the machine's files and the name it checks on the servers' certificates."""
+    return {**_tls_files(config), "tls_server_name": config.tls_server_name}
+
+
+def _metrics_port(role: Role) -> int:
+    """The role's /metrics port; -1 (no metrics server) when the topology gives it none."""
+    return role.metrics_port if role.metrics_port is not None else -1
+
+
+def _role_tokens(config: FleetConfig) -> dict[str, str]:
+    """[fleet] role_tokens for the roles that serve, when set (else the role's own table's setting stands)."""
+    return {} if config.role_tokens is None else {"role_tokens": config.role_tokens}
+
+
+def _replay_config(config: FleetConfig, role: Role, run_dir: Path) -> ReplayConfig:
+    """A shard's settings: its table's, its pinned signature, its share of the fleet's replay, its directories."""
+    shard_settings = config.shards[role.index].settings
+    return ReplayConfig(
+        **{**shard_settings, "signature": pinned_signature(config, shard_settings)},
+        **_tls_files(config),
+        **_role_tokens(config),
+        **replay_directories(config, role, run_dir),
+        host=config.bind,
+        port=role.port or 0,
+        metrics_port=_metrics_port(role),
+        capacity=config.shard_capacity,
+        min_size_to_sample=config.shard_min_size,
+        samples_per_insert=config.samples_per_insert,
+        # Let each side run ahead by a few learner batches before it waits.
+        samples_per_insert_tolerance=float(max(1024, 4 * config.shard_min_size)),
+        seed=None if config.seed is None else config.seed + role.index,
+        port_file=str(run_dir / "ports" / f"{role.name}.port"),
+    )
+
+
+def _learner_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -> LearnerConfig:
+    """The learner's settings: its table's ([fleet] device over it), the shards it samples, the run directory."""
+    device = {} if config.device is None else {"device": config.device}  # over the [learner] table's
+    return LearnerConfig(
+        **{**config.learner.settings, **device},
+        **_client_tls(config),
+        replay=links.replay,
+        env=config.env,
+        env_module=config.env_module,
+        env_kwargs=config.env_kwargs,
+        algorithm=config.algorithm,
+        run_dir=str(run_dir),
+        seed=config.seed,
+        host=config.bind,
+        port=role.port or 0,
+        metrics_port=_metrics_port(role),
+        min_replay_size=config.shard_min_size * len(config.shards),
+        **_role_tokens(config),
+    )
+
+
+def _actor_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -> ActorConfig:
+    """An exploring actor's or the evaluator's settings: its table's, the services it dials, its episodes file
+    and a seed of its own."""
+    evaluate = role.kind == "evaluator"
+    return ActorConfig(
+        **_actor_settings(config, role, run_dir),
+        **_client_tls(config),
+        params=links.params,
+        replay=links.replay,
+        actor_index=role.index,
+        num_actors=config.num_actors,
+        env=config.env,
+        env_module=config.env_module,
+        env_kwargs=config.env_kwargs,
+        algorithm=config.algorithm,
+        evaluate=evaluate,
+        episodes_csv=str(run_dir / "episodes" / ("evaluator.csv" if evaluate else f"actor-{role.index}.csv")),
+        seed=None if config.seed is None else config.seed + (999 if evaluate else 1000 + role.index),
+        host=config.bind,
+        metrics_port=_metrics_port(role),
+    )
+
+
+def _actor_settings(config: FleetConfig, role: Role, run_dir: Path) -> dict[str, Any]:
+    """An actor's fleet-file table (its [[actors]] group's); the evaluator's: one round's episodes over its
+    [evaluator] table, where to keep the weights it scored, and the target it checks."""
+    if role.kind == "evaluator":
+        return {
+            "num_envs": evaluation_episodes(config),
+            **(config.evaluator.settings if config.evaluator else {}),
+            # The weights it scored, kept where evaluate/load_policy/export look first (kept_policy.py).
+            "keep_policy": str(run_dir / "checkpoints" / KEPT_POLICY_NAME),
+            "target_return": target_return(config),
+        }
+    return next(g.settings for g in config.actors if g.first_index <= role.index < g.first_index + g.count)
 
 
 def command(

@@ -124,6 +124,8 @@ def parse_config(data: Mapping[str, Any], *, picked_ports: bool = False) -> Flee
 
 
 def _parse(data: Mapping[str, Any], picked_ports: bool) -> FleetConfig:
+    """The fleet file's tables, read and checked one at a time in the file's order (the first error found is the
+    one reported), then the fleet as a whole."""
     _table(data, "the fleet file")
     unknown = sorted(set(map(str, data)) - set(_TOP_KEYS))
     if unknown:
@@ -131,6 +133,21 @@ def _parse(data: Mapping[str, Any], picked_ports: bool) -> FleetConfig:
             f"the fleet file: unknown table{'s' if len(unknown) > 1 else ''} "
             f"{', '.join(map(repr, unknown))} (allowed: {', '.join(_TOP_KEYS)})"
         )
+    fleet = _fleet_settings(data)
+    hosts = _hosts(data)
+    shards = _shards(data, picked_ports)
+    learner = _learner(data, picked_ports)
+    actors = _actors(data)
+    evaluator = _evaluator(data)
+    config = FleetConfig(
+        shards=tuple(shards), learner=learner, actors=tuple(actors), evaluator=evaluator, hosts=hosts, **fleet
+    )
+    validate(config)
+    return config
+
+
+def _fleet_settings(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The [fleet] table's settings, checked as FleetSettings so that an error names the table."""
     fleet = coerce_table(
         FleetSettings, _table(data.get("fleet", {}), "[fleet]"), "[fleet]", allow_wiring=True
     )
@@ -138,10 +155,17 @@ def _parse(data: Mapping[str, Any], picked_ports: bool) -> FleetConfig:
         FleetSettings(**fleet)
     except SettingsError as err:
         raise ConfigError(f"[fleet]: {err}") from None
+    return fleet
 
+
+def _hosts(data: Mapping[str, Any]) -> dict[str, str]:
+    """The [hosts] table: host name -> the address other machines dial it at."""
     hosts_table = _table(data.get("hosts", {}), "[hosts]")
-    hosts = {str(name): _host_address(address, f"[hosts] {name}") for name, address in hosts_table.items()}
+    return {str(name): _host_address(address, f"[hosts] {name}") for name, address in hosts_table.items()}
 
+
+def _shards(data: Mapping[str, Any], picked_ports: bool) -> list[ShardSpec]:
+    """The [[shard]] tables (at least one); each fixes its port unless the launcher picks it (`picked_ports`)."""
     shards = []
     for i, entry in enumerate(_array(data.get("shard"), "[[shard]]", required=True)):
         where = f"[[shard]] #{i}"
@@ -155,18 +179,25 @@ def _parse(data: Mapping[str, Any], picked_ports: bool) -> FleetConfig:
                 settings,
             )
         )
+    return shards
 
+
+def _learner(data: Mapping[str, Any], picked_ports: bool) -> LearnerSpec:
+    """The [learner] table (exactly one); it fixes its port unless the launcher picks it (`picked_ports`)."""
     if "learner" not in data:
         raise ConfigError("missing [learner] table (exactly one learner; it hosts the parameter service)")
     entry = _table(data["learner"], "[learner]")
     settings = coerce_table(LearnerConfig, entry, "[learner]", placement=("host", "port", "metrics_port"))
-    learner = LearnerSpec(
+    return LearnerSpec(
         _host(entry, "[learner]"),
         _port(entry, "port", "[learner]", required=not picked_ports),
         _port(entry, "metrics_port", "[learner]"),
         settings,
     )
 
+
+def _actors(data: Mapping[str, Any]) -> list[ActorGroup]:
+    """The [[actors]] groups (at least one); a group without first_index follows the previous one."""
     actors = []
     next_index = 0
     for i, entry in enumerate(_array(data.get("actors"), "[[actors]]", required=True)):
@@ -190,20 +221,16 @@ def _parse(data: Mapping[str, Any], picked_ports: bool) -> FleetConfig:
             )
         actors.append(ActorGroup(_host(entry, where), count, first, metrics_port, settings))
         next_index = first + count
+    return actors
 
-    evaluator = None
-    if "evaluator" in data:
-        entry = _table(data["evaluator"], "[evaluator]")
-        settings = coerce_table(ActorConfig, entry, "[evaluator]", placement=("host", "metrics_port"))
-        evaluator = EvaluatorSpec(
-            _host(entry, "[evaluator]"), _port(entry, "metrics_port", "[evaluator]"), settings
-        )
 
-    config = FleetConfig(
-        shards=tuple(shards), learner=learner, actors=tuple(actors), evaluator=evaluator, hosts=hosts, **fleet
-    )
-    validate(config)
-    return config
+def _evaluator(data: Mapping[str, Any]) -> EvaluatorSpec | None:
+    """The optional [evaluator] table."""
+    if "evaluator" not in data:
+        return None
+    entry = _table(data["evaluator"], "[evaluator]")
+    settings = coerce_table(ActorConfig, entry, "[evaluator]", placement=("host", "metrics_port"))
+    return EvaluatorSpec(_host(entry, "[evaluator]"), _port(entry, "metrics_port", "[evaluator]"), settings)
 
 
 def _table(value: Any, where: str) -> Mapping[str, Any]:

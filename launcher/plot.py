@@ -10,10 +10,14 @@ from __future__ import annotations
 import csv
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from apexrl.common.episodes import EVALUATE, SOLVE_WINDOW, read_episodes
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 def read_progress(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -66,16 +70,7 @@ def plot_learning_curve(
     unix, wall, steps = read_progress(progress_csv)
     times, returns = read_eval_returns(episodes_csv)
     mean = rolling_mean(returns)
-    if unix.size:
-        start = unix[0] - wall[0]  # the launch time: unix time at wall_seconds 0
-        # (0 s, 0 steps) anchors episodes finished before the first tick.
-        tick_wall = np.concatenate([[0.0], wall]) if wall[0] > 0 else wall
-        tick_steps = np.concatenate([[0.0], steps]) if wall[0] > 0 else steps
-        episode_wall = times - start
-        episode_steps = np.interp(episode_wall, tick_wall, tick_steps)
-    else:  # no progress ticks: time from the first episode, no step axis
-        episode_wall = times - (times[0] if times.size else 0.0)
-        episode_steps = np.full(times.shape, np.nan)
+    episode_steps, episode_wall = _episode_positions(unix, wall, steps, times)
 
     fig, (ax_steps, ax_wall) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
     panels = (
@@ -83,24 +78,7 @@ def plot_learning_curve(
         (ax_wall, episode_wall / 60.0, "wall time (minutes since launch)"),
     )
     for ax, x, xlabel in panels:
-        if returns.size:
-            ax.scatter(x, returns, s=4, alpha=0.25, color="tab:blue", label="evaluation episode")
-            ax.plot(x, mean, color="tab:blue", linewidth=2, label=f"mean of last {SOLVE_WINDOW}")
-        else:
-            ax.text(0.5, 0.5, "no evaluation episodes", transform=ax.transAxes, ha="center", va="center")
-        if target_return is not None:
-            ax.axhline(
-                target_return,
-                color="tab:red",
-                linestyle="--",
-                linewidth=1.2,
-                label=f"target {target_return:g}",
-            )
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("episode return (greedy evaluation)")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="lower right", fontsize="small")
+        _draw_panel(ax, x, returns, mean, xlabel, target_return)
     ax_steps.ticklabel_format(axis="x", style="sci", scilimits=(0, 4))
     fig.suptitle(f"{title} learning curve" if title else "learning curve")
     out = Path(out)
@@ -110,3 +88,44 @@ def plot_learning_curve(
     plt.close(fig)
     os.replace(tmp, out)
     return out
+
+
+def _episode_positions(
+    unix: np.ndarray, wall: np.ndarray, steps: np.ndarray, times: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(env steps, wall seconds since launch) of each evaluation episode: episodes carry only wall times, so their
+    steps are interpolated from the progress ticks; without ticks, time counts from the first episode and the
+    steps are NaN (no step axis)."""
+    if unix.size:
+        start = unix[0] - wall[0]  # the launch time: unix time at wall_seconds 0
+        # (0 s, 0 steps) anchors episodes finished before the first tick.
+        tick_wall = np.concatenate([[0.0], wall]) if wall[0] > 0 else wall
+        tick_steps = np.concatenate([[0.0], steps]) if wall[0] > 0 else steps
+        episode_wall = times - start
+        return np.interp(episode_wall, tick_wall, tick_steps), episode_wall
+    episode_wall = times - (times[0] if times.size else 0.0)
+    return np.full(times.shape, np.nan), episode_wall
+
+
+def _draw_panel(
+    ax: Axes, x: np.ndarray, returns: np.ndarray, mean: np.ndarray, xlabel: str, target_return: float | None
+) -> None:
+    """One panel: the evaluation episodes and their rolling mean against `x`, and the target line."""
+    if returns.size:
+        ax.scatter(x, returns, s=4, alpha=0.25, color="tab:blue", label="evaluation episode")
+        ax.plot(x, mean, color="tab:blue", linewidth=2, label=f"mean of last {SOLVE_WINDOW}")
+    else:
+        ax.text(0.5, 0.5, "no evaluation episodes", transform=ax.transAxes, ha="center", va="center")
+    if target_return is not None:
+        ax.axhline(
+            target_return,
+            color="tab:red",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"target {target_return:g}",
+        )
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("episode return (greedy evaluation)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower right", fontsize="small")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apexrl.actor.kept_policy import KeptRecord, record_path
 from apexrl.algorithms.checkpoint_files import CHECKPOINT_NAME, KEPT_POLICY_NAME
@@ -26,6 +26,10 @@ from apexrl.launcher.fleet_config import FleetConfig
 from apexrl.launcher.progress import ProgressRow
 from apexrl.launcher.record import RECORD_KEY, fleet_record, write_record
 from apexrl.launcher.run_dir import CONFIG_NAME, RunLock
+
+if TYPE_CHECKING:
+    from apexrl.launcher.fleet import Child, Fleet
+    from apexrl.launcher.progress import Progress, ProgressCsv
 
 log = logging.getLogger("apexrl.launch")
 
@@ -88,6 +92,19 @@ class RunResult:
         )
 
 
+@dataclass
+class _RunState:
+    """What the phases of `Launch._run` hand on to each other: the fleet, the progress files, the last progress
+    row, and how the run ended so far (reason stays "signal" until a phase knows better)."""
+
+    fleet: Fleet
+    progress_csv: ProgressCsv
+    progress: Progress | None = None  # None until the roles started
+    row: ProgressRow | None = None
+    solved: bool = False
+    reason: str = "signal"
+
+
 class Launch:
     """One run of one machine's roles, from start to the result."""
 
@@ -146,9 +163,30 @@ class Launch:
             self.lock.release()
 
     def _run(self, start: float) -> RunResult:
-        from apexrl.launcher.fleet import Fleet, Interrupted, StartupError
-        from apexrl.launcher.progress import Progress, ProgressCsv
-        from apexrl.launcher.prometheus_targets import write_targets
+        """The run's phases in order: prepare, start the roles, supervise them until the run is over, stop them
+        (however it ended, an exception included), then write the results and say how it ended."""
+        from apexrl.launcher.fleet import Interrupted, StartupError
+
+        state = self._prepare(start)
+        try:
+            self._announce()
+            self._start_roles(state, start)
+            self._supervise(state, start)
+        except Interrupted:
+            state.reason = self.stop_reason
+        except StartupError as err:
+            state.reason = "startup_failed"
+            self.report(f"apexrl launch: fleet did not start: {err}")
+        finally:
+            self._stop_roles(state, start)
+        self._write_results()
+        return self._result(state, start)
+
+    def _prepare(self, start: float) -> _RunState:
+        """Build the fleet and write config.json before any role starts, so that a run that fails to start still
+        leaves its record; open progress.csv."""
+        from apexrl.launcher.fleet import Fleet
+        from apexrl.launcher.progress import ProgressCsv
 
         fleet = Fleet(
             self.config,
@@ -162,114 +200,134 @@ class Launch:
         progress_csv = ProgressCsv(
             self.run_dir / "progress.csv", tensorboard_dir=self.run_dir / "tensorboard" / "episodes"
         )
-        progress: Progress | None = None
-        row = None
-        solved = False
-        reason = "signal"
-        try:
-            log.info(
-                "%s %s on %s with %s; target return %s, at most %.0fs; run directory %s",
-                "resuming" if self.resuming else "launching",
-                self.config.env,
-                self.host,
-                describe_algorithm(self.config, self.host, self.run_dir, self.extra),
-                self.target if self.checks_target else "not checked here",
-                self.config.max_seconds,
-                self.run_dir,
-            )
-            if self.resuming:  # what it continues from, before any role starts
-                from apexrl.launcher.resume_state import resume_lines
+        return _RunState(fleet, progress_csv)
 
-                for level, line in resume_lines(self.config, self.host, self.run_dir, self.extra):
-                    log.log(level, line)
-            fleet.start()
-            self._write_config(fleet, start)
-            write_targets(self.run_dir, fleet.config, self.host, fleet.roles)  # Prometheus file-SD
-            progress = self._progress(fleet, start)
-            row = self._tick(progress, progress_csv, time.time())  # anchors the curve once all run
-            threading.Thread(target=_import_plotting, name="import-matplotlib", daemon=True).start()
-            next_tick = time.time() + self.progress_seconds
-            while not self.stop.is_set():
-                child = fleet.supervise()
-                if child is not None:
-                    failed = child.process.returncode != 0
-                    reason = "restart_budget_exhausted" if failed else "role_exited"
-                    if failed:
-                        self.report(
-                            f"apexrl launch: {child.role.name} died unexpectedly and its restart budget "
-                            f"({self.config.max_restarts} in {self.config.restart_window:.0f}s) is spent: "
-                            f"{child.describe_exit()}"
-                        )
-                    else:
-                        log.info("%s finished (exit status 0); stopping the fleet", child.role.name)
-                    break
-                now = time.time()
-                if now - start >= self.config.max_seconds:
-                    reason = "max_seconds"
-                    break
-                if now >= next_tick:
-                    row = self._tick(progress, progress_csv, now, restarts=sum(fleet.restart_counts.values()))
-                    verdict = self._verdict(start) if self.checks_target else None
-                    if verdict is not None:
-                        solved, reason = True, "target"
-                        log.info(
-                            "solved: after evaluation round %d (weights v%d) the last 100 evaluation episodes "
-                            "average %.1f >= %g; those weights are kept in %s",
-                            verdict.round,
-                            verdict.weight_version,
-                            verdict.mean_return_100,
-                            self.target,
-                            self.kept_path,
-                        )
-                        break
-                    next_tick += self.progress_seconds
-                self.stop.wait(0.2)
-            else:
-                reason = self.stop_reason
-        except Interrupted:
-            reason = self.stop_reason
-        except StartupError as err:
-            reason = "startup_failed"
-            self.report(f"apexrl launch: fleet did not start: {err}")
-        finally:
-            if progress is None:  # startup did not finish: count what the started roles did
-                progress = self._progress(fleet, start)
-            if fleet.children and not self.force.is_set():
-                try:
-                    row = self._tick(
-                        progress,
-                        progress_csv,
-                        time.time(),
-                        echo=False,
-                        restarts=sum(fleet.restart_counts.values()),
-                    )  # last counters
-                except Exception as err:  # the fleet must still be stopped
-                    log.warning("final progress read failed: %s", err)
-            log.info("stopping %d roles (%s)", len(fleet.children), reason)
-            fleet.stop(self.stop_grace, self.force)
-            progress_csv.close()
-            progress.close()
-            self._write_config(fleet, start)
-        self._write_results()
-        row = row or self.previous
+    def _announce(self) -> None:
+        """Say what this launch runs, and, when it resumes a run, what it continues from, before any role starts."""
+        log.info(
+            "%s %s on %s with %s; target return %s, at most %.0fs; run directory %s",
+            "resuming" if self.resuming else "launching",
+            self.config.env,
+            self.host,
+            describe_algorithm(self.config, self.host, self.run_dir, self.extra),
+            self.target if self.checks_target else "not checked here",
+            self.config.max_seconds,
+            self.run_dir,
+        )
+        if self.resuming:
+            from apexrl.launcher.resume_state import resume_lines
+
+            for level, line in resume_lines(self.config, self.host, self.run_dir, self.extra):
+                log.log(level, line)
+
+    def _start_roles(self, state: _RunState, start: float) -> None:
+        """Start the roles, then record what started (config.json with the ports picked, the Prometheus targets) and
+        the first progress row, which anchors the curve once all run."""
+        from apexrl.launcher.prometheus_targets import write_targets
+
+        state.fleet.start()
+        self._write_config(state.fleet, start)
+        write_targets(self.run_dir, state.fleet.config, self.host, state.fleet.roles)  # Prometheus file-SD
+        state.progress = self._progress(state.fleet, start)
+        state.row = self._tick(state.progress, state.progress_csv, time.time())
+        threading.Thread(target=_import_plotting, name="import-matplotlib", daemon=True).start()
+
+    def _supervise(self, state: _RunState, start: float) -> None:
+        """Keep the roles running and tick progress until the run is over: a role finished or spent its restart
+        budget, max_seconds passed, the target was reached, or `stop` was set. state.reason says which."""
+        next_tick = time.time() + self.progress_seconds
+        while not self.stop.is_set():
+            child = state.fleet.supervise()
+            if child is not None:
+                self._role_ended(state, child)
+                return
+            now = time.time()
+            if now - start >= self.config.max_seconds:
+                state.reason = "max_seconds"
+                return
+            if now >= next_tick:
+                restarts = sum(state.fleet.restart_counts.values())
+                state.row = self._tick(state.progress, state.progress_csv, now, restarts=restarts)
+                if self._target_reached(state, start):
+                    return
+                next_tick += self.progress_seconds
+            self.stop.wait(0.2)
+        state.reason = self.stop_reason
+
+    def _role_ended(self, state: _RunState, child: Child) -> None:
+        """A role left for good: it finished its work (the run is over) or kept dying (reported as a failure)."""
+        failed = child.process.returncode != 0
+        state.reason = "restart_budget_exhausted" if failed else "role_exited"
+        if failed:
+            self.report(
+                f"apexrl launch: {child.role.name} died unexpectedly and its restart budget "
+                f"({self.config.max_restarts} in {self.config.restart_window:.0f}s) is spent: "
+                f"{child.describe_exit()}"
+            )
+        else:
+            log.info("%s finished (exit status 0); stopping the fleet", child.role.name)
+
+    def _target_reached(self, state: _RunState, start: float) -> bool:
+        """True (and the run solved) once the evaluator records that a round of this launch reached the target."""
+        verdict = self._verdict(start) if self.checks_target else None
+        if verdict is None:
+            return False
+        state.solved, state.reason = True, "target"
+        log.info(
+            "solved: after evaluation round %d (weights v%d) the last 100 evaluation episodes "
+            "average %.1f >= %g; those weights are kept in %s",
+            verdict.round,
+            verdict.weight_version,
+            verdict.mean_return_100,
+            self.target,
+            self.kept_path,
+        )
+        return True
+
+    def _stop_roles(self, state: _RunState, start: float) -> None:
+        """Read the last counters (unless a second signal hurries the stop), stop the roles, close the progress
+        files and rewrite config.json: however the run ended, so that no role outlives it."""
+        if state.progress is None:  # startup did not finish: count what the started roles did
+            state.progress = self._progress(state.fleet, start)
+        if state.fleet.children and not self.force.is_set():
+            try:
+                state.row = self._tick(
+                    state.progress,
+                    state.progress_csv,
+                    time.time(),
+                    echo=False,
+                    restarts=sum(state.fleet.restart_counts.values()),
+                )  # last counters
+            except Exception as err:  # the fleet must still be stopped
+                log.warning("final progress read failed: %s", err)
+        log.info("stopping %d roles (%s)", len(state.fleet.children), state.reason)
+        state.fleet.stop(self.stop_grace, self.force)
+        state.progress_csv.close()
+        state.progress.close()
+        self._write_config(state.fleet, start)
+
+    def _result(self, state: _RunState, start: float) -> RunResult:
+        """How the run ended, from its last progress row (or the resumed run's), the kept policy and the last
+        checkpoint."""
+        row = state.row or self.previous
         kept = KeptRecord.read(self.kept_record)
-        verdict = kept if solved else None
+        verdict = kept if state.solved else None
         last = self.run_dir / "checkpoints" / CHECKPOINT_NAME
         return RunResult(
             env_steps=row.env_steps if row else 0,
             episodes=row.episodes if row else 0,
             updates=row.updates if row else None,
             # A solved run reports the episodes that solved it (later ones belong to a round cut short by the stop).
-            mean_return_100=verdict.mean_return_100 if verdict is not None else progress.eval_mean(),
+            mean_return_100=verdict.mean_return_100 if verdict is not None else state.progress.eval_mean(),
             wall_seconds=round(
                 time.time() - start + (self.previous.wall_seconds if self.previous else 0.0), 3
             ),
-            solved=solved,
+            solved=state.solved,
             target_return=self.target,
             run_dir=str(self.run_dir),
-            reason=reason,
-            restarts=sum(fleet.restart_counts.values()),
-            restarts_by_role=fleet.restart_counts,
+            reason=state.reason,
+            restarts=sum(state.fleet.restart_counts.values()),
+            restarts_by_role=state.fleet.restart_counts,
             kept_policy=None if kept is None else {"path": str(self.kept_path), **_kept_fields(kept)},
             last_checkpoint=str(last) if last.is_file() else None,
         )

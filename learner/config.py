@@ -9,24 +9,15 @@ from pathlib import Path
 from apexrl.algorithms.registry import AUTO
 from apexrl.algorithms.registry import names as algorithm_names
 from apexrl.algorithms.torso_specs import NETWORKS
-from apexrl.common.access import certificate_roles_setting, check_access_settings, role_tokens_setting
-from apexrl.common.addresses import check_address, check_listen, check_targets
+from apexrl.common.addresses import check_address, check_targets
 from apexrl.common.env_settings import EnvKwargs, env_kwargs_setting, env_module_setting
 from apexrl.common.process import (
-    health_port_setting,
-    host_setting,
     metrics_port_setting,
-    port_file_setting,
     replay_resolve_setting,
-    tls_ca_setting,
-    tls_cert_setting,
-    tls_key_setting,
     tls_server_name_setting,
-    token_file_setting,
-    token_setting,
 )
+from apexrl.common.serving_settings import ServingSettings
 from apexrl.common.settings import setting
-from apexrl.common.tls import check_health_port, tls_of
 
 DEFAULT_PORT = 7200
 DEFAULT_METRICS_PORT = 9200
@@ -47,7 +38,7 @@ def check_device(device: str) -> None:
 
 
 @dataclass(frozen=True)
-class LearnerConfig:
+class LearnerConfig(ServingSettings):
     """Configuration of the learner process (Ape-X's learner: an algorithm of `apexrl.algorithms` trained on
     prioritized batches drawn across every shard).
 
@@ -80,8 +71,7 @@ class LearnerConfig:
     seed: int | None = setting(
         None, "seed of network initialisation and sampling (none: unseeded)", wiring="[fleet] seed"
     )
-    # The parameter service hosted in this process (or a standalone one).
-    host: str = host_setting()
+    # The parameter service hosted in this process (or a standalone one); where and how: ServingSettings.
     port: int = setting(
         DEFAULT_PORT, "port of the parameter service hosted in this process; 0 picks one (see --port-file)"
     )
@@ -91,16 +81,7 @@ class LearnerConfig:
         metavar="ADDRESS",
     )
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
-    token: str | None = token_setting()
-    token_file: str | None = token_file_setting()
-    role_tokens: str | None = role_tokens_setting()
-    certificate_roles: bool = certificate_roles_setting()
-    tls_cert: str | None = tls_cert_setting()
-    tls_key: str | None = tls_key_setting()
-    tls_ca: str | None = tls_ca_setting()
     tls_server_name: str | None = tls_server_name_setting()
-    health_port: int | None = health_port_setting()
-    port_file: str | None = port_file_setting()
     # Algorithm
     algorithm: str = setting(
         AUTO,
@@ -200,7 +181,6 @@ class LearnerConfig:
         check_device(self.device)
         if self.params is not None:
             check_address(self.params, "params")
-        check_listen(self.host, self.port, self.metrics_port)
         if not self.replay_resolve_seconds > 0:
             raise ValueError(f"replay_resolve_seconds ({self.replay_resolve_seconds}) must be > 0")
         for name in (
@@ -246,9 +226,9 @@ class LearnerConfig:
             raise ValueError(f"sample_timeout ({self.sample_timeout}) must be > 0")
         if self.max_updates is not None and self.max_updates < 1:
             raise ValueError(f"max_updates ({self.max_updates}) must be a positive integer")
-        tls = tls_of(self, serves=self.params is None)  # it serves only the parameter service it hosts
-        # Its token is its own credential as a client; role tokens are what the service it hosts verifies.
-        check_access_settings(None, self.role_tokens, self.certificate_roles, tls is not None and tls.mutual)
+        # It serves only the parameter service it hosts; its token is its own credential as a client, role tokens
+        # are what the service it hosts verifies.
+        self.check_serving(serves=self.params is None, token_is_verified=False)
         if self.params is not None and (self.role_tokens is not None or self.certificate_roles):
             raise ValueError(
                 "role_tokens and certificate_roles set who may call the parameter service this learner "
@@ -259,7 +239,6 @@ class LearnerConfig:
                 f"health_port ({self.health_port}) belongs to the hosted parameter service; with "
                 f"params ({self.params}) this learner serves none"
             )
-        check_health_port(self.health_port, self.port)
 
     def listening_ports(self) -> dict[str, int]:
         """Flag -> port this process listens on (0 and -1: none to check): the hosted parameter service's only

@@ -9,11 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from apexrl.common import grpc_util
-from apexrl.common.access import AccessPolicy, describe_access
-from apexrl.common.files import atomic_write
-from apexrl.common.metrics import serve_metrics
-from apexrl.common.tls import describe, tls_of
+from apexrl.common.serving import Serving
 from apexrl.parameter_server.config import ParamsConfig
 from apexrl.parameter_server.limits import PublishLimits
 
@@ -29,42 +25,25 @@ def run(config: ParamsConfig, stop: threading.Event) -> int:
     from apexrl.parameter_server.service import create_parameter_server
 
     registry = CollectorRegistry()
-    tls = tls_of(config, serves=True)
     limits = PublishLimits.of(config)
     service = create_parameter_server(
-        f"{config.host}:{config.port}",
+        config.address(),
         registry=registry,
         chunk_bytes=config.chunk_bytes,
         max_message_bytes=config.max_message_bytes,
         limits=limits,
-        tls=tls,
+        tls=config.tls(),
         connections=config,
-        access=AccessPolicy.from_settings(config.token, config.role_tokens, config.certificate_roles),
-        health_address=None if config.health_port is None else f"{config.host}:{config.health_port}",
+        access=config.access(),
+        health_address=config.health_address(),
     )
-    server, port, store = service.server, service.port, service.store
-    try:
-        metrics = serve_metrics(registry, config.metrics_port, config.host)
-    except OSError:
-        server.stop(None).wait()
-        raise
-    log.info(
-        "parameter service serving on %s:%d (chunks of %d bytes, messages up to %d bytes, weights up to %d "
-        "bytes, %d publishes at once, idle publishes aborted after %g s, %s, %s%s); metrics %s",
-        config.host,
-        port,
-        config.chunk_bytes,
-        config.max_message_bytes,
-        limits.max_weights_bytes,
-        limits.max_concurrent_publishes,
-        limits.publish_idle_timeout,
-        describe_access(config),
-        describe(tls),
-        "" if config.health_port is None else f", plaintext health on port {config.health_port}",
-        metrics,
+    serving = Serving(service.server, service.port, config, registry, log)
+    serving.announce(
+        "parameter service",
+        f"chunks of {config.chunk_bytes} bytes, messages up to {config.max_message_bytes} bytes, weights up to "
+        f"{limits.max_weights_bytes} bytes, {limits.max_concurrent_publishes} publishes at once, idle publishes "
+        f"aborted after {limits.publish_idle_timeout:g} s",
     )
-    if config.port_file:
-        atomic_write(config.port_file, f"{port}\n")
-    grpc_util.serve_until(stop, server)
-    log.info("parameter service stopped at version %d", store.version)
+    serving.until_stopped(stop)
+    log.info("parameter service stopped at version %d", service.store.version)
     return 0

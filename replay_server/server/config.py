@@ -5,22 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from apexrl.common.access import certificate_roles_setting, check_access_settings, role_tokens_setting
-from apexrl.common.addresses import check_listen
 from apexrl.common.connections import ConnectionPolicy
-from apexrl.common.process import (
-    health_port_setting,
-    host_setting,
-    metrics_port_setting,
-    port_file_setting,
-    tls_ca_setting,
-    tls_cert_setting,
-    tls_key_setting,
-    token_file_setting,
-    token_setting,
-)
+from apexrl.common.process import metrics_port_setting
+from apexrl.common.serving_settings import ServingSettings
 from apexrl.common.settings import setting
-from apexrl.common.tls import check_health_port, tls_of
 from apexrl.replay_server.core.table import TableConfig
 from apexrl.replay_server.server.quotas import QuotaSettings
 
@@ -29,25 +17,15 @@ DEFAULT_METRICS_PORT = 9000
 
 
 @dataclass(frozen=True)
-class ReplayConfig(ConnectionPolicy, QuotaSettings, TableConfig):
-    """One replay shard process: its table, and where and how it serves."""
+class ReplayConfig(ServingSettings, ConnectionPolicy, QuotaSettings, TableConfig):
+    """One replay shard process: its table, and where and how it serves (ServingSettings)."""
 
-    host: str = host_setting()
     port: int = setting(DEFAULT_PORT, "gRPC port of the ReplayService; 0 picks a free port (see --port-file)")
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
     max_message_bytes: int = setting(
         64 * 1024 * 1024,
         "largest gRPC message received or sent; larger ones are refused with RESOURCE_EXHAUSTED",
     )
-    token: str | None = token_setting()
-    token_file: str | None = token_file_setting()
-    role_tokens: str | None = role_tokens_setting()
-    certificate_roles: bool = certificate_roles_setting()
-    tls_cert: str | None = tls_cert_setting()
-    tls_key: str | None = tls_key_setting()
-    tls_ca: str | None = tls_ca_setting()
-    health_port: int | None = health_port_setting()
-    port_file: str | None = port_file_setting()
     # Durability
     checkpoint_dir: str | None = setting(
         None,
@@ -82,7 +60,7 @@ class ReplayConfig(ConnectionPolicy, QuotaSettings, TableConfig):
         TableConfig.__post_init__(self)
         QuotaSettings.__post_init__(self)
         ConnectionPolicy.__post_init__(self)
-        check_listen(self.host, self.port, self.metrics_port)
+        self.check_serving()
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes ({self.max_message_bytes}) must be at least 1024")
         if not (math.isfinite(self.checkpoint_every) and self.checkpoint_every >= 0):
@@ -97,8 +75,3 @@ class ReplayConfig(ConnectionPolicy, QuotaSettings, TableConfig):
             raise ValueError(f"checkpoint_keep ({self.checkpoint_keep}) must be at least 1")
         if self.wal is not None and self.checkpoint_dir is None:
             raise ValueError("wal needs checkpoint_dir: the log is truncated after each checkpoint")
-        tls = tls_of(self, serves=True)
-        check_access_settings(
-            self.token, self.role_tokens, self.certificate_roles, tls is not None and tls.mutual
-        )
-        check_health_port(self.health_port, self.port)

@@ -13,12 +13,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 
-from apexrl.common import grpc_util
-from apexrl.common.access import AccessPolicy, describe_access
-from apexrl.common.addresses import join_host_port
-from apexrl.common.files import atomic_write
-from apexrl.common.metrics import serve_metrics
-from apexrl.common.tls import describe, tls_of
+from apexrl.common.serving import Serving
 from apexrl.replay_server.durability.durability_metrics import DurabilityCollector, DurabilityStats
 from apexrl.replay_server.server.config import ReplayConfig
 
@@ -74,73 +69,44 @@ def run(config: ReplayConfig, stop: threading.Event) -> int:
 
 def _serve(config: ReplayConfig, stop: threading.Event) -> int:
     from apexrl.replay_server.core.table import ReplayTable
-    from apexrl.replay_server.durability.checkpointer import Checkpointer
-    from apexrl.replay_server.durability.wal import WriteAheadLog
     from apexrl.replay_server.server.service import create_replay_server
 
     table = ReplayTable(config)
-    stats = DurabilityStats()
-    checkpointer = wal = None
-    if config.checkpoint_dir is not None:
-        wal = WriteAheadLog(config.wal, stats) if config.wal is not None else None
-        checkpointer = Checkpointer(
-            table,
-            config.checkpoint_dir,
-            keep=config.checkpoint_keep,
-            every=config.checkpoint_every,
-            max_mb_per_s=config.checkpoint_max_mb_per_s,
-            stats=stats,
-            on_written=None if wal is None else wal.truncate,
-        )
-        table.refuse_calls("the shard is restoring its checkpoint")
-    tls = tls_of(config, serves=True)
+    durability = _Durability.of(config, table)
     shard = create_replay_server(
         table,
-        join_host_port(config.host, config.port),
-        registry=metrics_registry(table, stats),
+        config.address(),
+        registry=metrics_registry(table, durability.stats),
         max_message_bytes=config.max_message_bytes,
-        tls=tls,
-        access=AccessPolicy.from_settings(config.token, config.role_tokens, config.certificate_roles),
+        tls=config.tls(),
+        access=config.access(),
         quotas=config,
         connections=config,
-        health_address=None
-        if config.health_port is None
-        else join_host_port(config.host, config.health_port),
-        serving=checkpointer is None,
-        checkpointer=checkpointer,
-        wal=wal,
+        health_address=config.health_address(),
+        serving=durability.checkpointer is None,
+        checkpointer=durability.checkpointer,
+        wal=durability.wal,
     )
-    server, port, registry = shard.server, shard.port, shard.registry
-    metrics = serve_metrics(registry, config.metrics_port, config.host)
-    log.info(
-        "replay shard serving on %s:%d (capacity %d%s, alpha %.2f, signature %s, %s, %s%s); metrics %s",
-        config.host,
-        port,
-        config.capacity,
-        "" if config.max_bytes is None else f" rows or {config.max_bytes} bytes",
-        config.alpha,
-        config.signature or "from first insert",
-        describe_access(config),
-        describe(tls),
-        "" if server.health_port is None else f", plaintext health on port {server.health_port}",
-        metrics,
+    serving = Serving(shard.server, shard.port, config, shard.registry, log).announce(
+        "replay shard", _table_line(config)
     )
-    if config.port_file:
-        atomic_write(config.port_file, f"{port}\n")
-    if checkpointer is not None:
-        try:
-            _restore(table, checkpointer, wal, config)
-        except BaseException:
-            server.stop(0).wait()
-            raise
-        table.refuse_calls(None)
-        server.set_serving()
-        checkpointer.start()
-    grpc_util.serve_until(stop, server, before_stop=table.close)
-    if checkpointer is not None:
-        checkpointer.close(final=True)
-    if wal is not None:
-        wal.close()
+    durability.restore_and_start(shard.server)
+    serving.until_stopped(stop, before_stop=table.close)
+    durability.close()
+    _log_stopped(table)
+    return 0
+
+
+def _table_line(config: ReplayConfig) -> str:
+    """The table's part of the start line."""
+    return (
+        f"capacity {config.capacity}"
+        + ("" if config.max_bytes is None else f" rows or {config.max_bytes} bytes")
+        + f", alpha {config.alpha:.2f}, signature {config.signature or 'from first insert'}"
+    )
+
+
+def _log_stopped(table: ReplayTable) -> None:
     info = table.info()
     log.info(
         "replay shard stopped: %d rows held, %d inserted, %d sampled; %d bytes held (%.0f per row), "
@@ -152,7 +118,61 @@ def _serve(config: ReplayConfig, stop: threading.Event) -> int:
         info.stored_bytes / max(1, info.size),
         info.signature,
     )
-    return 0
+
+
+class _Durability:
+    """The shard's checkpointer and write-ahead log, when its settings ask for them: built refusing calls until
+    the restore, restored (health NOT_SERVING meanwhile) before the shard serves, closed after it stopped."""
+
+    def __init__(self, config: ReplayConfig, table: ReplayTable, checkpointer, wal, stats: DurabilityStats):
+        self.config, self.table, self.checkpointer, self.wal, self.stats = (
+            config,
+            table,
+            checkpointer,
+            wal,
+            stats,
+        )
+
+    @classmethod
+    def of(cls, config: ReplayConfig, table: ReplayTable) -> _Durability:
+        from apexrl.replay_server.durability.checkpointer import Checkpointer
+        from apexrl.replay_server.durability.wal import WriteAheadLog
+
+        stats = DurabilityStats()
+        if config.checkpoint_dir is None:
+            return cls(config, table, None, None, stats)
+        wal = WriteAheadLog(config.wal, stats) if config.wal is not None else None
+        checkpointer = Checkpointer(
+            table,
+            config.checkpoint_dir,
+            keep=config.checkpoint_keep,
+            every=config.checkpoint_every,
+            max_mb_per_s=config.checkpoint_max_mb_per_s,
+            stats=stats,
+            on_written=None if wal is None else wal.truncate,
+        )
+        table.refuse_calls("the shard is restoring its checkpoint")
+        return cls(config, table, checkpointer, wal, stats)
+
+    def restore_and_start(self, server) -> None:
+        """Restore, then serve (health SERVING) and checkpoint periodically; a failed restore stops the server."""
+        if self.checkpointer is None:
+            return
+        try:
+            _restore(self.table, self.checkpointer, self.wal, self.config)
+        except BaseException:
+            server.stop(0).wait()
+            raise
+        self.table.refuse_calls(None)
+        server.set_serving()
+        self.checkpointer.start()
+
+    def close(self) -> None:
+        """The last checkpoint (at SIGTERM), then the log."""
+        if self.checkpointer is not None:
+            self.checkpointer.close(final=True)
+        if self.wal is not None:
+            self.wal.close()
 
 
 def _restore(table, checkpointer, wal, config: ReplayConfig) -> None:

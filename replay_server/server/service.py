@@ -202,6 +202,18 @@ class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
         self.streams.close()
 
 
+def _not_serving_once_the_log_fails(server: AioServerThread):
+    """The write-ahead log's failure callback: the log refuses every insert from now on, so the shard leaves the
+    load balancers' rotation (health NOT_SERVING) until a restart. It runs under the table lock, maybe on the
+    server's own loop, and reporting waits on that loop: hence a thread."""
+
+    def not_serving(error: BaseException) -> None:
+        log.error("the write-ahead log failed (%s): health NOT_SERVING until the shard restarts", error)
+        threading.Thread(target=server.enter_graceful_shutdown, name="apexrl-wal-failed", daemon=True).start()
+
+    return not_serving
+
+
 @dataclass(frozen=True)
 class ReplayServer:
     """A started replay shard: the server (stop, health: `enter_graceful_shutdown`, `set_serving`), the port it
@@ -264,14 +276,5 @@ def create_replay_server(
     )
     port = server.start(address)
     if wal is not None:
-
-        def not_serving(error: BaseException) -> None:
-            # The log refuses every insert from now on: leave the load balancers' rotation until a restart. This
-            # runs under the table lock, maybe on the server's own loop, and reporting waits on that loop.
-            log.error("the write-ahead log failed (%s): health NOT_SERVING until the shard restarts", error)
-            threading.Thread(
-                target=server.enter_graceful_shutdown, name="apexrl-wal-failed", daemon=True
-            ).start()
-
-        wal.on_failure(not_serving)
+        wal.on_failure(_not_serving_once_the_log_fails(server))
     return ReplayServer(server, port, registry)

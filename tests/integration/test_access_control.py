@@ -332,7 +332,7 @@ def test_a_learner_hosting_the_service_with_role_tokens_refuses_an_actors_publis
         learner.terminate()
         learner.wait(60)
     text = log.read_text()
-    assert f"(hosted, plaintext, roles from role tokens in {tokens_dir}" in text, text
+    assert f"(hosted, roles from role tokens in {tokens_dir}, plaintext" in text, text
     assert "refused ParameterService/Publish" in text and "actor.m1" in text, text
 
 

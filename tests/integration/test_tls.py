@@ -450,7 +450,9 @@ def test_a_launched_fleet_trains_over_mutual_tls(tmp_path):
                 health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE, name  # plaintext is refused
             wait_for_health(address, timeout=5, tls=tls)
-        assert "mutual TLS" in run.log("shard-0") and "hosted, mutual TLS" in run.log("learner")
+        assert "mutual TLS" in run.log("shard-0") and re.search(
+            r"\(hosted, [^)]*, mutual TLS", run.log("learner")
+        )
         # It trains: the learner updates from what the actor inserted, and both clients of its weights get them.
         wait_until(
             lambda: (

@@ -8,7 +8,6 @@ The TLS and role targets mount Secrets made outside the manifests: the tests add
 
 from __future__ import annotations
 
-import inspect
 import re
 import shutil
 import subprocess
@@ -44,7 +43,7 @@ TLS_SERVER_NAME = "apexrl-replay.apexrl.svc"
 def stop_grace() -> float:
     """The longest a role takes to stop after SIGTERM: the launcher's stop grace, and a server's drain time."""
     launcher = next(s.default for s in settings_of(FleetSettings) if s.name == "stop_grace")
-    server = inspect.signature(grpc_util.serve_until).parameters["grace"].default
+    server = grpc_util.DRAIN_GRACE_SECONDS
     return max(launcher, server)
 
 
