@@ -24,10 +24,10 @@ from apexrl.actor.config import ActorConfig
 from apexrl.actor.evaluation_pacing import EvaluationPacer, log_round
 from apexrl.actor.kept_policy import KeptPolicy, KeptRecord
 from apexrl.actor.metrics import ActorMetrics
-from apexrl.actor.nstep import NStepAccumulator, Transition, compress_image_columns, stack_transitions
 from apexrl.algorithms.base import ActingPolicy
 from apexrl.algorithms.policy_file import PolicyFile, save_policy_file
 from apexrl.algorithms.registry import for_spaces, with_defaults
+from apexrl.common.compression import compress_image_columns
 from apexrl.common.env_settings import EnvChoice
 from apexrl.common.environments import check_spaces, clips_rewards, make_vector_env
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
@@ -83,7 +83,8 @@ class ApeXActor:
         self.clip_rewards = clips_rewards(config.env)
         # Environment i of this actor resets with seed + i; below 2**32, which MinAtar's RandomState requires.
         self._env_seed = (seed * 1000 + config.actor_index * config.num_envs) % 2**31
-        self.accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in range(config.num_envs)]
+        self.writing = self.algorithm.writing()  # steps into replay items, one writer per environment
+        self.item_writers = [self.writing.make_writer(config, self.spaces) for _ in range(config.num_envs)]
         self.tls = tls_of(config)
         self.params = ParameterClient(config.params, timeout=5.0, token=config.token, tls=self.tls)
         # Round-robin from shard actor_index mod S with failover, back pressure and dns:/// membership (the SDK's).
@@ -186,12 +187,12 @@ class ApeXActor:
         """The clients of the shards this actor writes to now (none for the evaluator)."""
         return [] if self.writer is None else self.writer.shards
 
-    def _send(self, transitions: list[Transition], versions: list[int], stop: threading.Event) -> None:
+    def _send(self, items: list, versions: list[int], stop: threading.Event) -> None:
         """Insert one batch through the writer: round-robin over shards; a shard whose backlog is full (down or
         slow) is skipped; when every shard is full, wait on the round-robin one (back pressure from the shards' rate
         limiters) until `stop` is set. Each row carries the weights version that was acting when it was completed
         (`weight_version`), so the learner can measure policy staleness. Image observations are compressed (setting `compress`)."""
-        columns = stack_transitions(transitions)
+        columns = self.writing.item_columns(items)
         columns[ROW_VERSION_COLUMN] = np.asarray(versions, dtype=np.int64)
         priorities = self.policy.initial_priorities(columns) + MIN_PRIORITY
         columns = compress_image_columns(
@@ -202,7 +203,7 @@ class ApeXActor:
             return
         if placed.failed_over:
             self.metrics.failovers.inc()
-        self.metrics.transitions_sent.inc(len(transitions))
+        self.metrics.transitions_sent.inc(len(items))
 
     # --------------------------------------------------------------------------------------------------- loop
     def run(self, stop: threading.Event) -> None:
@@ -216,7 +217,7 @@ class ApeXActor:
         obs, _ = self.envs.reset(seed=self._env_seed)  # environment i: seed + i
         returns = np.zeros(num_envs)
         lengths = np.zeros(num_envs, dtype=np.int64)
-        outbox: list[Transition] = []
+        outbox: list = []  # replay items (n-step transitions for DQN and DPG)
         outbox_versions: list[int] = []  # the weights version acting when each outbox row was completed
         steps_since_pull = 0
         started = time.monotonic()
@@ -235,7 +236,7 @@ class ApeXActor:
                 lengths[i] += 1
                 done = terminated[i] or truncated[i]
                 last_obs = info["final_obs"][i] if done else next_obs[i]
-                completed = self.accumulators[i].push(
+                completed = self.item_writers[i].push(
                     obs[i], actions[i], train_rewards[i], last_obs, terminated[i], truncated[i]
                 )
                 outbox += completed

@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from apexrl.algorithms.registry import AUTO, for_spaces
+from apexrl.algorithms.registry import names as algorithm_names
 from apexrl.common.env_settings import EnvChoice, EnvKwargs, env_kwargs_setting, env_module_setting
 from apexrl.common.settings import SettingsError, setting
 
@@ -21,6 +23,12 @@ class SignatureConfig:
     env: str = setting("CartPole-v1", "Gymnasium environment id (or package.module:EnvId)")
     env_module: tuple[str, ...] = env_module_setting()
     env_kwargs: EnvKwargs = env_kwargs_setting()
+    algorithm: str = setting(
+        AUTO,
+        "the actors' --algorithm (its writing half says what a replay item holds); auto picks by the "
+        "environment's action space",
+        choices=algorithm_names(),
+    )
     compress: str = setting(
         "zstd",
         "the actors' --compress (image observations: zstd, lz4 or none)",
@@ -32,12 +40,15 @@ CONFIG = SignatureConfig
 
 
 def run(config: SignatureConfig, stop: threading.Event) -> int:
-    from apexrl.actor.nstep import replay_signature
     from apexrl.common.environments import env_spaces
 
     try:
         spaces = env_spaces(EnvChoice.of(config))
     except ValueError as err:  # an unknown or unplayable environment: one line, exit 2
         raise SettingsError(f"--env: {err}") from None
-    print(replay_signature(spaces, config.compress))
+    try:
+        algorithm = for_spaces(config.algorithm, spaces, config.env)
+    except ValueError as err:
+        raise SettingsError(f"--algorithm: {err}") from None
+    print(algorithm.writing().replay_signature(spaces, config.compress))
     return 0

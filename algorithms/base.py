@@ -1,7 +1,12 @@
-"""The interfaces of the seam: what the actor loop, the evaluator, the learner loop and the checkpoints ask of an
-algorithm's acting and learning halves. Protocols only (no torch import: `Tensor` is a name for type checkers).
+"""The interfaces of the seam: what the actor loop, the evaluator, the learner loop, the launcher and the checkpoints
+ask of an algorithm's writing, acting and learning halves. Protocols only (no torch import: `Tensor` is a name for
+type checkers).
 
-The actor side (`acting.py` of an algorithm) provides
+The writing side (the algorithm's `writing_module`: how actors turn steps into replay items) provides
+    make_writer(settings: WriterSettings, spaces) -> ItemWriter   (one per environment)
+    item_columns(items) -> dict[str, np.ndarray]                  (the columns of one insert)
+    replay_signature(spaces, compression) -> Signature             (the table signature that follows)
+the actor side (`acting.py` of an algorithm) provides
     make_policy(weights, spaces, torch_threads=1) -> ActingPolicy
     make_explorer(settings: ActorSettings, spaces, rng) -> Explorer
     make_greedy_module(weights, spaces) -> torch.nn.Module   (observations -> greedy actions; `apexrl export`)
@@ -19,6 +24,34 @@ import numpy as np
 
 if TYPE_CHECKING:
     import torch
+
+
+class WriterSettings(Protocol):
+    """The actor settings an item writer reads (ActorConfig has them)."""
+
+    n_step: int
+    gamma: float
+
+
+class ItemWriter(Protocol):
+    """Turns one environment's steps into replay items (DQN and DPG: n-step transitions, algorithms/nstep.py)."""
+
+    def push(
+        self,
+        obs: np.ndarray,
+        action: int | np.ndarray,
+        reward: float,
+        next_obs: np.ndarray,
+        terminated: bool,
+        truncated: bool,
+    ) -> list[Any]:
+        """Record one step (`next_obs`: the real last observation at an episode's end); return the items it
+        completed, oldest first."""
+        ...
+
+    def reset(self) -> None:
+        """Drop the steps of an episode abandoned without a terminal step."""
+        ...
 
 
 class ActingPolicy(Protocol):

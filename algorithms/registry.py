@@ -28,14 +28,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One algorithm: its name, the action space it plays (DISCRETE or BOX), where its acting and learning halves
-    live, its default settings per role ("fleet", "learner", "actor": setting name -> value), the settings only it
+    """One algorithm: its name, the action space it plays (DISCRETE or BOX), where its writing (steps into replay
+    items), acting and learning halves live, its default settings per role ("fleet", "learner", "actor": setting name -> value), the settings only it
     reads (role -> names), which another algorithm's run refuses when they are given, and what the launch line
     calls its own learner settings' values (`options_label`: dpg's are TD3's options)."""
 
     name: str
     action_kind: str
     summary: str
+    writing_module: str
     acting_module: str
     learning_module: str
     defaults: Mapping[str, Mapping[str, Any]]
@@ -48,6 +49,11 @@ class Algorithm:
         unknown = set(self.defaults) - set(ROLES)
         if unknown:
             raise ValueError(f"defaults for unknown roles {sorted(unknown)}; roles are {ROLES}")
+
+    def writing(self) -> ModuleType:
+        """How actors turn steps into replay items: `make_writer(settings, spaces)`, `item_columns(items)`,
+        `replay_signature(spaces, compression)` (algorithms/base.py). Pure numpy: the launcher asks it too."""
+        return importlib.import_module(self.writing_module)
 
     def acting(self) -> ModuleType:
         """The actor's half: `make_policy(weights, spaces)` and `make_explorer(...)`."""

@@ -208,8 +208,8 @@ def run_envs(args: argparse.Namespace, results: Results) -> EnvRun:
 
 def measure_env(args: argparse.Namespace, results: Results, children: Children, env_id: str) -> dict:
     """Play and store real transitions of `env_id` in 2 fresh shards, then measure each batch size."""
-    from apexrl.actor.nstep import compress_image_columns
     from apexrl.algorithms.torso_specs import resolve_network
+    from apexrl.common.compression import compress_image_columns
     from apexrl.common.environments import env_spaces
 
     spaces = env_spaces(env_id)
@@ -257,14 +257,14 @@ def measure_env(args: argparse.Namespace, results: Results, children: Children, 
 def play_transitions(env_id: str, count: int, seed: int) -> dict[str, np.ndarray]:
     """`count` n-step transitions as the built-in actor makes them (its preprocessing, 3-step returns, rewards
     clipped where actors clip them), random actions: real frames, which compress as a fleet's do."""
-    from apexrl.actor.nstep import NStepAccumulator, stack_transitions
+    from apexrl.algorithms.nstep import NStepWriter, item_columns
     from apexrl.common.environments import clips_rewards, make_env
 
     env = make_env(env_id)
     rng = np.random.default_rng(seed)
     clip = clips_rewards(env_id)
     obs, _ = env.reset(seed=seed)
-    accumulator = NStepAccumulator(3, 0.99)
+    accumulator = NStepWriter(3, 0.99)
     transitions: list = []
     while len(transitions) < count:
         action = int(rng.integers(env.action_space.n))
@@ -273,7 +273,7 @@ def play_transitions(env_id: str, count: int, seed: int) -> dict[str, np.ndarray
         transitions += accumulator.push(obs, action, reward, next_obs, terminated, truncated)
         obs = env.reset()[0] if terminated or truncated else next_obs
     env.close()
-    columns = stack_transitions(transitions[:count])
+    columns = item_columns(transitions[:count])
     columns["weight_version"] = np.zeros(count, dtype=np.int64)
     return columns
 

@@ -35,7 +35,7 @@ def measure_pixels(
     results: Results, timing: Timing, capacity: int, rows: int, window: int, workdir: str
 ) -> None:
     """Every pixel figure (shards started and stopped here)."""
-    from apexrl.actor.nstep import compress_image_columns
+    from apexrl.common.compression import compress_image_columns
 
     progress(f"playing {rows:,} Pong transitions with ale-py (real frames)")
     raw = pong_transitions(rows)
@@ -66,7 +66,7 @@ def _take(columns: dict, idx) -> dict:
 
 
 def measure_compression(results: Results, timing: Timing, raw: dict[str, np.ndarray]) -> None:
-    from apexrl.actor.nstep import compress_image_columns
+    from apexrl.common.compression import compress_image_columns
 
     batch = _take(raw, slice(0, BATCH))
     for codec in ("zstd", "lz4"):

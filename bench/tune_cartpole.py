@@ -3,7 +3,7 @@
 One process plays every role, in lockstep and without gRPC:
   * `num_actors` actors, each one CartPole env with its fixed Ape-X epsilon, sharing one copy of the weights that
     is refreshed from the learner every `actor_sync_steps` actor steps (the staleness of a real actor's copy);
-    n-step transitions (`apexrl.actor.nstep`) are inserted in batches of `actor_batch` with initial priorities =
+    n-step transitions (`apexrl.algorithms.nstep`) are inserted in batches of `actor_batch` with initial priorities =
     |TD| from the actor's copy (`td_error_abs(actor_net, actor_net, ...)`);
   * a proportional prioritized replay (plain numpy cumsum sampler; the fleet uses sum-tree shards);
   * a learner doing double DQN with a dueling head (`apexrl.learner.{networks,losses}`), Adam, gradient clipping,
@@ -53,10 +53,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
 from apexrl.algorithms.dqn.exploration import apex_epsilon
 from apexrl.algorithms.dqn.losses import double_dqn_loss, td_error_abs
 from apexrl.algorithms.dqn.networks import DuelingQNetwork
+from apexrl.algorithms.nstep import NStepWriter, Transition, item_columns
 from apexrl.algorithms.torsos import state_dict_to_numpy
 
 
@@ -193,7 +193,7 @@ class Simulation:
         self.epsilons = np.array(
             [apex_epsilon(i, cfg.num_actors, cfg.eps_base, cfg.eps_alpha) for i in range(cfg.num_actors)]
         )
-        self.accumulators = [NStepAccumulator(cfg.n_step, cfg.gamma) for _ in self.envs]
+        self.accumulators = [NStepWriter(cfg.n_step, cfg.gamma) for _ in self.envs]
         self.outbox: list[list[Transition]] = [[] for _ in self.envs]
         self.episode_returns = np.zeros(cfg.num_actors)
         self.finished_returns: list[list[float]] = [[] for _ in self.envs]
@@ -237,7 +237,7 @@ class Simulation:
                 next_obs, _ = env.reset()
             self.obs[i] = next_obs
             if len(self.outbox[i]) >= cfg.actor_batch:
-                cols = stack_transitions(self.outbox[i])
+                cols = item_columns(self.outbox[i])
                 priorities = td_error_abs(self.actor_net, self.actor_net, **_tensors(cols)).numpy()
                 self.replay.insert(cols, priorities)
                 self.outbox[i] = []

@@ -37,13 +37,13 @@ def pong_transitions(count: int, seed: int = 0) -> dict[str, np.ndarray]:
     """`count` real Pong transitions as the built-in actor makes them (uint8 [4, 84, 84] frame stacks, 3-step
     returns, random actions), played now with ale-py: random bytes do not compress, real frames do. Needs the
     `atari` extra (imported here only, so the cpprb worker never needs it)."""
-    from apexrl.actor.nstep import NStepAccumulator, stack_transitions
+    from apexrl.algorithms.nstep import NStepWriter, item_columns
     from apexrl.common.environments import make_env
 
     env = make_env("ALE/Pong-v5")
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
-    accumulator = NStepAccumulator(3, 0.99)
+    accumulator = NStepWriter(3, 0.99)
     transitions = []
     while len(transitions) < count:
         action = int(rng.integers(env.action_space.n))
@@ -53,7 +53,7 @@ def pong_transitions(count: int, seed: int = 0) -> dict[str, np.ndarray]:
         )
         obs = env.reset()[0] if terminated or truncated else next_obs
     env.close()
-    columns = stack_transitions(transitions[:count])
+    columns = item_columns(transitions[:count])
     columns["weight_version"] = np.zeros(count, dtype=np.int64)
     return columns
 

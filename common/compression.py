@@ -259,3 +259,29 @@ def decompress(column: CompressedColumn) -> tuple[np.ndarray, dict[int, str]]:
     """The decompressed array of `column` and its bad rows (see decompress_into)."""
     out = np.empty(column.logical_shape, dtype=column.dtype)
     return out, decompress_into(column, out)
+
+
+def compress_image_columns(
+    columns: dict[str, np.ndarray], compression: str | None, names: Sequence[str] = ("obs", "next_obs")
+) -> dict[str, np.ndarray | CompressedColumn]:
+    """`columns` with its image columns among `names` compressed one frame per row (`compression`: "zstd" or
+    "lz4"; None or "none" leaves them raw). An image column is uint8 or bool with at least 2 dimensions per row
+    (Atari's [4, 84, 84], MinAtar's [10, 10, C]); vectors stay raw (compressing them saves little and costs
+    the learner a decompression per row). The replay signature then reads `obs:uint8[4,84,84]@zstd`."""
+    if compression in (None, "none"):
+        return columns
+    out = dict(columns)
+    for name in names:
+        column = columns.get(name)
+        if column is not None and is_image(column.dtype, column.shape[1:]):
+            out[name] = compress(column, compression)
+    return out
+
+
+IMAGE_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
+
+
+def is_image(dtype: np.dtype, row_shape: Sequence[int]) -> bool:
+    """Whether rows of this dtype and shape are images, which replay keeps compressed: uint8 or bool with at
+    least 2 dimensions (Atari's [4, 84, 84], MinAtar's [10, 10, C]); vectors stay raw."""
+    return np.dtype(dtype) in IMAGE_DTYPES and len(row_shape) >= 2

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from apexrl.actor.config import ActorConfig
-from apexrl.actor.nstep import replay_signature
 from apexrl.algorithms.checkpoint_files import KEPT_POLICY_NAME
-from apexrl.algorithms.registry import AUTO, SPACE_NAMES, for_action_kind, get, with_defaults
+from apexrl.algorithms.registry import AUTO, SPACE_NAMES, for_action_kind, for_spaces, get, with_defaults
 from apexrl.common.env_settings import EnvChoice
 from apexrl.common.process import TOKEN_VARIABLE
 from apexrl.common.settings import parse_argv, to_argv
@@ -78,15 +77,17 @@ def action_kind(env: EnvChoice) -> str | None:
 
 
 @functools.lru_cache(maxsize=16)
-def built_in_signature(env: EnvChoice, compression: str | None) -> Signature | None:
-    """The table signature the built-in actor writes for `env` (actor/nstep.py `replay_signature`); None on a
-    machine without gymnasium (a shards-only machine: its shards then take the first insert's columns)."""
+def built_in_signature(env: EnvChoice, compression: str | None, algorithm: str = AUTO) -> Signature | None:
+    """The table signature the built-in actor writes for `env` with `algorithm` (its writing half's
+    `replay_signature`); None on a machine without gymnasium (a shards-only machine: its shards then take the
+    first insert's columns)."""
     try:
         from apexrl.common.environments import env_spaces
     except ImportError:
         return None
     try:
-        return replay_signature(env_spaces(env), compression)
+        spaces = env_spaces(env)
+        return for_spaces(algorithm, spaces, env.id).writing().replay_signature(spaces, compression)
     except ValueError as err:
         raise ConfigError(f"--env: {err}") from None
 
@@ -102,7 +103,7 @@ def pinned_signature(config: FleetConfig, shard_settings: Mapping[str, Any]) -> 
     }
     if len(compressions) != 1:
         return None
-    return built_in_signature(EnvChoice.of(config), compressions.pop())
+    return built_in_signature(EnvChoice.of(config), compressions.pop(), config.algorithm)
 
 
 def with_algorithm(config: FleetConfig) -> FleetConfig:

@@ -11,6 +11,7 @@ ALGORITHM = Algorithm(
     name="dpg",
     action_kind=BOX,
     summary="Ape-X DPG: deterministic policy and critic on n-step targets, Gaussian-noise actors (TD3 options)",
+    writing_module="apexrl.algorithms.nstep",
     acting_module="apexrl.algorithms.dpg.acting",
     learning_module="apexrl.algorithms.dpg.learning",
     defaults={

@@ -1,6 +1,6 @@
 """Ape-X DPG's losses (Horgan et al., 2018; Lillicrap et al., 2016), with TD3's options (Fujimoto et al., 2018).
 
-Each sampled transition carries what the actor computed (`apexrl.actor.nstep`): obs s_t, action a_t (as taken,
+Each sampled transition carries what the actor computed (`apexrl.algorithms.nstep`): obs s_t, action a_t (as taken,
 in the environment's units), reward R (the discounted k-step return), discount (gamma^k, or 0 when the episode
 terminated) and next_obs s_{t+k}. Then
     a'  = pi_target(s_{t+k})  [+ clip(N(0, target_noise), -noise_clip, noise_clip) per dimension, in units of half

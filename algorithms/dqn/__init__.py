@@ -10,6 +10,7 @@ ALGORITHM = Algorithm(
     name="dqn",
     action_kind=DISCRETE,
     summary="Ape-X DQN: dueling double DQN on n-step targets, epsilon-greedy actors",
+    writing_module="apexrl.algorithms.nstep",
     acting_module="apexrl.algorithms.dqn.acting",
     learning_module="apexrl.algorithms.dqn.learning",
     defaults={

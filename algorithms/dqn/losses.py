@@ -1,6 +1,6 @@
 """The n-step double DQN loss with importance weights (Ape-X; van Hasselt et al., 2016; Schaul et al., 2016).
 
-Each sampled transition carries what the actor computed (see `apexrl.actor.nstep`):
+Each sampled transition carries what the actor computed (see `apexrl.algorithms.nstep`):
     obs       s_t
     action    a_t
     reward    R = r_t + gamma r_{t+1} + ... + gamma^(k-1) r_{t+k-1},  k = min(n, steps left in the episode)

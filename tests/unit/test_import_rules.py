@@ -84,6 +84,7 @@ LEARNING_SIDE = (
 # Modules an actor of vector environments loads: no torch at import (convolutional policies import it lazily).
 TORCH_FREE_ACTING = (
     "apexrl.algorithms",
+    "apexrl.algorithms.nstep",
     "apexrl.algorithms.registry",
     "apexrl.algorithms.base",
     "apexrl.algorithms.torso_specs",

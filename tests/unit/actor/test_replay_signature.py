@@ -6,14 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apexrl.actor.nstep import (
-    Transition,
-    compress_image_columns,
-    replay_signature,
-    stack_transitions,
-    stored_action,
-    stored_obs,
-)
+from apexrl.algorithms.nstep import Transition, item_columns, replay_signature, stored_action, stored_obs
+from apexrl.common.compression import compress_image_columns
 from apexrl.common.environments import env_spaces, make_env
 from apexrl.common.signature import ROW_VERSION_COLUMN, Signature
 
@@ -29,7 +23,7 @@ def written_columns(env_id: str, compression: str) -> dict:
     transitions = [
         Transition(stored_obs(obs), stored_action(action), float(reward), 0.99, stored_obs(next_obs))
     ] * 3
-    columns = stack_transitions(transitions)
+    columns = item_columns(transitions)
     columns[ROW_VERSION_COLUMN] = np.zeros(3, dtype=np.int64)
     return compress_image_columns(columns, compression)
 
@@ -72,3 +66,28 @@ def test_apexrl_signature_prints_what_a_shard_takes_as_signature():
         timeout=120,
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    mismatched = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "signature", "--env", "Pendulum-v1", "--algorithm", "dqn"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert mismatched.returncode == 2 and "--algorithm: algorithm dqn needs a Discrete" in mismatched.stderr
+
+
+def test_the_launcher_pins_what_the_algorithms_writing_half_says():
+    """The launcher asks the run's algorithm for the signature (its writing half), not a module of the actor."""
+    from apexrl.algorithms.registry import for_spaces
+    from apexrl.common.env_settings import EnvChoice
+    from apexrl.launcher.commands import built_in_signature
+
+    for env_id, algorithm in (
+        ("CartPole-v1", "auto"),
+        ("Pendulum-v1", "dpg"),
+        ("MinAtar/Breakout-v1", "dqn"),
+    ):
+        spaces = env_spaces(env_id)
+        writing = for_spaces(algorithm, spaces).writing()
+        assert built_in_signature(EnvChoice(env_id), "zstd", algorithm) == writing.replay_signature(
+            spaces, "zstd"
+        )

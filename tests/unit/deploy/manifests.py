@@ -1321,18 +1321,19 @@ def _signature_problems(parsed: list[tuple[Container, int, Parsed]], servers: li
 
 @functools.cache
 def actor_signature(env: str, compress: str = "zstd") -> str:
-    """The replay signature the built-in actor writes for `env`: its own column-building code (actor/nstep.py) run
+    """The replay signature the built-in actor writes for `env`: its own column-building code (algorithms/nstep.py) run
     on one observation of the environment's spaces."""
     import numpy as np
 
-    from apexrl.actor.nstep import Transition, compress_image_columns, stack_transitions
+    from apexrl.algorithms.nstep import Transition, item_columns
+    from apexrl.common.compression import compress_image_columns
     from apexrl.common.environments import env_spaces
     from apexrl.common.signature import ROW_VERSION_COLUMN, Signature
 
     spaces = env_spaces(env)
     obs = np.zeros(spaces.obs_shape, dtype=spaces.obs_dtype)
     action = 0 if spaces.num_actions else np.zeros(len(spaces.action_low), dtype=np.float32)
-    columns = stack_transitions([Transition(obs, action, 0.0, 1.0, obs)] * 2)
+    columns = item_columns([Transition(obs, action, 0.0, 1.0, obs)] * 2)
     columns[ROW_VERSION_COLUMN] = np.zeros(2, dtype=np.int64)
     return str(Signature.from_batch(compress_image_columns(columns, compress)))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apexrl.actor.nstep import NStepAccumulator, Transition, stack_transitions
+from apexrl.algorithms.nstep import NStepWriter, Transition, item_columns
 
 GAMMA = 0.5
 
@@ -19,7 +19,7 @@ def _run(
     rewards: list[float], terminated_at_end: bool, truncated_at_end: bool, n: int = 3
 ) -> list[Transition]:
     """Push a single episode s_0..s_T with actions 10+t; return every emitted transition, checking order."""
-    acc = NStepAccumulator(n=n, gamma=GAMMA)
+    acc = NStepWriter(n=n, gamma=GAMMA)
     out: list[Transition] = []
     last = len(rewards) - 1
     for t, r in enumerate(rewards):
@@ -85,7 +85,7 @@ def test_one_step_is_plain_td() -> None:
 
 
 def test_episodes_do_not_leak_into_each_other() -> None:
-    acc = NStepAccumulator(n=3, gamma=GAMMA)
+    acc = NStepWriter(n=3, gamma=GAMMA)
     assert len(acc.push(_obs(0), 0, 1.0, _obs(1), terminated=True, truncated=False)) == 1
     # A new episode starts from scratch: its first step completes nothing.
     assert acc.push(_obs(7), 1, 100.0, _obs(8), terminated=False, truncated=False) == []
@@ -94,7 +94,7 @@ def test_episodes_do_not_leak_into_each_other() -> None:
 
 
 def test_stored_obs_are_copies() -> None:
-    acc = NStepAccumulator(n=1, gamma=GAMMA)
+    acc = NStepWriter(n=1, gamma=GAMMA)
     obs, nxt = _obs(1), _obs(2)
     (tr,) = acc.push(obs, 0, 1.0, nxt, terminated=False, truncated=False)
     obs[:] = 99
@@ -105,7 +105,7 @@ def test_stored_obs_are_copies() -> None:
 
 def test_stack_transitions_columns_and_dtypes() -> None:
     out = _run([1, 2, 3, 4, 5], terminated_at_end=True, truncated_at_end=False)
-    cols = stack_transitions(out)
+    cols = item_columns(out)
     assert list(cols) == ["obs", "action", "reward", "discount", "next_obs"]
     assert cols["obs"].dtype == np.float32 and cols["obs"].shape == (5, 2)
     assert cols["next_obs"].dtype == np.float32 and cols["next_obs"].shape == (5, 2)
@@ -116,7 +116,7 @@ def test_stack_transitions_columns_and_dtypes() -> None:
     np.testing.assert_array_equal(cols["discount"], [0.125, 0.125, 0.0, 0.0, 0.0])
     np.testing.assert_array_equal(cols["next_obs"][:, 0], [3, 4, 5, 5, 5])
     with pytest.raises(ValueError, match="empty"):
-        stack_transitions([])
+        item_columns([])
 
 
 @pytest.mark.parametrize(
@@ -131,12 +131,12 @@ def test_stack_transitions_columns_and_dtypes() -> None:
 )
 def test_observations_keep_their_dtype_except_floats_which_become_float32(dtype, stored) -> None:
     """uint8 pixels and bool planes go to replay at one byte per value; floats as float32."""
-    acc = NStepAccumulator(n=2, gamma=0.5)
+    acc = NStepWriter(n=2, gamma=0.5)
     frames = [np.full((4, 84, 84), t, dtype=dtype) for t in range(4)]
     out = []
     for t in range(3):
         out += acc.push(frames[t], 0, 1.0, frames[t + 1], terminated=t == 2, truncated=False)
-    cols = stack_transitions(out)
+    cols = item_columns(out)
     assert cols["obs"].dtype == stored and cols["next_obs"].dtype == stored
     assert cols["obs"].shape == (3, 4, 84, 84)
     np.testing.assert_array_equal(cols["next_obs"][:, 0, 0, 0], np.array([2, 3, 3]).astype(stored))
@@ -145,12 +145,11 @@ def test_observations_keep_their_dtype_except_floats_which_become_float32(dtype,
 @pytest.mark.parametrize(("n", "gamma"), [(0, 0.9), (-1, 0.9), (2.0, 0.9), (True, 0.9), (3, 1.5), (3, -0.1)])
 def test_rejects_bad_parameters(n: object, gamma: float) -> None:
     with pytest.raises(ValueError):
-        NStepAccumulator(n=n, gamma=gamma)  # type: ignore[arg-type]
+        NStepWriter(n=n, gamma=gamma)  # type: ignore[arg-type]
 
 
 def test_image_columns_are_compressed_one_frame_per_row_and_vectors_stay_raw():
-    from apexrl.actor.nstep import compress_image_columns
-    from apexrl.common.compression import CompressedColumn, decompress
+    from apexrl.common.compression import CompressedColumn, compress_image_columns, decompress
 
     rng = np.random.default_rng(0)
     columns = {

@@ -1,4 +1,7 @@
-"""n-step transitions for one environment, computed on the actor (pure numpy; no torch, no gRPC).
+"""The replay items of Ape-X DQN and DPG: n-step transitions, computed on the actor (pure numpy; no torch, no gRPC).
+This is their writing half (`Algorithm.writing()`): `make_writer` gives each environment its `NStepWriter`,
+`item_columns` stacks the items into the columns of an insert, `replay_signature` is the table signature that
+follows (what the launcher pins on the shards).
 
 For the step taken at time t, with k = min(n, steps from t to the end of the episode), the actor sends
     obs       s_t
@@ -16,13 +19,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from apexrl.common.compression import CompressedColumn, compress
+from apexrl.common.compression import is_image
 from apexrl.common.signature import ROW_VERSION_COLUMN, Signature
 from apexrl.common.spaces import EnvSpaces
+
+if TYPE_CHECKING:
+    from apexrl.algorithms.base import WriterSettings
 
 
 class Transition(NamedTuple):
@@ -36,8 +42,8 @@ class Transition(NamedTuple):
     next_obs: np.ndarray
 
 
-class NStepAccumulator:
-    """Turns one environment's steps into n-step transitions.
+class NStepWriter:
+    """Turns one environment's steps into n-step transitions (an `ItemWriter`: algorithms/base.py).
 
     Call `push` after every environment step, in order, with the observation the action was taken in and the
     one the step returned. It returns the transitions that became complete: none for the first n-1 steps of an
@@ -103,7 +109,12 @@ def stored_action(action: int | np.ndarray) -> int | np.ndarray:
     return np.array(array, dtype=np.float32)
 
 
-def stack_transitions(transitions: Sequence[Transition]) -> dict[str, np.ndarray]:
+def make_writer(settings: WriterSettings, spaces: EnvSpaces) -> NStepWriter:
+    """One environment's writer: n-step returns with the actor's `n_step` and `gamma`."""
+    return NStepWriter(settings.n_step, settings.gamma)
+
+
+def item_columns(transitions: Sequence[Transition]) -> dict[str, np.ndarray]:
     """Columns for a replay insert: obs/next_obs [B, *obs_shape] (float32, or the observations' own dtype: uint8
     pixels stay uint8), action int64[B] (Discrete) or float32[B, action_dim] (Box), reward/discount float32[B]."""
     if not transitions:
@@ -122,34 +133,14 @@ def stack_transitions(transitions: Sequence[Transition]) -> dict[str, np.ndarray
     }
 
 
-def compress_image_columns(
-    columns: dict[str, np.ndarray], compression: str | None, names: Sequence[str] = ("obs", "next_obs")
-) -> dict[str, np.ndarray | CompressedColumn]:
-    """`columns` with its image columns among `names` compressed one frame per row (`compression`: "zstd" or
-    "lz4"; None or "none" leaves them raw). An image column is uint8 or bool with at least 2 dimensions per row
-    (Atari's [4, 84, 84], MinAtar's [10, 10, C]); vectors stay raw (compressing them saves little and costs
-    the learner a decompression per row). The replay signature then reads `obs:uint8[4,84,84]@zstd`."""
-    if compression in (None, "none"):
-        return columns
-    out = dict(columns)
-    for name in names:
-        column = columns.get(name)
-        if column is not None and column.dtype in _IMAGE_DTYPES and column.ndim >= 3:
-            out[name] = compress(column, compression)
-    return out
-
-
-_IMAGE_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
-
-
 def replay_signature(spaces: EnvSpaces, compression: str | None) -> Signature:
-    """The table signature of what the built-in actor writes for an environment of `spaces` (stack_transitions,
-    the weight_version column, compress_image_columns): what the launcher and the Kubernetes manifests pin with
-    `--signature`, so that no writer has to fix a table's columns by its first insert."""
+    """The table signature of what the built-in actor writes for an environment of `spaces` (item_columns, the
+    weight_version column, common/compression.compress_image_columns): what the launcher and the Kubernetes
+    manifests pin with `--signature`, so that no writer has to fix a table's columns by its first insert."""
     obs_dtype = np.dtype(spaces.obs_dtype)
     obs_dtype = np.dtype(np.float32) if obs_dtype.kind == "f" else obs_dtype
     obs = f"{obs_dtype.name}[{','.join(map(str, spaces.obs_shape))}]"
-    if compression not in (None, "none") and obs_dtype in _IMAGE_DTYPES and len(spaces.obs_shape) >= 2:
+    if compression not in (None, "none") and is_image(obs_dtype, spaces.obs_shape):
         obs += f"@{compression}"
     action = "int64[]" if spaces.num_actions else f"float32[{spaces.action_dim}]"
     return Signature.parse(
