@@ -76,6 +76,7 @@ class ApeXActor:
             raise SettingsError(str(err)) from None
         self.acting = self.algorithm.acting()
         self.explorer = self.acting.make_explorer(config, self.spaces, self._rng)
+        self.stepping = self.acting.make_stateful(self.explorer)  # the acting state, reset at episode ends
         (self.metrics.epsilon if self.explorer.name == "epsilon" else self.metrics.noise_scale).set(
             self.explorer.scale
         )
@@ -215,6 +216,7 @@ class ApeXActor:
             return
         num_envs = self.envs.num_envs
         obs, _ = self.envs.reset(seed=self._env_seed)  # environment i: seed + i
+        state = self.stepping.initial_state(num_envs)
         returns = np.zeros(num_envs)
         lengths = np.zeros(num_envs, dtype=np.int64)
         outbox: list = []  # replay items (n-step transitions for DQN and DPG)
@@ -228,8 +230,9 @@ class ApeXActor:
                 if ahead > 0.01:
                     stop.wait(ahead)
             acting_since = time.perf_counter()
-            actions = self.explorer.actions(self.policy, obs)
+            actions, state = self.stepping.act(self.policy, obs, state)
             next_obs, rewards, terminated, truncated, info = self.envs.step(actions)
+            state = self.stepping.reset(state, terminated | truncated)
             train_rewards = np.clip(rewards, -1.0, 1.0) if self.clip_rewards else rewards
             for i in range(num_envs):
                 returns[i] += rewards[i]
@@ -298,6 +301,7 @@ class ApeXActor:
             obs, _ = self.envs.reset(
                 seed=self._env_seed + rounds * num_envs
             )  # fresh start states every round
+            state = self.stepping.initial_state(num_envs)
             returns = np.zeros(num_envs)
             lengths = np.zeros(num_envs, dtype=np.int64)
             playing = np.ones(num_envs, dtype=bool)
@@ -308,8 +312,9 @@ class ApeXActor:
                     ahead = self.env_steps / cfg.max_steps_per_second - (time.monotonic() - started)
                     if ahead > 0.01:
                         stop.wait(ahead)
-                actions = self.explorer.actions(self.policy, obs)
+                actions, state = self.stepping.act(self.policy, obs, state)
                 obs, rewards, terminated, truncated, _ = self.envs.step(actions)
+                state = self.stepping.reset(state, terminated | truncated)
                 returns += np.where(playing, rewards, 0.0)
                 lengths += playing
                 self.env_steps += int(playing.sum())

@@ -9,6 +9,8 @@ The writing side (the algorithm's `writing_module`: how actors turn steps into r
 the actor side (`acting.py` of an algorithm) provides
     make_policy(weights, spaces, torch_threads=1) -> ActingPolicy
     make_explorer(settings: ActorSettings, spaces, rng) -> Explorer
+    make_stateful(explorer=None) -> StatefulActing   (how roles step it; feed-forward ones through `Stateless`;
+                                                       no explorer: greedy only)
     make_greedy_module(weights, spaces) -> torch.nn.Module   (observations -> greedy actions; `apexrl export`)
 and the learner side (`learning.py`) provides
     make_learning(settings: LearnerSettings, spaces, device) -> Learning
@@ -82,6 +84,57 @@ class Explorer(Protocol):
     def actions(self, policy: ActingPolicy, obs: np.ndarray) -> np.ndarray:
         """Actions for a batch of observations (one per environment of the actor)."""
         ...
+
+
+# An acting state: what a policy carries from one step of an environment to the next (a recurrent core's memory,
+# one entry per environment); None for a feed-forward policy.
+State = Any
+
+
+class StatefulActing(Protocol):
+    """How the actor, the evaluator and `load_policy` step a policy: an initial state per environment,
+    `act(policy, obs, state) -> (actions, state)` (exploring), `greedy(...)` the same without exploration, and the
+    state of environments whose episode ended reset. The policy is passed in, so it can be rebuilt from newer
+    weights between two steps while the state goes on."""
+
+    def initial_state(self, batch: int) -> State:
+        """The state of `batch` environments at the start of their episodes."""
+        ...
+
+    def act(self, policy: ActingPolicy, obs: np.ndarray, state: State) -> tuple[np.ndarray, State]:
+        """Exploring actions for a batch of observations (one per environment), and the state after them."""
+        ...
+
+    def greedy(self, policy: ActingPolicy, obs: np.ndarray, state: State) -> tuple[np.ndarray, State]:
+        """The policy's own actions (no exploration), and the state after them."""
+        ...
+
+    def reset(self, state: State, done: np.ndarray) -> State:
+        """`state` with the entries of environments whose episode ended (`done`, bool [batch]) back at their
+        initial value: the next step starts a new episode."""
+        ...
+
+
+class Stateless:
+    """The StatefulActing of a feed-forward policy (DQN, DPG): the state is None throughout, and acting is its
+    explorer's (or its greedy) actions, exactly as without a state."""
+
+    def __init__(self, explorer: Explorer | None = None) -> None:
+        self.explorer = explorer  # None: greedy only
+
+    def initial_state(self, batch: int) -> None:
+        return None
+
+    def act(self, policy: ActingPolicy, obs: np.ndarray, state: None) -> tuple[np.ndarray, None]:
+        if self.explorer is None:
+            raise TypeError("this acting has no explorer: it acts greedily only")
+        return self.explorer.actions(policy, obs), None
+
+    def greedy(self, policy: ActingPolicy, obs: np.ndarray, state: None) -> tuple[np.ndarray, None]:
+        return policy.greedy(obs), None
+
+    def reset(self, state: None, done: np.ndarray) -> None:
+        return None
 
 
 class ActorSettings(Protocol):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from apexrl.algorithms.base import State
 from apexrl.algorithms.checkpoint import load_checkpoint
 from apexrl.algorithms.checkpoint_files import BEST, resolve_checkpoint
 from apexrl.algorithms.registry import get
@@ -48,6 +49,9 @@ def load_policy(path: str | os.PathLike, weights: str = BEST) -> TrainedPolicy:
         weight_version=checkpoint.weight_version,
         kept=checkpoint.kept,
     )
+
+
+_NO_STATE = object()  # act() called without a state: it returns the action alone
 
 
 class TrainedPolicy:
@@ -79,20 +83,27 @@ class TrainedPolicy:
         try:
             self._acting = get(algorithm).acting()
             self._policy = self._acting.make_policy(weights, spaces)
+            self._stepping = self._acting.make_stateful()
         except (KeyError, ValueError) as err:
             raise ValueError(
                 f"{self.path}: cannot rebuild the {algorithm} policy from its weights: {err}"
             ) from None
 
-    def act(self, obs: Any) -> Any:
+    def initial_state(self, batch: int = 1) -> State:
+        """The acting state at the start of an episode, for `batch` environments (None for a feed-forward policy:
+        DQN's, DPG's). Pass it to `act` and the state it returns to the next call; start again at episode ends."""
+        return self._stepping.initial_state(batch)
+
+    def act(self, obs: Any, state: State = _NO_STATE) -> Any:
         """The greedy action of one observation (an int for Discrete actions, a float32 vector for a Box), or of a
         batch (int64 [batch], float32 [batch, action_dim]). Observations as the environment gives them: for
-        one-hot encoded Discrete observations, the int (or ints) or its one-hot vector."""
+        one-hot encoded Discrete observations, the int (or ints) or its one-hot vector. Given a `state`
+        (`initial_state`), it returns (action, state): the way to step a policy that remembers."""
         batch, single = self._as_batch(obs)
-        actions = self._policy.greedy(batch)
-        if not single:
-            return actions
-        return int(actions[0]) if self.spaces.num_actions else actions[0]
+        actions, after = self._stepping.greedy(self._policy, batch, None if state is _NO_STATE else state)
+        if single:
+            actions = int(actions[0]) if self.spaces.num_actions else actions[0]
+        return actions if state is _NO_STATE else (actions, after)
 
     def make_env(self, render_mode: str | None = None) -> gymnasium.Env:
         """The environment this policy was trained on, made as the actors made it (preprocessing, plugin modules,

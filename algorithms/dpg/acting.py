@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from apexrl.algorithms.base import ActorSettings
+from apexrl.algorithms.base import ActorSettings, Explorer, Stateless
 from apexrl.algorithms.dpg.exploration import UnitNoise, apex_noise_scale, gaussian_actions, uniform_actions
 from apexrl.algorithms.dpg.policy_base import DPGPolicy
 from apexrl.algorithms.forward import dense, dense_stack, flat_float, is_convolutional, relu_stack
@@ -141,3 +141,9 @@ def make_explorer(settings: ActorSettings, spaces: EnvSpaces, rng: np.random.Gen
         random_steps=settings.random_steps or 0,
         correlation=settings.noise_correlation or 0.0,
     )
+
+
+def make_stateful(explorer: Explorer | None = None) -> Stateless:
+    """How roles step this policy: it keeps no state between steps (algorithms/base.py, Stateless). Without an
+    explorer it acts greedily only (`load_policy`, `apexrl evaluate`)."""
+    return Stateless(explorer)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from apexrl.algorithms.base import ActingPolicy, ActorSettings
+from apexrl.algorithms.base import ActingPolicy, ActorSettings, Explorer, Stateless
 from apexrl.algorithms.dqn.exploration import apex_epsilon, epsilon_greedy
 from apexrl.algorithms.dqn.policy_base import QPolicy
 from apexrl.algorithms.forward import dense, dense_stack, flat_float, is_convolutional, relu_stack
@@ -101,3 +101,9 @@ def make_explorer(settings: ActorSettings, spaces: EnvSpaces, rng: np.random.Gen
     else:
         epsilon = apex_epsilon(settings.actor_index, settings.num_actors)
     return EpsilonGreedy(epsilon, rng)
+
+
+def make_stateful(explorer: Explorer | None = None) -> Stateless:
+    """How roles step this policy: it keeps no state between steps (algorithms/base.py, Stateless). Without an
+    explorer it acts greedily only (`load_policy`, `apexrl evaluate`)."""
+    return Stateless(explorer)

@@ -66,6 +66,11 @@ def test_load_policy_acts_on_one_observation_or_a_batch(tmp_path):
     np.testing.assert_array_equal(policy.act(obs), want)
     single = policy.act(obs[0])
     assert isinstance(single, int) and single == want[0]
+    # The stateful way: (action, state); a feed-forward policy's state is None.
+    state = policy.initial_state(len(obs))
+    actions, state = policy.act(obs, state)
+    np.testing.assert_array_equal(actions, want)
+    assert state is None and policy.act(obs[0], policy.initial_state()) == (want[0], None)
     assert (policy.algorithm, policy.updates, policy.env.id) == ("dqn", 12, "CartPole-v1")
     env = policy.make_env()
     first, _ = env.reset(seed=3)
