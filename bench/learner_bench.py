@@ -71,6 +71,8 @@ from learner_feed import (
 from learner_phase import MODE_NAMES, MODES, TARGET_RATIO, Phase, run_phase, summarize, warm_up_torch
 from workloads import priorities
 
+from apexrl.learner.feed import ThreadFeed
+
 CARTPOLE = "CartPole-v1"
 
 
@@ -146,7 +148,7 @@ def measure(args: argparse.Namespace, result: Run, addresses: list[str], pids: l
             f"{args.seconds:g}s"
         )
         if mode == "inprocess":
-            sampler = in_process_sampler(config, shards)
+            sampler = ThreadFeed(in_process_sampler(config, shards), config)
         else:
             sampler = grpc_sampler(dataclasses.replace(config, sampler_process=mode == "grpc"))
         result.phases.append(run_phase(phase, config, sampler, pids, timing))
@@ -162,7 +164,8 @@ def measure(args: argparse.Namespace, result: Run, addresses: list[str], pids: l
         )
         # One batch per draw, so the reference stays comparable with the runs in bench/README.md.
         reference = dataclasses.replace(config, sample_batches_per_call=1)
-        result.phases.append(run_phase(phase, reference, ReusedBatchSampler(ref_batch), pids, timing))
+        feed = ThreadFeed(ReusedBatchSampler(ref_batch), reference)
+        result.phases.append(run_phase(phase, reference, feed, pids, timing))
         progress(f"  {phase.updates_per_s:,.1f} updates/s")
 
 

@@ -4,7 +4,6 @@ reused)."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 
@@ -125,17 +124,19 @@ def grpc_sampler(config):
 
 
 def in_process_sampler(config, shards: Sequence):
-    """`make_sampler` with in-process shards in place of the addresses: the same ShardedReplayClient with the
-    same arguments (deadline, seed, priority coalescing); only the transport differs."""
-    from apexrl.learner.learner import make_sampler
+    """The learner's ShardedReplayClient with in-process shards in place of the addresses: the same arguments
+    (deadline, seed, priority coalescing); only the transport differs. `ThreadFeed(it, config)` feeds a Learner."""
+    from apexrl.learner.sampler_process import replay_sampler
 
-    return make_sampler(config, shards)
+    return replay_sampler(config, shards)
 
 
 def check_same_batches(config, shards: Sequence) -> bool:
     """The gRPC and the in-process sampler, same seeds, draw the same prioritized batch: keys, shards,
     probabilities, importance weights and columns."""
-    with grpc_sampler(dataclasses.replace(config, sampler_process=False)) as client:
+    from apexrl.learner.sampler_process import replay_sampler
+
+    with replay_sampler(config) as client:
         remote = client.sample(config.batch_size, beta=0.4)
     with in_process_sampler(config, shards) as sampler:
         local = sampler.sample(config.batch_size, beta=0.4)

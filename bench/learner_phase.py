@@ -60,7 +60,7 @@ def warm_up_torch(config, batch, steps: int = 30) -> None:
 
 
 def run_phase(phase: Phase, config, sampler, shard_pids: Sequence[int], timing: Timing) -> Phase:
-    """A fresh Learner on `sampler` running `Learner.run` for warm-up + seconds; figures from the measured
+    """A fresh Learner on `sampler` (a Feed: learner/feed.py) running `Learner.run` for warm-up + seconds; figures from the measured
     window only (two snapshots taken by a monitor thread)."""
     from prometheus_client import CollectorRegistry
 
@@ -106,8 +106,8 @@ def snapshot(learner, registry, shard_pids: Sequence[int]) -> dict:
 
 def sampler_child_cpu(learner) -> float:
     """CPU seconds of the learner's sampler process, if it has one: counted as the learner's."""
-    process = getattr(learner.sampler, "_process", None)
-    return process_cpu_seconds(process.pid) if process is not None and process.pid else 0.0
+    pid = getattr(learner.sampler, "pid", None)  # SamplerProcess's; a ThreadFeed samples in this process
+    return process_cpu_seconds(pid) if pid else 0.0
 
 
 def record(phase: Phase, a: dict, b: dict) -> None:

@@ -27,10 +27,10 @@ from apexrl.common.signature import ROW_VERSION_COLUMN
 from apexrl.common.spaces import EnvSpaces
 from apexrl.common.tensorboard_curves import TensorBoardCurves
 from apexrl.learner.config import LearnerConfig
+from apexrl.learner.feed import Batch, Feed, ThreadFeed
 from apexrl.learner.learner_metrics import LearnerMetrics
-from apexrl.learner.prefetch import Prefetcher
 from apexrl.learner.sampler_process import SamplerProcess, replay_sampler
-from apexrl.learner.sharded_client import PrioritizedBatch, Shard, ShardedReplayClient
+from apexrl.learner.sharded_client import Shard
 from apexrl.parameter_server.weights import VersionRefusedError
 
 log = logging.getLogger("apexrl.learner")
@@ -51,28 +51,19 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def make_sampler(
-    config: LearnerConfig, shards: Sequence[Shard] | None = None
-) -> ShardedReplayClient | SamplerProcess:
-    """The learner's data source: a child sampler process over `config.replay` (`sampler_process`, the default),
-    or a sharded replay client sampled by a thread of this process, over `config.replay`'s addresses or over the
-    given shard objects (in-process tables in a benchmark) with the same allocation and weights."""
+def make_sampler(config: LearnerConfig, shards: Sequence[Shard] | None = None) -> Feed:
+    """The learner's feed (learner/feed.py): a child sampler process over `config.replay` (`sampler_process`, the
+    default), or a thread of this process sampling a sharded replay client over `config.replay`'s addresses or
+    over the given shard objects (in-process tables in a benchmark) with the same allocation and weights."""
     if shards is None and config.sampler_process:
         return SamplerProcess(
             config, slots=config.prefetch_depth + 1, batches_per_call=config.sample_batches_per_call
         )
-    return replay_sampler(config, shards)
-
-
-def rows_rejected(feed: Prefetcher | SamplerProcess) -> int:
-    """Rows the data path rejected (frames that did not decompress), in either kind of feed."""
-    if isinstance(feed, SamplerProcess):
-        return feed.rows_rejected
-    return feed.decompressor.rows_rejected if feed.decompressor is not None else 0
+    return ThreadFeed(replay_sampler(config, shards), config)
 
 
 class Learner:
-    """Trains from `sampler` (a ShardedReplayClient, or anything with its sample / update_priorities surface) and
+    """Trains from `sampler` (a Feed: learner/feed.py, whichever process samples its batches) and
     publishes weights through `publish(weights, version) -> version`; it knows neither where the data comes from
     nor where the weights go, nor which algorithm it trains: `config.algorithm` (auto: by the action space of
     `spaces`) picks it, and the algorithm's defaults fill the settings left at None. Versions continue across
@@ -84,7 +75,7 @@ class Learner:
         self,
         config: LearnerConfig,
         spaces: EnvSpaces,
-        sampler: ShardedReplayClient | SamplerProcess,
+        sampler: Feed,
         publish: Callable[[dict[str, np.ndarray], int], int],
         registry: CollectorRegistry | None = None,
         curves: TensorBoardCurves | None = None,
@@ -122,7 +113,7 @@ class Learner:
         fraction = min(1.0, self.updates / max(1, c.beta_anneal_updates))
         return c.beta_start + fraction * (c.beta_end - c.beta_start)
 
-    def train_step(self, batch: PrioritizedBatch) -> float:
+    def train_step(self, batch: Batch) -> float:
         """One update of the algorithm on a prioritized batch; new priorities go back to the shards asynchronously.
         Returns the update's loss."""
         col = {k: self._to_device(k, v) for k, v in batch.columns.items()}
@@ -200,20 +191,9 @@ class Learner:
         """Train until `stop` is set or max_updates is reached; checkpoint periodically and at the end."""
         c = self.config
         self.publish_weights()  # actors can start acting before the first update
-        if isinstance(self.sampler, SamplerProcess):
-            prefetcher = self.sampler.start(self.beta)
-        else:
-            prefetcher = Prefetcher(
-                self.sampler,
-                c.batch_size,
-                self.beta,
-                c.prefetch_depth,
-                c.min_replay_size,
-                c.sample_batches_per_call,
-                c.seed,
-            ).start()
-        self.metrics.prefetch_queue.set_function(lambda: prefetcher.depth)
-        self.metrics.rows_rejected.set_function(lambda: rows_rejected(prefetcher))
+        feed = self.sampler.start(self.beta)
+        self.metrics.prefetch_queue.set_function(lambda: feed.depth)
+        self.metrics.rows_rejected.set_function(lambda: feed.rows_rejected)
         self.metrics.updates_outstanding.set_function(lambda: self.sampler.updates_outstanding)
         log.info(
             "learner on %s: waiting for %d rows in replay (%s)",
@@ -225,7 +205,7 @@ class Learner:
         try:
             while not stop.is_set() and (c.max_updates is None or self.updates < c.max_updates):
                 wait_start = time.perf_counter()
-                batch = prefetcher.get(timeout=0.5)
+                batch = feed.get(timeout=0.5)
                 if batch is None:
                     continue
                 self.metrics.sample_wait.observe(time.perf_counter() - wait_start)
@@ -263,15 +243,13 @@ class Learner:
             # Checkpoint first: what follows waits on the network, and a supervisor's grace period is short.
             if c.checkpoint_dir:
                 log.info("final checkpoint: %s", self.save())
-            prefetcher.stop(
-                wait=False
-            )  # its Sample call may be held back by a rate limiter; close() cancels it
+            feed.stop(wait=False)  # its Sample call may be held back by a rate limiter; close() cancels it
             try:
                 self.sampler.flush_updates(timeout=2)
             except TimeoutError:
                 log.warning("some priority updates were still in flight at exit")
 
-    def _record(self, loss: float, batch: PrioritizedBatch) -> None:
+    def _record(self, loss: float, batch: Batch) -> None:
         """Metrics and curves of the last update and of the networks on its batch."""
         stats = self.learning.batch_stats({"obs": torch.as_tensor(batch.columns["obs"], device=self.device)})
         scalars = {"loss": loss, "mean_q": stats["mean_q"]}

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from apexrl.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from apexrl.algorithms.dqn.networks import DuelingQNetwork
 from apexrl.common.spaces import EnvSpaces
+from apexrl.learner.feed import ThreadFeed
 from apexrl.learner.learner import Learner
 from apexrl.parameter_server.client import ParameterClient
 from apexrl.parameter_server.service import create_parameter_server
@@ -35,10 +36,11 @@ def service():
 def test_a_learner_whose_version_is_refused_publishes_above_the_services_version(service):
     store, client = service
     registry = CollectorRegistry()
+    cfg = config(publish_every=1)
     learner = Learner(
-        config(publish_every=1),
+        cfg,
         EnvSpaces.vector(4, 2),
-        FakeSampler(),
+        ThreadFeed(FakeSampler(), cfg),
         client.publish,
         registry,
         service_version=client.version,

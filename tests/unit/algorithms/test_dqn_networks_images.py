@@ -11,6 +11,7 @@ from apexrl.algorithms.dqn.networks import ConvDuelingQNetwork, DuelingQNetwork,
 from apexrl.algorithms.torso_specs import resolve_network
 from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.environments import CHW, HW, HWC, VECTOR, EnvSpaces, image_layout
+from apexrl.learner.feed import ThreadFeed
 from tests.support.numpy_weights import load_numpy_state_dict
 
 ATARI = EnvSpaces((4, 84, 84), "uint8", 6)  # FrameStackObservation(AtariPreprocessing(...), 4)
@@ -165,7 +166,7 @@ def test_the_learner_trains_publishes_and_checkpoints_a_network_for_images(tmp_p
 
     cfg = config(tmp_path, hidden_sizes=None, network="auto")
     publish = Publisher()
-    learner = Learner(cfg, MINATAR, FakeSampler(), publish)
+    learner = Learner(cfg, MINATAR, ThreadFeed(FakeSampler(), cfg), publish)
     assert (learner.learning.network, learner.learning.hidden_sizes) == ("minatar", (128,))
     online = learner.learning.online
     before = {k: v.clone() for k, v in online.state_dict().items()}
@@ -184,7 +185,8 @@ def test_the_learner_trains_publishes_and_checkpoints_a_network_for_images(tmp_p
     with pytest.raises(
         SettingsError, match=r"has another network: network minatar there, mlp in the configuration"
     ):
-        Learner(config(tmp_path, hidden_sizes=(128,), network="mlp"), MINATAR, FakeSampler(), Publisher())
+        cfg = config(tmp_path, hidden_sizes=(128,), network="mlp")
+        Learner(cfg, MINATAR, ThreadFeed(FakeSampler(), cfg), Publisher())
 
 
 def test_a_checkpoint_of_a_convolutional_network_plays_with_apexrl_evaluate(tmp_path, capsys):

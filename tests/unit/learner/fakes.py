@@ -10,6 +10,7 @@ import torch
 
 from apexrl.common.spaces import EnvSpaces
 from apexrl.learner.config import LearnerConfig
+from apexrl.learner.feed import ThreadFeed
 from apexrl.learner.learner import Learner
 from apexrl.learner.sharded_client import PrioritizedBatch
 
@@ -161,7 +162,7 @@ def config(tmp_path=None, **changes) -> LearnerConfig:
 def learner(cfg: LearnerConfig, sampler: FakeSampler | None = None) -> tuple[Learner, FakeSampler, Publisher]:
     sampler = sampler or FakeSampler()
     publish = Publisher()
-    return Learner(cfg, EnvSpaces.vector(4, 2), sampler, publish), sampler, publish
+    return Learner(cfg, EnvSpaces.vector(4, 2), ThreadFeed(sampler, cfg), publish), sampler, publish
 
 
 def params(net: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -169,7 +169,7 @@ def test_a_new_learner_on_the_same_run_directory_resumes_exactly(tmp_path):
     batch = make_batch(range(100, 108))
     assert second.train_step(batch) == pytest.approx(first.train_step(batch), rel=1e-6)
     assert same(params(second.learning.online), params(first.learning.online))
-    np.testing.assert_allclose(sampler.updates[0][1], first.sampler.updates[-1][1], rtol=1e-6)
+    np.testing.assert_allclose(sampler.updates[0][1], first.sampler.sampler.updates[-1][1], rtol=1e-6)
     assert [v for v, _ in publisher2.published] == [4] == [v for v, _ in publisher.published[3:]]  # update 8
     assert second.publish_weights() == 5
 

@@ -16,6 +16,7 @@ from apexrl.algorithms.dqn.losses import double_dqn_loss
 from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.environments import EnvSpaces
 from apexrl.learner import ShardedReplayClient
+from apexrl.learner.feed import ThreadFeed
 from apexrl.learner.learner import Learner, make_sampler
 from apexrl.learner.sampler_process import SamplerProcess
 from tests.conftest import wait_until
@@ -104,7 +105,8 @@ def test_a_busy_or_refusing_service_costs_a_publish_and_a_bad_request_stops_the_
     from apexrl.parameter_server.weights import VersionRefusedError
 
     registry = CollectorRegistry()
-    lrn = Learner(config(publish_every=1), EnvSpaces.vector(4, 2), FakeSampler(), Publisher(), registry)
+    cfg = config(publish_every=1)
+    lrn = Learner(cfg, EnvSpaces.vector(4, 2), ThreadFeed(FakeSampler(), cfg), Publisher(), registry)
     for refusal in (
         ResourceExhaustedError("4 Publish calls are in progress"),
         VersionRefusedError("not greater"),
@@ -161,7 +163,9 @@ def test_run_trains_to_max_updates_publishing_checkpointing_and_flushing(tmp_pat
 def test_the_staleness_of_sampled_rows_is_a_histogram_of_versions_behind():
     cfg = config(max_updates=12, publish_every=5)
     registry = CollectorRegistry()
-    lrn = Learner(cfg, EnvSpaces.vector(4, 2), FakeSampler(row_version=1), Publisher(), registry)
+    lrn = Learner(
+        cfg, EnvSpaces.vector(4, 2), ThreadFeed(FakeSampler(row_version=1), cfg), Publisher(), registry
+    )
     lrn.run(threading.Event())
     value = registry.get_sample_value
     # Batches 1-5 meet version 1 (0 behind), 6-10 version 2 (1 behind), 11-12 version 3 (2 behind); 8 rows each.
@@ -198,9 +202,10 @@ def test_make_sampler_builds_the_sharded_client_the_settings_describe():
         sample_timeout=3.0,
         sampler_process=False,
     )
-    sampler = make_sampler(cfg)
+    feed = make_sampler(cfg)  # a thread of the learner samples it (sampler_process false)
+    sampler = feed.sampler
     try:
-        assert isinstance(sampler, ShardedReplayClient)
+        assert isinstance(feed, ThreadFeed) and isinstance(sampler, ShardedReplayClient)
         assert [s.address for s in sampler.shards] == list(cfg.replay) and sampler.timeout == 3.0
         assert sampler.coalesce_rows == (2 * 4 - 1) * 128 // (2 * 2)  # about 4 batches' rows per shard
     finally:
@@ -222,7 +227,6 @@ def test_adam_uses_the_networks_default_learning_rate_unless_one_is_given(networ
 
 def test_a_convolutional_learner_keeps_the_lower_default_learning_rate():
     spaces = EnvSpaces((10, 10, 4), "bool", 3)  # MinAtar's planes
-    trainer = Learner(
-        config(network="auto", learning_rate=None, hidden_sizes=None), spaces, FakeSampler(), Publisher()
-    )
+    cfg = config(network="auto", learning_rate=None, hidden_sizes=None)
+    trainer = Learner(cfg, spaces, ThreadFeed(FakeSampler(), cfg), Publisher())
     assert trainer.learning.network == "minatar" and trainer.learning.learning_rate == 1e-3

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from apexrl.algorithms.checkpoint import load_checkpoint
 from apexrl.common.settings import SettingsError
 from apexrl.common.spaces import EnvSpaces
+from apexrl.learner.feed import ThreadFeed
 from apexrl.learner.learner import Learner
 from tests.unit.learner.fakes import FakeSampler, Publisher, config, make_batch
 
@@ -21,7 +22,7 @@ SPACES = EnvSpaces.box((4,), (-1.0, -1.0), (1.0, 1.0))
 
 def dpg(cfg, registry=None) -> tuple[Learner, FakeSampler, Publisher]:
     sampler, publisher = FakeSampler(action_dim=2), Publisher()
-    return Learner(cfg, SPACES, sampler, publisher, registry), sampler, publisher
+    return Learner(cfg, SPACES, ThreadFeed(sampler, cfg), publisher, registry), sampler, publisher
 
 
 def params(learner: Learner) -> dict[str, torch.Tensor]:
