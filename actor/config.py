@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apexrl.algorithms.registry import AUTO
+from apexrl.algorithms.registry import AUTO, check_role_settings, role_settings
 from apexrl.algorithms.registry import names as algorithm_names
 from apexrl.common.addresses import check_address, check_host, check_port, check_targets
 from apexrl.common.env_settings import EnvKwargs, env_kwargs_setting, env_module_setting
@@ -27,7 +27,7 @@ EVALUATOR_METRICS_PORT = 9400  # the fleet files' convention too (examples/fleet
 
 
 @dataclass(frozen=True)
-class ActorConfig:
+class ActorConfig(*role_settings("actor")):  # each algorithm's own settings (algorithms/*/settings.py)
     """Configuration of one actor process (or, with `evaluate`, of the greedy evaluator).
 
     Attributes are grouped as: wiring (set by the launcher), serving, exploration, transitions, weights, limits.
@@ -121,32 +121,6 @@ class ActorConfig:
         "environments stepped together by this actor (one Gymnasium vector environment; "
         "a convolutional network's forward pass is batched over them)",
     )
-    epsilon: float | None = setting(
-        None,
-        "dqn: fixed exploration rate instead of the Ape-X schedule (none: the "
-        "schedule; evaluators play with 0)",
-    )
-    noise_scale: float | None = setting(
-        None,
-        "dpg: fixed standard deviation of the Gaussian action noise, in "
-        "half action ranges, instead of the per-actor schedule (none: the "
-        "schedule, from 0.5 for actor 0 down to 0.05 for actor N-1; "
-        "evaluators play with 0)",
-    )
-    noise_correlation: float | None = setting(
-        None,
-        "dpg: how much of its last value each action dimension's noise keeps "
-        "from one step to the next, in [0, 1) (an AR(1) process whose "
-        "standard deviation stays the noise scale): 0.9 pushes one way for "
-        "~10 steps, which finds rewards behind a sustained push "
-        "(MountainCarContinuous) that fresh noise cancels out (none: 0, "
-        "fresh noise every step)",
-    )
-    random_steps: int | None = setting(
-        None,
-        "dpg: environment steps this actor takes with uniformly random "
-        "actions before it follows its policy (none: 1000)",
-    )
     # Transitions
     n_step: int = setting(3, "n of the n-step returns")
     gamma: float = setting(0.99, "discount factor")
@@ -230,14 +204,7 @@ class ActorConfig:
         for name in ("num_envs", "n_step", "batch_size", "pull_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
-        if self.epsilon is not None and not 0 <= self.epsilon <= 1:
-            raise ValueError(f"epsilon ({self.epsilon}) must be in [0, 1]")
-        if self.noise_scale is not None and not 0 <= self.noise_scale <= 10:
-            raise ValueError(f"noise_scale ({self.noise_scale}) must be in [0, 10] (half action ranges)")
-        if self.noise_correlation is not None and not 0 <= self.noise_correlation < 1:
-            raise ValueError(f"noise_correlation ({self.noise_correlation}) must be in [0, 1)")
-        if self.random_steps is not None and self.random_steps < 0:
-            raise ValueError(f"random_steps ({self.random_steps}) must be >= 0")
+        check_role_settings(self, "actor")  # each algorithm's own settings (algorithms/*/settings.py)
         if self.algorithm not in algorithm_names():
             raise ValueError(f"algorithm ({self.algorithm!r}) must be one of {', '.join(algorithm_names())}")
         if not 0 < self.gamma <= 1:

@@ -40,7 +40,7 @@ class Algorithm:
     acting_module: str
     learning_module: str
     defaults: Mapping[str, Mapping[str, Any]]
-    own_settings: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    settings_module: str | None = None
     options_label: str = "options"
 
     def __post_init__(self) -> None:
@@ -49,6 +49,17 @@ class Algorithm:
         unknown = set(self.defaults) - set(ROLES)
         if unknown:
             raise ValueError(f"defaults for unknown roles {sorted(unknown)}; roles are {ROLES}")
+
+    def role_settings(self) -> Mapping[str, type]:
+        """Role -> the settings dataclass of this algorithm's own settings for it (none for a role it adds none to)."""
+        if self.settings_module is None:
+            return {}
+        return importlib.import_module(self.settings_module).ROLE_SETTINGS
+
+    def own_settings(self, role: str) -> tuple[str, ...]:
+        """The names of the settings only this algorithm reads in `role`."""
+        cls = self.role_settings().get(role)
+        return () if cls is None else tuple(f.name for f in dataclasses.fields(cls))
 
     def writing(self) -> ModuleType:
         """How actors turn steps into replay items: `make_writer(settings, spaces)`, `item_columns(items)`,
@@ -109,6 +120,18 @@ def for_spaces(name: str, spaces: EnvSpaces, env_id: str = "the environment") ->
     return for_action_kind(name, spaces.action_kind, env_id)
 
 
+def role_settings(role: str) -> tuple[type, ...]:
+    """The settings dataclasses every registered algorithm adds to `role` ("actor", "learner"): the bases a role
+    config composes, so an algorithm's settings are declared once, next to its code."""
+    return tuple(cls for a in algorithms().values() if (cls := a.role_settings().get(role)) is not None)
+
+
+def check_role_settings(config: Any, role: str) -> None:
+    """ValueError for a value one of the algorithms' own settings refuses (each settings class's `check`)."""
+    for cls in role_settings(role):
+        cls.check(config)
+
+
 def with_defaults(config: T, algorithm: Algorithm, role: str) -> T:
     """`config` (a frozen settings dataclass) with every setting it leaves at None that `algorithm` has a default
     for in `role` filled in; settings given explicitly stay."""
@@ -117,8 +140,8 @@ def with_defaults(config: T, algorithm: Algorithm, role: str) -> T:
             continue
         given = [
             name
-            for name in other.own_settings.get(role, ())
-            if name not in algorithm.own_settings.get(role, ()) and getattr(config, name, None) is not None
+            for name in other.own_settings(role)
+            if name not in algorithm.own_settings(role) and getattr(config, name, None) is not None
         ]
         if given:
             raise ValueError(

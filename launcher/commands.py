@@ -148,7 +148,7 @@ def describe_algorithm(
     else:
         auto = for_action_kind(AUTO, kind).name == algorithm.name
         why = f"{'auto' if auto else 'named'}: {SPACE_NAMES[kind]} actions"
-    own = algorithm.own_settings.get("learner", ())
+    own = algorithm.own_settings("learner")
     if not own:
         return f"{algorithm.name} ({why})"
     table = {**algorithm.defaults.get("learner", {}), **config.learner.settings}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from apexrl.algorithms.registry import AUTO
+from apexrl.algorithms.registry import AUTO, check_role_settings, role_settings
 from apexrl.algorithms.registry import names as algorithm_names
 from apexrl.algorithms.torso_specs import NETWORKS
 from apexrl.common.addresses import check_address, check_targets
@@ -38,7 +38,9 @@ def check_device(device: str) -> None:
 
 
 @dataclass(frozen=True)
-class LearnerConfig(ServingSettings):
+class LearnerConfig(
+    ServingSettings, *role_settings("learner")
+):  # each algorithm's own: algorithms/*/settings.py
     """Configuration of the learner process (Ape-X's learner: an algorithm of `apexrl.algorithms` trained on
     prioritized batches drawn across every shard).
 
@@ -122,27 +124,6 @@ class LearnerConfig(ServingSettings):
         "tau * online + (1 - tau) * target (Polyak averaging); 1: a hard copy "
         "(none: dqn 1, dpg 0.005)",
     )
-    # DPG only
-    policy_learning_rate: float | None = setting(
-        None, "dpg: Adam learning rate of the policy (none: learning_rate)"
-    )
-    twin_critics: bool | None = setting(
-        None,
-        "dpg: two critics, the target from the smaller of their values (TD3's clipped double-Q) (none: on)",
-    )
-    policy_delay: int | None = setting(
-        None,
-        "dpg: critic updates per policy update (TD3's delayed policy updates; 1: every update) (none: 2)",
-    )
-    target_noise: float | None = setting(
-        None,
-        "dpg: standard deviation of the Gaussian noise added to the target "
-        "policy's action, in half action ranges (TD3's target-policy "
-        "smoothing; 0: off) (none: 0.2)",
-    )
-    target_noise_clip: float | None = setting(
-        None, "dpg: that noise is clipped to +-this, in half action ranges (none: 0.5)"
-    )
     # Prioritized replay
     beta_start: float = setting(0.4, "initial importance-sampling exponent (PER)")
     beta_end: float = setting(1.0, "final importance-sampling exponent")
@@ -198,16 +179,11 @@ class LearnerConfig(ServingSettings):
             raise ValueError("replay must name at least one shard address")
         if self.algorithm not in algorithm_names():
             raise ValueError(f"algorithm ({self.algorithm!r}) must be one of {', '.join(algorithm_names())}")
-        for name in ("target_update_period", "policy_delay"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be a positive integer")
+        if self.target_update_period is not None and self.target_update_period < 1:
+            raise ValueError(f"target_update_period ({self.target_update_period}) must be a positive integer")
         if self.target_tau is not None and not 0 < self.target_tau <= 1:
             raise ValueError(f"target_tau ({self.target_tau}) must be in (0, 1]")
-        for name in ("target_noise", "target_noise_clip"):
-            if getattr(self, name) is not None and not getattr(self, name) >= 0:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
-        if self.policy_learning_rate is not None and not self.policy_learning_rate > 0:
-            raise ValueError(f"policy_learning_rate ({self.policy_learning_rate}) must be > 0")
+        check_role_settings(self, "learner")  # each algorithm's own settings (algorithms/*/settings.py)
         if not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm ({self.max_grad_norm}) must be > 0")
         if self.network not in NETWORKS:

@@ -27,15 +27,6 @@ ALGORITHM = Algorithm(
         },
         "actor": {"random_steps": 1_000},
     },
-    own_settings={
-        "learner": (
-            "policy_learning_rate",
-            "twin_critics",
-            "policy_delay",
-            "target_noise",
-            "target_noise_clip",
-        ),
-        "actor": ("noise_scale", "noise_correlation", "random_steps"),
-    },
+    settings_module="apexrl.algorithms.dpg.settings",
     options_label="TD3 options",
 )

@@ -18,5 +18,5 @@ ALGORITHM = Algorithm(
         "fleet": {"samples_per_insert": 16.0, "replay_capacity": 25_000},
         "learner": {"target_update_period": 100, "target_tau": 1.0},
     },
-    own_settings={"actor": ("epsilon",)},
+    settings_module="apexrl.algorithms.dqn.settings",
 )

@@ -20,8 +20,6 @@ ALLOWED = {
     "statement each: the learner's metrics read (and are documented) in one place",
     "replay_server/durability/durability_metrics.py::DurabilityCollector.collect": "two flat tables of "
     "(name, help, value), one entry per durability counter and gauge: the help texts make it long, not logic",
-    "learner/config.py::LearnerConfig.__post_init__": "a flat list of independent setting checks, one `if ...: "
-    "raise ValueError` each, in the order of the settings they check",
     "actor/apex_actor.py::ApeXActor.__init__": "the constructor: every attribute of the actor is set here, in the "
     "order they depend on each other (environments, algorithm and defaults, explorer, clients, counters), so the "
     "actor's state reads in one place",

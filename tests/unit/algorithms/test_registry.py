@@ -75,3 +75,24 @@ def test_every_algorithm_provides_what_the_wiring_calls():
         assert list(inspect.signature(acting.make_policy).parameters)[:2] == ["weights", "spaces"]
         assert list(inspect.signature(acting.make_explorer).parameters) == ["settings", "spaces", "rng"]
         assert list(inspect.signature(learning.make_learning).parameters) == ["settings", "spaces", "device"]
+
+
+def test_each_algorithms_own_settings_are_declared_next_to_its_code_and_composed_into_the_role_configs():
+    """An algorithm's settings live in its package (settings_module: ROLE_SETTINGS); the role configs inherit them,
+    so the flag, the fleet-file key and docs/settings.md come from that one declaration, and the role configs'
+    own modules do not declare them."""
+    from apexrl.common.settings import settings_of
+
+    roles = {"actor": ActorConfig, "learner": LearnerConfig}
+    for algorithm in algorithms().values():
+        for role, cls in algorithm.role_settings().items():
+            assert issubclass(roles[role], cls), (algorithm.name, role)
+            names = {f.name for f in dataclasses.fields(cls)}
+            assert names == set(algorithm.own_settings(role)) and names
+            assert names <= {s.name for s in settings_of(roles[role])}
+            for name in names:  # declared once: in the algorithm's package, not again in the role config
+                assert inspect.getsource(roles[role]).count(f"    {name}:") == 0, (role, name)
+    with pytest.raises(ValueError, match=r"noise_correlation \(1\.5\) must be in \[0, 1\)"):
+        ActorConfig(params="127.0.0.1:1", replay=("127.0.0.1:2",), noise_correlation=1.5)
+    with pytest.raises(ValueError, match=r"policy_delay \(0\) must be a positive integer"):
+        LearnerConfig(replay=("127.0.0.1:2",), policy_delay=0)
