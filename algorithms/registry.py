@@ -1,13 +1,17 @@
 """The algorithm seam: which algorithms exist, which one plays an environment, and their default settings.
 
-Adding an algorithm is its own package (see `apexrl.algorithms`) plus one line in `_PACKAGES`. Pure data: no torch,
-no gymnasium, so the launcher and the role configs can consult it before any model loads.
+Adding an algorithm is its own package (see `apexrl.algorithms`) plus its registration: one line in `_PACKAGES`
+for a built-in one, or its package named in the APEXRL_ALGORITHMS environment variable (comma-separated) for one
+that lives elsewhere: every process of a fleet (the launcher's roles inherit its environment) then knows it, its
+settings included. Pure data: no torch, no gymnasium, so the launcher and the role configs can consult it before
+any model loads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -18,6 +22,8 @@ from apexrl.common.spaces import BOX, DISCRETE, EnvSpaces
 AUTO = "auto"
 # The registration: one package per algorithm, each with an ALGORITHM record in its __init__.
 _PACKAGES = ("apexrl.algorithms.dqn", "apexrl.algorithms.dpg")
+# Packages of further algorithms, comma-separated, registered after the built-in ones (auto still picks those).
+PLUGINS_VARIABLE = "APEXRL_ALGORITHMS"
 # Role settings an algorithm may give defaults for (a setting left at None takes the algorithm's value).
 ROLES = ("fleet", "learner", "actor")
 # How messages name the action spaces.
@@ -76,12 +82,24 @@ class Algorithm:
 
 
 def algorithms() -> dict[str, Algorithm]:
-    """Every registered algorithm by name."""
+    """Every registered algorithm by name: the built-in ones, then those named in APEXRL_ALGORITHMS."""
     found = {}
-    for package in _PACKAGES:
-        algorithm = importlib.import_module(package).ALGORITHM
+    for package in (*_PACKAGES, *plugin_packages()):
+        try:
+            algorithm = importlib.import_module(package).ALGORITHM
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"{PLUGINS_VARIABLE}: {package} registers no algorithm ({err})") from None
+        if algorithm.name in found and found[algorithm.name] is not algorithm:
+            raise ValueError(
+                f"{PLUGINS_VARIABLE}: {package} registers {algorithm.name!r}, a name already taken"
+            )
         found[algorithm.name] = algorithm
     return found
+
+
+def plugin_packages() -> tuple[str, ...]:
+    """The packages APEXRL_ALGORITHMS names."""
+    return tuple(name.strip() for name in os.environ.get(PLUGINS_VARIABLE, "").split(",") if name.strip())
 
 
 def names() -> tuple[str, ...]:

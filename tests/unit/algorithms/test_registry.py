@@ -75,6 +75,11 @@ def test_every_algorithm_provides_what_the_wiring_calls():
         assert list(inspect.signature(acting.make_policy).parameters)[:2] == ["weights", "spaces"]
         assert list(inspect.signature(acting.make_explorer).parameters) == ["settings", "spaces", "rng"]
         assert list(inspect.signature(learning.make_learning).parameters) == ["settings", "spaces", "device"]
+        assert list(inspect.signature(acting.make_stateful).parameters) == ["explorer"]
+        writing = algorithm.writing()
+        assert list(inspect.signature(writing.make_writer).parameters) == ["settings", "spaces"]
+        assert list(inspect.signature(writing.replay_signature).parameters) == ["spaces", "compression"]
+        assert callable(writing.item_columns)
 
 
 def test_each_algorithms_own_settings_are_declared_next_to_its_code_and_composed_into_the_role_configs():
