@@ -101,3 +101,16 @@ def test_each_algorithms_own_settings_are_declared_next_to_its_code_and_composed
         ActorConfig(params="127.0.0.1:1", replay=("127.0.0.1:2",), noise_correlation=1.5)
     with pytest.raises(ValueError, match=r"policy_delay \(0\) must be a positive integer"):
         LearnerConfig(replay=("127.0.0.1:2",), policy_delay=0)
+
+
+def test_apexrl_algorithms_registers_packages_beyond_the_built_in_ones_and_names_a_bad_one(monkeypatch):
+    monkeypatch.setenv("APEXRL_ALGORITHMS", " tests.support.toy_algorithm ,")
+    found = algorithms()
+    assert list(found) == ["dqn", "dpg", "linear-q"] and names()[-1] == "linear-q"
+    assert for_action_kind(AUTO, DISCRETE).name == "dqn"  # auto still picks the built-in one
+    assert found["linear-q"].own_settings("actor") == ("linear_epsilon",)
+    monkeypatch.setenv("APEXRL_ALGORITHMS", "tests.support.no_such_package")
+    with pytest.raises(ValueError, match=r"APEXRL_ALGORITHMS: tests\.support\.no_such_package registers no"):
+        algorithms()
+    monkeypatch.setenv("APEXRL_ALGORITHMS", "apexrl.algorithms.dqn")  # a built-in one again: the same record
+    assert list(algorithms()) == ["dqn", "dpg"]
