@@ -1,5 +1,6 @@
 """Adapters that turn environments the built-in networks cannot read as they are into ones they can: Discrete
-observations one-hot encoded, and environments written for `gym` 0.26 run as Gymnasium ones.
+observations one-hot encoded, and environments written for `gym` 0.26 run as Gymnasium ones; and the partially
+observed tasks apexrl ships (`CartPoleNoVel-v1`: CartPole without its velocities, which a policy must remember).
 
 Why Shimmy's `GymV26CompatibilityV0` without Shimmy's `gym-v26` extra: that extra pins numpy<2 (this project runs
 numpy 2), and gym 0.26's own environment checker, which `gym.make` wraps every environment in, calls `np.bool8`,
@@ -70,3 +71,28 @@ def make_gym26(env_id: str, **kwargs: Any) -> gym.Env:
             f"{err}: gym 0.26 environments need the gym26 extra (pip install 'apexrl[gym26]')"
         ) from None
     return GymV26CompatibilityV0(env=old_gym.make(env_id, disable_env_checker=True, **kwargs))
+
+
+# Observation entries zeroed by the velocity-free tasks, as rl-baselines3-zoo masks them (MaskVelocityWrapper).
+NO_VELOCITY = {"CartPoleNoVel-v1": ("CartPole-v1", (1, 3))}  # cart velocity, pole angular velocity
+
+
+class MaskVelocity(gym.ObservationWrapper):
+    """Zeroes the velocity entries of the observation (the space is unchanged: 0 is inside it), so one observation
+    no longer tells the state: a policy must infer the velocities from the positions it saw."""
+
+    def __init__(self, env: gym.Env, indices: tuple[int, ...]) -> None:
+        super().__init__(env)
+        self._mask = np.ones(env.observation_space.shape, dtype=env.observation_space.dtype)
+        self._mask[list(indices)] = 0
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation * self._mask
+
+
+def make_cartpole_no_velocity(**kwargs: Any) -> gym.Env:
+    """CartPole-v1's dynamics without its velocities (`CartPoleNoVel-v1`; its time limit and solve bar come from
+    the registration)."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    return MaskVelocity(CartPoleEnv(**kwargs), NO_VELOCITY["CartPoleNoVel-v1"][1])

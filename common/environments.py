@@ -31,6 +31,7 @@ import gymnasium as gym
 import numpy as np
 
 from apexrl.common.env_adapters import (
+    NO_VELOCITY,
     OneHotObservation,
     gym26_registered,
     gym26_reward_threshold,
@@ -302,8 +303,18 @@ def _reason(err: BaseException) -> str:
 
 
 def _register(env_id: str) -> None:
-    """Register the optional families an id may belong to (ale-py, minatar) when their package is installed."""
+    """Register the environments apexrl ships (CartPoleNoVel-v1) and the optional families an id may belong to
+    (ale-py, minatar) when their package is installed."""
     if env_id in gym.registry:
+        return
+    if env_id in NO_VELOCITY:
+        base = gym.spec(NO_VELOCITY[env_id][0])
+        gym.register(
+            env_id,
+            entry_point="apexrl.common.env_adapters:make_cartpole_no_velocity",
+            max_episode_steps=base.max_episode_steps,
+            reward_threshold=base.reward_threshold,
+        )
         return
     if env_id.startswith("MinAtar/"):
         try:

@@ -153,3 +153,32 @@ def test_gyms_own_lunar_lander_v2_which_gymnasium_retired_runs_through_the_adapt
         assert obs.shape == (8,) and np.isfinite(reward)
     finally:
         env.close()
+
+
+def test_cartpole_without_velocities_is_cartpole_with_its_velocity_entries_zeroed():
+    """CartPoleNoVel-v1 (rl-baselines3-zoo's name and masking): the same dynamics, time limit and solve bar as
+    CartPole-v1, observations with the cart's velocity and the pole's angular velocity set to 0."""
+    import numpy as np
+
+    from apexrl.common.environments import env_spaces, make_env, make_vector_env, reward_threshold
+
+    masked, full = make_env("CartPoleNoVel-v1"), make_env("CartPole-v1")
+    seen, want = [masked.reset(seed=7)[0]], [full.reset(seed=7)[0]]
+    rng = np.random.default_rng(0)
+    for _ in range(600):
+        action = int(rng.integers(2))
+        obs, _, terminated, truncated, _ = masked.step(action)
+        seen.append(obs)
+        want.append(full.step(action)[0])
+        if terminated or truncated:
+            break
+    seen, want = np.array(seen), np.array(want)
+    np.testing.assert_array_equal(seen[:, [1, 3]], 0.0)
+    np.testing.assert_array_equal(seen[:, [0, 2]], want[:, [0, 2]])
+    assert np.abs(want[:, [1, 3]]).max() > 0  # the velocities it hides are real
+    assert masked.spec.max_episode_steps == 500 and reward_threshold("CartPoleNoVel-v1") == 475.0
+    assert env_spaces("CartPoleNoVel-v1") == env_spaces("CartPole-v1")
+    vector = make_vector_env("CartPoleNoVel-v1", 3, same_step_autoreset=False)  # no unmasked vector shortcut
+    np.testing.assert_array_equal(vector.reset(seed=1)[0][:, [1, 3]], 0.0)
+    for env in (masked, full, vector):
+        env.close()
