@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from apexrl.common.compression import logical_shape
 from apexrl.common.signature import SUPPORTED_DTYPES
 from apexrl.proto import replay_pb2
 from apexrl.replay_server import wire
@@ -30,7 +31,7 @@ class Batch:
     request: replay_pb2.InsertRequest | None = None  # encoded at insert: sent alone
     columns: dict[str, np.ndarray] | None = None  # copied at insert: may be merged
     priorities: np.ndarray | None = None
-    rows: int = 0
+    rows: int = 0  # what a report of undelivered rows counts
     layout: tuple = ()  # batches of the same layout merge
 
 
@@ -75,7 +76,8 @@ def prepare_batch(
                     rows=rows,
                     layout=(tuple(layout), None if priorities is None else priorities.dtype),
                 )
-    return Batch(0, nbytes, request=wire.encode_insert(columns, priorities, writer_id))
+    rows = logical_shape(next(iter(columns.values())))[0] if columns else 0
+    return Batch(0, nbytes, request=wire.encode_insert(columns, priorities, writer_id), rows=rows)
 
 
 def encode_run(run: list[Batch], writer_id: str) -> replay_pb2.InsertRequest:

@@ -16,9 +16,12 @@ machine, and never to a shard that would misread them.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -39,6 +42,21 @@ from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server.client.insert_batches import Batch, encode_run, prepare_batch
 
 log = logging.getLogger(__name__)
+
+# How long a program's end waits for the shards to acknowledge what its clients still hold (see deliver_at_exit).
+EXIT_DELIVERY_SECONDS = 10.0
+# Streams that hold, or may come to hold, unacknowledged batches: the interpreter's exit delivers or reports them.
+_OPEN_STREAMS: weakref.WeakSet[InsertStream] = weakref.WeakSet()
+
+
+@atexit.register
+def _deliver_at_exit() -> None:
+    """A program that inserts and ends without flush() or close() (many first scripts do) still has its rows
+    delivered, within EXIT_DELIVERY_SECONDS for all clients together, or is told on stderr what was lost."""
+    deadline = time.monotonic() + EXIT_DELIVERY_SECONDS
+    for stream in list(_OPEN_STREAMS):
+        stream.deliver_at_exit(deadline)
+
 
 # Per-batch answers that mean "not stored, try again later" rather than "this batch is wrong".
 _RETRY_ACK_CODES = {ErrorCode.UNAVAILABLE, ErrorCode.DEADLINE_EXCEEDED}
@@ -159,6 +177,7 @@ class InsertStream:
                     target=self._run_writer, name="apexrl-insert", daemon=True
                 )
                 self._writer_thread.start()
+                _OPEN_STREAMS.add(self)
         return batch.sequence
 
     def flush(self, timeout: float) -> None:
@@ -339,8 +358,31 @@ class InsertStream:
             )
         self._cond.notify_all()
 
+    def deliver_at_exit(self, deadline: float) -> None:
+        """Wait for the acknowledgement of what is still pending, until `deadline` (time.monotonic()); then say on
+        stderr what the shard refused and how many rows were never acknowledged (lost with the process)."""
+        with self._cond:
+            if self._closed or not self._pending and not self._errors:
+                return
+        try:
+            self.flush(max(0.0, deadline - time.monotonic()))
+        except DeadlineExceededError:
+            pass
+        except ApexError as err:  # a batch the shard refused: the program never heard of it
+            print(f"apexrl: an insert to {self.address} was refused: {err}", file=sys.stderr)
+        with self._cond:
+            batches, rows = len(self._pending), sum(batch.rows for batch in self._pending.values())
+        if batches:
+            print(
+                f"apexrl: {rows} rows in {batches} batches inserted to {self.address} were not acknowledged "
+                f"before the program ended and are lost: call flush() or close() (or use the client in a with "
+                f"block) before it ends",
+                file=sys.stderr,
+            )
+
     def stop(self) -> None:
         """Stop sending: wake every waiting writer and the request iterator; the writer thread ends."""
+        _OPEN_STREAMS.discard(self)
         with self._cond:
             self._closed = True
             self._send_ready.notify_all()

@@ -98,7 +98,13 @@ class ReplayClient:
         timeout: float | None = None,
     ) -> int:
         """Queue a batch for the shard and return its sequence number; blocks while `max_in_flight` batches are
-        unacknowledged. A batch the shard rejects raises its error from a later `insert` or `flush`."""
+        unacknowledged. A batch the shard rejects raises its error from a later `insert` or `flush`.
+
+        What it promises: the batch is sent in the background and resent after a reconnect until the shard
+        acknowledges it (stored, or a duplicate of a stored one); it is stored once `flush` returns (with a
+        write-ahead log: durable). A program that ends without flush() or close() still has its batches delivered
+        at exit, for up to EXIT_DELIVERY_SECONDS (10 s) for all its clients together, or is told on stderr how
+        many rows were lost; close() without a flush timeout drops what is pending."""
         return self._inserts.insert(columns, priorities, timeout=self._deadline(timeout))
 
     def flush(self, timeout: float | None = None) -> None:
