@@ -63,8 +63,9 @@ class Checkpoint:
 
     @property
     def env(self) -> EnvChoice:
-        """The environment the policy was trained on, as `make_env` builds it."""
-        return EnvChoice(self.env_id, self.env_module, self.env_kwargs)
+        """The environment the policy was trained on, as `make_env` builds it; read from a file, so its modules
+        are not imported until the user trusts them (EnvChoice.trusted)."""
+        return EnvChoice(self.env_id, self.env_module, self.env_kwargs).read_from_file()
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> Path:

@@ -102,7 +102,7 @@ def load_policy_file(path: str | os.PathLike) -> PolicyFile:
                 str(meta["env_id"]),
                 tuple(str(m) for m in meta.get("env_module", ())),
                 EnvKwargs.parse(meta.get("env_kwargs", "{}")),
-            ),
+            ).read_from_file(),
             spaces=spaces_from_dict(meta["spaces"]),
             weights=weights,
             weight_version=int(meta["weight_version"]),

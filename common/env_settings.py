@@ -7,6 +7,7 @@ No gymnasium import: the launcher and the role configs read these settings befor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -81,11 +82,24 @@ NO_KWARGS = EnvKwargs()
 @dataclass(frozen=True)
 class EnvChoice:
     """An environment as every role builds it: `id` (a registered id, or `package.module:Id` whose module
-    registers it), `modules` imported first, and the constructor's `kwargs`."""
+    registers it), `modules` imported first, and the constructor's `kwargs`. `trusted` false marks a choice read
+    from a file (a checkpoint, a kept policy): the modules it names are not imported, since importing runs their
+    code, until the user names them (`--env-module`) or says to trust them (`--trust-env-modules`)."""
 
     id: str
     modules: tuple[str, ...] = ()
     kwargs: EnvKwargs = field(default=NO_KWARGS)
+    trusted: bool = field(default=True, compare=False)
+    # Read from a file: even once trusted, its modules are never looked for in the working directory.
+    from_file: bool = field(default=False, compare=False)
+
+    def read_from_file(self) -> EnvChoice:
+        """This choice as read from a file: untrusted until the user says otherwise."""
+        return dataclasses.replace(self, trusted=False, from_file=True)
+
+    def trusting(self) -> EnvChoice:
+        """This choice with its modules trusted (the user said so)."""
+        return dataclasses.replace(self, trusted=True)
 
     @classmethod
     def of(cls, config: Any) -> EnvChoice:

@@ -22,10 +22,12 @@ the actors', the learner's (its sizes), the launcher's pre-flight check, `apexrl
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -260,13 +262,23 @@ def env_spaces(env: EnvChoice | str) -> EnvSpaces:
 def import_env_modules(choice: EnvChoice) -> None:
     """Import the modules `choice` names (`--env-module`, and the module of a `module:Id` id) so that their
     registrations run. A module found neither on sys.path nor installed is looked for in the working directory
-    last, as `python -m` would (the `apexrl` script does not put it on sys.path); ValueError naming the module."""
+    last, as `python -m` would (the `apexrl` script does not put it on sys.path); ValueError naming the module.
+    A choice read from a file (`trusted` false) imports nothing: ValueError naming its modules and how to allow
+    them, since a run directory or a checkpoint must never run code unless the user says so."""
+    if not choice.trusted and choice.all_modules:
+        names = ", ".join(choice.all_modules)
+        raise ValueError(
+            f"the checkpoint names environment modules ({names}) whose import would run their code; name them "
+            f"yourself (--env-module {','.join(choice.modules) or names}) or pass --trust-env-modules "
+            f"(load_policy: make_env(trust_env_modules=True)) if you trust where this run directory came from"
+        )
     for module in choice.all_modules:
         try:
-            importlib.import_module(module)
+            with _without_working_directory(choice.from_file):
+                importlib.import_module(module)
         except ModuleNotFoundError as err:
             cwd = os.getcwd()
-            if err.name != module.split(".")[0] or cwd in sys.path:
+            if err.name != module.split(".")[0] or cwd in sys.path or choice.from_file:
                 raise ValueError(f"cannot import environment module {module!r}: {err}") from None
             sys.path.append(cwd)
             try:
@@ -282,6 +294,22 @@ def import_env_modules(choice: EnvChoice) -> None:
                 ) from None
         except Exception as err:  # the module's own code
             raise ValueError(f"environment module {module!r} failed to import: {_reason(err)}") from None
+
+
+@contextlib.contextmanager
+def _without_working_directory(active: bool) -> Iterator[None]:
+    """While a module named by a file is imported, sys.path holds neither the working directory nor '' (which
+    `python -m` and `python -c` put first): a module lying beside a downloaded run directory is not found."""
+    if not active:
+        yield
+        return
+    saved = list(sys.path)
+    cwd = os.getcwd()
+    sys.path[:] = [entry for entry in saved if entry not in ("", ".", cwd)]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
 
 
 def _one_hot_encoded(env: gym.Env | gym.vector.VectorEnv) -> bool:

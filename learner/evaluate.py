@@ -68,6 +68,12 @@ class EvaluateConfig:
         "constructor arguments of the environment, a JSON object (none: the ones it was trained with)",
         metavar="JSON",
     )
+    trust_env_modules: bool = setting(
+        False,
+        "import the environment modules the checkpoint names (a `module:Id` id's too): importing runs their "
+        "code, so a run directory from elsewhere runs none unless this is given or --env-module names them; "
+        "never from the working directory",
+    )
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -97,6 +103,14 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
         trained.modules if args.env_module is None else args.env_module,
         args.env_kwargs if args.env_kwargs is not None else trained.kwargs if args.env is None else NO_KWARGS,
     )
+    # Modules read from the checkpoint (its plugin modules, its `module:Id` id) run code only when trusted.
+    from_file = (args.env_module is None and bool(trained.modules)) or (
+        args.env is None and ":" in trained.id
+    )
+    if from_file:
+        choice = choice.read_from_file()
+        if args.trust_env_modules:
+            choice = choice.trusting()
     env = _make(choice, args)
     try:
         spaces = check_spaces(env, choice.id)

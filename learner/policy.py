@@ -105,12 +105,14 @@ class TrainedPolicy:
             actions = int(actions[0]) if self.spaces.num_actions else actions[0]
         return actions if state is _NO_STATE else (actions, after)
 
-    def make_env(self, render_mode: str | None = None) -> gymnasium.Env:
-        """The environment this policy was trained on, made as the actors made it (preprocessing, plugin modules,
-        constructor arguments; `render_mode` "human" or "rgb_array" to watch or record it)."""
+    def make_env(self, render_mode: str | None = None, *, trust_env_modules: bool = False) -> gymnasium.Env:
+        """The environment this policy was trained on, made as the actors made it (preprocessing, constructor
+        arguments; `render_mode` "human" or "rgb_array" to watch or record it). Plugin modules the checkpoint
+        names are imported only with `trust_env_modules` (importing runs their code; ValueError naming them
+        otherwise), and never from the working directory."""
         from apexrl.common.environments import make_env
 
-        return make_env(self.env, render_mode=render_mode)
+        return make_env(self.env.trusting() if trust_env_modules else self.env, render_mode=render_mode)
 
     def greedy_module(self) -> torch.nn.Module:
         """A torch module from one observation or a batch, as `act` takes them (one-hot encoded observations as

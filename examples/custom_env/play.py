@@ -23,7 +23,7 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # where the corridor module lives
     policy = apexrl.load_policy(args.run_dir)
-    env = policy.make_env()
+    env = policy.make_env(trust_env_modules=True)  # our own run: the corridor module it names is ours
     returns = []
     for episode in range(args.episodes):
         obs, _ = env.reset(seed=episode)

@@ -104,7 +104,7 @@ def test_custom_env_example_trains_plays_and_exports(tmp_path):
         r'mean return [01]\.\d\d over 3 episodes of Corridor-v0 \{"length": 6\}', played.stdout
     ), played.stdout
     evaluated = subprocess.run(
-        [*apexrl, "evaluate", str(run), "--episodes", "3"],
+        [*apexrl, "evaluate", str(run), "--episodes", "3", "--env-module", "corridor"],  # named: it may run
         cwd=CUSTOM_ENV,
         capture_output=True,
         text=True,

@@ -53,11 +53,24 @@ def test_a_custom_environment_is_played_with_its_module_and_arguments(tmp_path, 
     observation size: the checkpoint's own arguments must reach it, or the network would not fit."""
     choice = EnvChoice("tests.support.custom_envs:Line-v0", kwargs=EnvKwargs({"length": 6}))
     folder = run_dir(tmp_path, choice)
-    assert cli.main(["evaluate", str(folder), "--episodes", "2", "--seed", "0"]) == 0
+    assert cli.main(["evaluate", str(folder), "--episodes", "2", "--seed", "0", "--trust-env-modules"]) == 0
     out = capsys.readouterr().out
     assert 'on tests.support.custom_envs:Line-v0 {"length": 6} for 2 greedy episodes' in out
     assert json.loads(out.strip().splitlines()[-1])["episodes"] == 2
-    assert cli.main(["evaluate", str(folder), "--episodes", "1", "--env-kwargs", '{"length": 7}']) == 2
+    assert (
+        cli.main(
+            [
+                "evaluate",
+                str(folder),
+                "--episodes",
+                "1",
+                "--env-kwargs",
+                '{"length": 7}',
+                "--trust-env-modules",
+            ]
+        )
+        == 2
+    )
     assert "has observations of size 7" in capsys.readouterr().err
 
 
@@ -108,3 +121,29 @@ def test_record_video_writes_one_mp4_per_episode(tmp_path, capsys, env):
 def test_render_and_record_video_exclude_each_other(tmp_path, capsys):
     assert cli.main(["evaluate", str(tmp_path), "--render", "--record-video", str(tmp_path / "v")]) == 2
     assert "render and record_video exclude each other" in capsys.readouterr().err
+
+
+def test_a_run_directory_runs_no_code_it_names_unless_the_user_says_so(tmp_path):
+    """A downloaded run directory whose checkpoint names an environment module that lies beside it: evaluating it
+    there refuses in one line naming the module, and runs nothing; trusted, the module is still never looked for
+    in the working directory (issue 31, item 3)."""
+    folder = tmp_path / "downloaded"
+    save_checkpoint(
+        folder / "checkpoints" / "checkpoint.pt",
+        fresh_checkpoint("CartPole-v1", env_spaces("CartPole-v1"), env_module=("evil",)),
+    )
+    marker = tmp_path / "ran"
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
+    plain = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for extra in ([], ["--trust-env-modules"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "apexrl.launcher", "evaluate", ".", "--episodes", "1", *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=folder,
+            env=plain,
+        )
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "evil" in done.stderr and not marker.exists(), done.stderr
+    assert "--trust-env-modules" in done.stderr or "cannot import environment module 'evil'" in done.stderr
