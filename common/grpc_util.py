@@ -251,6 +251,10 @@ def make_channel(
         ("grpc.max_reconnect_backoff_ms", 1_000),
         # Despite its name, gRPC's minimum connect timeout (subchannel.cc ParseArgsForBackoffValues).
         ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
+        # A connection of its own: gRPC otherwise shares one between every channel of a process to an address, so a
+        # shard's per-connection call quota would count all of a process's clients together (512 writers and a
+        # sampler in one custom actor would be refused).
+        ("grpc.use_local_subchannel_pool", 1),
     ]
     if tls is not None:
         if tls.server_name is not None:

@@ -150,4 +150,6 @@ class Quotas:
             "waiting_calls": self.settings.max_waiting_calls,
             "waiting_insert_bytes": self.settings.max_waiting_insert_bytes,
         }[limit]
-        return ResourceExhaustedError(f"{what} {value:,}")
+        setting = "--max-" + limit.replace("_", "-")
+        hint = " (each client object has a connection of its own)" if limit == "calls_per_connection" else ""
+        return ResourceExhaustedError(f"{what} {value:,}: raise the shard's {setting}{hint}")

@@ -60,7 +60,10 @@ def test_one_connection_cannot_hold_more_calls_than_its_quota(make_shard):
         )
         assert refusal(
             lambda deadline: greedy.sample(4, timeout=deadline), "max_calls_per_connection"
-        ).endswith("already has 8 calls open, the limit (max_calls_per_connection) 8")
+        ).endswith(
+            "already has 8 calls open, the limit (max_calls_per_connection) 8: raise the shard's "
+            "--max-calls-per-connection (each client object has a connection of its own)"
+        )
         assert refusals(shard, "calls_per_connection") == 1
         # Another connection is not affected (channels of one process share a connection unless told not to).
         with grpc.insecure_channel(shard.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
@@ -90,7 +93,8 @@ def test_calls_waiting_for_the_table_are_capped_across_connections(make_shard):
         )
         message = refusal(lambda deadline: clients[3].sample(4, timeout=deadline), "max_waiting_calls")
         assert message.endswith(
-            "RESOURCE_EXHAUSTED: 3 calls are already waiting for the table, the limit (max_waiting_calls) 3"
+            "RESOURCE_EXHAUSTED: 3 calls are already waiting for the table, the limit (max_waiting_calls) 3: "
+            "raise the shard's --max-waiting-calls"
         ), message
         assert refusals(shard, "waiting_calls") == 1
         for call in waiting:
@@ -129,7 +133,9 @@ def test_inserts_waiting_on_the_rate_limiter_hold_bounded_bytes(make_shard):
         writer.flush(timeout=30)
         writer.insert(cartpole_batch(10, start=10), priorities=np.ones(10))
         message = refusal(lambda deadline: writer.flush(timeout=deadline), "max_waiting_insert_bytes")
-        assert message.endswith("over the limit (max_waiting_insert_bytes) of 100"), message
+        assert message.endswith(
+            "over the limit (max_waiting_insert_bytes) of 100: raise the shard's --max-waiting-insert-bytes"
+        ), message
     assert shard.table.info().size == 10 and refusals(shard, "waiting_insert_bytes") == 1
 
 

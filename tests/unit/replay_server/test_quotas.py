@@ -40,7 +40,8 @@ def test_a_connection_gets_exactly_max_calls_per_connection_and_a_released_call_
             held.enter_context(q.call("ipv4:10.0.0.1:5000"))  # the limit itself is granted
         assert registry.get_sample_value("apexrl_replay_open_calls") == 3
         assert refusal(q.call("ipv4:10.0.0.1:5000"), "a 4th call with max_calls_per_connection 3") == (
-            "connection ipv4:10.0.0.1:5000 already has 3 calls open, the limit (max_calls_per_connection) 3"
+            "connection ipv4:10.0.0.1:5000 already has 3 calls open, the limit (max_calls_per_connection) 3: "
+            "raise the shard's --max-calls-per-connection (each client object has a connection of its own)"
         )
         assert refusals(registry, "calls_per_connection") == 1
         with q.call("ipv4:10.0.0.2:5000"):  # another connection has its own count
@@ -69,7 +70,8 @@ def test_exactly_max_waiting_calls_wait_across_connections_and_a_released_one_is
         held.enter_context(q.waiting_call())  # the limit itself is granted
         assert q.waiting == 2
         assert refusal(q.waiting_call(), "a 3rd waiting call with max_waiting_calls 2") == (
-            "2 calls are already waiting for the table, the limit (max_waiting_calls) 2"
+            "2 calls are already waiting for the table, the limit (max_waiting_calls) 2: "
+            "raise the shard's --max-waiting-calls"
         )
         assert refusals(registry, "waiting_calls") == 1 and q.waiting == 2
     assert q.waiting == 0
@@ -86,7 +88,7 @@ def test_waiting_inserts_may_hold_exactly_max_waiting_insert_bytes_and_not_one_b
         assert q.waiting_bytes == 100
         assert refusal(q.waiting_call(1), "a 101st byte with max_waiting_insert_bytes 100") == (
             "waiting inserts hold 100 bytes, and this batch's 1 bytes would go over the limit "
-            "(max_waiting_insert_bytes) of 100"
+            "(max_waiting_insert_bytes) of 100: raise the shard's --max-waiting-insert-bytes"
         )
         assert refusals(registry, "waiting_insert_bytes") == 1
         held.enter_context(q.waiting_call())  # a call holding no insert bytes (a Sample) still waits
