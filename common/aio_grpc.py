@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from apexrl.common import refusals
 from apexrl.common.access import AUDITED_METHODS, AccessDenied, AccessPolicy, Identity, is_open_method
 from apexrl.common.errors import ApexError, ErrorCode
 from apexrl.common.grpc_logs import quiet_peer_gone_errors
@@ -56,6 +57,20 @@ async def abort(context: grpc.aio.ServicerContext, err: ApexError) -> NoReturn:
     raise AssertionError(
         "context.abort returned"
     )  # grpc.aio's abort raises; this line makes the exit visible
+
+
+def _methods_of(service_names: Iterable[str]) -> list[str]:
+    """`Service/Method` of every method of the named services whose descriptors are loaded (apexrl's own)."""
+    from google.protobuf import descriptor_pool
+
+    pool, found = descriptor_pool.Default(), []
+    for name in service_names:
+        try:
+            service = pool.FindServiceByName(name)
+        except KeyError:
+            continue
+        found += [f"{service.name}/{method.name}" for method in service.methods]
+    return found
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):
@@ -291,6 +306,7 @@ class AioServerThread:
         quiet_peer_gone_errors()
         self._add_services = add_services
         self._service_names = list(service_names)
+        refusals.serving(_methods_of(self._service_names))
         self._max_message_bytes = max_message_bytes
         self.access = (
             access if access is not None else AccessPolicy.single_token(token) if token else AccessPolicy()

@@ -39,6 +39,7 @@ from apexrl.common.access import (
 )
 from apexrl.common.addresses import check_address
 from apexrl.common.errors import CancelledError, DeadlineExceededError, from_rpc_error
+from apexrl.common.refusals import RateLimitedAudit, count_refusal, peer_host
 from apexrl.common.tls import TlsFiles
 from apexrl.common.tls_reload import ReloadingChannel, reloading_server_credentials
 
@@ -106,8 +107,22 @@ def status_of(denied: AccessDenied) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, denied.code)
 
 
+_audit_refusal = RateLimitedAudit(audit_log.warning)
+
+
 def audit_refused(method: str, peer: str, denied: AccessDenied) -> None:
-    audit_log.warning("refused %s from %s: %s %s", method_name(method), peer, denied.code, denied)
+    """Count the refusal (apexrl_refused_calls_total) and audit it, rate-limited per peer, method and reason
+    (common/refusals.py)."""
+    name = method_name(method)
+    count_refusal(name, denied.code)
+    _audit_refusal(
+        (peer_host(peer), name, denied.code, str(denied)),
+        "refused %s from %s: %s %s",
+        name,
+        peer,
+        denied.code,
+        denied,
+    )
 
 
 def audit_allowed(method: str, peer: str, identity: Identity) -> None:

@@ -55,8 +55,11 @@ def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1
 
 def add_process_metrics(registry: CollectorRegistry) -> None:
     """Register what every process exports beside its role's own series (serve_metrics does): the expiry of the
-    TLS certificates it serves or presents."""
+    TLS certificates it serves or presents, and the calls its servers refused (common/refusals.py)."""
+    from apexrl.common.refusals import RefusalCollector
+
     registry.register(TlsExpiryCollector())
+    registry.register(RefusalCollector())
 
 
 class TlsExpiryCollector:

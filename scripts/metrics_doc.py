@@ -83,6 +83,7 @@ SECTIONS = [  # metric name prefix -> section title
     ("apexrl_params_", "Parameter service (hosted by the learner, or standalone)"),
     ("apexrl_actor_", "Actors and the evaluator"),
     ("apexrl_tls_", "TLS certificates (every process that serves or dials TLS)"),
+    ("apexrl_refused_", "Refused calls (every process that serves)"),
 ]
 
 
