@@ -33,11 +33,13 @@ from apexrl.common.settings import SettingsError
 from apexrl.common.tls import TlsFiles
 from apexrl.launcher.commands import command, environment, extra_args_for
 from apexrl.launcher.fleet_config import ConfigError, FleetConfig
+from apexrl.launcher.log_rotation import rotate_if_large
 from apexrl.launcher.topology import Role, Wiring, address, roles_on, wiring, with_ports
 
 log = logging.getLogger("apexrl.launch")
 
 STOP_ORDER = (("actor", "evaluator", "learner"), ("replay",))  # users of a service stop before the service
+LOG_CHECK_SECONDS = 5.0  # how often the role logs' sizes are looked at (rotated past role_log_max_mb)
 PRIVATE_DIRECTORIES = ("logs", "checkpoints")  # 0700: role logs and checkpoints are the owner's alone
 
 
@@ -125,6 +127,7 @@ class Fleet:
         self.children: list[Child] = []
         self.restarts: dict[str, list[float]] = {}  # role -> monotonic times of its restarts
         self._due: dict[str, float] = {}  # role -> when its pending restart is due
+        self._next_log_check = 0.0  # when the role logs' sizes are looked at next
         # Ports left open in the config (metrics ports, the local fleet's parameter-service port) are picked just
         # before the role that binds them starts, to keep the window in which another program could take them short.
         self.roles = roles_on(config, host)
@@ -311,6 +314,7 @@ class Fleet:
         actors fail over to the other shards, the learner samples the live ones, a learner resumes from its
         checkpoint."""
         now = time.monotonic() if now is None else now
+        self._rotate_logs(now)
         for child in list(self.children):
             if child.process.poll() is None or child.role.name in self._due:
                 continue
@@ -336,6 +340,16 @@ class Fleet:
                 del self._due[name]
                 self._restart(name, now)
         return None
+
+    def _rotate_logs(self, now: float) -> None:
+        """Every few seconds, rotate the role logs past their cap (launcher/log_rotation.py)."""
+        if now < self._next_log_check:
+            return
+        self._next_log_check = now + LOG_CHECK_SECONDS
+        cap = int(self.config.role_log_max_mb * 1e6)
+        for child in self.children:
+            if rotate_if_large(child.log_path, cap):
+                log.info("rotated %s (over %g MB)", child.log_path, self.config.role_log_max_mb)
 
     def _restart(self, name: str, now: float) -> None:
         dead = next(c for c in self.children if c.role.name == name)

@@ -206,6 +206,11 @@ class FleetSettings:
         "(0: the first death ends the run)",
     )
     restart_window: float = setting(300.0, "seconds over which a role's restarts are counted")
+    role_log_max_mb: float = setting(
+        50.0,
+        "size at which a role's log (RUN_DIR/logs/NAME.log) is rotated to NAME.log.1 (two copies kept): a role "
+        "that logs without bound never fills the disk its checkpoints share",
+    )
 
     def __post_init__(self) -> None:
         try:  # Python's spellings (env_kwargs as a dict, env_module as text); a wrong type is refused
@@ -233,6 +238,8 @@ class FleetSettings:
             )
         if not self.stop_grace >= 0:
             raise ConfigError(f"stop_grace ({self.stop_grace}) must be >= 0")
+        if not (math.isfinite(self.role_log_max_mb) and self.role_log_max_mb > 0):
+            raise ConfigError(f"role_log_max_mb ({self.role_log_max_mb}) must be positive")
         if self.algorithm not in algorithm_names():
             raise ConfigError(f"algorithm ({self.algorithm!r}) must be one of {', '.join(algorithm_names())}")
         if self.device is not None:

@@ -1,0 +1,40 @@
+"""The launcher caps and rotates its roles' logs (issue 31, item 4): with --role-log-max-mb set small, a real
+fleet's logs are rotated beside themselves while every role runs on and writes to its live log."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CAP_MB = 0.002  # 2 kB: every role's start-up lines pass it
+
+
+def test_role_logs_are_rotated_past_their_cap_while_the_fleet_runs(tmp_path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "apexrl.launcher",
+            "launch",
+            "--seed",
+            "0",
+            "--max-seconds",
+            "20",
+            "--role-log-max-mb",
+            str(CAP_MB),
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["reason"] in ("max_seconds", "solved") and result["updates"] > 0, done.stderr[-3000:]
+    logs = run_dir / "logs"
+    rotated = sorted(path.name for path in logs.glob("*.log.1"))
+    assert rotated, sorted(path.name for path in logs.iterdir())
+    assert "rotated " in done.stderr and "(over 0.002 MB)" in done.stderr, done.stderr[-3000:]
+    assert not list(logs.glob("*.log.3"))  # two copies at most
