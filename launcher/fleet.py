@@ -28,7 +28,7 @@ from apexrl.common.files import open_private
 from apexrl.common.free_ports import pick_free_port
 from apexrl.common.grpc_util import wait_for_health
 from apexrl.common.port_check import check_ports_free
-from apexrl.common.process import LAUNCHER_PID_VARIABLE
+from apexrl.common.process import EXIT_BAD_CONFIG, LAUNCHER_PID_VARIABLE
 from apexrl.common.settings import SettingsError
 from apexrl.common.tls import TlsFiles
 from apexrl.launcher.commands import command, environment, extra_args_for
@@ -95,14 +95,18 @@ class Child:
     process: subprocess.Popen
     log_file: IO[bytes] = field(repr=False)
 
-    def describe_exit(self) -> str:
+    def exit_reason(self) -> str:
+        """How it ended, in a few words: "learner was killed by SIGKILL", "shard-0 exited with status 2"."""
         code = self.process.returncode
         how = (
             f"was killed by {signal.Signals(-code).name}"
             if code is not None and code < 0
             else f"exited with status {code}"
         )
-        return f"{self.role.name} {how}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+        return f"{self.role.name} {how}"
+
+    def describe_exit(self) -> str:
+        return f"{self.exit_reason()}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
 
 
 class Fleet:
@@ -260,7 +264,7 @@ class Fleet:
     def _wait_port_file(self, child: Child, path: Path, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while True:
-            self._check_starting(child)
+            child = self._check_starting(child)
             try:
                 return int(path.read_text())
             except (FileNotFoundError, ValueError):
@@ -283,7 +287,7 @@ class Fleet:
             log.info("waiting for %s at %s", name, target)
         while True:
             if child is not None:
-                self._check_starting(child)
+                child = self._check_starting(child)
             elif self.stop_requested.is_set():
                 raise Interrupted()
             try:
@@ -296,11 +300,36 @@ class Fleet:
                         f"{name} at {target} did not report SERVING within {timeout:.0f}s ({err}){tail}"
                     ) from None
 
-    def _check_starting(self, child: Child) -> None:
+    def _check_starting(self, child: Child) -> Child:
+        """The child of `child`'s role to wait for now: itself while it runs; its restart when it died during
+        start-up for a reason a restart may fix (a signal, a failure: exit 1), within the restart budget as after
+        start-up. StartupError at once for a role that refused its configuration (exit 2: a bad flag, a port in
+        use, a missing file: a restart would not fix it) or whose budget is spent."""
         if self.stop_requested.is_set():
             raise Interrupted()
-        if child.process.poll() is not None:
+        child = next(
+            (c for c in self.children if c.role.name == child.role.name), child
+        )  # restarted meanwhile
+        if child.process.poll() is None:
+            return child
+        now, name = time.monotonic(), child.role.name
+        window = [t for t in self.restarts.get(name, []) if now - t < self.config.restart_window]
+        if child.process.returncode in (0, EXIT_BAD_CONFIG) or len(window) >= self.config.max_restarts:
             raise StartupError(f"{child.describe_exit()}")
+        delay = min(30.0, 2.0 ** len(window))
+        log.warning(
+            "%s during start-up; restarting it in %.0fs (restart %d of at most %d in %.0fs; its log: %s)",
+            child.exit_reason(),
+            delay,
+            len(window) + 1,
+            self.config.max_restarts,
+            self.config.restart_window,
+            child.log_path,
+        )
+        if self.stop_requested.wait(delay):
+            raise Interrupted()
+        self._restart(name, time.monotonic())
+        return next(c for c in self.children if c.role.name == name)
 
     # --- run and stop ---------------------------------------------------------------------------------------------
 
