@@ -225,7 +225,7 @@ class FleetSettings:
             raise ConfigError(str(err)) from None
         if self.seed is not None and self.seed < 0:
             raise ConfigError(f"seed ({self.seed}) must be at least 0")
-        for name in ("max_seconds", "startup_timeout", "progress_seconds"):
+        for name in ("max_seconds", "startup_timeout", "progress_seconds", "role_log_max_mb"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} ({value}) must be positive")
@@ -238,8 +238,6 @@ class FleetSettings:
             )
         if not self.stop_grace >= 0:
             raise ConfigError(f"stop_grace ({self.stop_grace}) must be >= 0")
-        if not (math.isfinite(self.role_log_max_mb) and self.role_log_max_mb > 0):
-            raise ConfigError(f"role_log_max_mb ({self.role_log_max_mb}) must be positive")
         if self.algorithm not in algorithm_names():
             raise ConfigError(f"algorithm ({self.algorithm!r}) must be one of {', '.join(algorithm_names())}")
         if self.device is not None:
