@@ -313,23 +313,33 @@ class Fleet:
         if child.process.poll() is None:
             return child
         now, name = time.monotonic(), child.role.name
-        window = [t for t in self.restarts.get(name, []) if now - t < self.config.restart_window]
-        if child.process.returncode in (0, EXIT_BAD_CONFIG) or len(window) >= self.config.max_restarts:
+        delay = None
+        if child.process.returncode not in (0, EXIT_BAD_CONFIG):
+            delay = self._plan_restart(child, now, f"{child.exit_reason()} during start-up")
+        if delay is None:
             raise StartupError(f"{child.describe_exit()}")
-        delay = min(30.0, 2.0 ** len(window))
-        log.warning(
-            "%s during start-up; restarting it in %.0fs (restart %d of at most %d in %.0fs; its log: %s)",
-            child.exit_reason(),
-            delay,
-            len(window) + 1,
-            self.config.max_restarts,
-            self.config.restart_window,
-            child.log_path,
-        )
         if self.stop_requested.wait(delay):
             raise Interrupted()
         self._restart(name, time.monotonic())
         return next(c for c in self.children if c.role.name == name)
+
+    def _plan_restart(self, child: Child, now: float, how: str) -> float | None:
+        """The backoff before `child`'s role is started again (1 s, 2 s, 4 s, ... at most 30 s, doubling with each
+        restart in the window), logged with `how` it ended; None once its budget (max_restarts within
+        restart_window) is spent. The one rule for roles that die during start-up and after it."""
+        window = [t for t in self.restarts.get(child.role.name, []) if now - t < self.config.restart_window]
+        if len(window) >= self.config.max_restarts:
+            return None
+        delay = min(30.0, 2.0 ** len(window))
+        log.warning(
+            "%s; restarting it in %.0fs (restart %d of at most %d in %.0fs)",
+            how,
+            delay,
+            len(window) + 1,
+            self.config.max_restarts,
+            self.config.restart_window,
+        )
+        return delay
 
     # --- run and stop ---------------------------------------------------------------------------------------------
 
@@ -349,21 +359,10 @@ class Fleet:
                 continue
             if child.process.returncode == 0:
                 return child
-            window = [
-                t for t in self.restarts.get(child.role.name, []) if now - t < self.config.restart_window
-            ]
-            if len(window) >= self.config.max_restarts:
+            delay = self._plan_restart(child, now, child.describe_exit())
+            if delay is None:
                 return child
-            delay = min(30.0, 2.0 ** len(window))
             self._due[child.role.name] = now + delay
-            log.warning(
-                "%s; restarting it in %.0fs (restart %d of at most %d in %.0fs)",
-                child.describe_exit(),
-                delay,
-                len(window) + 1,
-                self.config.max_restarts,
-                self.config.restart_window,
-            )
         for name, due in list(self._due.items()):
             if due <= now and not self.stop_requested.is_set():
                 del self._due[name]

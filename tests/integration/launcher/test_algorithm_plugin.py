@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.launching import launch_argv
+
 REPO = Path(__file__).resolve().parents[3]
 ROLE_FOLDERS = ("actor", "learner", "launcher", "replay_server", "parameter_server", "common", "apexrl")
 SECONDS = 30
@@ -24,20 +26,7 @@ def test_an_algorithm_from_the_test_tree_trains_end_to_end_through_the_launcher(
     }
     run_dir = tmp_path / "run"
     launch = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "apexrl.launcher",
-            "launch",
-            "--algorithm",
-            "linear-q",
-            "--seed",
-            "0",
-            "--max-seconds",
-            str(SECONDS),
-            "--run-dir",
-            str(run_dir),
-        ],
+        launch_argv(run_dir, SECONDS, "--algorithm", "linear-q"),
         capture_output=True,
         text=True,
         timeout=SECONDS + 120,

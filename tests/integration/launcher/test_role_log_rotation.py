@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+
+from tests.support.launching import launch_argv
 
 CAP_MB = 0.002  # 2 kB: every role's start-up lines pass it
 
@@ -13,20 +14,7 @@ CAP_MB = 0.002  # 2 kB: every role's start-up lines pass it
 def test_role_logs_are_rotated_past_their_cap_while_the_fleet_runs(tmp_path):
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "apexrl.launcher",
-            "launch",
-            "--seed",
-            "0",
-            "--max-seconds",
-            "20",
-            "--role-log-max-mb",
-            str(CAP_MB),
-            "--run-dir",
-            str(run_dir),
-        ],
+        launch_argv(run_dir, 20, "--role-log-max-mb", str(CAP_MB)),
         capture_output=True,
         text=True,
         timeout=200,

@@ -9,9 +9,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from tests.support.launching import launch_argv
 
 SECONDS = 45
 
@@ -33,18 +34,7 @@ def learner_pid(run_dir: Path) -> int | None:
 def test_a_learner_killed_during_start_up_is_restarted_and_the_fleet_trains(tmp_path):
     run_dir = tmp_path / "run"
     launch = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "apexrl.launcher",
-            "launch",
-            "--seed",
-            "0",
-            "--max-seconds",
-            str(SECONDS),
-            "--run-dir",
-            str(run_dir),
-        ],
+        launch_argv(run_dir, SECONDS),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
