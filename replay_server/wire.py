@@ -14,6 +14,7 @@ import numpy as np
 from apexrl.common import codec
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.proto import replay_pb2
+from apexrl.replay_server.core.sequences import ItemBatch
 from apexrl.replay_server.core.types import (
     CheckpointResult,
     InsertResult,
@@ -26,8 +27,9 @@ from apexrl.replay_server.core.types import (
 SERVICE_NAME = replay_pb2.DESCRIPTOR.services_by_name["ReplayService"].full_name
 
 
-# Every ShardInfo field except the signature maps one to one onto an InfoResponse field of the same name.
-_INFO_SCALARS: tuple[str, ...] = tuple(f.name for f in fields(ShardInfo) if f.name != "signature")
+# Every ShardInfo field except the signatures maps one to one onto an InfoResponse field of the same name.
+_INFO_SIGNATURES = ("signature", "item_signature")
+_INFO_SCALARS: tuple[str, ...] = tuple(f.name for f in fields(ShardInfo) if f.name not in _INFO_SIGNATURES)
 
 
 # --- Sample --------------------------------------------------------------------------------------------------------
@@ -45,6 +47,10 @@ def encode_sample(batch: SampledBatch) -> replay_pb2.SampleResponse:
     codec.encode_batch(batch.columns, response.batch)
     response.row_writers.extend(batch.writers)
     response.batch_rows.extend(batch.batch_rows)
+    if batch.sequence_length:
+        response.sequence_length = batch.sequence_length
+        codec.encode_tensor(batch.lengths, response.lengths)
+        codec.encode_batch(batch.item_columns, response.item_columns)
     return response
 
 
@@ -59,6 +65,9 @@ def decode_sample(response: replay_pb2.SampleResponse) -> SampledBatch:
         incarnation=response.incarnation,
         writers=tuple(response.row_writers),
         batch_rows=tuple(response.batch_rows),
+        sequence_length=response.sequence_length,
+        lengths=codec.decode_tensor(response.lengths, "lengths") if response.sequence_length else None,
+        item_columns=codec.decode_batch(response.item_columns) if response.sequence_length else {},
     )
 
 
@@ -121,12 +130,15 @@ def encode_info(info: ShardInfo) -> replay_pb2.InfoResponse:
     response = replay_pb2.InfoResponse(**{name: getattr(info, name) for name in _INFO_SCALARS})
     if info.signature is not None:
         codec.encode_signature(info.signature, response.signature)
+    if info.item_signature is not None:
+        codec.encode_signature(info.item_signature, response.item_signature)
     return response
 
 
 def decode_info(response: replay_pb2.InfoResponse) -> ShardInfo:
     return ShardInfo(
         signature=codec.decode_signature(response.signature),
+        item_signature=codec.decode_signature(response.item_signature),
         **{name: getattr(response, name) for name in _INFO_SCALARS},
     )
 
@@ -142,17 +154,48 @@ MAX_WRITER_ID_BYTES = 256
 
 
 def encode_insert(
-    columns, priorities: np.ndarray | None, writer_id: str, batch_rows: Sequence[int] = ()
+    columns,
+    priorities: np.ndarray | None,
+    writer_id: str,
+    batch_rows: Sequence[int] = (),
+    items: ItemBatch | None = None,
+    trajectory: int = 0,
 ) -> replay_pb2.InsertRequest:
     """An InsertRequest without its sequence number (the client numbers a batch when it queues it). With
-    `batch_rows` of two or more entries, the rows are that many merged batches, back to back."""
-    request = replay_pb2.InsertRequest(writer_id=writer_id)
+    `batch_rows` of two or more entries, the rows are that many merged batches, back to back; with `items`, the
+    sequence items that end in the batch (never merged)."""
+    request = replay_pb2.InsertRequest(writer_id=writer_id, trajectory=trajectory)
     codec.encode_batch(columns, request.batch)
     if priorities is not None:
         codec.encode_tensor(np.asarray(priorities), request.priorities)
     if len(batch_rows) > 1:
         request.batch_rows.extend(batch_rows)
+    if items is not None:
+        request.items.end.extend(np.asarray(items.ends).tolist())
+        request.items.length.extend(np.asarray(items.lengths).tolist())
+        codec.encode_batch(items.columns, request.items.columns)
+        if items.priorities is not None:
+            codec.encode_tensor(np.asarray(items.priorities), request.items.priorities)
     return request
+
+
+def decode_items(request: replay_pb2.InsertRequest) -> ItemBatch | None:
+    """The request's sequence items, or None; InvalidArgumentError for merged items or a bad tensor (the table
+    checks the rest)."""
+    if not request.HasField("items"):
+        return None
+    if request.batch_rows:
+        raise InvalidArgumentError("items: a request with sequence items is never merged (batch_rows is set)")
+    message = request.items
+    priorities = message.priorities
+    return ItemBatch(
+        ends=np.fromiter(message.end, dtype=np.int64, count=len(message.end)),
+        lengths=np.fromiter(message.length, dtype=np.int64, count=len(message.length)),
+        columns=_decode_item_columns(message.columns),
+        priorities=codec.decode_tensor(priorities, "items.priorities")
+        if message.HasField("priorities")
+        else None,
+    )
 
 
 def decode_insert(request: replay_pb2.InsertRequest) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
@@ -201,6 +244,13 @@ def merged_batch_offsets(
     return offsets
 
 
+def _decode_item_columns(batch) -> dict[str, np.ndarray]:
+    try:
+        return codec.decode_batch(batch)
+    except InvalidArgumentError as err:
+        raise InvalidArgumentError(f"items.columns: {err}") from None
+
+
 def encode_ack(
     sequence: int,
     incarnation: int,
@@ -222,6 +272,7 @@ def encode_ack(
         ack.duplicate = result.duplicate
         ack.first_key = result.first_key
         ack.rows = result.rows
+        ack.items = result.items
     return ack
 
 

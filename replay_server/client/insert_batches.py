@@ -14,6 +14,7 @@ from apexrl.common.compression import logical_shape
 from apexrl.common.signature import SUPPORTED_DTYPES
 from apexrl.proto import replay_pb2
 from apexrl.replay_server import wire
+from apexrl.replay_server.core.sequences import ItemBatch
 
 # Column dtypes a merged batch may have: those the codec sends as they are (replay.proto, tensor.proto).
 _MERGEABLE_DTYPES = frozenset(np.dtype(name) for name in SUPPORTED_DTYPES)
@@ -41,11 +42,13 @@ def prepare_batch(
     nbytes: int,
     merge_bytes: int,
     writer_id: str,
+    items: ItemBatch | None = None,
+    trajectory: int = 0,
 ) -> Batch:
     """The batch as kept until acknowledged: copied when it may be merged (a small batch of plain numpy
-    columns of equal length, float priorities or none), otherwise encoded now (which also raises the codec's
-    errors for what it cannot send)."""
-    if nbytes <= merge_bytes // 4:
+    columns of equal length, float priorities or none, no sequence items), otherwise encoded now (which also
+    raises the codec's errors for what it cannot send)."""
+    if nbytes <= merge_bytes // 4 and items is None and not trajectory:
         layout, rows = [], -1
         for name, array in columns.items():
             if (
@@ -77,7 +80,8 @@ def prepare_batch(
                     layout=(tuple(layout), None if priorities is None else priorities.dtype),
                 )
     rows = logical_shape(next(iter(columns.values())))[0] if columns else 0
-    return Batch(0, nbytes, request=wire.encode_insert(columns, priorities, writer_id), rows=rows)
+    request = wire.encode_insert(columns, priorities, writer_id, items=items, trajectory=trajectory)
+    return Batch(0, nbytes, request=request, rows=rows)
 
 
 def encode_run(run: list[Batch], writer_id: str) -> replay_pb2.InsertRequest:

@@ -40,6 +40,7 @@ from apexrl.common.errors import (
 )
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server.client.insert_batches import Batch, encode_run, prepare_batch
+from apexrl.replay_server.core.sequences import ItemBatch
 
 log = logging.getLogger(__name__)
 
@@ -138,17 +139,20 @@ class InsertStream:
         priorities: np.ndarray | None = None,
         *,
         timeout: float,
+        items: ItemBatch | None = None,
+        trajectory: int = 0,
     ) -> int:
         """Queue a batch for the shard and return its sequence number; blocks while `max_in_flight` batches are
         unacknowledged. A batch the shard rejects raises its error from a later `insert` or `flush`."""
         # The payload bounds the message size; ByteSize() would serialise a large batch once just to answer.
         size = sum(column_nbytes(a) for a in columns.values()) + 64 * len(columns) + len(self.writer_id)
         size += 0 if priorities is None else np.asarray(priorities).nbytes
+        size += 0 if items is None else items.nbytes
         if size > self.max_message_bytes - 1024:
             raise ResourceExhaustedError(
                 f"insert batch is {size} bytes, over the message limit of {self.max_message_bytes}; send fewer rows"
             )
-        batch = prepare_batch(columns, priorities, size, self._merge_bytes, self.writer_id)
+        batch = prepare_batch(columns, priorities, size, self._merge_bytes, self.writer_id, items, trajectory)
         deadline = time.monotonic() + timeout
         with self._cond:
             self._raise_pending_error()

@@ -26,6 +26,7 @@ from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
 from apexrl.replay_server.client.insert_stream import InsertStream
 from apexrl.replay_server.client.priority_stream import PriorityStream
+from apexrl.replay_server.core.sequences import ItemBatch
 from apexrl.replay_server.core.types import (
     CheckpointResult,
     SampledBatch,
@@ -96,16 +97,22 @@ class ReplayClient:
         priorities: np.ndarray | None = None,
         *,
         timeout: float | None = None,
+        items: ItemBatch | None = None,
+        trajectory: int = 0,
     ) -> int:
         """Queue a batch for the shard and return its sequence number; blocks while `max_in_flight` batches are
-        unacknowledged. A batch the shard rejects raises its error from a later `insert` or `flush`.
+        unacknowledged. A batch the shard rejects raises its error from a later `insert` or `flush`. For a
+        sequence table, `items` are the windows that end in this batch's steps, of the writer's `trajectory`
+        (replay.proto, "Sequence tables"; SequenceWriter builds them).
 
         What it promises: the batch is sent in the background and resent after a reconnect until the shard
         acknowledges it (stored, or a duplicate of a stored one); it is stored once `flush` returns (with a
         write-ahead log: durable). A program that ends without flush() or close() still has its batches delivered
         at exit, for up to EXIT_DELIVERY_SECONDS (10 s) for all its clients together, or is told on stderr how
         many rows were lost; close() without a flush timeout drops what is pending."""
-        return self._inserts.insert(columns, priorities, timeout=self._deadline(timeout))
+        return self._inserts.insert(
+            columns, priorities, timeout=self._deadline(timeout), items=items, trajectory=trajectory
+        )
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every inserted batch is acknowledged; raise the first rejected batch's error."""

@@ -185,6 +185,26 @@ class ShardedWriter:
             raise UnavailableError("the writer is closed")
         return None
 
+    def pick(self, preferred: str | None = None) -> ReplayClient:
+        """The shard a writer that must stay on one shard (a SequenceWriter: its items refer to steps it sent
+        there) writes to next: `preferred` while its backlog has room, else the next shard with room in the
+        round-robin (failover), else `preferred` (or the round-robin's), whose `insert` then waits for room (back
+        pressure). UnavailableError when no shard is known."""
+        self._sync()
+        shards = self._shards
+        if not shards:
+            raise UnavailableError("no shard address resolved")
+        current = next((c for c in shards if c.address == preferred), None)
+        if current is not None and current.pending < self.max_in_flight:
+            return current
+        start = self._next % len(shards)
+        self._next = (start + 1) % len(shards)
+        for attempt in range(len(shards)):
+            client = shards[(start + attempt) % len(shards)]
+            if client.pending < self.max_in_flight:
+                return client
+        return current or shards[start]
+
     def _wait_time(self, deadline: float | None, why: str) -> float:
         """One wait of the back-pressure loop; DeadlineExceededError naming `why` once the deadline has passed."""
         if deadline is None:

@@ -31,6 +31,7 @@ from apexrl.replay_server.core.admission import Admission
 from apexrl.replay_server.core.dedup import WriterSequences
 from apexrl.replay_server.core.key_ring import KeyRing
 from apexrl.replay_server.core.probabilities import has_mass
+from apexrl.replay_server.core.sequences import ItemBatch, ItemPlacement, SequenceIndex
 from apexrl.replay_server.core.storage import ColumnStorage
 from apexrl.replay_server.core.strata import check_batch_rows, stratified_targets
 from apexrl.replay_server.core.sum_tree import SumTree
@@ -63,7 +64,15 @@ class ReplayTable:
         self._tree = SumTree(config.capacity, config.alpha)
         self._rng = np.random.default_rng(config.seed)
         self._ring = KeyRing(config.capacity)
-        self._gate = Admission(config, lambda: self._ring.size)
+        self._gate = Admission(config, lambda: self.size)
+        # A sequence table's items (sequences.py); None for a table of transitions.
+        self._sequences = (
+            SequenceIndex(config.capacity, config.max_sequence_length, config.max_tracked_writers)
+            if config.max_sequence_length
+            else None
+        )
+        if self._sequences is not None and config.item_signature is not None:
+            self._sequences.fix_signature(config.item_signature)
         self._signature: Signature | None = None
         self._rows: ColumnStorage | None = None  # allocated with the signature
         if config.signature is not None:
@@ -84,11 +93,16 @@ class ReplayTable:
         *,
         writer_id: str = "",
         sequence: int = 0,
+        items: ItemBatch | None = None,
+        trajectory: int = 0,
     ) -> InsertResult:
         """Store a batch of rows (all or nothing); NotReadyError at once while the rate limiter holds inserts back.
 
         A batch whose (writer_id, sequence) is not above the writer's last stored sequence is a resend: it is
         reported as a duplicate and not stored. An empty writer_id turns de-duplication off.
+
+        In a sequence table the rows are steps of `writer_id` and `items` the windows that end in this batch
+        (sequences.py), of its `trajectory`; they are stored with it or not at all.
         """
         signature = self._signature or Signature.from_batch(columns)
         rows = signature.check_batch(columns)
@@ -103,6 +117,7 @@ class ReplayTable:
                     f"batch of {nbytes} bytes exceeds the table's max_bytes ({self.config.max_bytes})"
                 )
         values = None if priorities is None else check_priorities(priorities, rows)
+        checked_items = self._check_sequence_insert(values, writer_id, items, rows)
         with self._lock:
             self._gate.check_available()
             if self._broken is not None:
@@ -119,8 +134,9 @@ class ReplayTable:
             elif signature is not self._signature:
                 rows = self._signature.check_batch(columns)  # first insert raced with another; check again
             first_key = self._ring.next_key
+            placed = self._place_items(items, checked_items, rows, (writer_id, trajectory), first_key)
             if values is None:
-                values = np.full(rows, self._max_priority)
+                values = np.full(rows, 0.0 if self._sequences else self._max_priority)
             # Listeners first: one that raises (a write-ahead log that failed) leaves the table as it was, so nothing
             # is ever stored, and so sampled or acknowledged, that the log does not hold.
             told = 0
@@ -131,6 +147,8 @@ class ReplayTable:
                 if storage is not None:
                     self._rows, self._signature = storage, signature
                 self._store(columns, values, rows, writer_id)
+                if placed is not None:
+                    self._store_items((writer_id, trajectory), first_key, rows, placed)
                 self._writers.remember(writer_id, sequence)
             except BaseException:
                 if told:  # a listener holds keys the table does not: later keys would clash
@@ -139,7 +157,78 @@ class ReplayTable:
                         f"inserts are refused until the shard restarts (and replays the log)"
                     )
                 raise
-        return InsertResult(first_key=first_key, rows=rows, duplicate=False)
+        return InsertResult(
+            first_key=first_key, rows=rows, duplicate=False, items=0 if placed is None else placed.count
+        )
+
+    def _check_sequence_insert(
+        self, values: np.ndarray | None, writer_id: str, items: ItemBatch | None, rows: int
+    ) -> tuple[Signature | None, np.ndarray | None] | None:
+        """What can be checked of a sequence insert before the lock (InvalidArgumentError naming the field): the
+        items' signature and priorities, or None without items."""
+        seq = self._sequences
+        if seq is None:
+            if items:
+                raise InvalidArgumentError(
+                    "items: this shard stores transitions, not sequence items (its max_sequence_length is 0)"
+                )
+            return None
+        if values is not None:
+            raise InvalidArgumentError(
+                "priorities: the steps of a sequence table carry none; its items carry theirs (items.priorities)"
+            )
+        if not writer_id:
+            raise InvalidArgumentError(
+                "writer_id: a sequence table needs one (its items refer to their writer's earlier steps)"
+            )
+        if not items:
+            return None
+        return items.checked(rows, seq.max_length, seq.signature if seq.fixed else None)
+
+    def _place_items(
+        self,
+        items: ItemBatch | None,
+        checked: tuple[Signature | None, np.ndarray | None] | None,
+        rows: int,
+        writer_id: tuple[str, int],
+        first_key: int,
+    ) -> ItemPlacement | None:
+        """Where a sequence insert's items start (lock held; InvalidArgumentError for an item that needs steps
+        the shard does not hold, or starts where another does); None for a table of transitions."""
+        seq = self._sequences
+        if seq is None:
+            return None
+        if not items:
+            return ItemPlacement(None, None, np.empty(0), np.empty(0, dtype=np.int64))
+        signature, values = checked
+        if seq.fixed and signature != seq.signature:  # the first items raced with these: check them again
+            signature, values = items.checked(rows, seq.max_length, seq.signature)
+        oldest_after = max(self._ring.oldest_key, first_key + rows - self.config.capacity)
+        firsts = seq.first_keys(writer_id, first_key, items, oldest_after)
+        seq.check_starts(firsts, (firsts >= self._ring.oldest_key) & (firsts < first_key))
+        if values is None:
+            values = np.full(len(items), self._max_priority)
+        return ItemPlacement(items, signature, values, firsts)
+
+    def _store_items(
+        self, writer_id: tuple[str, int], first_key: int, rows: int, placed: ItemPlacement
+    ) -> None:
+        """Link a stored batch of steps to its writer's earlier ones and store the items it completes."""
+        seq = self._sequences
+        seq.link(writer_id, first_key, rows, self._ring.oldest_key)
+        stored = 0
+        if placed.items is not None:
+            if not seq.fixed:
+                seq.fix_signature(placed.signature)
+            firsts = np.where(placed.firsts >= self._ring.oldest_key, placed.firsts, -1)  # max_bytes evicted
+            slots = seq.add(firsts, placed.items)
+            stored = len(slots)
+            if stored:
+                values = placed.values[firsts >= 0]
+                self._tree.update(slots, values)
+                self._max_priority = max(self._max_priority, float(values.max()))
+        self._gate.limiter.inserted(stored, self.size)
+        self._enforce_max_bytes()
 
     def _allocate(self, signature: Signature) -> None:
         self._rows = ColumnStorage.allocate(
@@ -159,6 +248,8 @@ class ReplayTable:
         start = self._ring.next_slot
         for listener in self._listeners:
             listener.overwriting(start, rows)
+        if self._sequences is not None:  # the items starting at overwritten steps go with them
+            self._sequences.evict((start + np.arange(rows, dtype=np.int64)) % self.config.capacity)
         slots = self._write_rows(start, columns, rows, writers=writer_id)
         self._max_priority = max(self._max_priority, float(values.max()))
         self._tree.update(slots, values)
@@ -167,7 +258,8 @@ class ReplayTable:
             slots
         )
         self._enforce_max_bytes()
-        self._gate.limiter.inserted(rows, self._ring.size)
+        if self._sequences is None:  # a sequence table counts the items it stores (_store_items)
+            self._gate.limiter.inserted(rows, self._ring.size)
 
     def _write_rows(
         self,
@@ -182,8 +274,15 @@ class ReplayTable:
 
     @property
     def stored_bytes(self) -> int:
-        """Bytes of row data held: the uncompressed fields' bytes plus the held rows' frames."""
-        return self._rows.stored_bytes(self._ring.size) if self._signature else 0
+        """Bytes of row data held: the uncompressed fields' bytes plus the held rows' frames (and a sequence
+        table's item fields)."""
+        items = self._sequences.nbytes if self._sequences is not None else 0
+        return self._rows.stored_bytes(self._ring.size) + items if self._signature else 0
+
+    @property
+    def size(self) -> int:
+        """What is sampled and weighed: rows held, or a sequence table's items held."""
+        return self._ring.size if self._sequences is None else self._sequences.items
 
     def _enforce_max_bytes(self) -> None:
         """Evict the oldest rows until the bytes held are within max_bytes (lock held)."""
@@ -197,6 +296,8 @@ class ReplayTable:
         for listener in self._listeners:
             listener.overwriting(self._ring.oldest_slot, rows)
         slots = self._ring.drop_oldest(rows)  # their keys become stale, their frames are released
+        if self._sequences is not None:
+            self._sequences.evict(slots)
         self._tree.update(slots, np.zeros(rows))
         self._rows.release(slots)
         self._counters.evicted += rows
@@ -223,23 +324,38 @@ class ReplayTable:
                     if rows
                     else self._tree.sample(batch_size, self._rng)
                 )
+            elif self._sequences is not None:  # the zero-mass rule (probabilities.py), over items
+                slots = self._sequences.uniform_slots(self._rng, batch_size)
             else:  # the zero-mass rule (probabilities.py): sample uniformly rather than refuse
                 slots = self._ring.uniform_slots(self._rng, batch_size)
-            columns, writers = self._rows.gather(slots)
+            keys = self._ring.keys_at(slots)
+            sequence = {} if self._sequences is None else self._gather_items(slots, keys)
+            columns, writers = self._rows.gather(sequence.pop("step_slots", slots))
             result = SampledBatch(
-                keys=self._ring.keys_at(slots),
+                keys=keys,
                 priorities=self._tree.get(slots),
                 columns=columns,
                 total_priority=total,
-                size=self._ring.size,
+                size=self.size,
                 min_priority=self._tree.min,
                 incarnation=self.incarnation,
                 writers=writers,
                 batch_rows=rows,
+                **sequence,
             )
             self._counters.sampled += batch_size
             self._gate.limiter.sampled(batch_size)
         return result
+
+    def _gather_items(self, slots: np.ndarray, keys: np.ndarray) -> dict:
+        """What a sequence sample adds: its items' step slots (flattened, item-major), lengths and fields."""
+        step_slots, lengths = self._sequences.step_slots(slots, keys.astype(np.int64))
+        return {
+            "step_slots": step_slots.reshape(-1),
+            "lengths": lengths.astype(np.int32),
+            "item_columns": self._sequences.gather_fields(slots),
+            "sequence_length": self.config.max_sequence_length,
+        }
 
     def not_ready_reason(self) -> str:
         """Why a sample or insert would wait now (for error messages)."""
@@ -267,6 +383,10 @@ class ReplayTable:
                 valid = self._ring.stored(
                     update.keys, None if current else self._aliases.get(update.incarnation, 0)
                 )
+                if self._sequences is not None:  # a step that begins no item has no priority to set
+                    valid &= self._sequences.starts_item(
+                        np.where(valid, update.keys, 0) % self.config.capacity
+                    )
                 applied = int(valid.sum())
                 counts.append((applied, len(update.keys) - applied))
                 if applied:
@@ -278,7 +398,7 @@ class ReplayTable:
                 self._max_priority = max(self._max_priority, float(fresh.max()))
             self._counters.updated += sum(applied for applied, _ in counts)
             self._counters.stale += sum(stale for _, stale in counts)
-            totals = ShardTotals(self._tree.total, self._ring.size, self._tree.min, self.incarnation)
+            totals = ShardTotals(self._tree.total, self.size, self._tree.min, self.incarnation)
         return [UpdateResult(applied=applied, stale=stale, totals=totals) for applied, stale in counts]
 
     # ----------------------------------------------------------------------------- listeners, state, loading
@@ -287,11 +407,18 @@ class ReplayTable:
         With `with_image` it first gets the table's image (`added`) in the same critical section, so it misses no
         write after the image and sees none before it: FailedPreconditionError before the first insert,
         UnavailableError while the table refuses calls."""
+        self._check_persistable()
         with self._lock:
             if with_image:
                 self._gate.check_available()
                 listener.added(self._image())
             self._listeners = (*self._listeners, listener)
+
+    def _check_persistable(self) -> None:
+        if self._sequences is not None:
+            raise FailedPreconditionError(
+                "sequence tables are not persisted yet: serve them without checkpoint_dir and the write-ahead log"
+            )
 
     def remove_listener(self, listener: TableListener) -> None:
         with self._lock:
@@ -300,6 +427,7 @@ class ReplayTable:
     def state(self) -> TableState:
         """Everything but the rows and leaves, as a checkpoint records it (FailedPreconditionError before the first
         insert)."""
+        self._check_persistable()
         with self._lock:
             return self._state()
 
@@ -340,6 +468,7 @@ class ReplayTable:
             raise InvalidArgumentError(
                 f"saved signature {state.signature} differs from the table's {self.config.signature}"
             )
+        self._check_persistable()
         cap = self.config.capacity
         keep = min(state.size, cap)
         with self._lock:
@@ -387,6 +516,7 @@ class ReplayTable:
         already held and skipped (False), one above it is a gap (FailedPreconditionError). The incarnation that
         wrote it becomes an alias up to the batch's last key: those keys name the same rows here. Listeners hear
         of the rows it overwrites, not of the batch (it is not new)."""
+        self._check_persistable()
         signature = self._signature or Signature.from_batch(columns)
         rows = signature.check_batch(columns)
         with self._lock:
@@ -438,10 +568,11 @@ class ReplayTable:
 
     def info(self) -> ShardInfo:
         with self._lock:
+            seq = self._sequences
             return ShardInfo(
                 signature=self._signature,
                 capacity=self.config.capacity,
-                size=self._ring.size,
+                size=self.size,
                 total_priority=self._tree.total,
                 min_priority=self._tree.min,
                 max_priority=self._max_priority,
@@ -459,6 +590,11 @@ class ReplayTable:
                 min_size_to_sample=self.config.min_size_to_sample,
                 samples_per_insert=self.config.samples_per_insert,
                 max_sample_batch_size=self.config.max_sample_batch_size,
+                max_sequence_length=self.config.max_sequence_length,
+                item_signature=None if seq is None else seq.signature,
+                steps=self._ring.size if seq is not None else 0,
+                items_inserted_total=0 if seq is None else seq.inserted,
+                items_evicted_total=0 if seq is None else seq.evicted,
             )
 
     def blocked_seconds(self) -> dict[str, float]:

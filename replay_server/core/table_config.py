@@ -71,6 +71,20 @@ class TableConfig:
         "de-duplication (least recently used forgotten first)",
     )
     seed: int | None = setting(None, "sampling seed (none: from the OS)", wiring="[fleet] seed + shard index")
+    # Sequence tables (R2D2)
+    max_sequence_length: int = setting(
+        0,
+        "0: rows are transitions, each sampled on its own; above 0: rows are steps and the shard samples items, "
+        "windows of up to this many consecutive steps of one writer (burn-in plus training length), each step "
+        "stored once however many items refer to it; --capacity and --min-size-to-sample then count steps and "
+        "items",
+    )
+    item_signature: Signature | None = setting(
+        None,
+        "a sequence table's item fields, e.g. the recurrent state at each item's first step "
+        "'state:float32[2,64]'; none: the first items fix them",
+        metavar="SIGNATURE",
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.capacity, int) or self.capacity < 1:
@@ -95,5 +109,9 @@ class TableConfig:
             raise ValueError(
                 f"max_sample_batch_size ({self.max_sample_batch_size}) must be a positive integer"
             )
+        if not isinstance(self.max_sequence_length, int) or self.max_sequence_length < 0:
+            raise ValueError(f"max_sequence_length ({self.max_sequence_length}) must be an integer >= 0")
+        if self.max_sequence_length and self.capacity >= 1 << 31:
+            raise ValueError(f"a sequence table's capacity ({self.capacity}) must be below 2**31 steps")
         if self.max_tracked_writers < 1:
             raise ValueError(f"max_tracked_writers ({self.max_tracked_writers}) must be a positive integer")

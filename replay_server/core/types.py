@@ -4,7 +4,7 @@ the client decodes back. No gRPC and no protobuf here, so the table and its call
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -47,6 +47,12 @@ class ShardInfo:
     max_sample_batch_size: int
     stored_bytes: int = 0  # bytes of row data held now (stored_bytes / size: bytes per stored row)
     max_bytes: int = 0  # the most bytes of row data held (0: no limit but the capacity)
+    # Sequence tables (0, None for a table of transitions): `size` then counts items, `steps` the rows held.
+    max_sequence_length: int = 0
+    item_signature: Signature | None = None
+    steps: int = 0
+    items_inserted_total: int = 0  # items stored (those dropped on arrival, their first step gone, included)
+    items_evicted_total: int = 0  # items gone with their first step
 
     @property
     def totals(self) -> ShardTotals:
@@ -71,20 +77,34 @@ class SampledBatch:
     # Several batches in one answer (replay.proto, SampleRequest.batch_rows): the rows of each, back to back.
     # Empty: one batch (also what an older shard answers to a request for several).
     batch_rows: tuple[int, ...] = ()
+    # Sequence tables only (a table of transitions leaves them so): each key names an item of up to
+    # `sequence_length` steps; `columns` hold the steps item-major ([items * sequence_length, ...]: item i's steps
+    # are rows i * T .. i * T + T - 1, those past lengths[i] a copy of its last step), `item_columns` the items'
+    # own fields ([items, ...]), `lengths` each item's steps (int32 [items]).
+    sequence_length: int = 0
+    lengths: np.ndarray | None = None
+    item_columns: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def totals(self) -> ShardTotals:
         return ShardTotals(self.total_priority, self.size, self.min_priority, self.incarnation)
 
     def take(self, idx: np.ndarray | slice) -> SampledBatch:
-        """The rows at `idx` (an index array or a slice) as a one-batch SampledBatch with the same totals."""
+        """The rows (items) at `idx` (an index array or a slice) as a one-batch SampledBatch with the same
+        totals."""
+        steps = idx
+        if self.sequence_length:  # an item's steps are sequence_length rows of the columns
+            items = np.arange(len(self.keys))[idx]
+            steps = (items[:, None] * self.sequence_length + np.arange(self.sequence_length)).reshape(-1)
         return replace(
             self,
             keys=self.keys[idx],
             priorities=self.priorities[idx],
-            columns={name: take_rows(column, idx) for name, column in self.columns.items()},
-            writers=tuple(np.asarray(self.writers, dtype=object)[idx]) if self.writers else (),
+            columns={name: take_rows(column, steps) for name, column in self.columns.items()},
+            writers=tuple(np.asarray(self.writers, dtype=object)[steps]) if self.writers else (),
             batch_rows=(),
+            lengths=None if self.lengths is None else self.lengths[idx],
+            item_columns={name: column[idx] for name, column in self.item_columns.items()},
         )
 
     @property
@@ -100,6 +120,7 @@ class InsertResult:
     first_key: int  # key of the first stored row; 0 for a duplicate
     rows: int  # rows stored by this batch; 0 for a duplicate
     duplicate: bool
+    items: int = 0  # a sequence table's items stored with it (those dropped on arrival not counted)
 
 
 @dataclass(frozen=True)

@@ -150,10 +150,12 @@ class InsertPath:
         self, request: replay_pb2.InsertRequest, writer: Writer, context
     ) -> replay_pb2.InsertAck:
         decoded: tuple | None = None
+        items = None  # a sequence table's items (wire.decode_items)
 
         def attempt():
-            nonlocal decoded
+            nonlocal decoded, items
             if decoded is None:  # decoding is work too: it takes its turn in the lane
+                items = wire.decode_items(request)
                 decoded = wire.decode_insert(request)
             columns, priorities = decoded
             writer.check_may_fix_signature(self.table)
@@ -162,6 +164,8 @@ class InsertPath:
                 priorities,
                 writer_id=writer.qualified(request.writer_id),
                 sequence=request.sequence,
+                items=items,
+                trajectory=request.trajectory,
             )
 
         try:
@@ -183,6 +187,7 @@ class InsertPath:
         try:
             columns, priorities = await self.lane.run(lambda: wire.decode_insert(request))
             offsets = wire.merged_batch_offsets(request, columns, priorities)
+            wire.decode_items(request)  # items are never merged: this refuses the request whole
         except ApexError as err:  # the request as a whole does not decode: every batch of it is refused
             batches = len(request.batch_rows)
             return [self._rejected(request, min(request.sequence + batches - 1, (1 << 64) - 1), err, batches)]

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from apexrl.proto import tensor_pb2 as apexrl_dot_proto_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61pexrl/proto/replay.proto\x12\tapexrl.v1\x1a\x19\x61pexrl/proto/tensor.proto\"\x90\x01\n\rInsertRequest\x12\x11\n\twriter_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x1f\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x10.apexrl.v1.Batch\x12%\n\npriorities\x18\x04 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\x12\n\nbatch_rows\x18\x05 \x03(\r\"\xa2\x01\n\tInsertAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x11\n\tfirst_key\x18\x03 \x01(\x04\x12\x0c\n\x04rows\x18\x04 \x01(\r\x12\x12\n\nerror_code\x18\x05 \x01(\x05\x12\x15\n\rerror_message\x18\x06 \x01(\t\x12\x13\n\x0bincarnation\x18\x07 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x08 \x01(\r\"H\n\rSampleRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\r\x12\x0f\n\x07no_wait\x18\x02 \x01(\x08\x12\x12\n\nbatch_rows\x18\x03 \x03(\r\"\xf3\x01\n\x0eSampleResponse\x12\x1f\n\x04keys\x18\x01 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\x1f\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x10.apexrl.v1.Batch\x12\x16\n\x0etotal_priority\x18\x04 \x01(\x01\x12\x0c\n\x04size\x18\x05 \x01(\x04\x12\x14\n\x0cmin_priority\x18\x06 \x01(\x01\x12\x13\n\x0bincarnation\x18\x07 \x01(\x04\x12\x13\n\x0brow_writers\x18\x08 \x03(\t\x12\x12\n\nbatch_rows\x18\t \x03(\r\"v\n\x17UpdatePrioritiesRequest\x12\x1f\n\x04keys\x18\x01 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\"\x8b\x01\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\r\x12\r\n\x05stale\x18\x02 \x01(\r\x12\x16\n\x0etotal_priority\x18\x03 \x01(\x01\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x14\n\x0cmin_priority\x18\x05 \x01(\x01\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\"\r\n\x0bInfoRequest\"\xf8\x03\n\x0cInfoResponse\x12\'\n\tsignature\x18\x01 \x01(\x0b\x32\x14.apexrl.v1.Signature\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x16\n\x0etotal_priority\x18\x04 \x01(\x01\x12\x14\n\x0cmin_priority\x18\x05 \x01(\x01\x12\x14\n\x0cmax_priority\x18\x06 \x01(\x01\x12\r\n\x05\x61lpha\x18\x07 \x01(\x01\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x16\n\x0einserted_total\x18\t \x01(\x04\x12\x15\n\revicted_total\x18\n \x01(\x04\x12\x15\n\rsampled_total\x18\x0b \x01(\x04\x12\x15\n\rupdated_total\x18\x0c \x01(\x04\x12\x1b\n\x13stale_updates_total\x18\r \x01(\x04\x12\x1f\n\x17\x64uplicate_batches_total\x18\x0e \x01(\x04\x12\x1a\n\x12min_size_to_sample\x18\x0f \x01(\x04\x12\x1a\n\x12samples_per_insert\x18\x10 \x01(\x01\x12\x1d\n\x15max_sample_batch_size\x18\x11 \x01(\r\x12\x1c\n\x14inserted_bytes_total\x18\x12 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x13 \x01(\x04\x12\x11\n\tmax_bytes\x18\x14 \x01(\x04\"\x13\n\x11\x43heckpointRequest\"}\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x16\n\x0einserted_total\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x32\xd4\x03\n\rReplayService\x12<\n\x06Insert\x12\x18.apexrl.v1.InsertRequest\x1a\x14.apexrl.v1.InsertAck(\x01\x30\x01\x12=\n\x06Sample\x12\x18.apexrl.v1.SampleRequest\x1a\x19.apexrl.v1.SampleResponse\x12[\n\x10UpdatePriorities\x12\".apexrl.v1.UpdatePrioritiesRequest\x1a#.apexrl.v1.UpdatePrioritiesResponse\x12\x65\n\x16StreamUpdatePriorities\x12\".apexrl.v1.UpdatePrioritiesRequest\x1a#.apexrl.v1.UpdatePrioritiesResponse(\x01\x30\x01\x12\x37\n\x04Info\x12\x16.apexrl.v1.InfoRequest\x1a\x17.apexrl.v1.InfoResponse\x12I\n\nCheckpoint\x12\x1c.apexrl.v1.CheckpointRequest\x1a\x1d.apexrl.v1.CheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61pexrl/proto/replay.proto\x12\tapexrl.v1\x1a\x19\x61pexrl/proto/tensor.proto\"\xcd\x01\n\rInsertRequest\x12\x11\n\twriter_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x1f\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x10.apexrl.v1.Batch\x12%\n\npriorities\x18\x04 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\x12\n\nbatch_rows\x18\x05 \x03(\r\x12\'\n\x05items\x18\x06 \x01(\x0b\x32\x18.apexrl.v1.SequenceItems\x12\x12\n\ntrajectory\x18\x07 \x01(\x04\"v\n\rSequenceItems\x12\x0b\n\x03\x65nd\x18\x01 \x03(\r\x12\x0e\n\x06length\x18\x02 \x03(\r\x12!\n\x07\x63olumns\x18\x03 \x01(\x0b\x32\x10.apexrl.v1.Batch\x12%\n\npriorities\x18\x04 \x01(\x0b\x32\x11.apexrl.v1.Tensor\"\xb1\x01\n\tInsertAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x11\n\tfirst_key\x18\x03 \x01(\x04\x12\x0c\n\x04rows\x18\x04 \x01(\r\x12\x12\n\nerror_code\x18\x05 \x01(\x05\x12\x15\n\rerror_message\x18\x06 \x01(\t\x12\x13\n\x0bincarnation\x18\x07 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x08 \x01(\r\x12\r\n\x05items\x18\t \x01(\r\"H\n\rSampleRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\r\x12\x0f\n\x07no_wait\x18\x02 \x01(\x08\x12\x12\n\nbatch_rows\x18\x03 \x03(\r\"\xd8\x02\n\x0eSampleResponse\x12\x1f\n\x04keys\x18\x01 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\x1f\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x10.apexrl.v1.Batch\x12\x16\n\x0etotal_priority\x18\x04 \x01(\x01\x12\x0c\n\x04size\x18\x05 \x01(\x04\x12\x14\n\x0cmin_priority\x18\x06 \x01(\x01\x12\x13\n\x0bincarnation\x18\x07 \x01(\x04\x12\x13\n\x0brow_writers\x18\x08 \x03(\t\x12\x12\n\nbatch_rows\x18\t \x03(\r\x12\x17\n\x0fsequence_length\x18\n \x01(\r\x12\"\n\x07lengths\x18\x0b \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12&\n\x0citem_columns\x18\x0c \x01(\x0b\x32\x10.apexrl.v1.Batch\"v\n\x17UpdatePrioritiesRequest\x12\x1f\n\x04keys\x18\x01 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\"\x8b\x01\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\r\x12\r\n\x05stale\x18\x02 \x01(\r\x12\x16\n\x0etotal_priority\x18\x03 \x01(\x01\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x14\n\x0cmin_priority\x18\x05 \x01(\x01\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\"\r\n\x0bInfoRequest\"\x8d\x05\n\x0cInfoResponse\x12\'\n\tsignature\x18\x01 \x01(\x0b\x32\x14.apexrl.v1.Signature\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x16\n\x0etotal_priority\x18\x04 \x01(\x01\x12\x14\n\x0cmin_priority\x18\x05 \x01(\x01\x12\x14\n\x0cmax_priority\x18\x06 \x01(\x01\x12\r\n\x05\x61lpha\x18\x07 \x01(\x01\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x16\n\x0einserted_total\x18\t \x01(\x04\x12\x15\n\revicted_total\x18\n \x01(\x04\x12\x15\n\rsampled_total\x18\x0b \x01(\x04\x12\x15\n\rupdated_total\x18\x0c \x01(\x04\x12\x1b\n\x13stale_updates_total\x18\r \x01(\x04\x12\x1f\n\x17\x64uplicate_batches_total\x18\x0e \x01(\x04\x12\x1a\n\x12min_size_to_sample\x18\x0f \x01(\x04\x12\x1a\n\x12samples_per_insert\x18\x10 \x01(\x01\x12\x1d\n\x15max_sample_batch_size\x18\x11 \x01(\r\x12\x1c\n\x14inserted_bytes_total\x18\x12 \x01(\x04\x12\x14\n\x0cstored_bytes\x18\x13 \x01(\x04\x12\x11\n\tmax_bytes\x18\x14 \x01(\x04\x12\x1b\n\x13max_sequence_length\x18\x15 \x01(\r\x12,\n\x0eitem_signature\x18\x16 \x01(\x0b\x32\x14.apexrl.v1.Signature\x12\r\n\x05steps\x18\x17 \x01(\x04\x12\x1c\n\x14items_inserted_total\x18\x18 \x01(\x04\x12\x1b\n\x13items_evicted_total\x18\x19 \x01(\x04\"\x13\n\x11\x43heckpointRequest\"}\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x16\n\x0einserted_total\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x32\xd4\x03\n\rReplayService\x12<\n\x06Insert\x12\x18.apexrl.v1.InsertRequest\x1a\x14.apexrl.v1.InsertAck(\x01\x30\x01\x12=\n\x06Sample\x12\x18.apexrl.v1.SampleRequest\x1a\x19.apexrl.v1.SampleResponse\x12[\n\x10UpdatePriorities\x12\".apexrl.v1.UpdatePrioritiesRequest\x1a#.apexrl.v1.UpdatePrioritiesResponse\x12\x65\n\x16StreamUpdatePriorities\x12\".apexrl.v1.UpdatePrioritiesRequest\x1a#.apexrl.v1.UpdatePrioritiesResponse(\x01\x30\x01\x12\x37\n\x04Info\x12\x16.apexrl.v1.InfoRequest\x1a\x17.apexrl.v1.InfoResponse\x12I\n\nCheckpoint\x12\x1c.apexrl.v1.CheckpointRequest\x1a\x1d.apexrl.v1.CheckpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,25 +33,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'apexrl.proto.replay_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_INSERTREQUEST']._serialized_start=68
-  _globals['_INSERTREQUEST']._serialized_end=212
-  _globals['_INSERTACK']._serialized_start=215
-  _globals['_INSERTACK']._serialized_end=377
-  _globals['_SAMPLEREQUEST']._serialized_start=379
-  _globals['_SAMPLEREQUEST']._serialized_end=451
-  _globals['_SAMPLERESPONSE']._serialized_start=454
-  _globals['_SAMPLERESPONSE']._serialized_end=697
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=699
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=817
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=820
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=959
-  _globals['_INFOREQUEST']._serialized_start=961
-  _globals['_INFOREQUEST']._serialized_end=974
-  _globals['_INFORESPONSE']._serialized_start=977
-  _globals['_INFORESPONSE']._serialized_end=1481
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1483
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1502
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=1504
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=1629
-  _globals['_REPLAYSERVICE']._serialized_start=1632
-  _globals['_REPLAYSERVICE']._serialized_end=2100
+  _globals['_INSERTREQUEST']._serialized_end=273
+  _globals['_SEQUENCEITEMS']._serialized_start=275
+  _globals['_SEQUENCEITEMS']._serialized_end=393
+  _globals['_INSERTACK']._serialized_start=396
+  _globals['_INSERTACK']._serialized_end=573
+  _globals['_SAMPLEREQUEST']._serialized_start=575
+  _globals['_SAMPLEREQUEST']._serialized_end=647
+  _globals['_SAMPLERESPONSE']._serialized_start=650
+  _globals['_SAMPLERESPONSE']._serialized_end=994
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=996
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=1114
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=1117
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=1256
+  _globals['_INFOREQUEST']._serialized_start=1258
+  _globals['_INFOREQUEST']._serialized_end=1271
+  _globals['_INFORESPONSE']._serialized_start=1274
+  _globals['_INFORESPONSE']._serialized_end=1927
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1929
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1948
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=1950
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=2075
+  _globals['_REPLAYSERVICE']._serialized_start=2078
+  _globals['_REPLAYSERVICE']._serialized_end=2546
 # @@protoc_insertion_point(module_scope)

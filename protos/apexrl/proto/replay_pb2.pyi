@@ -52,6 +52,21 @@ Limits:
                       see Insert).
   writer id           at most 256 bytes in UTF-8 (InsertRequest.writer_id).
 
+Sequence tables (R2D2; setting `max_sequence_length` > 0, InfoResponse.max_sequence_length). Rows are then
+environment steps, and what is sampled, weighed and prioritised is an *item*: a window of up to
+max_sequence_length consecutive steps of one writer, with its own fields (InfoResponse.item_signature, e.g. the
+recurrent state at its first step). Each step is stored once, however many items refer to it. A writer sends its
+steps in order, in InsertRequests with a writer_id (and a trajectory, for a writer with several); an item travels in the request that holds its last step
+(InsertRequest.items) and is "the writer's last `length` steps up to row end - 1 of this request", which may
+reach back into the writer's earlier requests on this shard (the shard keeps the keys of each writer's last
+max_sequence_length steps). An item's key is its first step's key; it is held while that step is held (FIFO
+eviction takes an item with its oldest step, so an item is never held, or sampled, without all its steps), and
+an item whose first step is already evicted when it arrives is dropped and counted (items_evicted_total).
+In a sequence table `size` (Info, Sample, UpdatePriorities) counts items, as do min_size_to_sample, Sample's
+batch_size, sampled_total and the rate limiter; capacity, inserted_total, evicted_total and InfoResponse.steps
+count steps. A writer that moves to another shard (or to a restarted one) sends again the steps its next items
+need. Sequence tables are not persisted yet (no checkpoint_dir, no write-ahead log).
+
 Errors are gRPC status codes with a message naming the bad value:
   INVALID_ARGUMENT     schema mismatch, bad tensor encoding (for a compressed field: raw data, another
                        compression, frame lengths that do not add up, a frame without its magic number),
@@ -84,7 +99,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class InsertRequest(_message.Message):
-    """One batch of rows for Insert, or several merged (batch_rows). Next ID: 6"""
+    """One batch of rows for Insert, or several merged (batch_rows). Next ID: 8"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -93,6 +108,8 @@ class InsertRequest(_message.Message):
     BATCH_FIELD_NUMBER: _builtins.int
     PRIORITIES_FIELD_NUMBER: _builtins.int
     BATCH_ROWS_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
+    TRAJECTORY_FIELD_NUMBER: _builtins.int
     writer_id: _builtins.str
     """Identifies the writer for de-duplication (see Insert). Each writer, and each concurrent stream, uses its own
     id (a UUID is a good choice). Empty: no de-duplication. At most 256 bytes in UTF-8 (MAX_WRITER_ID_BYTES in
@@ -101,6 +118,10 @@ class InsertRequest(_message.Message):
     """
     sequence: _builtins.int
     """Increasing per writer (gaps allowed, any start, 0 included). Resent batches keep their sequence number."""
+    trajectory: _builtins.int
+    """Sequence tables only: which of the writer's trajectories (e.g. one per environment of an actor) the steps
+    continue; items refer to earlier steps of the same writer_id and trajectory. Any value; 0 by default.
+    """
     @_builtins.property
     def batch(self) -> _tensor_pb2.Batch:
         """Rows to store: 1 .. capacity rows. The batch must match the table signature exactly: the same set of column
@@ -132,6 +153,14 @@ class InsertRequest(_message.Message):
         numbered `sequence`; merge only for shards whose acks set InsertAck.batches.
         """
 
+    @_builtins.property
+    def items(self) -> Global___SequenceItems:
+        """Sequence tables only (see "Sequence tables" above): the items that end in this batch's rows, stored with
+        them or not at all. A sequence table needs a writer_id and takes no row `priorities` (items carry theirs);
+        items are never merged (batch_rows must be empty). Unset for a table of transitions (INVALID_ARGUMENT
+        otherwise).
+        """
+
     def __init__(
         self,
         *,
@@ -140,19 +169,70 @@ class InsertRequest(_message.Message):
         batch: _tensor_pb2.Batch | None = ...,
         priorities: _tensor_pb2.Tensor | None = ...,
         batch_rows: _abc.Iterable[_builtins.int] | None = ...,
+        items: Global___SequenceItems | None = ...,
+        trajectory: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "priorities", b"priorities"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "items", b"items", "priorities", b"priorities"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "batch_rows", b"batch_rows", "priorities", b"priorities", "sequence", b"sequence", "writer_id", b"writer_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "batch_rows", b"batch_rows", "items", b"items", "priorities", b"priorities", "sequence", b"sequence", "trajectory", b"trajectory", "writer_id", b"writer_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InsertRequest: _TypeAlias = InsertRequest  # noqa: Y015
 
 @_typing.final
+class SequenceItems(_message.Message):
+    """Items of one InsertRequest, one entry of `end` and of `length` per item. Each error is INVALID_ARGUMENT naming
+    the field, and nothing of the request is stored. Next ID: 5
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    END_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
+    PRIORITIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def end(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Item i's last step is row end[i] - 1 of the request's batch: 1 .. rows."""
+
+    @_builtins.property
+    def length(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Item i's steps: 1 .. max_sequence_length. The item is the writer's last length[i] steps up to its last
+        step; steps this writer never sent to this shard (or sent before it restarted) are INVALID_ARGUMENT. Two
+        items of one request may not start at the same step, nor one start where a held item starts.
+        """
+
+    @_builtins.property
+    def columns(self) -> _tensor_pb2.Batch:
+        """The items' own fields, one row per item ([items, ...]), matching InfoResponse.item_signature (the first
+        items fix it when it was not declared; no columns: items without fields). Never compressed.
+        """
+
+    @_builtins.property
+    def priorities(self) -> _tensor_pb2.Tensor:
+        """Optional raw priorities, one per item, as InsertRequest.priorities (unset: the shard's max_priority)."""
+
+    def __init__(
+        self,
+        *,
+        end: _abc.Iterable[_builtins.int] | None = ...,
+        length: _abc.Iterable[_builtins.int] | None = ...,
+        columns: _tensor_pb2.Batch | None = ...,
+        priorities: _tensor_pb2.Tensor | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "priorities", b"priorities"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "end", b"end", "length", b"length", "priorities", b"priorities"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SequenceItems: _TypeAlias = SequenceItems  # noqa: Y015
+
+@_typing.final
 class InsertAck(_message.Message):
     """The answer to one batch, or to a run of consecutive batches of one merged request that had the same outcome
-    (see Insert). Check error_code first, then duplicate. Next ID: 9
+    (see Insert). Check error_code first, then duplicate. Next ID: 10
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -165,6 +245,7 @@ class InsertAck(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     BATCHES_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """The sequence number of the (last) batch this acknowledges: the batches answered are sequence - batches + 1
     .. sequence (just `sequence` for a one-batch request).
@@ -194,6 +275,10 @@ class InsertAck(_message.Message):
     requests sets it on every ack; 0 comes from an older shard, which answers each request with one ack and
     must not be sent merged requests (see InsertRequest.batch_rows).
     """
+    items: _builtins.int
+    """Sequence tables: the items stored with the batch (an item whose first step was already evicted on arrival
+    is not counted).
+    """
     def __init__(
         self,
         *,
@@ -205,10 +290,11 @@ class InsertAck(_message.Message):
         error_message: _builtins.str = ...,
         incarnation: _builtins.int = ...,
         batches: _builtins.int = ...,
+        items: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "duplicate", b"duplicate", "error_code", b"error_code", "error_message", b"error_message", "first_key", b"first_key", "incarnation", b"incarnation", "rows", b"rows", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "duplicate", b"duplicate", "error_code", b"error_code", "error_message", b"error_message", "first_key", b"first_key", "incarnation", b"incarnation", "items", b"items", "rows", b"rows", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -264,7 +350,7 @@ Global___SampleRequest: _TypeAlias = SampleRequest  # noqa: Y015
 
 @_typing.final
 class SampleResponse(_message.Message):
-    """Next ID: 10"""
+    """Next ID: 13"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -277,6 +363,9 @@ class SampleResponse(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     ROW_WRITERS_FIELD_NUMBER: _builtins.int
     BATCH_ROWS_FIELD_NUMBER: _builtins.int
+    SEQUENCE_LENGTH_FIELD_NUMBER: _builtins.int
+    LENGTHS_FIELD_NUMBER: _builtins.int
+    ITEM_COLUMNS_FIELD_NUMBER: _builtins.int
     total_priority: _builtins.float
     """Sum of all stored priorities on this shard when the batch was drawn. Row i was drawn with probability
     priorities[i] / total_priority per draw (1 / size when total_priority is 0).
@@ -289,6 +378,13 @@ class SampleResponse(_message.Message):
     """
     incarnation: _builtins.int
     """The shard's incarnation: send it back in UpdatePrioritiesRequest.incarnation."""
+    sequence_length: _builtins.int
+    """Sequence tables only (0 and unset otherwise): keys, priorities and row_writers... name items, and `batch`
+    holds their steps item-major, each column of shape [batch_size * sequence_length, *field shape] (item i's
+    steps are rows i * T .. i * T + T - 1, T = sequence_length = InfoResponse.max_sequence_length); steps past an
+    item's length are a copy of its last step (padding: mask them with `lengths`). row_writers, when set, has one
+    entry per step row.
+    """
     @_builtins.property
     def keys(self) -> _tensor_pb2.Tensor:
         """Keys of the drawn rows, UINT64 [batch_size] (little-endian unsigned 64-bit: BigInt in JavaScript). Row i of
@@ -321,6 +417,14 @@ class SampleResponse(_message.Message):
         request asked (see SampleRequest.batch_rows).
         """
 
+    @_builtins.property
+    def lengths(self) -> _tensor_pb2.Tensor:
+        """Each item's steps, INT32 [batch_size] (1 .. sequence_length)."""
+
+    @_builtins.property
+    def item_columns(self) -> _tensor_pb2.Batch:
+        """The items' own fields (InfoResponse.item_signature), [batch_size, *field shape] each."""
+
     def __init__(
         self,
         *,
@@ -333,10 +437,13 @@ class SampleResponse(_message.Message):
         incarnation: _builtins.int = ...,
         row_writers: _abc.Iterable[_builtins.str] | None = ...,
         batch_rows: _abc.Iterable[_builtins.int] | None = ...,
+        sequence_length: _builtins.int = ...,
+        lengths: _tensor_pb2.Tensor | None = ...,
+        item_columns: _tensor_pb2.Batch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "keys", b"keys", "priorities", b"priorities"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "item_columns", b"item_columns", "keys", b"keys", "lengths", b"lengths", "priorities", b"priorities"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "batch_rows", b"batch_rows", "incarnation", b"incarnation", "keys", b"keys", "min_priority", b"min_priority", "priorities", b"priorities", "row_writers", b"row_writers", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "batch_rows", b"batch_rows", "incarnation", b"incarnation", "item_columns", b"item_columns", "keys", b"keys", "lengths", b"lengths", "min_priority", b"min_priority", "priorities", b"priorities", "row_writers", b"row_writers", "sequence_length", b"sequence_length", "size", b"size", "total_priority", b"total_priority"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -444,7 +551,7 @@ Global___InfoRequest: _TypeAlias = InfoRequest  # noqa: Y015
 
 @_typing.final
 class InfoResponse(_message.Message):
-    """Next ID: 21"""
+    """Next ID: 26"""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -468,6 +575,11 @@ class InfoResponse(_message.Message):
     INSERTED_BYTES_TOTAL_FIELD_NUMBER: _builtins.int
     STORED_BYTES_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_SEQUENCE_LENGTH_FIELD_NUMBER: _builtins.int
+    ITEM_SIGNATURE_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    ITEMS_INSERTED_TOTAL_FIELD_NUMBER: _builtins.int
+    ITEMS_EVICTED_TOTAL_FIELD_NUMBER: _builtins.int
     capacity: _builtins.int
     """Rows the shard holds at most (the oldest is evicted first); also the most rows one InsertRequest may carry."""
     size: _builtins.int
@@ -520,11 +632,23 @@ class InfoResponse(_message.Message):
     the oldest rows first, as many as needed; a batch larger than this on its own is INVALID_ARGUMENT. 0: no limit
     but the capacity in rows.
     """
+    max_sequence_length: _builtins.int
+    """Sequence tables (see "Sequence tables"; 0 and unset for a table of transitions): the most steps an item
+    spans; `size` then counts items and `steps` the steps held.
+    """
+    steps: _builtins.int
+    items_inserted_total: _builtins.int
+    """Items stored since start (those dropped on arrival included), and items gone with their first step."""
+    items_evicted_total: _builtins.int
     @_builtins.property
     def signature(self) -> _tensor_pb2.Signature:
         """Empty until declared at start-up or fixed by the first stored batch. Fields are in the table's order (the
         order of SampleResponse.batch's columns).
         """
+
+    @_builtins.property
+    def item_signature(self) -> _tensor_pb2.Signature:
+        """The fields each item carries (empty until declared or fixed by the first items, or when items carry none)."""
 
     def __init__(
         self,
@@ -549,10 +673,15 @@ class InfoResponse(_message.Message):
         inserted_bytes_total: _builtins.int = ...,
         stored_bytes: _builtins.int = ...,
         max_bytes: _builtins.int = ...,
+        max_sequence_length: _builtins.int = ...,
+        item_signature: _tensor_pb2.Signature | None = ...,
+        steps: _builtins.int = ...,
+        items_inserted_total: _builtins.int = ...,
+        items_evicted_total: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["signature", b"signature"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item_signature", b"item_signature", "signature", b"signature"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alpha", b"alpha", "capacity", b"capacity", "duplicate_batches_total", b"duplicate_batches_total", "evicted_total", b"evicted_total", "incarnation", b"incarnation", "inserted_bytes_total", b"inserted_bytes_total", "inserted_total", b"inserted_total", "max_bytes", b"max_bytes", "max_priority", b"max_priority", "max_sample_batch_size", b"max_sample_batch_size", "min_priority", b"min_priority", "min_size_to_sample", b"min_size_to_sample", "sampled_total", b"sampled_total", "samples_per_insert", b"samples_per_insert", "signature", b"signature", "size", b"size", "stale_updates_total", b"stale_updates_total", "stored_bytes", b"stored_bytes", "total_priority", b"total_priority", "updated_total", b"updated_total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alpha", b"alpha", "capacity", b"capacity", "duplicate_batches_total", b"duplicate_batches_total", "evicted_total", b"evicted_total", "incarnation", b"incarnation", "inserted_bytes_total", b"inserted_bytes_total", "inserted_total", b"inserted_total", "item_signature", b"item_signature", "items_evicted_total", b"items_evicted_total", "items_inserted_total", b"items_inserted_total", "max_bytes", b"max_bytes", "max_priority", b"max_priority", "max_sample_batch_size", b"max_sample_batch_size", "max_sequence_length", b"max_sequence_length", "min_priority", b"min_priority", "min_size_to_sample", b"min_size_to_sample", "sampled_total", b"sampled_total", "samples_per_insert", b"samples_per_insert", "signature", b"signature", "size", b"size", "stale_updates_total", b"stale_updates_total", "steps", b"steps", "stored_bytes", b"stored_bytes", "total_priority", b"total_priority", "updated_total", b"updated_total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -52,6 +52,21 @@ Limits:
                       see Insert).
   writer id           at most 256 bytes in UTF-8 (InsertRequest.writer_id).
 
+Sequence tables (R2D2; setting `max_sequence_length` > 0, InfoResponse.max_sequence_length). Rows are then
+environment steps, and what is sampled, weighed and prioritised is an *item*: a window of up to
+max_sequence_length consecutive steps of one writer, with its own fields (InfoResponse.item_signature, e.g. the
+recurrent state at its first step). Each step is stored once, however many items refer to it. A writer sends its
+steps in order, in InsertRequests with a writer_id (and a trajectory, for a writer with several); an item travels in the request that holds its last step
+(InsertRequest.items) and is "the writer's last `length` steps up to row end - 1 of this request", which may
+reach back into the writer's earlier requests on this shard (the shard keeps the keys of each writer's last
+max_sequence_length steps). An item's key is its first step's key; it is held while that step is held (FIFO
+eviction takes an item with its oldest step, so an item is never held, or sampled, without all its steps), and
+an item whose first step is already evicted when it arrives is dropped and counted (items_evicted_total).
+In a sequence table `size` (Info, Sample, UpdatePriorities) counts items, as do min_size_to_sample, Sample's
+batch_size, sampled_total and the rate limiter; capacity, inserted_total, evicted_total and InfoResponse.steps
+count steps. A writer that moves to another shard (or to a restarted one) sends again the steps its next items
+need. Sequence tables are not persisted yet (no checkpoint_dir, no write-ahead log).
+
 Errors are gRPC status codes with a message naming the bad value:
   INVALID_ARGUMENT     schema mismatch, bad tensor encoding (for a compressed field: raw data, another
                        compression, frame lengths that do not add up, a frame without its magic number),

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from apexrl.common.errors import InvalidArgumentError
+from apexrl.common.signature import Signature
 from apexrl.proto import replay_pb2
 from apexrl.replay_server import wire
 from apexrl.replay_server.core import types
+from apexrl.replay_server.core.sequences import ItemBatch
 from apexrl.replay_server.core.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch
 
@@ -34,7 +36,8 @@ def test_shard_info_round_trips_every_field(table):
     info = table.info()
     decoded = wire.decode_info(over_the_wire(wire.encode_info(info)))
     assert decoded == info and decoded.signature is not None  # every field, the signature included
-    assert [f.name for f in dataclasses.fields(info) if f.name != "signature"] == list(wire._INFO_SCALARS)
+    signatures = ("signature", "item_signature")
+    assert [f.name for f in dataclasses.fields(info) if f.name not in signatures] == list(wire._INFO_SCALARS)
     assert decoded.totals == types.ShardTotals(info.total_priority, 50, info.min_priority, table.incarnation)
     assert set(wire._INFO_SCALARS) <= set(replay_pb2.InfoResponse.DESCRIPTOR.fields_by_name)
     empty = ReplayTable(TableConfig(capacity=5)).info()
@@ -52,6 +55,26 @@ def test_a_sampled_batch_round_trips_with_its_totals(table):
         np.testing.assert_array_equal(decoded.columns[name], column)
     assert decoded.totals == batch.totals
     np.testing.assert_allclose(decoded.probabilities, batch.priorities / batch.total_priority)
+
+
+def test_a_sequence_sample_and_info_round_trip():
+    config = TableConfig(capacity=50, max_sequence_length=4, seed=0)
+    t = ReplayTable(config)
+    state = np.arange(16, dtype=np.float32).reshape(2, 8)
+    items = ItemBatch(np.array([3, 5]), np.array([3, 4]), {"state": state}, np.array([1.0, 2.0]))
+    request = wire.encode_insert(cartpole_batch(5), None, "w", items=items)
+    decoded_items = wire.decode_items(over_the_wire(request))
+    np.testing.assert_array_equal(decoded_items.lengths, [3, 4])
+    assert t.insert(cartpole_batch(5), writer_id="w", sequence=1, items=decoded_items).items == 2
+    info = wire.decode_info(over_the_wire(wire.encode_info(t.info())))
+    assert info == t.info() and info.item_signature == Signature.parse("state:float32[8]")
+    assert (info.size, info.steps, info.max_sequence_length) == (2, 5, 4)
+    batch = t.sample(6)
+    back = wire.decode_sample(over_the_wire(wire.encode_sample(batch)))
+    assert back.sequence_length == 4 and back.lengths.dtype == np.int32
+    np.testing.assert_array_equal(back.lengths, batch.lengths)
+    np.testing.assert_array_equal(back.item_columns["state"], batch.item_columns["state"])
+    assert back.columns["obs"].shape == (24, *batch.columns["obs"].shape[1:])
 
 
 def test_probabilities_are_uniform_when_every_priority_is_zero():

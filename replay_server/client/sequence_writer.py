@@ -1,0 +1,156 @@
+"""SequenceWriter: one trajectory's steps written as sequence items (R2D2's overlapping windows) to a sequence table.
+
+R2D2 trains on windows of `length` consecutive steps (burn-in plus training length), a new one starting every
+`period` steps, never across an episode's end. The writer sends each step once, `period` steps per request at most,
+and each window in the request that holds its last step; the shard stores the step once and the window as a
+reference to it (replay.proto, "Sequence tables"). At an episode's end the oldest window not yet complete goes out
+cut short (the shard pads it, and says its length); the windows after it would be parts of it and are not sent.
+
+It writes through a ShardedWriter, so it has its acknowledgement, resends and back pressure, and stays on one shard
+while that shard's backlog has room (its items refer to the steps it sent there). When it moves to another shard
+(failover), it first sends again the episode's steps that its open windows still need there. A shard that restarts
+loses the steps it held (sequence tables are not persisted yet): a window sent after that which reaches back
+before the restart is refused (INVALID_ARGUMENT, raised by a later `append` or `flush`).
+
+Not thread-safe: one thread appends (an actor's loop for one environment).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from apexrl.common.compression import CompressedColumn, concatenate
+from apexrl.replay_server.client.replay_client import ReplayClient
+from apexrl.replay_server.client.sharded_writer import ShardedWriter
+from apexrl.replay_server.core.sequences import ItemBatch
+
+# An item's priority from its steps (each field [steps, ...]); None gives the shard's max priority.
+PriorityFn = Callable[[Mapping[str, np.ndarray]], float]
+
+
+class SequenceWriter:
+    """Writes one trajectory (an actor's environment) as windows of `length` steps every `period` steps.
+
+    Args:
+        writer: the ShardedWriter to write through (shared by the trajectories of one actor).
+        length: steps per window (the table's max_sequence_length at most).
+        period: steps between window starts (1 .. length); length // 2 stores each step once for two windows.
+        trajectory: this trajectory's number among the writer's (replay.proto, InsertRequest.trajectory).
+        priority: the item's priority from its steps (e.g. R2D2's eta-mix of TD errors); None: the shard's max.
+        timeout: how long an append may wait for room on the shard (back pressure); None: the writer's.
+    """
+
+    def __init__(
+        self,
+        writer: ShardedWriter,
+        *,
+        length: int,
+        period: int,
+        trajectory: int = 0,
+        priority: PriorityFn | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        if not 1 <= period <= length:
+            raise ValueError(f"period ({period}) must be in [1, length ({length})]")
+        self.length, self.period, self.trajectory = length, period, trajectory
+        self._writer = writer
+        self._priority = priority
+        self._timeout = writer.timeout if timeout is None else timeout
+        self._client: ReplayClient | None = None  # the shard this trajectory writes to now
+        self._steps: deque[dict[str, np.ndarray]] = deque()  # episode steps from _first on
+        self._first = 0  # episode index of _steps[0]
+        self._count = 0  # steps of the episode appended
+        self._sent = 0  # steps of the episode the current shard was sent
+        self._open: deque[tuple[int, Mapping[str, np.ndarray]]] = (
+            deque()
+        )  # windows not complete: (start, fields)
+        self.items_sent = 0
+
+    def append(self, step: Mapping[str, np.ndarray], fields: Mapping[str, np.ndarray] | None = None) -> None:
+        """Add the episode's next step (each field one step's value); `fields` are the item fields of a window
+        that starts here (e.g. the recurrent state before this step), kept only where a window starts.
+
+        The newest step is held back until the next one (or the episode's end), so that a window cut short at the
+        episode's end still travels with its last step."""
+        t = self._count
+        self._count += 1
+        self._steps.append({name: _one_step(value) for name, value in step.items()})
+        if t % self.period == 0:
+            self._open.append((t, {name: np.asarray(value) for name, value in (fields or {}).items()}))
+        ready = []
+        while self._open and self._open[0][0] + self.length <= t:  # its last step, t - 1, can go now
+            start, window_fields = self._open.popleft()
+            ready.append((start, self.length, window_fields))
+        if ready or t - self._sent >= self.period:
+            self._send(t, ready)
+
+    def end_episode(self) -> None:
+        """The episode ended with the last appended step: its windows go out, the oldest unfinished one cut short
+        (those after it would be parts of it), and the next episode starts afresh."""
+        if self._count:
+            windows = [
+                (start, min(self.length, self._count - start), window_fields)
+                for start, window_fields in list(self._open)[:1]
+            ]
+            self._open.clear()
+            self._send(self._count, windows)
+        self._steps.clear()
+        self._open.clear()
+        self._first = self._count = self._sent = 0
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until everything sent is acknowledged (ShardedWriter.flush)."""
+        self._writer.flush(timeout)
+
+    # ------------------------------------------------------------------------------------------------- sending
+    def _send(self, upto: int, windows: list[tuple[int, int, Mapping[str, np.ndarray]]]) -> None:
+        """Send the steps before `upto` not yet on the shard, with the `windows` (start, length, fields) that end
+        in them."""
+        client = self._writer.pick(None if self._client is None else self._client.address)
+        needed = min([start for start, _, _ in windows] + [start for start, _ in self._open] + [self._sent])
+        first = self._sent if client is self._client else needed  # a new shard gets the steps it will need
+        rows = [self._steps[i - self._first] for i in range(first, upto)]
+        columns = {name: _stack([row[name] for row in rows]) for name in rows[0]}
+        items = self._items(windows, first) if windows else None
+        client.insert(columns, items=items, trajectory=self.trajectory, timeout=self._timeout)
+        self._client, self._sent = client, upto
+        self.items_sent += len(windows)
+        keep = min([start for start, _ in self._open] + [upto])
+        while self._first < keep:  # steps no open window needs (nor the held-back newest one)
+            self._steps.popleft()
+            self._first += 1
+
+    def _items(self, windows: list[tuple[int, int, Mapping[str, np.ndarray]]], first: int) -> ItemBatch:
+        names = windows[0][2].keys()
+        priorities = None
+        if self._priority is not None:
+            priorities = np.array(
+                [self._priority(self._window(start, length)) for start, length, _ in windows]
+            )
+        return ItemBatch(
+            ends=np.array([start + length - first for start, length, _ in windows], dtype=np.int64),
+            lengths=np.array([length for _, length, _ in windows], dtype=np.int64),
+            columns={name: np.stack([fields[name] for _, _, fields in windows]) for name in names},
+            priorities=priorities,
+        )
+
+    def _window(self, start: int, length: int) -> dict[str, np.ndarray]:
+        rows = [self._steps[i - self._first] for i in range(start, start + length)]
+        return {name: _stack([row[name] for row in rows]) for name in rows[0]}
+
+
+def _one_step(value) -> np.ndarray | CompressedColumn:
+    """A step's value as kept: an array, or a compressed column of one frame (a pixel observation)."""
+    if isinstance(value, CompressedColumn):
+        if len(value) != 1:
+            raise ValueError(f"a compressed step value holds one frame, not {len(value)}")
+        return value
+    return np.asarray(value)
+
+
+def _stack(values: list) -> np.ndarray | CompressedColumn:
+    """Steps' values as one column ([steps, ...]; frames joined)."""
+    return concatenate(values) if isinstance(values[0], CompressedColumn) else np.stack(values)

@@ -1,0 +1,256 @@
+"""Sequence items (R2D2): windows of consecutive steps of one writer, stored as references to the table's rows.
+
+In a sequence table (TableConfig.max_sequence_length > 0) every row is one environment step, and what is sampled
+and prioritised is an *item*: up to max_sequence_length consecutive steps of one writer, plus the item's own fields
+(the recurrent state at its first step). Overlapping windows (R2D2 starts one every `period` steps) would store
+each step two or three times as copies; here a step is stored once and items refer to it (Reverb's lesson:
+items are references into stored data, never copies).
+
+How an item finds its steps. A writer sends its steps in order; the shard keeps, per writer, the keys of its last
+max_sequence_length steps (its *tail*), and links each step to the same writer's next one (`next_step`, a key
+distance per slot). An item arrives with the request that holds its last step and says only where it ends (a
+row of that request) and how many steps it spans: its steps are the writer's last `length` steps up to that row.
+An item lives at its first step's slot (its key is that step's key), so the FIFO ring evicts it exactly when its
+oldest step goes: an item is never held without all of its steps, and never sampled after losing one. An item
+whose first step is evicted by the very insert that brings it (a table smaller than its writers' windows) is
+dropped at once and counted as evicted.
+
+Pure numpy, not thread-safe: the table owns the lock (as with storage.py and sum_tree.py).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from apexrl.common.errors import InvalidArgumentError
+from apexrl.common.signature import Signature
+from apexrl.replay_server.core.updates import check_priorities
+
+# Slots are indexed by int32 key distances: a sequence table's capacity stays below this.
+MAX_SEQUENCE_CAPACITY = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class ItemBatch:
+    """The items of one insert: item i ends at row ends[i] - 1 of the insert's batch and spans lengths[i] steps;
+    `columns` are the item fields ([items, ...]); `priorities` raw, or None for the shard's max priority."""
+
+    ends: np.ndarray  # int64 [items]
+    lengths: np.ndarray  # int64 [items]
+    columns: Mapping[str, np.ndarray]
+    priorities: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the items take in a request (what bounds its size)."""
+        fields = sum(np.asarray(column).nbytes for column in self.columns.values())
+        return (
+            fields
+            + 8 * len(self.ends)
+            + (0 if self.priorities is None else np.asarray(self.priorities).nbytes)
+        )
+
+    def checked(
+        self, rows: int, max_length: int, signature: Signature | None
+    ) -> tuple[Signature | None, np.ndarray | None]:
+        """Check the items against a batch of `rows` steps (InvalidArgumentError naming the field); returns the
+        item signature they have (the table's, or theirs when it has none yet; None: no item fields) and their
+        priorities as float64."""
+        count = len(self.ends)
+        if len(self.lengths) != count:
+            raise InvalidArgumentError(
+                f"items.length has {len(self.lengths)} entries and items.end {count}: one of each per item"
+            )
+        _check_range(self.ends, 1, rows, "items.end", f"a row of the batch plus one (1 .. {rows})")
+        _check_range(self.lengths, 1, max_length, "items.length", f"1 .. max_sequence_length ({max_length})")
+        starts = self.ends - self.lengths
+        if len(np.unique(starts)) != count:
+            raise InvalidArgumentError("items: two items of one insert start at the same step")
+        own = signature
+        if own is None and self.columns:
+            own = Signature.from_batch(self.columns)
+        if own is None:  # no item fields (items start from a zero state, say)
+            if self.columns:
+                raise InvalidArgumentError("items.columns: this table's items carry no fields")
+        else:
+            try:
+                got = own.check_batch(self.columns)
+            except InvalidArgumentError as err:
+                raise InvalidArgumentError(f"items.columns: {err}") from None
+            if got != count:
+                raise InvalidArgumentError(f"items.columns hold {got} rows for {count} items")
+            if own.compressed:
+                raise InvalidArgumentError("items.columns: item fields cannot be compressed")
+        values = (
+            None if self.priorities is None else check_priorities(self.priorities, count, "items.priorities")
+        )
+        return own, values
+
+
+def _check_range(values: np.ndarray, low: int, high: int, what: str, expected: str) -> None:
+    bad = (values < low) | (values > high)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidArgumentError(f"{what}[{i}] is {int(values[i])}, expected {expected}")
+
+
+class SequenceIndex:
+    """Which stored steps begin an item, each item's fields, the links from each step to its writer's next one,
+    and each writer's tail (see the module docstring). Slots are the table ring's."""
+
+    def __init__(self, capacity: int, max_length: int, max_writers: int) -> None:
+        if capacity > MAX_SEQUENCE_CAPACITY:
+            raise InvalidArgumentError(f"a sequence table holds at most {MAX_SEQUENCE_CAPACITY} steps")
+        self.capacity = capacity
+        self.max_length = max_length
+        self.max_writers = max_writers
+        self.next_step = np.zeros(
+            capacity, dtype=np.int32
+        )  # key distance to the writer's next step (0: none)
+        self.item_length = np.zeros(capacity, dtype=np.int32)  # steps of the item starting here (0: none)
+        self.signature: Signature | None = None  # the item fields, fixed by the first items (or declared)
+        self.fixed = False  # whether the item fields are fixed (None then means: no item fields)
+        self.fields: dict[str, np.ndarray] = {}  # per item field: an object array of per-item rows, by slot
+        self.items = 0  # items held
+        self.inserted = 0  # items ever stored (dropped-on-arrival ones included)
+        self.evicted = 0  # items gone with their first step (or dropped on arrival)
+        # (writer, trajectory) -> keys of its last steps, least recently used first
+        self._tails: OrderedDict[tuple[str, int], deque[int]] = OrderedDict()
+
+    # ------------------------------------------------------------------------------------------------ insert
+    def first_keys(
+        self, writer_id: tuple[str, int], first_key: int, items: ItemBatch, oldest_after: int
+    ) -> np.ndarray:
+        """Each item's first step key, or -1 for an item whose first step will be gone once the batch starting at
+        `first_key` is stored (`oldest_after`: the oldest key held then). InvalidArgumentError for an item that
+        needs steps this writer never sent here."""
+        tail = self._tails.get(writer_id, ())
+        held = len(tail)
+        firsts = np.empty(len(items), dtype=np.int64)
+        for i, (end, length) in enumerate(zip(items.ends.tolist(), items.lengths.tolist(), strict=True)):
+            start = held + end - length  # index of the first step in (tail, then the batch's rows)
+            if start < 0:
+                raise InvalidArgumentError(
+                    f"items.length[{i}] is {length}: the item needs {length} steps of writer {writer_id[0]!r} "
+                    f"(trajectory {writer_id[1]}) up to row {end - 1} of the batch, and the shard holds "
+                    f"{held + end} (steps sent to another shard, or before this shard restarted, must be sent "
+                    f"again)"
+                )
+            key = tail[start] if start < held else first_key + start - held
+            firsts[i] = key if key >= oldest_after else -1
+        return firsts
+
+    def check_starts(self, firsts: np.ndarray, held: np.ndarray) -> None:
+        """InvalidArgumentError when an item would start at a step that already begins one (`held`: which of the
+        first keys are stored steps)."""
+        taken = held & (self.item_length[firsts % self.capacity] > 0)
+        if taken.any():
+            i = int(np.flatnonzero(taken)[0])
+            raise InvalidArgumentError(f"items.end[{i}]: an item already starts at step key {int(firsts[i])}")
+
+    def link(self, writer_id: tuple[str, int], first_key: int, rows: int, oldest_key: int) -> None:
+        """Record a stored batch of `rows` steps of `writer_id` starting at `first_key` (the writer's tail and
+        the links from each of its steps to the next); `oldest_key`: the oldest key held before the batch."""
+        cap = self.capacity
+        tail = self._tails.pop(writer_id, None)
+        if tail is None:
+            tail = deque(maxlen=self.max_length)
+            if len(self._tails) >= self.max_writers:
+                self._tails.popitem(last=False)
+        if tail and tail[-1] >= oldest_key:
+            self.next_step[tail[-1] % cap] = first_key - tail[-1]
+        slots = (first_key + np.arange(rows, dtype=np.int64)) % cap
+        self.next_step[slots] = 1
+        self.next_step[slots[-1]] = 0
+        tail.extend(range(max(first_key, first_key + rows - self.max_length), first_key + rows))
+        self._tails[writer_id] = tail
+
+    def fix_signature(self, signature: Signature | None) -> None:
+        """Adopt the item fields of the first items (None: items carry no fields)."""
+        self.signature, self.fixed = signature, True
+        fields = () if signature is None else signature.fields
+        self.fields = {f.name: np.full(self.capacity, None, dtype=object) for f in fields}
+
+    def add(self, firsts: np.ndarray, items: ItemBatch) -> np.ndarray:
+        """Store the items whose first key is not -1 (`firsts`); returns their slots, in item order."""
+        kept = np.flatnonzero(firsts >= 0)
+        self.inserted += len(items)
+        self.evicted += len(items) - len(kept)
+        slots = firsts[kept] % self.capacity
+        self.item_length[slots] = items.lengths[kept]
+        for name, column in self.fields.items():
+            for slot, row in zip(slots.tolist(), kept.tolist(), strict=True):
+                column[slot] = np.array(items.columns[name][row])  # a copy: the request's buffer is not kept
+        self.items += len(kept)
+        return slots
+
+    def evict(self, slots: np.ndarray) -> None:
+        """Forget the steps at `slots` (overwritten or dropped): the items they begin go with them."""
+        gone = self.item_length[slots] > 0
+        count = int(gone.sum())
+        if count:
+            lost = slots[gone]
+            self.item_length[lost] = 0
+            for column in self.fields.values():
+                column[lost] = None
+            self.items -= count
+            self.evicted += count
+        self.next_step[slots] = 0
+
+    # ------------------------------------------------------------------------------------------------ sample
+    def starts_item(self, slots: np.ndarray) -> np.ndarray:
+        """Which of `slots` (of stored steps) begin an item."""
+        return self.item_length[slots] > 0
+
+    def uniform_slots(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """`count` item slots drawn uniformly with replacement (the zero-mass rule, over items)."""
+        return rng.choice(np.flatnonzero(self.item_length), count)
+
+    def step_slots(self, item_slots: np.ndarray, first_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The slots of each item's steps, [items, max_length] (positions past an item's length repeat its last
+        step), and each item's length."""
+        cap = self.capacity
+        lengths = self.item_length[item_slots].astype(np.int64)
+        keys = np.empty((len(item_slots), self.max_length), dtype=np.int64)
+        key = first_keys.astype(np.int64)
+        keys[:, 0] = key
+        for t in range(1, self.max_length):
+            key = np.where(t < lengths, key + self.next_step[key % cap], key)
+            keys[:, t] = key
+        return keys % cap, lengths
+
+    def gather_fields(self, item_slots: np.ndarray) -> dict[str, np.ndarray]:
+        """The item fields of the items at `item_slots`, [items, ...] per field."""
+        if self.signature is None:
+            return {}
+        return {
+            f.name: np.stack(self.fields[f.name][item_slots].tolist()).astype(f.dtype, copy=False)
+            for f in self.signature.fields
+        }
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the items' own fields hold (the index arrays not counted: 8 bytes per step)."""
+        return 0 if self.signature is None else self.items * self.signature.row_nbytes
+
+
+@dataclass(frozen=True)
+class ItemPlacement:
+    """A sequence insert's items once checked against the table (table.py places them, then stores them)."""
+
+    items: ItemBatch | None  # None: the insert brings steps only
+    signature: Signature | None  # the item fields they have
+    values: np.ndarray  # raw priorities, one per item
+    firsts: np.ndarray  # each item's first step key (-1: dropped on arrival, its first step already gone)
+
+    @property
+    def count(self) -> int:
+        """Items that will be held."""
+        return int((self.firsts >= 0).sum())
