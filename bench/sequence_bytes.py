@@ -52,7 +52,9 @@ def fill_transitions(columns: dict, rows: int, chunk: int = 64) -> ReplayTable:
     return table
 
 
-def fill_sequences(steps: dict, rows: int, window: int, period: int, state_shape: tuple[int, ...]) -> ReplayTable:
+def fill_sequences(
+    steps: dict, rows: int, window: int, period: int, state_shape: tuple[int, ...]
+) -> ReplayTable:
     """`rows` steps of one writer, `period` per insert, each insert with the window that ends in it."""
     table = ReplayTable(TableConfig(capacity=rows, max_sequence_length=window, seed=0))
     state = np.zeros((1, *state_shape), dtype=np.float32)

@@ -28,10 +28,13 @@ import numpy as np
 
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.signature import Signature
+from apexrl.replay_server.core.item_pool import ItemPool
 from apexrl.replay_server.core.updates import check_priorities
 
 # Slots are indexed by int32 key distances: a sequence table's capacity stays below this.
 MAX_SEQUENCE_CAPACITY = (1 << 31) - 1
+# An item's length is a uint16 per slot.
+MAX_SEQUENCE_LENGTH = (1 << 16) - 1
 
 
 @dataclass(frozen=True)
@@ -108,16 +111,19 @@ class SequenceIndex:
     def __init__(self, capacity: int, max_length: int, max_writers: int) -> None:
         if capacity > MAX_SEQUENCE_CAPACITY:
             raise InvalidArgumentError(f"a sequence table holds at most {MAX_SEQUENCE_CAPACITY} steps")
+        if not 1 <= max_length <= MAX_SEQUENCE_LENGTH:
+            raise InvalidArgumentError(f"max_sequence_length must be in [1, {MAX_SEQUENCE_LENGTH}]")
         self.capacity = capacity
         self.max_length = max_length
         self.max_writers = max_writers
         self.next_step = np.zeros(
             capacity, dtype=np.int32
         )  # key distance to the writer's next step (0: none)
-        self.item_length = np.zeros(capacity, dtype=np.int32)  # steps of the item starting here (0: none)
+        self.item_length = np.zeros(capacity, dtype=np.uint16)  # steps of the item starting here (0: none)
         self.signature: Signature | None = None  # the item fields, fixed by the first items (or declared)
         self.fixed = False  # whether the item fields are fixed (None then means: no item fields)
-        self.fields: dict[str, np.ndarray] = {}  # per item field: an object array of per-item rows, by slot
+        self.pool: ItemPool | None = None  # the items' fields, with a signature that has fields
+        self.pool_row = np.zeros(0, dtype=np.int32)  # per slot, its item's row in the pool (with a pool)
         self.items = 0  # items held
         self.inserted = 0  # items ever stored (dropped-on-arrival ones included)
         self.evicted = 0  # items gone with their first step (or dropped on arrival)
@@ -175,8 +181,9 @@ class SequenceIndex:
     def fix_signature(self, signature: Signature | None) -> None:
         """Adopt the item fields of the first items (None: items carry no fields)."""
         self.signature, self.fixed = signature, True
-        fields = () if signature is None else signature.fields
-        self.fields = {f.name: np.full(self.capacity, None, dtype=object) for f in fields}
+        if signature is not None:
+            self.pool = ItemPool(signature)
+            self.pool_row = np.zeros(self.capacity, dtype=np.int32)
 
     def add(self, firsts: np.ndarray, items: ItemBatch) -> np.ndarray:
         """Store the items whose first key is not -1 (`firsts`); returns their slots, in item order."""
@@ -185,9 +192,8 @@ class SequenceIndex:
         self.evicted += len(items) - len(kept)
         slots = firsts[kept] % self.capacity
         self.item_length[slots] = items.lengths[kept]
-        for name, column in self.fields.items():
-            for slot, row in zip(slots.tolist(), kept.tolist(), strict=True):
-                column[slot] = np.array(items.columns[name][row])  # a copy: the request's buffer is not kept
+        if self.pool is not None and len(kept):
+            self.pool_row[slots] = self.pool.put(items.columns, kept)  # copies: the request is not kept
         self.items += len(kept)
         return slots
 
@@ -198,8 +204,8 @@ class SequenceIndex:
         if count:
             lost = slots[gone]
             self.item_length[lost] = 0
-            for column in self.fields.values():
-                column[lost] = None
+            if self.pool is not None:
+                self.pool.release(self.pool_row[lost])
             self.items -= count
             self.evicted += count
         self.next_step[slots] = 0
@@ -228,17 +234,12 @@ class SequenceIndex:
 
     def gather_fields(self, item_slots: np.ndarray) -> dict[str, np.ndarray]:
         """The item fields of the items at `item_slots`, [items, ...] per field."""
-        if self.signature is None:
-            return {}
-        return {
-            f.name: np.stack(self.fields[f.name][item_slots].tolist()).astype(f.dtype, copy=False)
-            for f in self.signature.fields
-        }
+        return {} if self.pool is None else self.pool.get(self.pool_row[item_slots])
 
     @property
     def nbytes(self) -> int:
         """Bytes the items' own fields hold (the index arrays not counted: 8 bytes per step)."""
-        return 0 if self.signature is None else self.items * self.signature.row_nbytes
+        return 0 if self.pool is None else self.pool.nbytes
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,10 @@ class TableConfig:
             raise ValueError(
                 f"max_sample_batch_size ({self.max_sample_batch_size}) must be a positive integer"
             )
-        if not isinstance(self.max_sequence_length, int) or self.max_sequence_length < 0:
-            raise ValueError(f"max_sequence_length ({self.max_sequence_length}) must be an integer >= 0")
+        if not isinstance(self.max_sequence_length, int) or not 0 <= self.max_sequence_length < 1 << 16:
+            raise ValueError(
+                f"max_sequence_length ({self.max_sequence_length}) must be an integer in [0, 65535]"
+            )
         if self.max_sequence_length and self.capacity >= 1 << 31:
             raise ValueError(f"a sequence table's capacity ({self.capacity}) must be below 2**31 steps")
         if self.max_tracked_writers < 1:
