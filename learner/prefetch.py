@@ -4,6 +4,7 @@ data path too (here in the sampling thread, or in the sampler process straight i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -60,16 +61,7 @@ class BatchDecompressor:
             columns[name] = column if target is None else target
         if bad:
             return self._reject(batch, columns, bad, in_place=out is not None)
-        return PrioritizedBatch(
-            columns,
-            batch.shard_ids,
-            batch.keys,
-            batch.probabilities,
-            batch.weights,
-            batch.incarnations,
-            batch.fleet_size,
-            batch.writers,
-        )
+        return dataclasses.replace(batch, columns=columns)
 
     def _reject(
         self, batch: PrioritizedBatch, columns: dict[str, np.ndarray], bad: dict[int, str], in_place: bool

@@ -10,7 +10,7 @@ allocation covered and the maximum taken over all of their rows through each sha
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,18 +34,27 @@ class PrioritizedBatch:
     writers: np.ndarray | None = (
         None  # object [B]: each row's writer id, when the batch has compressed fields
     )
+    # Sequence tables only (replay.proto, "Sequence tables"): each key names an item; `columns` hold the items'
+    # steps item-major ([B * sequence_length, ...]), `lengths` each item's steps, `item_columns` its own fields.
+    sequence_length: int = 0
+    lengths: np.ndarray | None = None  # int32 [B]
+    item_columns: dict[str, np.ndarray] = field(default_factory=dict)
 
     def take(self, idx: np.ndarray) -> PrioritizedBatch:
-        """The rows at `idx`, in that order."""
+        """The rows (items) at `idx`, in that order."""
+        steps = step_rows(idx, self.sequence_length) if self.sequence_length else idx
         return PrioritizedBatch(
-            {name: take_rows(col, idx) for name, col in self.columns.items()},
+            {name: take_rows(col, steps) for name, col in self.columns.items()},
             self.shard_ids[idx],
             self.keys[idx],
             self.probabilities[idx],
             self.weights[idx],
             self.incarnations,
             self.fleet_size,
-            None if self.writers is None else self.writers[idx],
+            None if self.writers is None else self.writers[steps],
+            self.sequence_length,
+            None if self.lengths is None else self.lengths[idx],
+            {name: column[idx] for name, column in self.item_columns.items()},
         )
 
     def split(self, parts: int, rng: np.random.Generator) -> list[PrioritizedBatch]:
@@ -53,6 +62,11 @@ class PrioritizedBatch:
         shuffled first; every part is then a fair draw with the same probabilities and weights."""
         order = rng.permutation(len(self.keys))
         return [self.take(idx) for idx in np.array_split(order, parts)]
+
+
+def step_rows(items: np.ndarray, sequence_length: int) -> np.ndarray:
+    """The column rows of `items` when each item is `sequence_length` consecutive rows (item-major)."""
+    return (np.asarray(items)[:, None] * sequence_length + np.arange(sequence_length)).reshape(-1)
 
 
 AnswerRows = tuple[SampledBatch, slice]  # rows `slice` of one shard's answer: one batch's piece, not copied
@@ -69,6 +83,9 @@ def assemble(
     the shard's share, weights normalised over the `covered` shards (every shard of the allocation, with the
     totals the sampler last saw, sampled from or not). `shard_count` sizes the incarnations tuple."""
     pieces = [(s, answer, rows) for s in sorted(parts) for answer, rows in parts[s]]
+    sequence_length = pieces[0][1].sequence_length
+    if sequence_length:  # an item's steps are sequence_length rows of the columns: take them whole
+        pieces = [(s, answer.take(rows), slice(None)) for s, answer, rows in pieces]
     keys = np.concatenate([answer.keys[rows] for _, answer, rows in pieces])
     shard_ids = np.concatenate(
         [np.full(len(answer.keys[rows]), s, dtype=np.int32) for s, answer, rows in pieces]
@@ -91,6 +108,10 @@ def assemble(
     )
     weights = importance_weights(probabilities, fleet_size, min(probabilities.min(), smallest), beta)
     incarnations = tuple(parts[s][0][0].incarnation if s in parts else 0 for s in range(shard_count))
+    item_columns = {
+        name: np.concatenate([answer.item_columns[name] for _, answer, _ in pieces])
+        for name in pieces[0][1].item_columns
+    }
     return PrioritizedBatch(
         columns,
         shard_ids,
@@ -100,4 +121,7 @@ def assemble(
         incarnations,
         fleet_size,
         writers,
+        sequence_length,
+        pieces[0][1].lengths if not sequence_length else np.concatenate([a.lengths for _, a, _ in pieces]),
+        item_columns,
     )
