@@ -28,7 +28,7 @@ import numpy as np
 from workloads import pong_transitions
 
 from apexrl.common.compression import compress, take_rows
-from apexrl.replay_server.core.sequences import ItemBatch
+from apexrl.replay_server.core.item_batch import ItemBatch
 from apexrl.replay_server.core.table import ReplayTable, TableConfig
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from apexrl.common import codec
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.proto import replay_pb2
-from apexrl.replay_server.core.sequences import ItemBatch
+from apexrl.replay_server.core.item_batch import ItemBatch
 from apexrl.replay_server.core.types import (
     CheckpointResult,
     InsertResult,

@@ -14,7 +14,7 @@ from apexrl.common.compression import logical_shape
 from apexrl.common.signature import SUPPORTED_DTYPES
 from apexrl.proto import replay_pb2
 from apexrl.replay_server import wire
-from apexrl.replay_server.core.sequences import ItemBatch
+from apexrl.replay_server.core.item_batch import ItemBatch
 
 # Column dtypes a merged batch may have: those the codec sends as they are (replay.proto, tensor.proto).
 _MERGEABLE_DTYPES = frozenset(np.dtype(name) for name in SUPPORTED_DTYPES)

@@ -40,7 +40,7 @@ from apexrl.common.errors import (
 )
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server.client.insert_batches import Batch, encode_run, prepare_batch
-from apexrl.replay_server.core.sequences import ItemBatch
+from apexrl.replay_server.core.item_batch import ItemBatch
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import wire
 from apexrl.replay_server.client.insert_stream import InsertStream
 from apexrl.replay_server.client.priority_stream import PriorityStream
-from apexrl.replay_server.core.sequences import ItemBatch
+from apexrl.replay_server.core.item_batch import ItemBatch
 from apexrl.replay_server.core.types import (
     CheckpointResult,
     SampledBatch,

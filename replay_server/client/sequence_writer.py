@@ -25,7 +25,7 @@ import numpy as np
 from apexrl.common.compression import CompressedColumn, concatenate
 from apexrl.replay_server.client.replay_client import ReplayClient
 from apexrl.replay_server.client.sharded_writer import ShardedWriter
-from apexrl.replay_server.core.sequences import ItemBatch
+from apexrl.replay_server.core.item_batch import ItemBatch
 
 # An item's priority from its steps (each field [steps, ...]); None gives the shard's max priority.
 PriorityFn = Callable[[Mapping[str, np.ndarray]], float]

@@ -22,86 +22,20 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.signature import Signature
+from apexrl.replay_server.core.item_batch import ItemBatch
 from apexrl.replay_server.core.item_pool import ItemPool
-from apexrl.replay_server.core.updates import check_priorities
+from apexrl.replay_server.core.table_state import ITEM_FIELDS, ITEM_LENGTH, NEXT_STEP
 
 # Slots are indexed by int32 key distances: a sequence table's capacity stays below this.
 MAX_SEQUENCE_CAPACITY = (1 << 31) - 1
 # An item's length is a uint16 per slot.
 MAX_SEQUENCE_LENGTH = (1 << 16) - 1
-
-
-@dataclass(frozen=True)
-class ItemBatch:
-    """The items of one insert: item i ends at row ends[i] - 1 of the insert's batch and spans lengths[i] steps;
-    `columns` are the item fields ([items, ...]); `priorities` raw, or None for the shard's max priority."""
-
-    ends: np.ndarray  # int64 [items]
-    lengths: np.ndarray  # int64 [items]
-    columns: Mapping[str, np.ndarray]
-    priorities: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.ends)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the items take in a request (what bounds its size)."""
-        fields = sum(np.asarray(column).nbytes for column in self.columns.values())
-        return (
-            fields
-            + 8 * len(self.ends)
-            + (0 if self.priorities is None else np.asarray(self.priorities).nbytes)
-        )
-
-    def checked(
-        self, rows: int, max_length: int, signature: Signature | None
-    ) -> tuple[Signature | None, np.ndarray | None]:
-        """Check the items against a batch of `rows` steps (InvalidArgumentError naming the field); returns the
-        item signature they have (the table's, or theirs when it has none yet; None: no item fields) and their
-        priorities as float64."""
-        count = len(self.ends)
-        if len(self.lengths) != count:
-            raise InvalidArgumentError(
-                f"items.length has {len(self.lengths)} entries and items.end {count}: one of each per item"
-            )
-        _check_range(self.ends, 1, rows, "items.end", f"a row of the batch plus one (1 .. {rows})")
-        _check_range(self.lengths, 1, max_length, "items.length", f"1 .. max_sequence_length ({max_length})")
-        starts = self.ends - self.lengths
-        if len(np.unique(starts)) != count:
-            raise InvalidArgumentError("items: two items of one insert start at the same step")
-        own = signature
-        if own is None and self.columns:
-            own = Signature.from_batch(self.columns)
-        if own is None:  # no item fields (items start from a zero state, say)
-            if self.columns:
-                raise InvalidArgumentError("items.columns: this table's items carry no fields")
-        else:
-            try:
-                got = own.check_batch(self.columns)
-            except InvalidArgumentError as err:
-                raise InvalidArgumentError(f"items.columns: {err}") from None
-            if got != count:
-                raise InvalidArgumentError(f"items.columns hold {got} rows for {count} items")
-            if own.compressed:
-                raise InvalidArgumentError("items.columns: item fields cannot be compressed")
-        values = (
-            None if self.priorities is None else check_priorities(self.priorities, count, "items.priorities")
-        )
-        return own, values
-
-
-def _check_range(values: np.ndarray, low: int, high: int, what: str, expected: str) -> None:
-    bad = (values < low) | (values > high)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise InvalidArgumentError(f"{what}[{i}] is {int(values[i])}, expected {expected}")
 
 
 class SequenceIndex:
@@ -160,6 +94,20 @@ class SequenceIndex:
         if taken.any():
             i = int(np.flatnonzero(taken)[0])
             raise InvalidArgumentError(f"items.end[{i}]: an item already starts at step key {int(firsts[i])}")
+
+    def last_key(self, writer_id: tuple[str, int]) -> int | None:
+        """The key of the trajectory's newest step here (None: none yet)."""
+        tail = self._tails.get(writer_id)
+        return tail[-1] if tail else None
+
+    def tails_state(self) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
+        """Each (writer, trajectory)'s last step keys, least recently used first (TableState.tails)."""
+        return tuple((writer, trajectory, tuple(keys)) for (writer, trajectory), keys in self._tails.items())
+
+    def load_tails(self, tails: tuple[tuple[str, int, tuple[int, ...]], ...]) -> None:
+        """Take the tails a restored state saved (the most recently used max_writers of them)."""
+        for writer, trajectory, keys in tails[-self.max_writers :]:
+            self._tails[(writer, trajectory)] = deque(keys, maxlen=self.max_length)
 
     def link(self, writer_id: tuple[str, int], first_key: int, rows: int, oldest_key: int) -> None:
         """Record a stored batch of `rows` steps of `writer_id` starting at `first_key` (the writer's tail and
@@ -255,3 +203,96 @@ class ItemPlacement:
     def count(self) -> int:
         """Items that will be held."""
         return int((self.firsts >= 0).sum())
+
+    def logged(self) -> ItemBatch | None:
+        """The items as a write-ahead log keeps them: with the priorities they get (a replay must not draw the
+        max priority of its own time)."""
+        return None if self.items is None else replace(self.items, priorities=self.values)
+
+
+# --------------------------------------------------------------------------------------------------- persistence
+# What durability sees of a sequence index: per-slot columns beside the fields (table_state.NEXT_STEP, ITEM_LENGTH,
+# ITEM_FIELDS) and the tails in TableState; a restore loads both back.
+
+
+def image_columns(index: SequenceIndex) -> dict[str, np.ndarray | ItemFieldsView]:
+    """The index's per-slot columns as an image shows them (the arrays themselves, not copies)."""
+    columns: dict[str, np.ndarray | ItemFieldsView] = {
+        NEXT_STEP: index.next_step,
+        ITEM_LENGTH: index.item_length,
+    }
+    if index.pool is not None:
+        columns[ITEM_FIELDS] = ItemFieldsView(index)
+    return columns
+
+
+def load_block(index: SequenceIndex, slots: np.ndarray, columns: Mapping[str, np.ndarray], skip: int) -> None:
+    """Load a restored block's per-slot columns (rows from `skip` on) into `slots`; InvalidArgumentError for
+    item fields that do not fit the item signature."""
+    links = np.asarray(columns[NEXT_STEP])[skip:]
+    lengths = np.asarray(columns[ITEM_LENGTH])[skip:]
+    if (links < 0).any() or (lengths > index.max_length).any():
+        raise InvalidArgumentError(
+            f"saved sequence columns hold a negative link or an item longer than {index.max_length} steps"
+        )
+    index.next_step[slots] = links
+    index.item_length[slots] = lengths
+    starts = np.flatnonzero(lengths)
+    index.items += len(starts)
+    if index.pool is not None and len(starts):
+        rows = decode_item_rows(
+            np.asarray(columns[ITEM_FIELDS], dtype=object)[skip:][starts], index.signature
+        )
+        index.pool_row[slots[starts]] = index.pool.put(rows, np.arange(len(starts)))
+
+
+class ItemFieldsView:
+    """The items' fields by slot, as an object array of bytes (None where no item starts) when indexed: what a
+    snapshot copies and a checkpoint writes (table_state.ITEM_FIELDS)."""
+
+    def __init__(self, index: SequenceIndex) -> None:
+        self._index = index
+
+    def __len__(self) -> int:
+        return self._index.capacity
+
+    def __getitem__(self, where) -> np.ndarray:
+        index = self._index
+        slots = np.arange(index.capacity)[where]
+        out = np.full(len(slots), None, dtype=object)
+        starts = np.flatnonzero(index.item_length[slots])
+        if len(starts):
+            values = index.pool.get(index.pool_row[slots[starts]])
+            out[starts] = encode_item_rows(values, index.signature)
+        return out
+
+
+def encode_item_rows(values: Mapping[str, np.ndarray], signature: Signature) -> list[bytes]:
+    """Each item's fields as one bytes object: the fields' raw bytes in signature order."""
+    count = len(next(iter(values.values())))
+    flat = [
+        np.ascontiguousarray(values[f.name], dtype=f.dtype).reshape(count, -1).view(np.uint8)
+        for f in signature.fields
+    ]
+    joined = np.concatenate(flat, axis=1) if len(flat) > 1 else flat[0]
+    return [row.tobytes() for row in joined]
+
+
+def decode_item_rows(rows: np.ndarray, signature: Signature) -> dict[str, np.ndarray]:
+    """The fields of items saved by encode_item_rows (an object array of bytes); InvalidArgumentError for a row
+    of the wrong size."""
+    width = signature.row_nbytes
+    bad = [
+        i
+        for i, row in enumerate(rows.tolist())
+        if not isinstance(row, bytes | bytearray) or len(row) != width
+    ]
+    if bad:
+        raise InvalidArgumentError(f"saved item fields at row {bad[0]} are not {width} bytes ({signature})")
+    data = np.frombuffer(b"".join(rows.tolist()), dtype=np.uint8).reshape(len(rows), width)
+    out, at = {}, 0
+    for f in signature.fields:
+        n = f.row_nbytes
+        out[f.name] = data[:, at : at + n].copy().view(f.dtype).reshape(len(rows), *f.shape)
+        at += n
+    return out

@@ -29,9 +29,15 @@ from apexrl.common.errors import FailedPreconditionError, InvalidArgumentError, 
 from apexrl.common.signature import Signature
 from apexrl.replay_server.core.admission import Admission
 from apexrl.replay_server.core.dedup import WriterSequences
+from apexrl.replay_server.core.item_batch import ItemBatch
 from apexrl.replay_server.core.key_ring import KeyRing
 from apexrl.replay_server.core.probabilities import has_mass
-from apexrl.replay_server.core.sequences import ItemBatch, ItemPlacement, SequenceIndex
+from apexrl.replay_server.core.sequences import (
+    ItemPlacement,
+    SequenceIndex,
+    image_columns,
+    load_block,
+)
 from apexrl.replay_server.core.storage import ColumnStorage
 from apexrl.replay_server.core.strata import check_batch_rows, stratified_targets
 from apexrl.replay_server.core.sum_tree import SumTree
@@ -66,13 +72,7 @@ class ReplayTable:
         self._ring = KeyRing(config.capacity)
         self._gate = Admission(config, lambda: self.size)
         # A sequence table's items (sequences.py); None for a table of transitions.
-        self._sequences = (
-            SequenceIndex(config.capacity, config.max_sequence_length, config.max_tracked_writers)
-            if config.max_sequence_length
-            else None
-        )
-        if self._sequences is not None and config.item_signature is not None:
-            self._sequences.fix_signature(config.item_signature)
+        self._sequences = self._empty_sequences()
         self._signature: Signature | None = None
         self._rows: ColumnStorage | None = None  # allocated with the signature
         if config.signature is not None:
@@ -141,8 +141,20 @@ class ReplayTable:
             # is ever stored, and so sampled or acknowledged, that the log does not hold.
             told = 0
             try:
+                logged = None if placed is None else placed.logged()
                 for listener in self._listeners:
-                    listener.storing(first_key, columns, values, writer_id, sequence)
+                    if placed is None:
+                        listener.storing(first_key, columns, values, writer_id, sequence)
+                    else:
+                        listener.storing(
+                            first_key,
+                            columns,
+                            values,
+                            writer_id,
+                            sequence,
+                            items=logged,
+                            trajectory=trajectory,
+                        )
                     told += 1
                 if storage is not None:
                     self._rows, self._signature = storage, signature
@@ -213,14 +225,21 @@ class ReplayTable:
     def _store_items(
         self, writer_id: tuple[str, int], first_key: int, rows: int, placed: ItemPlacement
     ) -> None:
-        """Link a stored batch of steps to its writer's earlier ones and store the items it completes."""
+        """Link a stored batch of steps to its writer's earlier ones and store the items it completes (listeners
+        hear of the earlier slots this changes: the trajectory's last step, items starting before the batch)."""
         seq = self._sequences
+        firsts = np.where(placed.firsts >= self._ring.oldest_key, placed.firsts, -1)  # max_bytes evicted
+        last = seq.last_key(writer_id)
+        changed = firsts[(firsts >= 0) & (firsts < first_key)].tolist()
+        changed += [last] if last is not None and last >= self._ring.oldest_key else []
+        for slot in sorted({key % self.config.capacity for key in changed}):
+            for listener in self._listeners:
+                listener.overwriting(slot, 1)
         seq.link(writer_id, first_key, rows, self._ring.oldest_key)
         stored = 0
         if placed.items is not None:
             if not seq.fixed:
                 seq.fix_signature(placed.signature)
-            firsts = np.where(placed.firsts >= self._ring.oldest_key, placed.firsts, -1)  # max_bytes evicted
             slots = seq.add(firsts, placed.items)
             stored = len(slots)
             if stored:
@@ -407,18 +426,11 @@ class ReplayTable:
         With `with_image` it first gets the table's image (`added`) in the same critical section, so it misses no
         write after the image and sees none before it: FailedPreconditionError before the first insert,
         UnavailableError while the table refuses calls."""
-        self._check_persistable()
         with self._lock:
             if with_image:
                 self._gate.check_available()
                 listener.added(self._image())
             self._listeners = (*self._listeners, listener)
-
-    def _check_persistable(self) -> None:
-        if self._sequences is not None:
-            raise FailedPreconditionError(
-                "sequence tables are not persisted yet: serve them without checkpoint_dir and the write-ahead log"
-            )
 
     def remove_listener(self, listener: TableListener) -> None:
         with self._lock:
@@ -427,7 +439,6 @@ class ReplayTable:
     def state(self) -> TableState:
         """Everything but the rows and leaves, as a checkpoint records it (FailedPreconditionError before the first
         insert)."""
-        self._check_persistable()
         with self._lock:
             return self._state()
 
@@ -444,13 +455,23 @@ class ReplayTable:
             incarnation=self.incarnation,
             aliases=dict(self._aliases),
             writers=tuple(self._writers.items()),
-            counters=self._counters.saved(),
+            counters={**self._counters.saved(), **self._sequence_counters()},
             lineage=self.lineage,
+            max_sequence_length=self.config.max_sequence_length,
+            item_signature=None if self._sequences is None else self._sequences.signature,
+            tails=() if self._sequences is None else self._sequences.tails_state(),
         )
+
+    def _sequence_counters(self) -> dict[str, int]:
+        """A sequence table's item counters, saved with the others (TableState.counters)."""
+        seq = self._sequences
+        return {} if seq is None else {"items_inserted": seq.inserted, "items_evicted": seq.evicted}
 
     def _image(self) -> TableImage:
         state, rows = self._state(), self._rows
         columns = rows.columns if rows.row_writers is None else {**rows.columns, ROW_WRITER: rows.row_writers}
+        if self._sequences is not None:
+            columns = {**columns, **image_columns(self._sequences)}
         return TableImage(state, self._tree.leaf_values(), columns)
 
     def load_state(
@@ -468,7 +489,7 @@ class ReplayTable:
             raise InvalidArgumentError(
                 f"saved signature {state.signature} differs from the table's {self.config.signature}"
             )
-        self._check_persistable()
+        self._check_sequence_state(state)
         cap = self.config.capacity
         keep = min(state.size, cap)
         with self._lock:
@@ -478,8 +499,11 @@ class ReplayTable:
                 )
             if self._signature != state.signature:
                 self._allocate(state.signature)
+        lowest = state.next_key - keep
+        if self._sequences is not None:  # its per-slot columns are loaded as the rows are
+            blocks = self._loading_sequences(blocks, lowest, state)
         try:  # calls are refused: nothing else writes meanwhile
-            leaves = self._rows.load_blocks(blocks, lowest_key=state.next_key - keep)
+            leaves = self._rows.load_blocks(blocks, lowest_key=lowest)
             with self._lock:
                 self._tree.load_leaves(leaves)
         except BaseException:
@@ -488,6 +512,7 @@ class ReplayTable:
                     self._rows, self._signature = None, None
                 else:
                     self._rows.release_all()
+                self._sequences = self._empty_sequences()
             raise
         with self._lock:
             self._ring = KeyRing(cap, state.next_key, keep)
@@ -496,6 +521,10 @@ class ReplayTable:
             self._writers = WriterSequences(self.config.max_tracked_writers, state.writers)
             self._counters = TableCounters.from_saved(state.counters)
             self._counters.evicted += state.size - keep
+            if self._sequences is not None:
+                self._sequences.load_tails(state.tails)
+                self._sequences.inserted = state.counters.get("items_inserted", 0)
+                self._sequences.evicted = state.counters.get("items_evicted", 0)
             aliases = dict(state.aliases)
             if state.incarnation:
                 aliases[state.incarnation] = state.next_key
@@ -511,14 +540,19 @@ class ReplayTable:
         writer_id: str,
         sequence: int,
         incarnation: int,
+        items: ItemBatch | None = None,
+        trajectory: int = 0,
     ) -> bool:
-        """Store a batch at the keys it had (read back from a log, raw priorities); a batch below the next key is
-        already held and skipped (False), one above it is a gap (FailedPreconditionError). The incarnation that
-        wrote it becomes an alias up to the batch's last key: those keys name the same rows here. Listeners hear
-        of the rows it overwrites, not of the batch (it is not new)."""
-        self._check_persistable()
+        """Store a batch at the keys it had (read back from a log, raw priorities; in a sequence table with its
+        items and trajectory); a batch below the next key is already held and skipped (False), one above it is a
+        gap (FailedPreconditionError). The incarnation that wrote it becomes an alias up to the batch's last key:
+        those keys name the same rows here. Listeners hear of the rows it overwrites, not of the batch (it is not
+        new)."""
         signature = self._signature or Signature.from_batch(columns)
         rows = signature.check_batch(columns)
+        checked_items = (
+            None if self._sequences is None else self._check_sequence_insert(None, writer_id, items, rows)
+        )
         with self._lock:
             if first_key + rows <= self._ring.next_key:
                 return False
@@ -528,12 +562,54 @@ class ReplayTable:
                 raise FailedPreconditionError(
                     f"log batch at key {first_key} does not follow key {self._ring.next_key}"
                 )
+            placed = self._place_items(items, checked_items, rows, (writer_id, trajectory), first_key)
             self._store(columns, check_priorities(priorities, rows), rows, writer_id)
+            if placed is not None:
+                self._store_items((writer_id, trajectory), first_key, rows, placed)
             self._writers.remember(writer_id, sequence)
             if incarnation and incarnation != self.incarnation:
                 self._aliases[incarnation] = max(self._aliases.get(incarnation, 0), self._ring.next_key)
                 self._aliases = dict(list(self._aliases.items())[-MAX_ALIASES:])
             return True
+
+    def _empty_sequences(self) -> SequenceIndex | None:
+        if not self.config.max_sequence_length:
+            return None
+        index = SequenceIndex(
+            self.config.capacity, self.config.max_sequence_length, self.config.max_tracked_writers
+        )
+        if self.config.item_signature is not None:
+            index.fix_signature(self.config.item_signature)
+        return index
+
+    def _check_sequence_state(self, state: TableState) -> None:
+        """InvalidArgumentError when a saved state cannot be loaded as this table's kind; adopts its item fields."""
+        mine = self.config.max_sequence_length
+        if bool(state.max_sequence_length) != bool(mine) or state.max_sequence_length > mine:
+            raise InvalidArgumentError(
+                f"saved table has max_sequence_length {state.max_sequence_length}, this shard {mine} (a "
+                f"sequence table restores into a sequence table at least as long)"
+            )
+        seq = self._sequences
+        if seq is None or not state.max_sequence_length:
+            return
+        if seq.fixed and seq.signature != state.item_signature and state.item_signature is not None:
+            raise InvalidArgumentError(
+                f"saved item signature {state.item_signature} differs from the table's {seq.signature}"
+            )
+        if not seq.fixed and (state.item_signature is not None or state.size):
+            seq.fix_signature(state.item_signature)
+
+    def _loading_sequences(self, blocks, lowest: int, state: TableState):
+        """`blocks`, loading each one's sequence columns into the index as it passes."""
+        cap = self.config.capacity
+        for first_key, columns, leaves in blocks:
+            skip = max(0, lowest - first_key)
+            rows = len(leaves) - skip
+            if rows > 0:
+                slots = (first_key + skip + np.arange(rows, dtype=np.int64)) % cap
+                load_block(self._sequences, slots, columns, skip)
+            yield first_key, columns, leaves
 
     def refuse_calls(self, reason: str | None) -> None:
         """Make inserts, samples and priority updates raise UnavailableError(reason) (while a checkpoint is being

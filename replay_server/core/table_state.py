@@ -9,16 +9,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from apexrl.common.signature import Signature
+
+if TYPE_CHECKING:
+    from apexrl.replay_server.core.item_batch import ItemBatch
 
 # Earlier incarnations remembered per table (see TableState.aliases); older ones are forgotten first.
 MAX_ALIASES = 8
 # In a table with compressed fields, an image's, checkpoint's and restore's columns also hold each row's writer id
 # (an object array of str) under this name, which no field can have (field names start with a letter or _).
 ROW_WRITER = "@writer"
+# A sequence table's per-slot columns (sequences.py), beside the fields in an image, a checkpoint and a restore:
+# the key distance to the trajectory's next step (int32, 0: none), the steps of the item starting there (uint16,
+# 0: none), and that item's fields (an object array of bytes, the fields' raw bytes in item-signature order; None
+# where no item starts; only when the items have fields).
+NEXT_STEP = "@next_step"
+ITEM_LENGTH = "@item_length"
+ITEM_FIELDS = "@item_fields"
+TABLE_COLUMNS = (ROW_WRITER, NEXT_STEP, ITEM_LENGTH, ITEM_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,11 @@ class TableState:
     # Random, drawn when a table starts empty (or is made by resharding) and carried on by every restore: a
     # write-ahead log replays only onto the lineage it was written for.
     lineage: int = 0
+    # Sequence tables (0, None, () otherwise): the longest item, the items' fields, and each (writer, trajectory)'s
+    # last step keys, least recently used first.
+    max_sequence_length: int = 0
+    item_signature: Signature | None = None
+    tails: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
 
     @property
     def first_key(self) -> int:
@@ -81,11 +98,14 @@ class TableListener:
         priorities: np.ndarray,
         writer_id: str,
         sequence: int,
+        items: ItemBatch | None = None,
+        trajectory: int = 0,
     ) -> None:
-        """A new batch (raw priorities) is about to be stored at keys first_key... Raising refuses it: the insert
-        raises that error and the table is exactly as before. Batches the table reloads (`insert_at`,
-        `load_state`) are not new and are not announced."""
+        """A new batch (raw priorities) is about to be stored at keys first_key... (in a sequence table: steps of
+        `trajectory`, with the `items` that end in them). Raising refuses it: the insert raises that error and the
+        table is exactly as before. Batches the table reloads (`insert_at`, `load_state`) are not new and are not
+        announced."""
 
     def overwriting(self, first_slot: int, rows: int) -> None:
-        """Slots first_slot .. first_slot + rows - 1 (modulo the capacity) are about to be overwritten or their
-        rows evicted."""
+        """Slots first_slot .. first_slot + rows - 1 (modulo the capacity) are about to be overwritten, their rows
+        evicted, or (a sequence table) their per-slot columns changed."""

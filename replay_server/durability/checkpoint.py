@@ -25,19 +25,21 @@ from apexrl.common.compression import CompressedColumn, take_rows
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.files import open_private
 from apexrl.common.signature import Signature
-from apexrl.replay_server.core.table_state import ROW_WRITER, TableState
+from apexrl.replay_server.core.table_state import ITEM_FIELDS, ITEM_LENGTH, NEXT_STEP, ROW_WRITER, TableState
 from apexrl.replay_server.durability.checkpoint_format import (
-    COMPRESSED_FORMAT_VERSION,
     FORMAT_VERSION,
     HEADER,
     HEADER_MAGIC,
+    ITEM_LENGTH_DTYPE,
     LEAF_DTYPE,
     LENGTH_DTYPE,
     MAX_FOOTER_BYTES,
+    NEXT_STEP_DTYPE,
     READABLE_VERSIONS,
     TRAILER,
     TRAILER_MAGIC,
     Chunk,
+    format_version,
     state_from_json,
     state_to_json,
     variable_parts,
@@ -112,7 +114,7 @@ class CheckpointWriter:
 
     def finish(self, state: TableState) -> int:
         """Write the footer and trailer, make the file durable and give it its name; return its size in bytes."""
-        version = COMPRESSED_FORMAT_VERSION if state.signature.compressed else FORMAT_VERSION
+        version = format_version(state)
         footer = json.dumps(
             {
                 "format": version,
@@ -238,7 +240,11 @@ class CheckpointReader:
             )
         signature = state.signature
         variable = len(signature.compressed) + 1 if signature.compressed else 0  # frames and writers
-        row_bytes = signature.fixed_row_nbytes + variable * LENGTH_DTYPE.itemsize + LEAF_DTYPE.itemsize
+        row_bytes = signature.fixed_row_nbytes + LEAF_DTYPE.itemsize
+        if state.max_sequence_length:
+            row_bytes += NEXT_STEP_DTYPE.itemsize + ITEM_LENGTH_DTYPE.itemsize
+            variable += state.item_signature is not None  # item fields
+        row_bytes += variable * LENGTH_DTYPE.itemsize
         position = HEADER.size
         for c in chunks:
             if (
@@ -278,11 +284,31 @@ class CheckpointReader:
         if self.state.signature.compressed:
             lengths, ids, offset = self._variable(data, offset, chunk)
             columns[ROW_WRITER] = writer_ids(ids, lengths)
+        if self.state.max_sequence_length:
+            offset = self._sequence_columns(data, offset, chunk, columns)
         if offset + rows * LEAF_DTYPE.itemsize != chunk.length:
             raise self._fail(
                 f"chunk at slot {chunk.slot}: its parts do not add up to its {chunk.length} bytes"
             )
         return columns, np.frombuffer(data, LEAF_DTYPE, rows, offset)
+
+    def _sequence_columns(self, data: bytes, offset: int, chunk: Chunk, columns: dict) -> int:
+        """Read a sequence table's per-slot columns into `columns`; returns the next offset."""
+        rows = chunk.rows
+        for name, dtype in ((NEXT_STEP, NEXT_STEP_DTYPE), (ITEM_LENGTH, ITEM_LENGTH_DTYPE)):
+            if offset + rows * dtype.itemsize > len(data):
+                raise self._fail(f"chunk at slot {chunk.slot}: its {name} column runs past its end")
+            columns[name] = np.frombuffer(data, dtype, rows, offset)
+            offset += rows * dtype.itemsize
+        if self.state.item_signature is not None:
+            lengths, fields, offset = self._variable(data, offset, chunk)
+            ends = np.cumsum(lengths).tolist()
+            items = np.full(rows, None, dtype=object)
+            for i, (start, end) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+                if end > start:
+                    items[i] = fields[start:end]
+            columns[ITEM_FIELDS] = items
+        return offset
 
     def _variable(self, data: bytes, offset: int, chunk: Chunk) -> tuple[np.ndarray, bytes, int]:
         """(lengths, bytes, next offset) of a variable-length part: u32 lengths per slot, then the bytes."""

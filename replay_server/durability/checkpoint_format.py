@@ -3,12 +3,15 @@ the layout, its constants and its footer's JSON can be read (and checked against
 
 Layout of one file (integers little endian; no pickle anywhere, so a file from anyone is safe to open):
 
-    header    16 bytes   b"APEXRLCK", u32 format version (1; 2 when the table has compressed fields), u32 0
+    header    16 bytes   b"APEXRLCK", u32 format version (1; 2 when the table has compressed fields; 3 for a
+              sequence table), u32 0
     chunks    for each chunk of slots holding rows, in slot order: the chunk's rows of every column (signature
               order, C order, the field's dtype; a compressed field as u32 frame lengths, one per slot, then the
               frames back to back, a slot that holds no row having a frame of 0 bytes), then, in a table with
-              compressed fields, each row's writer id (u32 lengths, then the UTF-8 ids back to back), then the
-              chunk's sum-tree leaves (float64, priority ** alpha)
+              compressed fields, each row's writer id (u32 lengths, then the UTF-8 ids back to back), in a sequence
+              table each slot's link to its trajectory's next step (i32 key distance), its item's length (u16, 0:
+              none) and, when items have fields, its item's fields (u32 lengths, then the fields' raw bytes back to
+              back, 0 bytes where no item starts), then the chunk's sum-tree leaves (float64, priority ** alpha)
     footer    UTF-8 JSON: the table state (signature, capacity, alpha, keys, incarnation and aliases, the writers'
               de-duplication table, counters) and, per chunk, its first slot, rows, offset, length and CRC32
     trailer   24 bytes   u64 footer length, u32 CRC32 of the footer, 4 zero bytes, b"APXRLEND"
@@ -29,7 +32,11 @@ FORMAT_VERSION = 1
 # Files of tables with compressed fields (and so row writers) say 2, so an apexrl that cannot read them says why;
 # the files of other tables are the same as before, version 1, readable by earlier apexrl versions too.
 COMPRESSED_FORMAT_VERSION = 2
-READABLE_VERSIONS = (FORMAT_VERSION, COMPRESSED_FORMAT_VERSION)
+# Sequence tables' files say 3: their chunks hold per-slot sequence columns an older apexrl would misread.
+SEQUENCE_FORMAT_VERSION = 3
+READABLE_VERSIONS = (FORMAT_VERSION, COMPRESSED_FORMAT_VERSION, SEQUENCE_FORMAT_VERSION)
+NEXT_STEP_DTYPE = np.dtype("<i4")
+ITEM_LENGTH_DTYPE = np.dtype("<u2")
 LENGTH_DTYPE = np.dtype("<u4")
 HEADER = struct.Struct("<8sII")
 HEADER_MAGIC = b"APEXRLCK"
@@ -52,8 +59,16 @@ class Chunk:
 
 
 def state_to_json(state: TableState) -> dict:
-    """The footer's table state, as JSON-ready values."""
+    """The footer's table state, as JSON-ready values (a sequence table's fields only for one)."""
+    sequences = {}
+    if state.max_sequence_length:
+        sequences = {
+            "max_sequence_length": state.max_sequence_length,
+            "item_signature": None if state.item_signature is None else str(state.item_signature),
+            "tails": [[w, t, list(keys)] for w, t, keys in state.tails],
+        }
     return {
+        **sequences,
         "signature": str(state.signature),
         "capacity": state.capacity,
         "alpha": state.alpha,
@@ -82,7 +97,19 @@ def state_from_json(meta: dict) -> TableState:
         writers=tuple((str(w), int(s)) for w, s in meta["writers"]),
         counters={str(k): int(v) for k, v in meta["counters"].items()},
         lineage=int(meta["lineage"]),
+        max_sequence_length=int(meta.get("max_sequence_length", 0)),
+        item_signature=None
+        if meta.get("item_signature") is None
+        else Signature.parse(meta["item_signature"]),
+        tails=tuple((str(w), int(t), tuple(int(k) for k in keys)) for w, t, keys in meta.get("tails", ())),
     )
+
+
+def format_version(state: TableState) -> int:
+    """The version a checkpoint of this table says it is (the oldest that reads it)."""
+    if state.max_sequence_length:
+        return SEQUENCE_FORMAT_VERSION
+    return COMPRESSED_FORMAT_VERSION if state.signature.compressed else FORMAT_VERSION
 
 
 def variable_parts(column: np.ndarray | CompressedColumn) -> list[bytes]:

@@ -168,6 +168,22 @@ class Checkpointer:
                 f"--signature {config.signature}: {signature_difference(state.signature, config.signature)}. Start "
                 f"with the checkpoint's signature or another --checkpoint-dir"
             )
+        saved, mine = state.max_sequence_length, config.max_sequence_length
+        if bool(saved) != bool(mine) or saved > mine:
+            kind = f"a sequence table of items up to {saved} steps" if saved else "a table of transitions"
+            raise SettingsError(
+                f"checkpoint {path} holds {kind}, this shard is started with --max-sequence-length {mine}: start "
+                f"with --max-sequence-length {saved} or another --checkpoint-dir"
+            )
+        if (
+            config.item_signature is not None
+            and state.item_signature is not None
+            and state.item_signature != config.item_signature
+        ):
+            raise SettingsError(
+                f"checkpoint {path} was made with --item-signature {state.item_signature}, this shard with "
+                f"{config.item_signature}: start with the checkpoint's or another --checkpoint-dir"
+            )
         if state.alpha != config.alpha:
             raise SettingsError(
                 f"checkpoint {path} stores priorities ** {state.alpha}, this shard is started with --alpha "

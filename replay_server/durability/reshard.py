@@ -34,6 +34,7 @@ from apexrl.replay_server.durability.checkpoint import (
     chunk_rows_for,
 )
 from apexrl.replay_server.durability.checkpointer import Checkpointer, signature_difference
+from apexrl.replay_server.durability.reshard_sequences import SequenceRouter, dealing_order, sequence_state
 
 log = logging.getLogger("apexrl.replay.reshard")
 
@@ -209,6 +210,7 @@ def _reshard(
         )
     stored = sum(r.size_bytes for r in readers) / max(1, total)  # a compressed row's bytes, roughly
     chunk_rows = chunk_rows_for(first.signature, stored)
+    sequences = sequence_state([r.state for r in readers])
     base = TableState(
         signature=first.signature,
         capacity=capacity,
@@ -217,6 +219,7 @@ def _reshard(
         size=0,
         max_priority=max(r.state.max_priority for r in readers),
         incarnation=0,
+        **sequences,
     )
     outs = []
     for directory in targets:
@@ -234,18 +237,19 @@ def _reshard(
         )
     streams = [_Rows(r) for r in readers]
     rounds = max(1, -(-max(s.size for s in streams) // chunk_rows))
+    # A sequence table's trajectories go whole to one target each (reshard_sequences.py).
+    router = SequenceRouter(readers, n, rounds, capacity) if sequences["max_sequence_length"] else None
     dealt = 0
     try:
-        for t in range(1, rounds + 1):
-            for s in streams:  # the next 1/rounds of every source: interleaved by relative age
-                count = s.size * t // rounds - s.taken
-                if count <= 0:
-                    continue
-                columns, leaves = s.take(count)
-                for i, out in enumerate(outs):  # row j of the fleet goes to target j mod N
-                    pick = slice((i - dealt) % n, None, n)
-                    out.add({k: take_rows(v, pick) for k, v in columns.items()}, leaves[pick])
-                dealt += count
+        # The next 1/rounds of every source in turn: interleaved by relative age.
+        for s, start, count in dealing_order([stream.size for stream in streams], rounds):
+            columns, leaves = streams[s].take(count)
+            if router is not None:
+                columns = router.relinked(s, start, columns)
+            for i, out in enumerate(outs):  # row j of the fleet goes to target j mod N (or its chain's)
+                pick = slice((i - dealt) % n, None, n) if router is None else router.pick(s, start, count, i)
+                out.add({k: take_rows(v, pick) for k, v in columns.items()}, leaves[pick])
+            dealt += count
         for out in outs:
             out.finish()
     finally:

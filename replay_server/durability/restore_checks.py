@@ -16,7 +16,7 @@ import numpy as np
 
 from apexrl.common.errors import InvalidArgumentError
 from apexrl.replay_server.core.table import MAX_PRIORITY, TableConfig, check_priorities
-from apexrl.replay_server.core.table_state import ROW_WRITER, TableState
+from apexrl.replay_server.core.table_state import ROW_WRITER, TABLE_COLUMNS, TableState
 
 _KEY_LIMIT = 1 << 63  # keys travel as uint64 but the table computes with int64
 _WIRE_LIMIT = 1 << 64  # incarnations and sequence numbers are uint64 on the wire
@@ -66,7 +66,7 @@ def checked_blocks(state: TableState, blocks: Iterable[Block]) -> Iterator[Block
     for first_key, columns, leaves in blocks:
         if first_key != key:
             raise InvalidArgumentError(f"rows from key {first_key} follow key {key - 1}")
-        rows = state.signature.check_batch({n: c for n, c in columns.items() if n != ROW_WRITER})
+        rows = state.signature.check_batch({n: c for n, c in columns.items() if n not in TABLE_COLUMNS})
         writers = columns.get(ROW_WRITER)
         if rows != len(leaves) or (writers is not None and len(writers) != rows):
             raise InvalidArgumentError(

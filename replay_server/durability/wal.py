@@ -40,15 +40,17 @@ from pathlib import Path
 
 import numpy as np
 
-from apexrl.common.errors import ApexError, UnavailableError
+from apexrl.common.errors import ApexError, InvalidArgumentError, UnavailableError
 from apexrl.common.files import PRIVATE, open_private
 from apexrl.common.signature import Signature
+from apexrl.replay_server.core.item_batch import ItemBatch
 from apexrl.replay_server.core.table import ReplayTable
 from apexrl.replay_server.core.table_state import TableListener
 from apexrl.replay_server.durability.checkpoint import fsync_directory
 from apexrl.replay_server.durability.durability_metrics import DurabilityStats
 from apexrl.replay_server.durability.wal_format import (
     SEGMENT_NAME,
+    SequencePart,
     encode_header,
     encode_record,
     parse_payload,
@@ -92,6 +94,7 @@ class WriteAheadLog(TableListener):
         self._incarnation = 0
         self._lineage = 0
         self._signature: Signature | None = None
+        self._sequences = False  # whether the table's records carry sequence items (segment version 2)
 
     # ------------------------------------------------------------------------------------------------ replay
     def segments(self) -> list[tuple[int, Path]]:
@@ -111,7 +114,7 @@ class WriteAheadLog(TableListener):
             segments.append((first, path, *header))
         lineage = table.lineage if restored else next((h[2] for h in segments if h[0] == 0), table.lineage)
         replayed, gap = 0, False
-        for first, path, seg_lineage, signature in segments:
+        for first, path, seg_lineage, signature, sequences in segments:
             if seg_lineage != lineage:
                 log.warning(
                     "write-ahead log segment %s belongs to another history (lineage %x, not %x): never "
@@ -132,7 +135,7 @@ class WriteAheadLog(TableListener):
             if gap:
                 path.rename(path.with_name(path.name + ".orphan"))
                 continue
-            rows, bad = _replay_segment(table, path, signature)
+            rows, bad = _replay_segment(table, path, signature, sequences)
             replayed += rows
             if bad is not None:
                 offset, why = bad
@@ -162,6 +165,7 @@ class WriteAheadLog(TableListener):
         """Start logging the table's inserts in a new segment (after `replay`)."""
         self._incarnation, self._lineage = table.incarnation, table.lineage
         self._signature = table.signature
+        self._sequences = bool(table.config.max_sequence_length)
         self._durable = table.next_key
         self._thread = threading.Thread(target=self._run, name="apexrl-wal", daemon=True)
         self._thread.start()
@@ -175,6 +179,8 @@ class WriteAheadLog(TableListener):
         priorities: np.ndarray,
         writer_id: str,
         sequence: int,
+        items: ItemBatch | None = None,
+        trajectory: int = 0,
     ) -> None:
         """Queue one batch the table is about to store (as its listener: called under its lock, in key order).
         UnavailableError when the log has failed or fails now (see the module docstring): then the table stores
@@ -183,7 +189,8 @@ class WriteAheadLog(TableListener):
             error = self._error
         if error is None:
             try:
-                record = self._record(first_key, columns, priorities, writer_id, sequence)
+                part = (items, trajectory) if self._sequences else None
+                record = self._record(first_key, columns, priorities, writer_id, sequence, part)
             except Exception as err:  # a batch the log cannot hold: fail closed rather than store it unlogged
                 log.error(
                     "write-ahead log failed to append the batch at key %d (writer %.64r, sequence %d): %r; "
@@ -219,9 +226,12 @@ class WriteAheadLog(TableListener):
         priorities: np.ndarray,
         writer_id: str,
         sequence: int,
+        sequences: SequencePart | None = None,
     ) -> bytes:
         """The batch as a log record (a seam: a test makes it fail once)."""
-        return encode_record(first_key, columns, priorities, writer_id, sequence, self._incarnation)
+        return encode_record(
+            first_key, columns, priorities, writer_id, sequence, self._incarnation, sequences
+        )
 
     def _count_failure(self) -> None:
         with self.stats.lock:
@@ -316,7 +326,7 @@ class WriteAheadLog(TableListener):
         if path.exists():  # a segment that replayed nothing (torn at its first record): keep it aside
             path.rename(path.with_name(path.name + ".orphan"))
         self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, PRIVATE)
-        _write_all(self._file, encode_header(self._lineage, first_key, self._signature))
+        _write_all(self._file, encode_header(self._lineage, first_key, self._signature, self._sequences))
         self._sync(self._file)
         fsync_directory(self.directory)
 
@@ -354,18 +364,30 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _replay_segment(
-    table: ReplayTable, path: Path, signature: Signature
+    table: ReplayTable, path: Path, signature: Signature, sequences: bool
 ) -> tuple[int, tuple[int, str] | None]:
     """Replay one segment's records into the table: the rows stored, and (byte offset, why) of a record whose
     checksum holds but which cannot be replayed (None when the segment was replayed to its end or to a torn tail)."""
     replayed = 0
     for offset, payload in read_payloads(path):
         try:
-            first_key, columns, priorities, incarnation, sequence, writer = parse_payload(payload, signature)
-        except (ValueError, struct.error, UnicodeDecodeError) as err:
+            first_key, columns, priorities, incarnation, sequence, writer, *part = parse_payload(
+                payload, signature, sequences
+            )
+        except (ValueError, struct.error, UnicodeDecodeError, InvalidArgumentError) as err:
             return replayed, (offset, f"it does not parse: {err}")
+        items, trajectory = part[0] if part else (None, 0)
         try:
-            if table.insert_at(first_key, columns, priorities, writer, sequence, incarnation):
+            if table.insert_at(
+                first_key,
+                columns,
+                priorities,
+                writer,
+                sequence,
+                incarnation,
+                items=items,
+                trajectory=trajectory,
+            ):
                 replayed += len(priorities)
         except ApexError as err:
             return replayed, (offset, f"its batch at key {first_key} is refused: {err}")

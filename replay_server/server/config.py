@@ -75,8 +75,3 @@ class ReplayConfig(ServingSettings, ConnectionPolicy, QuotaSettings, TableConfig
             raise ValueError(f"checkpoint_keep ({self.checkpoint_keep}) must be at least 1")
         if self.wal is not None and self.checkpoint_dir is None:
             raise ValueError("wal needs checkpoint_dir: the log is truncated after each checkpoint")
-        if self.max_sequence_length and self.checkpoint_dir is not None:
-            raise ValueError(
-                "a sequence table (max_sequence_length > 0) is not persisted yet: serve it without "
-                "checkpoint_dir and wal"
-            )

@@ -65,7 +65,8 @@ an item whose first step is already evicted when it arrives is dropped and count
 In a sequence table `size` (Info, Sample, UpdatePriorities) counts items, as do min_size_to_sample, Sample's
 batch_size, sampled_total and the rate limiter; capacity, inserted_total, evicted_total and InfoResponse.steps
 count steps. A writer that moves to another shard (or to a restarted one) sends again the steps its next items
-need. Sequence tables are not persisted yet (no checkpoint_dir, no write-ahead log).
+need. Checkpoints, the write-ahead log and `apexrl replay-reshard` carry items, their fields and each writer's
+last steps (resharding moves each trajectory's steps whole, and forgets the writers' last steps).
 
 Errors are gRPC status codes with a message naming the bad value:
   INVALID_ARGUMENT     schema mismatch, bad tensor encoding (for a compressed field: raw data, another

@@ -10,7 +10,7 @@ from scipy import stats
 from apexrl.common.signature import Signature
 from apexrl.learner import ShardedReplayClient
 from apexrl.replay_server import ReplayClient
-from apexrl.replay_server.core.sequences import ItemBatch
+from apexrl.replay_server.core.item_batch import ItemBatch
 from apexrl.replay_server.core.table import TableConfig
 
 WINDOW = 4
@@ -29,7 +29,10 @@ def _fill(shard, s: int) -> dict[int, tuple[float, int]]:
             length = min(WINDOW, steps - start)
             rows = np.arange(start if i == 0 else start + 2, start + length)
             first_row = start if i == 0 else start + 2
-            batch = {"obs": numbers[rows].astype(np.float32)[:, None], "reward": np.zeros(len(rows), np.float32)}
+            batch = {
+                "obs": numbers[rows].astype(np.float32)[:, None],
+                "reward": np.zeros(len(rows), np.float32),
+            }
             priority = float((i + 1) * (s + 1))
             item = ItemBatch(
                 ends=np.array([start + length - first_row]),

@@ -16,7 +16,7 @@ from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import ReplayClient, ShardedWriter
 from apexrl.replay_server.client.sequence_writer import SequenceWriter
 from apexrl.replay_server.core.table import TableConfig
-from tests.conftest import cartpole_batch, frame_ids, pixel_frames
+from tests.conftest import cartpole_batch, frame_ids, pixel_frames, start_shard_process
 
 STEP = Signature.parse("obs:float32[2],reward:float32[]")
 STATE = Signature.parse("state:float32[3]")
@@ -188,3 +188,47 @@ def test_a_writer_that_fails_over_sends_the_steps_its_windows_need_again(make_sh
     for row, length, state in zip(obs, batch.lengths, batch.item_columns["state"][:, 0], strict=True):
         np.testing.assert_array_equal(row[:length], row[0] + np.arange(length))
         assert state == row[0]  # the window's state is its first step's
+
+
+def test_a_sigkill_loses_no_acknowledged_item(tmp_path) -> None:
+    """A shard with --checkpoint-dir and --wal stores an episode's windows; once they are acknowledged it is
+    SIGKILLed (no final checkpoint) and started again on the same directories: every item is back, whole."""
+    args = [
+        "--max-sequence-length",
+        "8",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--wal",
+        str(tmp_path / "wal"),
+        "--checkpoint-every",
+        "0",
+    ]
+    shard = start_shard_process(tmp_path, "first", *args)
+    with ShardedWriter(shard.address, timeout=30) as sharded:
+        writer = SequenceWriter(sharded, length=8, period=4)
+        write_episode(writer, 41)
+        write_episode(writer, 13, offset=500)
+        writer.flush()
+        with ReplayClient(shard.address) as client:
+            before = client.info()
+    shard.process.kill()
+    shard.process.wait(10)
+    shard = start_shard_process(tmp_path, "second", *args)
+    try:
+        with ReplayClient(shard.address) as client:
+            after = client.info()
+            batch = client.sample(500)
+    finally:
+        assert shard.stop() == 0
+    assert "from the write-ahead log" in (tmp_path / "second.log").read_text()
+    assert (after.size, after.steps, after.inserted_total) == (
+        before.size,
+        before.steps,
+        before.inserted_total,
+    )
+    assert (before.size, before.steps) == (13, 54)
+    obs = batch.columns["obs"].reshape(500, 8, 2)[:, :, 0]
+    assert len(set(obs[:, 0].tolist())) == 13
+    for row, length, state in zip(obs, batch.lengths, batch.item_columns["state"][:, 0], strict=True):
+        np.testing.assert_array_equal(row[:length], row[0] + np.arange(length))
+        assert state == row[0]

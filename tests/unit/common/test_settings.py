@@ -126,8 +126,6 @@ def test_argv_round_trips_every_setting(cls, tmp_path):
         changed["evaluate"] = False  # an exploring actor with shards
     if cls is ParamsConfig:
         changed["chunk_bytes"] = 1024
-    if "max_sequence_length" in changed:  # sequence tables are not persisted yet: a table of transitions
-        changed["max_sequence_length"] = 0
     if cls is LearnerConfig:
         changed["health_port"] = None  # it belongs to the hosted parameter service, and `params` is changed
     if "role_tokens" in changed:  # a directory of token files, and no fleet token beside it

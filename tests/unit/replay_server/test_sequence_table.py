@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from apexrl.common.errors import FailedPreconditionError, InvalidArgumentError
+from apexrl.common.errors import InvalidArgumentError
 from apexrl.common.signature import Signature
-from apexrl.replay_server.core.sequences import ItemBatch
+from apexrl.replay_server.core.item_batch import ItemBatch
 from apexrl.replay_server.core.table import ReplayTable
 from apexrl.replay_server.core.table_config import TableConfig
 
@@ -269,9 +269,3 @@ def test_resent_batches_are_duplicates_and_keep_the_tail() -> None:
     table.insert(steps(2, 2), writer_id="a", sequence=2, items=items([2], [4]))
     obs = table.sample(1).columns["obs"][:, 0]
     np.testing.assert_array_equal(obs, [0, 1, 2, 3])
-
-
-def test_sequence_tables_refuse_persistence_for_now() -> None:
-    table = make_table()
-    with pytest.raises(FailedPreconditionError, match="not persisted"):
-        table.state()

@@ -13,7 +13,7 @@ from apexrl.common.signature import Signature
 from apexrl.proto import replay_pb2
 from apexrl.replay_server import wire
 from apexrl.replay_server.core import types
-from apexrl.replay_server.core.sequences import ItemBatch
+from apexrl.replay_server.core.item_batch import ItemBatch
 from apexrl.replay_server.core.table import ReplayTable, TableConfig
 from tests.conftest import cartpole_batch
 
