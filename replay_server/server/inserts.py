@@ -196,7 +196,9 @@ class InsertPath:
 
         def insert(rows, raw_priorities, sequence: int) -> InsertResult:
             writer.check_may_fix_signature(self.table)
-            return self.table.insert(rows, raw_priorities, writer_id=writer_id, sequence=sequence)
+            return self.table.insert(
+                rows, raw_priorities, writer_id=writer_id, sequence=sequence, trajectory=request.trajectory
+            )
 
         acks: list[replay_pb2.InsertAck] = []
         while not merged.done:
