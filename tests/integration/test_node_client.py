@@ -1,6 +1,6 @@
-"""The .proto files are the whole contract: the Node.js reference client (examples/node), written from them alone,
-inserts, is de-duplicated, samples and updates priorities on a real shard process, and the Python SDK then sees
-exactly what it did.
+"""The .proto files are the whole contract: the Node.js reference clients (examples/node), written from them alone,
+insert (transitions, and sequence items), are de-duplicated, sample and update priorities on a real shard process,
+and the Python SDK then sees exactly what they did.
 
 Needs `node` (>= 18) and `npm ci --prefix examples/node` (scripts/setup.sh runs it); without them this test fails,
 on purpose: CI installs both.
@@ -8,6 +8,7 @@ on purpose: CI installs both.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -45,8 +46,8 @@ def node() -> str:
     return node
 
 
-@pytest.fixture
-def shard_address(tmp_path) -> Iterator[str]:
+@contextlib.contextmanager
+def shard_process(tmp_path, *extra: str) -> Iterator[str]:
     """A real `apexrl replay` process on a free port, requiring a token; stopped with SIGTERM afterwards."""
     port_file, log_file = tmp_path / "shard.port", tmp_path / "shard.log"
     with open(log_file, "w") as log:
@@ -66,6 +67,7 @@ def shard_address(tmp_path) -> Iterator[str]:
                 str(port_file),
                 "--token",
                 TOKEN,
+                *extra,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -86,31 +88,36 @@ def shard_address(tmp_path) -> Iterator[str]:
             process.wait(5)
 
 
-def test_node_client_speaks_the_protocol_from_the_protos_alone(node, shard_address):
+@pytest.fixture
+def shard_address(tmp_path) -> Iterator[str]:
+    with shard_process(tmp_path) as address:
+        yield address
+
+
+def run_node(node: str, script: str, *args: str) -> dict:
+    """Run a client script of examples/node; its last line of output, as JSON (fails the test if it failed)."""
     try:
-        run = subprocess.run(
-            [
-                node,
-                "replay_client.js",
-                shard_address,
-                "--token",
-                TOKEN,
-                "--batches",
-                str(BATCHES),
-                "--rows",
-                str(ROWS),
-                "--sample",
-                str(SAMPLE),
-            ],
-            cwd=NODE_DIR,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        run = subprocess.run([node, script, *args], cwd=NODE_DIR, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"the node client did not finish within 60 s:\n{err.stdout}\n{err.stderr}")
     assert run.returncode == 0, f"the node client failed ({run.returncode}):\n{run.stdout}\n{run.stderr}"
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_node_client_speaks_the_protocol_from_the_protos_alone(node, shard_address):
+    result = run_node(
+        node,
+        "replay_client.js",
+        shard_address,
+        "--token",
+        TOKEN,
+        "--batches",
+        str(BATCHES),
+        "--rows",
+        str(ROWS),
+        "--sample",
+        str(SAMPLE),
+    )
     assert result["rows_inserted"] == BATCHES * ROWS
     assert (result["merged_batches"], result["merged_acks"]) == (
         2,
@@ -140,3 +147,23 @@ def test_node_client_speaks_the_protocol_from_the_protos_alone(node, shard_addre
     np.testing.assert_array_equal(batch.columns["next_obs"], batch.columns["obs"] + 1)
     np.testing.assert_array_equal(batch.columns["reward"], np.ones(1024, np.float32))
     np.testing.assert_array_equal(batch.columns["discount"], np.full(1024, 0.97, np.float32))
+
+
+def test_node_client_writes_sequence_items(node, tmp_path):
+    """examples/node/sequence_client.js writes an episode's overlapping windows to a sequence shard from the protos
+    alone; the Python SDK then samples exactly those windows."""
+    with shard_process(tmp_path, "--max-sequence-length", "8") as address:
+        result = run_node(node, "sequence_client.js", address, "--token", TOKEN, "--steps", "30")
+        assert (result["steps_inserted"], result["items_inserted"], result["refused_code"]) == (30, 7, 3)
+        assert result["applied_updates"] == result["sampled_items"]
+        with ReplayClient(address, token=TOKEN) as client:
+            info = client.info()
+            batch = client.sample(64)
+    assert (info.size, info.steps, info.max_sequence_length) == (7, 30, 8)
+    assert str(info.item_signature) == "state:float32[3]"
+    obs = batch.columns["obs"].reshape(64, 8, 2)[:, :, 0]
+    starts = batch.keys.astype(int)  # one episode on a fresh shard: an item's key is its first step number
+    np.testing.assert_array_equal(batch.item_columns["state"][:, 0], starts)
+    for row, start, length in zip(obs, starts, batch.lengths, strict=True):
+        np.testing.assert_array_equal(row[:length], start + np.arange(length))
+    assert set(starts.tolist()) == {0, 4, 8, 12, 16, 20, 24}
