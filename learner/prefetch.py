@@ -69,6 +69,8 @@ class BatchDecompressor:
         rows = np.fromiter(sorted(bad), dtype=np.int64, count=len(bad))
         self.rows_rejected += len(rows)
         self._log(batch, bad)
+        if batch.sequence_length:  # a bad step rejects its whole item
+            return self._reject_items(batch, columns, np.unique(rows // batch.sequence_length))
         self._sampler.zero_priorities(batch, rows)
         good = np.setdiff1d(np.arange(len(batch.keys)), rows)
         if good.size == 0:
@@ -92,6 +94,19 @@ class BatchDecompressor:
             writers,
         )
 
+    def _reject_items(
+        self, batch: PrioritizedBatch, columns: dict[str, np.ndarray], items: np.ndarray
+    ) -> PrioritizedBatch | None:
+        """A sequence batch without the items at `items` (their priorities set to 0), each replaced by a good item
+        drawn from the rest, as bad rows are."""
+        self._sampler.zero_priorities(batch, items)
+        good = np.setdiff1d(np.arange(len(batch.keys)), items)
+        if good.size == 0:
+            return None
+        fix = np.arange(len(batch.keys))
+        fix[items] = self._rng.choice(good, size=items.size)
+        return dataclasses.replace(batch, columns=columns).take(fix)
+
     def _log(self, batch: PrioritizedBatch, bad: dict[int, str]) -> None:
         now = time.monotonic()
         for row, reason in bad.items():
@@ -100,14 +115,15 @@ class BatchDecompressor:
             if now - last < _BAD_ROW_LOG_SECONDS:
                 self._logged[writer] = (last, count + 1)
                 continue
-            shard = int(batch.shard_ids[row])
+            item = row // max(1, batch.sequence_length)  # a sequence's columns hold its steps
+            shard = int(batch.shard_ids[item])
             address = (
                 self._sampler.shards[shard].address if shard < len(self._sampler.shards) else f"#{shard}"
             )
             log.error(
                 "rejected row (key %d of shard %s) written by writer %r: %s; its priority is set to 0 and "
                 "it is left out of training%s",
-                int(batch.keys[row]),
+                int(batch.keys[item]),
                 address,
                 writer,
                 reason,
@@ -169,7 +185,7 @@ class Prefetcher:
                     self._batch_size, self._batches_per_call, beta=self._beta()
                 )
                 if self.decompressor is not None:
-                    batches = [b for b in map(self.decompressor, batches) if b is not None]
+                    batches = [b.for_learning() for b in map(self.decompressor, batches) if b is not None]
                 backoff = 0.1
             except ApexError as err:
                 if time.monotonic() - last_warning > 10:

@@ -10,7 +10,7 @@ allocation covered and the maximum taken over all of their rows through each sha
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -57,6 +57,18 @@ class PrioritizedBatch:
             {name: column[idx] for name, column in self.item_columns.items()},
         )
 
+    def for_learning(self) -> PrioritizedBatch:
+        """The batch as an algorithm's learning reads it: a sequence batch's step columns as [B, T, ...] beside its
+        items' `lengths` and own fields (its columns decompressed first); a batch of transitions as it is."""
+        if not self.sequence_length:
+            return self
+        items, steps = len(self.keys), self.sequence_length
+        columns = {
+            name: np.asarray(column).reshape(items, steps, *column.shape[1:])
+            for name, column in self.columns.items()
+        }
+        return replace(self, columns={**columns, "lengths": self.lengths, **self.item_columns})
+
     def split(self, parts: int, rng: np.random.Generator) -> list[PrioritizedBatch]:
         """Cut into `parts` batches of random rows. Rows arrive grouped by shard and stratum, so they are
         shuffled first; every part is then a fair draw with the same probabilities and weights."""
@@ -96,11 +108,15 @@ def assemble(
         for name in pieces[0][1].columns
     }
     writers = None
-    if any(answer.writers[rows] for _, answer, rows in pieces):
-        writers = np.empty(len(keys), dtype=object)
-        writers[:] = [
-            w for _, answer, rows in pieces for w in (answer.writers[rows] or ("",) * len(answer.keys[rows]))
+    if any(answer.writers[rows] for _, answer, rows in pieces):  # one per column row (a sequence's: per step)
+        per_item = max(1, sequence_length)
+        names = [
+            w
+            for _, answer, rows in pieces
+            for w in (answer.writers[rows] or ("",) * (len(answer.keys[rows]) * per_item))
         ]
+        writers = np.empty(len(names), dtype=object)
+        writers[:] = names
     fleet_size = sum(covered[s].size for s in shares)
     smallest = smallest_probability(
         (share, covered[s].total_priority, covered[s].min_priority, covered[s].size)

@@ -82,3 +82,45 @@ def test_items_are_drawn_by_fleet_priority_with_per_weights(make_shard) -> None:
     observed = np.array([counts[i] for i in ids])
     # 19,200 draws over 18 items; a sampler that ignored the shards' totals would give shard 0 a third of them.
     assert stats.chisquare(observed, observed.sum() * p / total).pvalue > 1e-3
+
+
+def test_the_prefetcher_hands_the_learner_whole_decompressed_sequences(make_shard) -> None:
+    """Compressed pixel steps are decompressed and laid out [B, T, ...] beside each item's length and fields; an
+    item with a frame that does not decompress is never trained on (its priority goes to 0, another item takes its
+    place)."""
+    from apexrl.common.compression import compress
+    from apexrl.learner.prefetch import Prefetcher
+    from apexrl.replay_server import ShardedWriter
+    from apexrl.replay_server.client.sequence_writer import SequenceWriter
+    from tests.conftest import frame_ids, pixel_frames
+
+    pixels = Signature.parse("obs:uint8[2,16,16]@zstd,reward:float32[]")
+    shard = make_shard(TableConfig(capacity=1000, max_sequence_length=4, signature=pixels, seed=0))
+    with ShardedWriter(shard.address) as sharded:
+        writer = SequenceWriter(sharded, length=4, period=2)
+        for t in range(11):
+            frame = compress(pixel_frames([t]), "zstd")
+            if t == 9:  # a frame that is not zstd's: its item (steps 8..10) must never reach the learner
+                frame = type(frame)(
+                    frame.compression, frame.dtype, frame.shape, b"\x28\xb5\x2f\xfdgarbage", np.array([11])
+                )
+            writer.append({"obs": frame, "reward": np.float32(t)}, {"state": np.array([t], np.float32)})
+        writer.end_episode()
+        sharded.flush()
+    with ShardedReplayClient([shard.address], seed=1) as sampler:
+        prefetcher = Prefetcher(sampler, 16, lambda: 0.5, depth=2).start()
+        try:
+            batches = [prefetcher.get(timeout=30) for _ in range(3)]
+        finally:
+            prefetcher.stop()
+    for batch in batches:
+        assert batch is not None
+        obs = batch.columns["obs"]
+        assert obs.shape == (16, 4, 2, 16, 16) and obs.dtype == np.uint8
+        assert batch.columns["lengths"].shape == (16,) and batch.columns["state"].shape == (16, 1)
+        ids = frame_ids(obs.reshape(-1, 2, 16, 16)).reshape(16, 4)
+        for row, length, state in zip(
+            ids, batch.columns["lengths"], batch.columns["state"][:, 0], strict=True
+        ):
+            np.testing.assert_array_equal(row[:length], state + np.arange(length))
+            assert 9 not in row[:length]
