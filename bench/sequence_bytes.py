@@ -8,7 +8,8 @@ a formula. Two workloads:
 
 - pixels: real Pong frames played now with ale-py (uint8 [4, 84, 84] stacks, zstd), an LSTM state of 2 x 512
   floats per item, windows of 120 steps every 60;
-- vector: CartPole without velocities (float32 [2]), a state of 2 x 64 floats per item, windows of 40 every 20.
+- vector: CartPoleNoVel-v1's observations (float32 [4], the velocities zeroed), a state of 2 x 64 floats per item,
+  windows of 40 every 20.
 
 Copies of each window (what a store without references would hold) would cost about window / period times the
 steps. Target (issue 30): a step <= 1.2x a transition.
@@ -85,7 +86,8 @@ def pixel_workload(rows: int) -> tuple[dict, dict]:
 
 def vector_workload(rows: int) -> tuple[dict, dict]:
     rng = np.random.default_rng(0)
-    obs = rng.normal(size=(rows + 1, 2)).astype(np.float32)
+    obs = rng.normal(size=(rows + 1, 4)).astype(np.float32)
+    obs[:, [1, 3]] = 0.0  # CartPoleNoVel-v1 zeroes the velocities
     steps = {
         "obs": obs[:rows],
         "action": rng.integers(0, 2, rows).astype(np.int64),

@@ -27,7 +27,8 @@ from apexrl.replay_server.client.replay_client import ReplayClient
 from apexrl.replay_server.client.sharded_writer import ShardedWriter
 from apexrl.replay_server.core.item_batch import ItemBatch
 
-# An item's priority from its steps (each field [steps, ...]); None gives the shard's max priority.
+# An item's priority from its steps (each field [steps, ...], the extras given to `append` among them); None gives
+# the shard's max priority.
 PriorityFn = Callable[[Mapping[str, np.ndarray]], float]
 
 
@@ -61,6 +62,7 @@ class SequenceWriter:
         self._timeout = writer.timeout if timeout is None else timeout
         self._client: ReplayClient | None = None  # the shard this trajectory writes to now
         self._steps: deque[dict[str, np.ndarray]] = deque()  # episode steps from _first on
+        self._extras: deque[dict[str, np.ndarray]] = deque()  # what `priority` reads beside them (never sent)
         self._first = 0  # episode index of _steps[0]
         self._count = 0  # steps of the episode appended
         self._sent = 0  # steps of the episode the current shard was sent
@@ -69,15 +71,22 @@ class SequenceWriter:
         )  # windows not complete: (start, fields)
         self.items_sent = 0
 
-    def append(self, step: Mapping[str, np.ndarray], fields: Mapping[str, np.ndarray] | None = None) -> None:
+    def append(
+        self,
+        step: Mapping[str, np.ndarray],
+        fields: Mapping[str, np.ndarray] | None = None,
+        extras: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         """Add the episode's next step (each field one step's value); `fields` are the item fields of a window
-        that starts here (e.g. the recurrent state before this step), kept only where a window starts.
+        that starts here (e.g. the recurrent state before this step), kept only where a window starts; `extras`
+        are values of this step the `priority` function reads and the shard never sees (the Q-values acted on).
 
         The newest step is held back until the next one (or the episode's end), so that a window cut short at the
         episode's end still travels with its last step."""
         t = self._count
         self._count += 1
         self._steps.append({name: _one_step(value) for name, value in step.items()})
+        self._extras.append({name: np.asarray(value) for name, value in (extras or {}).items()})
         if t % self.period == 0:
             self._open.append((t, {name: np.asarray(value) for name, value in (fields or {}).items()}))
         ready = []
@@ -98,6 +107,7 @@ class SequenceWriter:
             self._open.clear()
             self._send(self._count, windows)
         self._steps.clear()
+        self._extras.clear()
         self._open.clear()
         self._first = self._count = self._sent = 0
 
@@ -121,6 +131,7 @@ class SequenceWriter:
         keep = min([start for start, _ in self._open] + [upto])
         while self._first < keep:  # steps no open window needs (nor the held-back newest one)
             self._steps.popleft()
+            self._extras.popleft()
             self._first += 1
 
     def _items(self, windows: list[tuple[int, int, Mapping[str, np.ndarray]]], first: int) -> ItemBatch:
@@ -138,7 +149,9 @@ class SequenceWriter:
         )
 
     def _window(self, start: int, length: int) -> dict[str, np.ndarray]:
-        rows = [self._steps[i - self._first] for i in range(start, start + length)]
+        """A window's steps and extras, each [length, ...] (what `priority` reads)."""
+        indices = range(start - self._first, start - self._first + length)
+        rows = [{**self._steps[i], **self._extras[i]} for i in indices]
         return {name: _stack([row[name] for row in rows]) for name in rows[0]}
 
 

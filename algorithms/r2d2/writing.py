@@ -1,0 +1,153 @@
+"""R2D2's replay items: overlapping windows of `burn_in + train_length` steps, a new one every `period` steps, never
+across an episode's end, written by each environment of an actor as its own trajectory of a sequence table
+(replay.proto, "Sequence tables"; the SDK's SequenceWriter does the windowing, the acknowledgement and failover).
+
+A step is stored as
+    obs       the observation acted on (an image compressed as one frame, setting `compress`)
+    action    the action taken
+    reward    the reward it brought (clipped as the actor's settings say)
+    discount  gamma, or 0 when the episode terminated with this step
+and each window carries, as its item fields, what the learner's unroll starts from: the LSTM state before its first
+step (`state` [2, core]: h, c), the core's other inputs there (`prev_action`, `prev_reward`), whether that step
+starts an episode (`episode_start`: the stored state is then exact and needs no burn-in), and the weights version
+the actor acted with when the window was complete (`weight_version`: the learner's parameter lag per item). Its
+initial priority is R2D2's eta-mix of the n-step TD errors of the actor's own Q-values along it (acting.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from apexrl.algorithms.r2d2.acting import window_priority
+from apexrl.common.compression import compress, is_image
+from apexrl.common.signature import ROW_VERSION_COLUMN, Signature
+from apexrl.common.spaces import EnvSpaces
+from apexrl.replay_server.client.sequence_writer import SequenceWriter
+from apexrl.replay_server.client.sharded_writer import ShardedWriter
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The windows: `burn_in` steps that only warm the state up, `train_length` steps trained on, a new window
+    every `period` steps; `n_step` and `eta` for the initial priorities."""
+
+    burn_in: int
+    train_length: int
+    period: int
+    gamma: float
+    n_step: int = 5
+    eta: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.burn_in < 0 or self.train_length < 1:
+            raise ValueError(
+                f"burn_in ({self.burn_in}) must be >= 0 and train_length ({self.train_length}) >= 1"
+            )
+        if not 1 <= self.period <= self.length:
+            raise ValueError(f"period ({self.period}) must be in [1, burn_in + train_length ({self.length})]")
+
+    @property
+    def length(self) -> int:
+        """Steps per window: what the shards' max_sequence_length must be."""
+        return self.burn_in + self.train_length
+
+
+def replay_signature(spaces: EnvSpaces, compression: str | None) -> Signature:
+    """The steps' fields (the table signature of an R2D2 fleet's shards)."""
+    obs_dtype = np.dtype(spaces.obs_dtype)
+    obs_dtype = np.dtype(np.float32) if obs_dtype.kind == "f" else obs_dtype
+    shape = ",".join(map(str, spaces.obs_shape))
+    packed = f"@{compression}" if compression and is_image(obs_dtype, spaces.obs_shape) else ""
+    return Signature.parse(
+        f"obs:{obs_dtype.name}[{shape}]{packed},action:int64[],reward:float32[],discount:float32[]"
+    )
+
+
+def item_signature(core_size: int) -> Signature:
+    """The fields each window carries (the shards' item signature)."""
+    return Signature.parse(
+        f"state:float32[2,{core_size}],prev_action:int64[],prev_reward:float32[],episode_start:bool[],"
+        f"{ROW_VERSION_COLUMN}:int64[]"
+    )
+
+
+class EnvironmentWindows:
+    """One environment's steps written as R2D2 windows through `writer` (its trajectory `trajectory`)."""
+
+    def __init__(
+        self,
+        writer: ShardedWriter,
+        geometry: Geometry,
+        trajectory: int,
+        compression: str | None = None,
+    ) -> None:
+        self.geometry = geometry
+        self.compression = compression
+        self._windows = SequenceWriter(
+            writer,
+            length=geometry.length,
+            period=geometry.period,
+            trajectory=trajectory,
+            priority=self._priority,
+        )
+        self._step = 0  # of the episode
+
+    def record(
+        self,
+        obs: np.ndarray,
+        action: int,
+        reward: float,
+        terminated: bool,
+        fields: dict[str, np.ndarray],
+        q_values: np.ndarray,
+        version: int,
+    ) -> None:
+        """One step: the observation acted on, the action, its reward, whether the episode terminated with it, the
+        item fields before it (acting.CoreState.item_fields of this environment), the Q-values acted on, and the
+        weights version acting."""
+        obs = np.asarray(obs)
+        image = self.compression is not None and is_image(obs.dtype, obs.shape)
+        step = {
+            "obs": compress(obs[None], self.compression) if image else _float32(obs),
+            "action": np.int64(action),
+            "reward": np.float32(reward),
+            "discount": np.float32(0.0 if terminated else self.geometry.gamma),
+        }
+        window_fields = {
+            **fields,
+            "episode_start": np.bool_(self._step == 0),
+            ROW_VERSION_COLUMN: np.int64(version),
+        }
+        self._windows.append(step, window_fields, {"q": np.asarray(q_values, np.float32)})
+        self._step += 1
+
+    def end_episode(self) -> None:
+        """The episode ended with the last recorded step (terminated or truncated)."""
+        self._windows.end_episode()
+        self._step = 0
+
+    @property
+    def items_sent(self) -> int:
+        return self._windows.items_sent
+
+    def _priority(self, window: dict[str, np.ndarray]) -> float:
+        g = self.geometry
+        terminal = bool(window["discount"][-1] == 0.0)
+        return (
+            window_priority(
+                window["q"],
+                window["action"],
+                window["reward"],
+                window["discount"],
+                n_step=g.n_step,
+                eta=g.eta,
+                terminal=terminal,
+            )
+            + 1e-6
+        )  # never 0: a window with no target yet is still worth a draw
+
+
+def _float32(obs: np.ndarray) -> np.ndarray:
+    return obs.astype(np.float32) if obs.dtype.kind == "f" else obs
