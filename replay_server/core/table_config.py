@@ -68,7 +68,7 @@ class TableConfig:
     max_tracked_writers: int = setting(
         100_000,
         "writers whose last sequence number the shard remembers for "
-        "de-duplication (least recently used forgotten first)",
+        "de-duplication (when full, the least recently used writer of the identity holding the most is forgotten)",
     )
     seed: int | None = setting(None, "sampling seed (none: from the OS)", wiring="[fleet] seed + shard index")
     # Sequence tables (R2D2)

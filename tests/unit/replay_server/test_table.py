@@ -174,6 +174,26 @@ def test_the_least_recently_used_writer_is_forgotten_first():
     assert not t.insert(cartpole_batch(1), writer_id="b", sequence=1).duplicate
 
 
+def test_a_full_writer_table_forgets_a_writer_of_the_identity_holding_the_most():
+    """Under role identities (ids `NAME/ID`) one actor opening writer after writer forgets its own writers, never
+    another identity's: the others' resends stay duplicates."""
+    t = table(capacity=1000, max_tracked_writers=4)
+    t.insert(cartpole_batch(1), writer_id="learner/x", sequence=1)
+    t.insert(cartpole_batch(1), writer_id="actor-1/a", sequence=1)
+    for i in range(10):  # actor-0's writers flood the table
+        t.insert(cartpole_batch(1), writer_id=f"actor-0/{i}", sequence=1)
+    assert t.insert(cartpole_batch(1), writer_id="learner/x", sequence=1).duplicate
+    assert t.insert(cartpole_batch(1), writer_id="actor-1/a", sequence=1).duplicate
+    assert t.insert(cartpole_batch(1), writer_id="actor-0/9", sequence=1).duplicate  # its newest are kept
+    assert not t.insert(cartpole_batch(1), writer_id="actor-0/0", sequence=1).duplicate  # its oldest forgotten
+    assert len(t.state().writers) == 4
+    # Saved and restored, the table keeps the same writers in the same order.
+    from apexrl.replay_server.core.dedup import WriterSequences
+
+    restored = WriterSequences(4, t.state().writers)
+    assert list(restored.items()) == list(t.state().writers)
+
+
 def test_the_first_insert_fixes_the_signature_and_later_batches_must_match():
     t = table()
     assert t.signature is None and t.info().signature is None
