@@ -258,10 +258,12 @@ def read_role_tokens(directory: str) -> dict[str, Identity]:
     path = Path(directory)
     if not path.is_dir():
         raise SettingsError(f"--role-tokens: {directory} is not a directory")
+    warn_if_exposed(path, "--role-tokens directory")
     tokens: dict[str, Identity] = {}
     for entry in sorted(path.iterdir()):
         if entry.name.startswith(".") or not entry.is_file():
             continue
+        warn_if_exposed(entry, "role token file")
         role = role_of_name(entry.name)
         if role is None or not _NAME.match(entry.name):
             raise SettingsError(
@@ -286,6 +288,27 @@ def read_role_tokens(directory: str) -> dict[str, Identity]:
     if not tokens:
         raise SettingsError(f"--role-tokens: {directory} holds no token files (ROLE or ROLE.NAME)")
     return tokens
+
+
+# Permission bits that expose a credential: anyone on the machine may read a file, or replace one in a directory.
+_WORLD_READABLE, _WORLD_WRITABLE = 0o004, 0o002
+
+
+def warn_if_exposed(path: Path, what: str) -> bool:
+    """Log a WARNING (and return True) when `path` is readable (a file) or writable (a directory) by every user of
+    the machine: a token there is anyone's. Group access is left alone (a Kubernetes Secret volume mounts files
+    0440 for the pod's fsGroup)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    exposed = mode & (_WORLD_WRITABLE if path.is_dir() else _WORLD_READABLE | _WORLD_WRITABLE)
+    if exposed:
+        fix = "chmod o-w" if path.is_dir() else "chmod 600"
+        log.warning(
+            "%s %s is open to every user of this machine (mode %o): %s it", what, path, mode & 0o777, fix
+        )
+    return bool(exposed)
 
 
 def check_access_settings(

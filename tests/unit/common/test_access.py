@@ -137,3 +137,26 @@ def test_settings_that_cannot_make_a_policy_are_refused(tokens_dir, tmp_path):
     with pytest.raises(SettingsError, match="not a directory"):
         access.check_access_settings(None, str(tmp_path / "missing"), False, False)
     access.check_access_settings(None, str(tokens_dir), True, True)
+
+
+def test_token_files_open_to_every_user_are_named_in_a_warning(tmp_path, caplog):
+    import logging
+
+    directory = tmp_path / "tokens"
+    directory.mkdir(mode=0o700)
+    (directory / "actor").write_text("t-actor")
+    (directory / "learner").write_text("t-learner")
+    (directory / "actor").chmod(0o600)
+    (directory / "learner").chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="apexrl.common.access"):
+        access.read_role_tokens(str(directory))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "learner" in warnings[0] and "chmod 600" in warnings[0]
+    caplog.clear()
+    directory.chmod(0o777)
+    (directory / "learner").chmod(0o440)  # group-readable, as a Kubernetes Secret volume mounts it: fine
+    with caplog.at_level(logging.WARNING, logger="apexrl.common.access"):
+        access.read_role_tokens(str(directory))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "directory" in warnings[0] and "chmod o-w" in warnings[0]
+    directory.chmod(0o700)
