@@ -72,6 +72,8 @@ _AUTH_HEADER = "authorization"
 UNAUTHENTICATED_MESSAGE = "missing or wrong bearer token"
 _BEARER = "Bearer "
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A role-tokens file holding the SHA-256 of a token rather than the token (what a server needs to verify it).
+DIGEST_SUFFIX = ".sha256"
 
 
 @dataclass(frozen=True)
@@ -121,11 +123,15 @@ class AccessPolicy:
     token from its client certificate's common name. A policy with neither is open (every call allowed)."""
 
     def __init__(
-        self, tokens: Mapping[str, Identity] | None = None, *, certificate_roles: bool = False
+        self, tokens: Mapping[str | bytes, Identity] | None = None, *, certificate_roles: bool = False
     ) -> None:
         # Kept as SHA-256 digests and compared with every one of them in constant time: how long a check takes
-        # says nothing about how much of a guess matched, or which identity it came close to.
-        self._by_digest = [(_digest(token), identity) for token, identity in (tokens or {}).items()]
+        # says nothing about how much of a guess matched, or which identity it came close to. A bytes key is
+        # already a token's digest (a ROLE.sha256 file: the server never held the token).
+        self._by_digest = [
+            (key if isinstance(key, bytes) else _digest(key), identity)
+            for key, identity in (tokens or {}).items()
+        ]
         self.certificate_roles = certificate_roles
 
     @classmethod
@@ -250,22 +256,27 @@ def identity_of_certificate(auth_context: Mapping[str, Sequence[bytes]]) -> Iden
     return Identity(name, role)
 
 
-def read_role_tokens(directory: str) -> dict[str, Identity]:
-    """The tokens of `directory`: each regular file named `ROLE` or `ROLE.NAME` (ROLE one of actor, evaluator,
-    learner, operator) holds one identity's token. SettingsError in one line for a missing directory, a file of
-    no role, an empty or unreadable file, or one token given to two identities. Hidden files and the `..data`
-    links of a Kubernetes Secret volume are skipped."""
+def read_role_tokens(directory: str) -> dict[str | bytes, Identity]:
+    """The credentials of `directory`: each regular file named `ROLE` or `ROLE.NAME` (ROLE one of actor, evaluator,
+    learner, operator) holds one identity's token (a str key), and each named `ROLE.sha256` or `ROLE.NAME.sha256`
+    the SHA-256 of one, in hex (a bytes key: a server that verifies callers needs only these, and then holds no
+    credential a client could use; `printf %s TOKEN | sha256sum`). SettingsError in one line for a missing
+    directory, a file of no role, an empty or unreadable file, a digest that is not 64 hex digits, or one token
+    given to two identities. Hidden files and the `..data` links of a Kubernetes Secret volume are skipped."""
     path = Path(directory)
     if not path.is_dir():
         raise SettingsError(f"--role-tokens: {directory} is not a directory")
     warn_if_exposed(path, "--role-tokens directory")
-    tokens: dict[str, Identity] = {}
+    tokens: dict[str | bytes, Identity] = {}
+    seen: dict[bytes, str] = {}  # every credential's digest -> the identity it is
     for entry in sorted(path.iterdir()):
         if entry.name.startswith(".") or not entry.is_file():
             continue
-        warn_if_exposed(entry, "role token file")
-        role = role_of_name(entry.name)
-        if role is None or not _NAME.match(entry.name):
+        name, digest_file = entry.name.removesuffix(DIGEST_SUFFIX), entry.name.endswith(DIGEST_SUFFIX)
+        if not digest_file:
+            warn_if_exposed(entry, "role token file")
+        role = role_of_name(name)
+        if role is None or not _NAME.match(name):
             raise SettingsError(
                 f"--role-tokens: {entry} names no role (name files ROLE or ROLE.NAME, ROLE one "
                 f"of {_role_names()})"
@@ -276,15 +287,21 @@ def read_role_tokens(directory: str) -> dict[str, Identity]:
             raise SettingsError(f"--role-tokens: cannot read {entry}: {err}") from None
         if not token or any(c.isspace() for c in token):
             raise SettingsError(
-                f"--role-tokens: {entry} must hold one token (no spaces), found "
+                f"--role-tokens: {entry} must hold one {'digest' if digest_file else 'token'} (no spaces), found "
                 f"{'nothing' if not token else 'whitespace inside'}"
             )
-        if token in tokens:
+        key: str | bytes = token
+        if digest_file:
+            if not re.fullmatch(r"[0-9a-fA-F]{64}", token):
+                raise SettingsError(f"--role-tokens: {entry} must hold a SHA-256 in hex (64 digits)")
+            key = bytes.fromhex(token)
+        digest = _as_digest(key)
+        if digest in seen:
             raise SettingsError(
-                f"--role-tokens: {entry} holds the same token as {tokens[token].name}: give each "
-                f"identity its own"
+                f"--role-tokens: {entry} holds the same token as {seen[digest]}: give each identity its own"
             )
-        tokens[token] = Identity(entry.name, role)
+        seen[digest] = name
+        tokens[key] = Identity(name, role)
     if not tokens:
         raise SettingsError(f"--role-tokens: {directory} holds no token files (ROLE or ROLE.NAME)")
     return tokens
@@ -359,6 +376,10 @@ def certificate_roles_setting() -> bool:
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
+
+
+def _as_digest(key: str | bytes) -> bytes:
+    return key if isinstance(key, bytes) else _digest(key)
 
 
 def _role_names() -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from apexrl.common import access
@@ -160,3 +162,41 @@ def test_token_files_open_to_every_user_are_named_in_a_warning(tmp_path, caplog)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "directory" in warnings[0] and "chmod o-w" in warnings[0]
     directory.chmod(0o700)
+
+
+def test_a_server_verifies_tokens_against_digest_files_without_holding_them(tmp_path):
+    """ROLE.sha256 holds the SHA-256 of ROLE's token: a server reading it admits that token and holds nothing a
+    client could present."""
+    directory = tmp_path / "tokens"
+    directory.mkdir()
+    (directory / "learner.sha256").write_text(hashlib.sha256(b"t-learner").hexdigest() + "\n")
+    (directory / "actor.m1.sha256").write_text(hashlib.sha256(b"t-actor-m1").hexdigest().upper())
+    (directory / "actor").write_text("t-actor")  # a token file still works beside them
+    policy = AccessPolicy.from_settings(None, str(directory), False)
+    assert policy.identify(bearer("t-learner")) == Identity("learner", Role.LEARNER)
+    assert policy.identify(bearer("t-actor-m1")) == Identity("actor.m1", Role.ACTOR)
+    assert policy.identify(bearer("t-actor")) == Identity("actor", Role.ACTOR)
+    with pytest.raises(AccessDenied):
+        policy.identify(bearer(hashlib.sha256(b"t-learner").hexdigest()))  # the digest is no credential
+    held = (directory / "learner.sha256").read_text()
+    assert "t-learner" not in held
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"learner.sha256": "abc"}, "64 digits"),
+        ({"learner.sha256": "zz" * 32}, "64 digits"),
+        ({"nobody.sha256": "00" * 32}, "names no role"),
+        (
+            {"actor": "same", "learner.sha256": __import__("hashlib").sha256(b"same").hexdigest()},
+            "same token",
+        ),
+    ],
+)
+def test_bad_digest_files_are_refused_in_one_line(tmp_path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(SettingsError, match=message) as err:
+        access.read_role_tokens(str(tmp_path))
+    assert "\n" not in str(err.value)
