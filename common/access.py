@@ -133,6 +133,19 @@ class AccessPolicy:
             for key, identity in (tokens or {}).items()
         ]
         self.certificate_roles = certificate_roles
+        self._open = not self._by_digest and not certificate_roles  # decided once: `without` never opens it
+        self.excluded: frozenset[Role] = frozenset()  # roles no caller may act in here (see `without`)
+
+    def without(self, role: Role) -> AccessPolicy:
+        """This policy with no caller acting in `role` (by token or certificate): a learner publishing to the
+        parameter service it hosts in-process, so the learner's identity is no use against it over the network."""
+        policy = AccessPolicy(certificate_roles=self.certificate_roles)
+        policy._by_digest = [
+            (digest, identity) for digest, identity in self._by_digest if identity.role is not role
+        ]
+        policy.excluded = self.excluded | {role}
+        policy._open = self._open
+        return policy
 
     @classmethod
     def single_token(cls, token: str) -> AccessPolicy:
@@ -151,7 +164,7 @@ class AccessPolicy:
 
     @property
     def is_open(self) -> bool:
-        return not self._by_digest and not self.certificate_roles
+        return self._open
 
     @property
     def has_tokens(self) -> bool:
@@ -179,7 +192,13 @@ class AccessPolicy:
                 return identity
             raise AccessDenied("UNAUTHENTICATED", UNAUTHENTICATED_MESSAGE)
         if self.certificate_roles and auth_context is not None:
-            return identity_of_certificate(auth_context())
+            identity = identity_of_certificate(auth_context())
+            if identity.role in self.excluded:
+                raise AccessDenied(
+                    "PERMISSION_DENIED",
+                    f"{identity.name} may not call this server (its role acts in-process)",
+                )
+            return identity
         raise AccessDenied(
             "UNAUTHENTICATED",
             UNAUTHENTICATED_MESSAGE

@@ -346,6 +346,15 @@ def check_commands(config: FleetConfig, host: str, run_dir: Path, extra_args: di
                 with_defaults(
                     settings, get(settings.algorithm), "learner" if role.kind == "learner" else "actor"
                 )
+                if config.role_tokens is not None:  # the token it will present: this machine must hold it
+                    config.role_token(role.kind, role.index if role.kind == "actor" else None)
+            elif config.role_tokens is not None and settings.signature is None:
+                raise ConfigError(
+                    f"in role mode an actor may not fix a shard's columns by its first insert, and this machine "
+                    f"cannot tell them ({config.env}'s spaces need gymnasium here): set [[shard]] signature (`apexrl "
+                    f"signature --env {config.env} --algorithm {config.algorithm}` prints it) or install apexrl's "
+                    f"training extra on this machine"
+                )
         except ValueError as err:  # SettingsError and ConfigError too
             raise ConfigError(f"{role.name}: {err}") from None
     check_shard_directories(config, run_dir, parsed)

@@ -337,16 +337,11 @@ class FleetConfig(FleetSettings):
                         f"{self.replay_durability!r}, which gives each shard its own directory in the run "
                         f"directory (RUN_DIR/replay/shard-{i}): drop one of them"
                     )
-        if self.role_tokens is not None:
-            for name in ("learner", *(["evaluator"] if self.evaluator is not None else [])):
-                self.role_token(name)
-            for group in self.actors:
-                for index in range(group.first_index, group.first_index + group.count):
-                    self.role_token("actor", index)
 
     def role_token(self, role: str, index: int | None = None) -> str:
         """The token a client role of this fleet presents in role mode (role_tokens): ROLE.INDEX's file when
-        there is one, else ROLE's; ConfigError naming the file when there is none."""
+        there is one, else ROLE's; ConfigError naming the file when there is none. A machine needs the files of
+        the client roles it runs only (the launcher checks those before anything starts)."""
         directory = Path(self.role_tokens)
         names = ([f"{role}.{index}"] if index is not None else []) + [role]
         for name in names:

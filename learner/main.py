@@ -136,6 +136,7 @@ class WeightsService:
 
         if self.store is None:
             return config.params, serve_metrics(registry, config.metrics_port, config.host)
+        from apexrl.common.access import Role
         from apexrl.common.serving import Serving
         from apexrl.parameter_server.service import create_parameter_server
 
@@ -144,7 +145,9 @@ class WeightsService:
             store=self.store,
             registry=registry,
             tls=config.tls(),
-            access=config.access(),
+            # The learner publishes in-process: no caller needs its identity here, so its token (or certificate)
+            # is no use against this service over the network.
+            access=config.access().without(Role.LEARNER),
             health_address=config.health_address(),
         )
         self.serving = Serving(service.server, service.port, config, registry, log)

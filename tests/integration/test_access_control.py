@@ -5,7 +5,9 @@ Every test here fails on a server without roles (one token allowed every call)."
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -290,7 +292,9 @@ def test_only_the_learner_publishes_weights(role_params, caplog):
     ), lines
 
 
-def test_a_learner_hosting_the_service_with_role_tokens_refuses_an_actors_publish(tmp_path, tokens_dir):
+def test_a_learner_hosting_the_service_with_role_tokens_refuses_an_actors_and_its_own_tokens_publish(
+    tmp_path, tokens_dir
+):
     port_file = tmp_path / "learner.port"
     log = tmp_path / "learner.log"
     with open(log, "w") as out:
@@ -328,6 +332,12 @@ def test_a_learner_hosting_the_service_with_role_tokens_refuses_an_actors_publis
             with pytest.raises(PermissionDeniedError, match="may not call ParameterService/Publish"):
                 actor.publish(WEIGHTS, version=2)
             assert actor.version() >= 0
+        # The learner publishes in-process: its own token is no credential for this service over the network.
+        with (
+            ParameterClient(address, token=TOKENS["learner"], timeout=30.0) as stolen,
+            pytest.raises(UnauthenticatedError),
+        ):
+            stolen.publish(WEIGHTS, version=1_000_000)
     finally:
         learner.terminate()
         learner.wait(60)
@@ -409,3 +419,32 @@ def test_a_role_token_directory_missing_a_roles_token_is_refused_before_anything
         or f"{directory} has no token for actor 0" in done.stderr
     ), done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_shards_only_machine_in_role_mode_without_the_columns_is_refused_before_anything_starts(tmp_path):
+    """With roles on, no actor may fix a shard's columns by its first insert: a machine that cannot pin them (no
+    gymnasium to read the environment's spaces) must say so and how to fix it, not start shards no actor can fill."""
+    core_only = tmp_path / "core-only"
+    core_only.mkdir()
+    (core_only / "sitecustomize.py").write_text(
+        "import sys\nfor name in ('torch', 'gymnasium', 'matplotlib'):\n    sys.modules[name] = None\n"
+    )
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    (tokens / "learner.sha256").write_text(hashlib.sha256(b"t-learner").hexdigest())
+    fleet = Path(__file__).resolve().parents[2] / "examples" / "fleets" / "three_machines.toml"
+    done = subprocess.run(
+        [sys.executable, "-m", "apexrl.launcher", "launch", "--config", str(fleet), "--host-name", "m1"]
+        + ["--role-tokens", str(tokens), "--max-seconds", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(core_only), os.environ.get("PYTHONPATH")])),
+        },
+    )
+    assert done.returncode == 2, done.stderr
+    assert "set [[shard]] signature" in done.stderr and "apexrl signature --env CartPole-v1" in done.stderr
+    assert not list(tmp_path.glob("runs/*/logs/*.log"))  # nothing started

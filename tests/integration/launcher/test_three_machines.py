@@ -12,6 +12,7 @@ users first (m3, m2, m1); each exits as documented, with no process left in its 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import signal
@@ -126,8 +127,33 @@ def scrape_inside(network: NamespaceNetwork, machine: str, urls: list[str]) -> d
     return json.loads(done.stdout)
 
 
+# Role mode with least privilege (issue 31 item 2): each machine holds the tokens of the roles it runs and, for the
+# services it serves, only the SHA-256 of its callers' tokens: no machine holds a credential of a role it does not
+# run, and the shards' machine holds none at all.
+TOKENS = {"learner": "t-learner-2b7e", "actor": "t-actor-91c0", "evaluator": "t-evaluator-5d13"}
+MACHINE_TOKENS = {
+    "m1": {"learner.sha256", "actor.sha256", "evaluator.sha256"},  # the shards verify every caller
+    "m2": {"learner", "evaluator", "actor.sha256"},  # the learner's parameter service verifies the actors
+    "m3": {"actor"},
+}
+
+
+def role_tokens(home: Path, machine: str) -> Path:
+    """`machine`'s token directory (MACHINE_TOKENS), owner-only."""
+    directory = home / "tokens"
+    directory.mkdir(mode=0o700)
+    for name in MACHINE_TOKENS[machine]:
+        role = name.removesuffix(".sha256")
+        text = hashlib.sha256(TOKENS[role].encode()).hexdigest() if name.endswith(".sha256") else TOKENS[role]
+        path = directory / name
+        path.write_text(text)
+        path.chmod(0o600)
+    return directory
+
+
 @pytest.mark.timeout(DEADLINE + 180)
-def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path):
+@pytest.mark.parametrize("access", ["open", "roles"])
+def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path, access):
     network = netns_network(MACHINES)
     fleet = fleet_file_for(network, tmp_path / "fleet.toml")
     config = load_config(fleet)
@@ -159,14 +185,18 @@ def test_a_fleet_file_trains_across_three_machines(netns_network, tmp_path):
                 "--target-return",
                 "1000000",
             ]  # the test stops the fleet: solving first would end it early
+            if access == "roles":
+                argv += ["--role-tokens", str(role_tokens(home, name))]
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             if name == "m1":
-                # m1 listens on its own address only (m2 and m3 on every interface, as the file says), and runs as
-                # a shards-only install would: torch, gymnasium and matplotlib cannot be imported there.
+                # m1 listens on its own address only (m2 and m3 on every interface, as the file says), and (open)
+                # runs as a shards-only install would: torch, gymnasium and matplotlib cannot be imported there. In
+                # role mode it must pin the shards' columns (an actor may not fix them), which needs gymnasium.
                 argv += ["--bind", network.address(name)]
-                env["PYTHONPATH"] = os.pathsep.join(
-                    filter(None, [str(core_only(tmp_path)), env.get("PYTHONPATH")])
-                )
+                if access == "open":
+                    env["PYTHONPATH"] = os.pathsep.join(
+                        filter(None, [str(core_only(tmp_path)), env.get("PYTHONPATH")])
+                    )
             with open(home / "launch.out", "w") as out, open(home / "launch.err", "w") as err:
                 process = network.popen(
                     name, argv, cwd=home, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL

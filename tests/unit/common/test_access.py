@@ -200,3 +200,14 @@ def test_bad_digest_files_are_refused_in_one_line(tmp_path, files, message):
     with pytest.raises(SettingsError, match=message) as err:
         access.read_role_tokens(str(tmp_path))
     assert "\n" not in str(err.value)
+
+
+def test_a_policy_without_a_role_refuses_that_role_and_never_opens(tmp_path):
+    (tmp_path / "learner").write_text("t-learner")
+    policy = AccessPolicy.from_settings(None, str(tmp_path), False).without(Role.LEARNER)
+    assert not policy.is_open  # no identity left, and still closed: nobody gets in
+    with pytest.raises(AccessDenied, match="missing or wrong bearer token"):
+        policy.identify(bearer("t-learner"))
+    (tmp_path / "actor").write_text("t-actor")
+    policy = AccessPolicy.from_settings(None, str(tmp_path), False).without(Role.LEARNER)
+    assert policy.identify(bearer("t-actor")) == Identity("actor", Role.ACTOR)
