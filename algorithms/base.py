@@ -93,9 +93,9 @@ State = Any
 
 class StatefulActing(Protocol):
     """How the actor, the evaluator and `load_policy` step a policy: an initial state per environment,
-    `act(policy, obs, state) -> (actions, state)` (exploring), `greedy(...)` the same without exploration, and the
-    state of environments whose episode ended reset. The policy is passed in, so it can be rebuilt from newer
-    weights between two steps while the state goes on."""
+    `act(policy, obs, state) -> (actions, state)` (exploring), `greedy(...)` the same without exploration, the
+    rewards the environments answered with `observe`d, and the state of environments whose episode ended reset.
+    The policy is passed in, so it can be rebuilt from newer weights between two steps while the state goes on."""
 
     def initial_state(self, batch: int) -> State:
         """The state of `batch` environments at the start of their episodes."""
@@ -107,6 +107,11 @@ class StatefulActing(Protocol):
 
     def greedy(self, policy: ActingPolicy, obs: np.ndarray, state: State) -> tuple[np.ndarray, State]:
         """The policy's own actions (no exploration), and the state after them."""
+        ...
+
+    def observe(self, state: State, rewards: np.ndarray) -> State:
+        """The state once the environments answered the last actions with `rewards` (a recurrent core that takes
+        the previous reward as an input keeps it; others leave the state as it is)."""
         ...
 
     def reset(self, state: State, done: np.ndarray) -> State:
@@ -132,6 +137,9 @@ class Stateless:
 
     def greedy(self, policy: ActingPolicy, obs: np.ndarray, state: None) -> tuple[np.ndarray, None]:
         return policy.greedy(obs), None
+
+    def observe(self, state: None, rewards: np.ndarray) -> None:
+        return None
 
     def reset(self, state: None, done: np.ndarray) -> None:
         return None
