@@ -3,8 +3,8 @@ to step per environment (and reset at episode ends), epsilon-greedy exploration 
 and the initial priority of a window from the Q-values the actor computed while acting.
 
 `make_policy` evaluates an MLP torso with numpy (an LSTMCell is a few matrix products), a convolutional one with
-torch (the learner's own module, rebuilt from the weights' names and shapes); tests check both against the learner's
-network on the same weights.
+torch (torch_policy.py, rebuilt from the weights' names and shapes); tests check both against the learner's network
+on the same weights.
 """
 
 from __future__ import annotations
@@ -76,45 +76,6 @@ class NumpyRecurrentPolicy:
         return value + advantage - advantage.mean(axis=1, keepdims=True), h, c
 
 
-class TorchRecurrentPolicy:
-    """The same for a convolutional torso, with the learner's module rebuilt from the weights."""
-
-    def __init__(self, weights: Mapping[str, np.ndarray], spaces: EnvSpaces) -> None:
-        import torch
-
-        from apexrl.algorithms.r2d2.networks import RecurrentQNetwork
-
-        network = (
-            "nature"
-            if sum(1 for name in weights if name.startswith("conv.") and name.endswith(".weight")) == 3
-            else "minatar"
-        )
-        hidden = [
-            int(weights[f"torso.{i}.weight"].shape[0])
-            for i in range(0, 64, 2)
-            if f"torso.{i}.weight" in weights
-        ]
-        self._torch = torch
-        self._net = RecurrentQNetwork(spaces, network, hidden, int(weights["core.weight_hh"].shape[1]))
-        self._net.load_state_dict(
-            {name: torch.as_tensor(np.asarray(value)) for name, value in weights.items()}
-        )
-        self._net.eval()
-        self.num_actions = spaces.num_actions
-        self.core_size = self._net.core_size
-
-    def step(self, obs: np.ndarray, state: CoreState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        t = self._torch
-        with t.no_grad():
-            q, (h, c) = self._net(
-                t.as_tensor(np.asarray(obs)),
-                t.as_tensor(state.prev_action),
-                t.as_tensor(state.prev_reward),
-                (t.as_tensor(state.h), t.as_tensor(state.c)),
-            )
-        return q.numpy(), h.numpy(), c.numpy()
-
-
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (np.tanh(0.5 * x) + 1.0)  # no overflow warnings for large |x|
 
@@ -125,8 +86,10 @@ def make_policy(weights: Mapping[str, np.ndarray], spaces: EnvSpaces, torch_thre
         return NumpyRecurrentPolicy(weights, input_scale=spaces.input_scale)
     import torch
 
+    from apexrl.algorithms.r2d2.torch_policy import TorchRecurrentPolicy
+
     torch.set_num_threads(torch_threads)
-    return TorchRecurrentPolicy(weights, spaces)
+    return TorchRecurrentPolicy(weights, layout=spaces.layout, input_scale=spaces.input_scale)
 
 
 class RecurrentActing:

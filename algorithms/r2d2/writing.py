@@ -1,6 +1,7 @@
 """R2D2's replay items: overlapping windows of `burn_in + train_length` steps, a new one every `period` steps, never
 across an episode's end, written by each environment of an actor as its own trajectory of a sequence table
-(replay.proto, "Sequence tables"; the SDK's SequenceWriter does the windowing, the acknowledgement and failover).
+(replay.proto, "Sequence tables"; the SDK's SequenceWriter, which the actor makes, does the windowing, the
+acknowledgement and failover: this module only says what a step and a window hold).
 
 A step is stored as
     obs       the observation acted on (an image compressed as one frame, setting `compress`)
@@ -24,8 +25,6 @@ from apexrl.algorithms.r2d2.acting import window_priority
 from apexrl.common.compression import compress, is_image
 from apexrl.common.signature import ROW_VERSION_COLUMN, Signature
 from apexrl.common.spaces import EnvSpaces
-from apexrl.replay_server.client.sequence_writer import SequenceWriter
-from apexrl.replay_server.client.sharded_writer import ShardedWriter
 
 
 @dataclass(frozen=True)
@@ -73,28 +72,17 @@ def item_signature(core_size: int) -> Signature:
     )
 
 
-class EnvironmentWindows:
-    """One environment's steps written as R2D2 windows through `writer` (its trajectory `trajectory`)."""
+class StepEncoder:
+    """One environment's steps as a sequence writer (the SDK's SequenceWriter, made by the actor with this
+    geometry, the environment's trajectory number and `priority`) takes them: `step(...)` gives the arguments of
+    its `append`; `end_episode()` when the episode ended (after the writer's own)."""
 
-    def __init__(
-        self,
-        writer: ShardedWriter,
-        geometry: Geometry,
-        trajectory: int,
-        compression: str | None = None,
-    ) -> None:
+    def __init__(self, geometry: Geometry, compression: str | None = None) -> None:
         self.geometry = geometry
         self.compression = compression
-        self._windows = SequenceWriter(
-            writer,
-            length=geometry.length,
-            period=geometry.period,
-            trajectory=trajectory,
-            priority=self._priority,
-        )
         self._step = 0  # of the episode
 
-    def record(
+    def step(
         self,
         obs: np.ndarray,
         action: int,
@@ -103,10 +91,10 @@ class EnvironmentWindows:
         fields: dict[str, np.ndarray],
         q_values: np.ndarray,
         version: int,
-    ) -> None:
-        """One step: the observation acted on, the action, its reward, whether the episode terminated with it, the
-        item fields before it (acting.CoreState.item_fields of this environment), the Q-values acted on, and the
-        weights version acting."""
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(step, window fields, extras) of one step: the observation acted on, the action, its reward, whether the
+        episode terminated with it, the item fields before it (acting.CoreState.item_fields of this environment),
+        the Q-values acted on (extras: never sent), the weights version acting."""
         obs = np.asarray(obs)
         image = self.compression is not None and is_image(obs.dtype, obs.shape)
         step = {
@@ -120,19 +108,15 @@ class EnvironmentWindows:
             "episode_start": np.bool_(self._step == 0),
             ROW_VERSION_COLUMN: np.int64(version),
         }
-        self._windows.append(step, window_fields, {"q": np.asarray(q_values, np.float32)})
         self._step += 1
+        return step, window_fields, {"q": np.asarray(q_values, np.float32)}
 
     def end_episode(self) -> None:
-        """The episode ended with the last recorded step (terminated or truncated)."""
-        self._windows.end_episode()
         self._step = 0
 
-    @property
-    def items_sent(self) -> int:
-        return self._windows.items_sent
-
-    def _priority(self, window: dict[str, np.ndarray]) -> float:
+    def priority(self, window: dict[str, np.ndarray]) -> float:
+        """A window's initial priority from the Q-values acted on along it (acting.window_priority); never 0: a
+        window with no target yet is still worth a draw."""
         g = self.geometry
         terminal = bool(window["discount"][-1] == 0.0)
         return (
@@ -146,7 +130,7 @@ class EnvironmentWindows:
                 terminal=terminal,
             )
             + 1e-6
-        )  # never 0: a window with no target yet is still worth a draw
+        )
 
 
 def _float32(obs: np.ndarray) -> np.ndarray:

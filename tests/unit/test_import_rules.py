@@ -35,6 +35,7 @@ PACKAGES = {
     "algorithms": "apexrl.algorithms",
     "algorithms/dqn": "apexrl.algorithms.dqn",
     "algorithms/dpg": "apexrl.algorithms.dpg",
+    "algorithms/r2d2": "apexrl.algorithms.r2d2",
 }
 # The replay shard's floors, one folder each: a module's floor is its folder, so a new file inherits the floor and
 # its rules. A floor may import its own modules and those of the floors listed for it, nothing else of the shard.
@@ -80,6 +81,9 @@ LEARNING_SIDE = (
     "apexrl.algorithms.dpg.learning",
     "apexrl.algorithms.dpg.networks",
     "apexrl.algorithms.dpg.losses",
+    "apexrl.algorithms.r2d2.learning",
+    "apexrl.algorithms.r2d2.losses",
+    "apexrl.algorithms.r2d2.networks",
 )
 # Modules an actor of vector environments loads: no torch at import (convolutional policies import it lazily).
 TORCH_FREE_ACTING = (
@@ -97,6 +101,10 @@ TORCH_FREE_ACTING = (
     "apexrl.algorithms.dpg.acting",
     "apexrl.algorithms.dpg.exploration",
     "apexrl.algorithms.dpg.policy_base",
+    "apexrl.algorithms.r2d2",
+    "apexrl.algorithms.r2d2.acting",
+    "apexrl.algorithms.r2d2.rescaling",
+    "apexrl.algorithms.r2d2.writing",
 )
 # Import cycles between apexrl modules that are allowed for now, each with its reason; every other cycle fails
 # test_no_import_cycles_between_apexrl_modules, lazy imports (inside functions, under TYPE_CHECKING) included.
@@ -190,7 +198,7 @@ def test_the_algorithms_sit_below_the_roles_and_their_acting_half_never_loads_th
         ):
             return "an algorithm's acting half never imports its learning half"
         if under(module, ("apexrl.actor", "apexrl.learner", "apexrl.launcher")) and under(
-            target, ("apexrl.algorithms.dqn", "apexrl.algorithms.dpg")
+            target, ("apexrl.algorithms.dqn", "apexrl.algorithms.dpg", "apexrl.algorithms.r2d2")
         ):
             return "the wiring reaches an algorithm through apexrl.algorithms.registry, never by name"
         return None

@@ -108,9 +108,10 @@ class ReplayServiceServicer:
         - The batch is validated before the duplicate check: an invalid batch gets its error ack even when its
         sequence number is old.
         - An empty writer_id turns de-duplication off: every valid batch is stored, resends included.
-        - The shard tracks at most max_tracked_writers writer ids (100,000 by default); the least recently used
-        (stored or acknowledged as duplicate) is forgotten first, and a forgotten writer's resent batches are
-        stored again. A shard process that restarts forgets every writer (its incarnation changes and its table
+        - The shard tracks at most max_tracked_writers writer ids (100,000 by default); when full, it forgets the
+        least recently used (stored or acknowledged as duplicate) writer id of the identity that holds the most
+        (under role tokens each identity's ids are its own; with one token or none, simply the least recently
+        used), and a forgotten writer's resent batches are stored again. A shard process that restarts forgets every writer (its incarnation changes and its table
         starts empty), unless it restores a checkpoint, which holds every writer's last stored sequence number
         at the checkpoint's instant (with the write-ahead log: as of the last acknowledged batch).
 

@@ -10,12 +10,13 @@ import torch
 
 from apexrl.algorithms.r2d2.acting import RecurrentActing, make_policy
 from apexrl.algorithms.r2d2.learning import R2D2Learning
-from apexrl.algorithms.r2d2.writing import EnvironmentWindows, Geometry, item_signature, replay_signature
+from apexrl.algorithms.r2d2.writing import Geometry, StepEncoder, item_signature, replay_signature
 from apexrl.common.environments import make_env
 from apexrl.common.spaces import EnvSpaces
 from apexrl.learner import ShardedReplayClient
 from apexrl.learner.prefetch import Prefetcher
 from apexrl.replay_server import ShardedWriter
+from apexrl.replay_server.client.sequence_writer import SequenceWriter
 from apexrl.replay_server.core.table import TableConfig
 
 GEOMETRY = Geometry(burn_in=4, train_length=8, period=6, gamma=0.99, n_step=3)
@@ -33,7 +34,13 @@ def play(writer: ShardedWriter, learning: R2D2Learning, spaces: EnvSpaces, steps
     acting = RecurrentActing(epsilon=0.3, rng=np.random.default_rng(0))
     games = [make_env("CartPoleNoVel-v1") for _ in range(envs)]
     obs = np.stack([game.reset(seed=i)[0] for i, game in enumerate(games)])
-    windows = [EnvironmentWindows(writer, GEOMETRY, trajectory=i) for i in range(envs)]
+    encoders = [StepEncoder(GEOMETRY) for _ in range(envs)]
+    windows = [
+        SequenceWriter(
+            writer, length=GEOMETRY.length, period=GEOMETRY.period, trajectory=i, priority=e.priority
+        )
+        for i, e in enumerate(encoders)
+    ]
     state = acting.initial_state(envs, CORE)
     for _ in range(steps):
         before = state.item_fields()
@@ -43,10 +50,13 @@ def play(writer: ShardedWriter, learning: R2D2Learning, spaces: EnvSpaces, steps
         for i, game in enumerate(games):
             next_obs, reward, terminated, truncated, _ = game.step(int(actions[i]))
             fields = {name: value[i] for name, value in before.items()}
-            windows[i].record(obs[i], actions[i], reward, terminated, fields, q[i], version=1)
+            windows[i].append(
+                *encoders[i].step(obs[i], actions[i], reward, terminated, fields, q[i], version=1)
+            )
             rewards[i], done[i] = reward, terminated or truncated
             if done[i]:
                 windows[i].end_episode()
+                encoders[i].end_episode()
                 next_obs, _ = game.reset()
             obs[i] = next_obs
         state = acting.reset(acting.observe(state, rewards), done)

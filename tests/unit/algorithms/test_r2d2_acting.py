@@ -8,14 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl.algorithms.r2d2.acting import (
-    NumpyRecurrentPolicy,
-    RecurrentActing,
-    TorchRecurrentPolicy,
-    window_priority,
-)
+from apexrl.algorithms.r2d2.acting import NumpyRecurrentPolicy, RecurrentActing, window_priority
 from apexrl.algorithms.r2d2.losses import SequenceBatch, r2d2_loss
 from apexrl.algorithms.r2d2.networks import RecurrentQNetwork
+from apexrl.algorithms.r2d2.torch_policy import TorchRecurrentPolicy
 from apexrl.algorithms.torsos import state_dict_to_numpy
 from apexrl.common.spaces import EnvSpaces
 
@@ -33,7 +29,7 @@ def test_a_policy_from_the_weights_steps_as_the_network_unrolls(spaces, policy_c
     policy = (
         NumpyRecurrentPolicy(weights)
         if policy_class is NumpyRecurrentPolicy
-        else TorchRecurrentPolicy(weights, spaces)
+        else TorchRecurrentPolicy(weights, spaces.layout, spaces.input_scale)
     )
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(5, 6, *spaces.obs_shape)).astype(np.float32)

@@ -185,7 +185,9 @@ def test_a_full_writer_table_forgets_a_writer_of_the_identity_holding_the_most()
     assert t.insert(cartpole_batch(1), writer_id="learner/x", sequence=1).duplicate
     assert t.insert(cartpole_batch(1), writer_id="actor-1/a", sequence=1).duplicate
     assert t.insert(cartpole_batch(1), writer_id="actor-0/9", sequence=1).duplicate  # its newest are kept
-    assert not t.insert(cartpole_batch(1), writer_id="actor-0/0", sequence=1).duplicate  # its oldest forgotten
+    assert not t.insert(
+        cartpole_batch(1), writer_id="actor-0/0", sequence=1
+    ).duplicate  # its oldest forgotten
     assert len(t.state().writers) == 4
     # Saved and restored, the table keeps the same writers in the same order.
     from apexrl.replay_server.core.dedup import WriterSequences
