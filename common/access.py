@@ -123,7 +123,12 @@ class AccessPolicy:
     token from its client certificate's common name. A policy with neither is open (every call allowed)."""
 
     def __init__(
-        self, tokens: Mapping[str | bytes, Identity] | None = None, *, certificate_roles: bool = False
+        self,
+        tokens: Mapping[str | bytes, Identity] | None = None,
+        *,
+        certificate_roles: bool = False,
+        excluded: frozenset[Role] = frozenset(),
+        closed: bool = False,
     ) -> None:
         # Kept as SHA-256 digests and compared with every one of them in constant time: how long a check takes
         # says nothing about how much of a guess matched, or which identity it came close to. A bytes key is
@@ -133,19 +138,19 @@ class AccessPolicy:
             for key, identity in (tokens or {}).items()
         ]
         self.certificate_roles = certificate_roles
-        self._open = not self._by_digest and not certificate_roles  # decided once: `without` never opens it
-        self.excluded: frozenset[Role] = frozenset()  # roles no caller may act in here (see `without`)
+        # Open only with no credential at all: a policy that had some (`closed`) stays closed without them.
+        self._open = not self._by_digest and not certificate_roles and not closed
+        self.excluded = excluded  # roles no caller may act in here (see `without`)
 
     def without(self, role: Role) -> AccessPolicy:
         """This policy with no caller acting in `role` (by token or certificate): a learner publishing to the
         parameter service it hosts in-process, so the learner's identity is no use against it over the network."""
-        policy = AccessPolicy(certificate_roles=self.certificate_roles)
-        policy._by_digest = [
-            (digest, identity) for digest, identity in self._by_digest if identity.role is not role
-        ]
-        policy.excluded = self.excluded | {role}
-        policy._open = self._open
-        return policy
+        return AccessPolicy(
+            {digest: identity for digest, identity in self._by_digest if identity.role is not role},
+            certificate_roles=self.certificate_roles,
+            excluded=self.excluded | {role},
+            closed=not self.is_open,
+        )
 
     @classmethod
     def single_token(cls, token: str) -> AccessPolicy:
