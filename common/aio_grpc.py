@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from apexrl.common import refusals
 from apexrl.common.access import AUDITED_METHODS, AccessDenied, AccessPolicy, Identity, is_open_method
+from apexrl.common.call_limits import CallLimits
 from apexrl.common.errors import ApexError, ErrorCode
 from apexrl.common.grpc_logs import quiet_peer_gone_errors
 from apexrl.common.grpc_util import (
@@ -34,16 +35,19 @@ from apexrl.common.grpc_util import (
     bind,
     handler_behavior,
     message_size_options,
-    raw_request_handler,
     same_kind_handler,
     status_of,
+    streaming_request_handler,
     undecodable_message,
     warn_if_token_in_clear,
 )
+from apexrl.common.memory import trim_periodically
 from apexrl.common.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# The plaintext health-only server's request limit: a HealthCheckRequest names a service, nothing more.
+HEALTH_REQUEST_BYTES = 16 * 1024
 
 
 def grpc_status(code: ErrorCode) -> grpc.StatusCode:
@@ -78,7 +82,9 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
     its role may not make PERMISSION_DENIED naming the identity and the method; neither reaches the servicer, and
     both are written to the audit log with the peer. Allowed Publish and Checkpoint calls are audited too; health
     checks are open. Decided from the call's metadata before it runs, except with certificate roles and no token
-    (then in the call, from its TLS auth context). The wrappers keep the behaviour's kind (coroutine or async
+    (then in the call, from its TLS auth context). A call refused from its metadata is refused unread: its
+    handler takes the request as a stream and never reads it (grpc.aio would otherwise receive a unary request
+    whole, up to the message limit, before refusing it). The wrappers keep the behaviour's kind (coroutine or async
     generator), which grpc.aio looks at to decide how to run it."""
 
     def __init__(self, policy: AccessPolicy) -> None:
@@ -96,7 +102,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
                 audit_refused(method, context.peer(), decision)
                 await context.abort(status_of(decision), str(decision))
 
-            return same_kind_handler(handler, deny)
+            return streaming_request_handler(handler, deny)  # refused unread: see the class docstring
         if decision is None or method in AUDITED_METHODS:
             return same_kind_handler(
                 handler, _run_after(handler_behavior(handler), self._checker(method, decision))
@@ -142,18 +148,29 @@ def _run_after(behavior: Callable, check: Callable) -> Callable:
 
 
 class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
-    """Answers INVALID_ARGUMENT for a request message that does not parse (grpc.aio itself answers UNKNOWN, a code
-    that blames the server for a client's bytes). The handler is given the raw bytes and decodes them itself; on a
-    streaming call the first bad message ends the call. Installed after the access check, so a call without a
-    credential is refused before its bytes are parsed. The wrapper keeps the behaviour's kind (coroutine or async
-    generator), which grpc.aio looks at to decide how to run it."""
+    """Reads and decodes every request message itself, so that what requests make the server hold stays bounded
+    (common/call_limits.py): a unary request waits for one of `max_reading_requests` slots before gRPC receives
+    it (until then gRPC holds only what HTTP/2's flow-control window let in) and must arrive within
+    `request_read_seconds`; a message over its method's limit is RESOURCE_EXHAUSTED, one that does not parse
+    INVALID_ARGUMENT (grpc.aio itself answers UNKNOWN, a code that blames the server for a client's bytes), and
+    fields the server does not know are dropped once parsed. A unary handler is served as a streaming one (the
+    same bytes on the wire) because grpc.aio receives a unary request whole before any Python code sees the call.
+    A streaming request takes no slot (it waits for its next message as long as its writer is idle); on a
+    streaming call the first bad message ends the call. Installed after the access check, so a refused call is never read. The
+    wrapper keeps the behaviour's kind (coroutine or async generator), which grpc.aio looks at to decide how to
+    run it."""
 
     # Wrapped handlers kept per (method, handler): the servicer's handlers are built once, so each call reuses its
     # method's wrapper instead of building closures again (a noticeable share of a small call's CPU).
     _CACHED_HANDLERS = 64
 
-    def __init__(self) -> None:
+    def __init__(self, limits: CallLimits | None = None) -> None:
+        self._limits = limits
         self._wrapped: dict[tuple[str, grpc.RpcMethodHandler], grpc.RpcMethodHandler] = {}
+        # Made on the server's loop (the interceptor is built there, in AioServerThread._start). Health checks,
+        # open to anyone, take a slot of their own: a stranger trickling them never holds a caller's slot.
+        self._slots = None if limits is None else asyncio.Semaphore(limits.max_reading_requests)
+        self._open_slots = None if limits is None else asyncio.Semaphore(1)
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -168,56 +185,131 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
             self._wrapped[key] = wrapped
         return wrapped
 
-    @staticmethod
-    def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    def _reader(self, method: str) -> Callable:
+        """read(context, unary): the call's next raw message (None at the end), checked against the method's
+        limit; a unary request is received in one of the server's reading slots, within its read timeout."""
+        limits = self._limits
+        limit = None if limits is None else limits.request_limit(method)
+        slots = self._open_slots if is_open_method(method) else self._slots
+
+        async def receive(context) -> bytes | None:
+            # context.read(), not the request iterator grpc.aio passes: its generator holds the last message it
+            # yielded until asked for the next one (a refused 60 MiB request stayed in memory with it).
+            raw = await context.read()
+            return None if raw is grpc.aio.EOF else raw
+
+        async def read(context, unary: bool) -> bytes | None:
+            if limits is None or not unary:
+                raw = await receive(context)
+            else:  # gRPC receives a message only once it is asked for it
+                async with slots:
+                    raw = await _within(receive(context), limits.request_read_seconds, method)
+            if raw is not None and limit is not None and len(raw) > limit:
+                size, raw = len(raw), None
+                raise _Refused(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{method}: a request message of {size:,} bytes, over this method's limit of {limit:,} "
+                    f"(max_request_bytes)",
+                )
+            return raw
+
+        return read
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         parse, behavior = handler.request_deserializer, handler_behavior(handler)
         if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
             return handler  # a synchronous behaviour (gRPC runs it in its thread pool): left as it is
+        read = self._reader(method)
 
-        async def decode(raw: bytes, context: grpc.aio.ServicerContext):
+        def decode(raw: bytes):
             try:
-                return parse(raw)
+                request = parse(raw)
+                request.DiscardUnknownFields()  # a peer's unknown bytes are not kept while the call runs
+                return request
             except Exception as err:  # noqa: BLE001 (DecodeError, or anything else these bytes provoke)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable_message(method, err))
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, undecodable_message(method, err)) from None
 
-        async def requests(raw_iterator, context):
-            async for raw in raw_iterator:  # parsed inline: no coroutine per message of a stream
-                try:
-                    request = parse(raw)
-                except Exception as err:  # noqa: BLE001 (as in decode)
-                    # Raised, not aborted here: the behaviour may read its requests in another task (the insert
-                    # stream with a write-ahead log) while this call writes a response, and gRPC refuses a status
-                    # sent meanwhile (the call would then hang until its deadline). `decoded` aborts instead.
-                    raise _Undecodable(undecodable_message(method, err)) from None
+        async def requests(context):
+            while (raw := await read(context, False)) is not None:
+                # Parsed inline: no coroutine per message of a stream. Raised, not aborted here: the behaviour may
+                # read its requests in another task (the insert stream with a write-ahead log) while this call
+                # writes a response, and gRPC refuses a status sent meanwhile (the call would then hang until its
+                # deadline). `decoded` aborts instead.
+                request = decode(raw)
+                del raw  # the parsed request holds its own copy: the received bytes go now
                 yield request
 
-        async def argument(request, context):
-            return requests(request, context) if handler.request_streaming else await decode(request, context)
+        async def argument(context):
+            if handler.request_streaming:
+                return requests(context)
+            raw = await read(context, True)
+            if raw is None:
+                raise _Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the call sent no request message"
+                )
+            return decode(raw)
 
         if inspect.isasyncgenfunction(behavior):
 
-            async def decoded(request, context):
+            async def decoded(_requests, context):  # read with context.read(): see _reader
                 try:
-                    async with contextlib.aclosing(
-                        behavior(await argument(request, context), context)
-                    ) as responses:
+                    async with contextlib.aclosing(behavior(await argument(context), context)) as responses:
                         async for response in responses:
                             yield response
-                except _Undecodable as err:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                    return
+                except _Refused as err:
+                    refused = err.status()
+                await context.abort(*refused)  # out of the except: see _Refused.status
         else:
 
-            async def decoded(request, context):
+            async def decoded(_requests, context):  # read with context.read(): see _reader
                 try:
-                    return await behavior(await argument(request, context), context)
-                except _Undecodable as err:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                    return await behavior(await argument(context), context)
+                except _Refused as err:
+                    refused = err.status()
+                await context.abort(*refused)  # out of the except: see _Refused.status
 
-        return raw_request_handler(handler, decoded)
+        return streaming_request_handler(handler, decoded)
 
 
-class _Undecodable(Exception):
-    """A message of a request stream that does not parse (RequestDecodeInterceptor answers INVALID_ARGUMENT)."""
+async def _within(awaitable: Awaitable[T], seconds: float, method: str) -> T:
+    """`await awaitable`, cut off after `seconds` (_Refused DEADLINE_EXCEEDED): asyncio.timeout's way (a timer
+    that cancels this task), which Python 3.10 lacks, without wait_for's task per call."""
+    task, fired = asyncio.current_task(), False
+
+    def expire() -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(seconds, expire)
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        if not fired:
+            raise
+        if hasattr(task, "uncancel"):
+            task.uncancel()
+        raise _Refused(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"{method}: the request message did not arrive within {seconds:g} s (request_read_seconds)",
+        ) from None
+    finally:
+        timer.cancel()
+
+
+class _Refused(Exception):
+    """A request message over its method's limit or that does not parse (RequestDecodeInterceptor answers `code`)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def status(self) -> tuple[grpc.StatusCode, str]:
+        """(code, details), to abort with once this exception is gone: aborting inside its `except` chains it to
+        grpc.aio's AbortError, and the chain's frames (the request's bytes among their locals) then live as long
+        as that error (refused 60 MiB requests piled up in memory)."""
+        return self.code, str(self)
 
 
 class Changes:
@@ -302,12 +394,15 @@ class AioServerThread:
         health_address: str | None = None,
         serving: bool = True,
         on_stop: Callable[[], Awaitable[None] | None] | None = None,
+        limits: CallLimits | None = None,
     ) -> None:
         quiet_peer_gone_errors()
         self._add_services = add_services
         self._service_names = list(service_names)
         refusals.serving(_methods_of(self._service_names))
         self._max_message_bytes = max_message_bytes
+        # No limits given: every method may send max_message_bytes; calls and reads are capped all the same.
+        self.limits = limits if limits is not None else CallLimits(max(1024, max_message_bytes))
         self.access = (
             access if access is not None else AccessPolicy.single_token(token) if token else AccessPolicy()
         )
@@ -355,14 +450,19 @@ class AioServerThread:
 
     async def _start(self, address: str) -> int:
         interceptors = [] if self.access.is_open else [AccessInterceptor(self.access)]
-        interceptors.append(
-            RequestDecodeInterceptor()
-        )  # after the access check: see RequestDecodeInterceptor
+        # After the access check: see RequestDecodeInterceptor.
+        interceptors.append(RequestDecodeInterceptor(self.limits))
+        limits = self.limits
+        trim_periodically(limits.trim_memory_seconds)  # first: it limits the heaps gRPC's threads will use
         server = grpc.aio.server(
             interceptors=interceptors,
-            options=message_size_options(self._max_message_bytes)
+            options=message_size_options(
+                self._max_message_bytes, limits.receive_limit(self._max_message_bytes)
+            )
+            + limits.server_options()
             + self._options
             + [("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=limits.max_concurrent_calls,
         )
         self._add_services(server)
         self._health = health_aio.HealthServicer()
@@ -374,7 +474,11 @@ class AioServerThread:
         port = bind(server, address, tls=self._tls)
         warn_if_token_in_clear(address, port, self.access.has_tokens, self._tls)
         if self._health_address is not None:
-            health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            # Health checks only: open to anyone, and never more than a service name to read.
+            health_server = grpc.aio.server(
+                options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", HEALTH_REQUEST_BYTES)],
+                maximum_concurrent_rpcs=limits.max_concurrent_calls,
+            )
             health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
             self.health_port = bind(health_server, self._health_address)
             await health_server.start()

@@ -86,9 +86,16 @@ class CallFuture(Generic[T]):
         return self._call.cancel()
 
 
-def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
+def message_size_options(
+    max_message_bytes: int, max_receive_bytes: int | None = None
+) -> list[tuple[str, int]]:
+    """gRPC's message limits: `max_message_bytes` both ways, or received messages up to `max_receive_bytes`
+    (gRPC refuses a larger one from its length prefix, before buffering it)."""
     return [
-        ("grpc.max_receive_message_length", max_message_bytes),
+        (
+            "grpc.max_receive_message_length",
+            max_message_bytes if max_receive_bytes is None else max_receive_bytes,
+        ),
         ("grpc.max_send_message_length", max_message_bytes),
     ]
 
@@ -169,9 +176,11 @@ def handler_behavior(handler: grpc.RpcMethodHandler) -> Callable:
     return getattr(handler, _KINDS[(handler.request_streaming, handler.response_streaming)][1])
 
 
-def raw_request_handler(handler: grpc.RpcMethodHandler, behavior: Callable) -> grpc.RpcMethodHandler:
-    """A handler of `handler`'s kind and response encoding that gives `behavior` the raw request bytes."""
-    make = _KINDS[(handler.request_streaming, handler.response_streaming)][0]
+def streaming_request_handler(handler: grpc.RpcMethodHandler, behavior: Callable) -> grpc.RpcMethodHandler:
+    """A handler of `handler`'s response kind and encoding whose `behavior` gets the request as a stream of raw
+    messages, unary requests included (the same bytes on the wire): gRPC reads none of them until `behavior`
+    asks, so a unary call can be refused unread, or read when the server has room for it."""
+    make = _KINDS[(True, handler.response_streaming)][0]
     return make(behavior, request_deserializer=None, response_serializer=handler.response_serializer)
 
 

@@ -137,6 +137,7 @@ class WeightsService:
         if self.store is None:
             return config.params, serve_metrics(registry, config.metrics_port, config.host)
         from apexrl.common.access import Role
+        from apexrl.common.call_limits import CallLimitSettings
         from apexrl.common.serving import Serving
         from apexrl.parameter_server.service import create_parameter_server
 
@@ -148,6 +149,9 @@ class WeightsService:
             # The learner publishes in-process: no caller needs its identity here, so its token (or certificate)
             # is no use against this service over the network.
             access=config.access().without(Role.LEARNER),
+            # No heap trimming nor arena limit in the learner's process (common/memory.py): torch's threads
+            # allocate here, and the hosted service's requests are held to 2 MiB from their length prefix anyway.
+            call_limits=CallLimitSettings(trim_memory_seconds=0.0),
             health_address=config.health_address(),
         )
         self.serving = Serving(service.server, service.port, config, registry, log)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from apexrl.common.call_limits import CallLimitSettings
 from apexrl.common.connections import ConnectionPolicy
 from apexrl.common.process import metrics_port_setting
 from apexrl.common.serving_settings import ServingSettings
 from apexrl.common.settings import setting
 from apexrl.parameter_server.limits import (
     DEFAULT_MAX_CONCURRENT_PUBLISHES,
+    DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_WEIGHTS_BYTES,
     DEFAULT_PUBLISH_IDLE_TIMEOUT,
     PublishLimits,
@@ -21,7 +23,7 @@ DEFAULT_METRICS_PORT = 9100
 
 
 @dataclass(frozen=True)
-class ParamsConfig(ServingSettings, ConnectionPolicy):
+class ParamsConfig(ServingSettings, CallLimitSettings, ConnectionPolicy):
     """A standalone parameter service process: its limits, and where and how it serves (ServingSettings)."""
 
     port: int = setting(
@@ -36,7 +38,12 @@ class ParamsConfig(ServingSettings, ConnectionPolicy):
     )
     max_message_bytes: int = setting(
         DEFAULT_MAX_MESSAGE_BYTES,
-        "largest gRPC message received or sent; chunking makes gRPC's default 4 MiB enough for any model",
+        "largest gRPC message sent; chunking makes gRPC's default 4 MiB enough for any model",
+    )
+    max_request_bytes: int = setting(
+        DEFAULT_MAX_REQUEST_BYTES,
+        "largest request message received (a Publish chunk is 1 MiB of weights and the header): gRPC refuses a "
+        "larger one with RESOURCE_EXHAUSTED from its length prefix, before buffering it",
     )
     # What publishers may make the service hold: at most max_concurrent_publishes x max_weights_bytes.
     max_weights_bytes: int = setting(
@@ -47,7 +54,7 @@ class ParamsConfig(ServingSettings, ConnectionPolicy):
     max_concurrent_publishes: int = setting(
         DEFAULT_MAX_CONCURRENT_PUBLISHES,
         "Publish calls served at once; one more is refused with "
-        "RESOURCE_EXHAUSTED (Fetch and GetVersion are not limited)",
+        "RESOURCE_EXHAUSTED (Fetch and GetVersion: max_concurrent_calls)",
     )
     publish_idle_timeout: float = setting(
         DEFAULT_PUBLISH_IDLE_TIMEOUT,
@@ -57,10 +64,16 @@ class ParamsConfig(ServingSettings, ConnectionPolicy):
 
     def __post_init__(self) -> None:
         ConnectionPolicy.__post_init__(self)
+        CallLimitSettings.__post_init__(self)
         self.check_serving()
         if not 1 <= self.chunk_bytes <= self.max_message_bytes:
             raise ValueError(
                 f"chunk_bytes ({self.chunk_bytes}) must be in [1, max_message_bytes "
                 f"({self.max_message_bytes})]"
+            )
+        if self.max_request_bytes <= DEFAULT_CHUNK_BYTES:
+            raise ValueError(
+                f"max_request_bytes ({self.max_request_bytes}) must exceed the {DEFAULT_CHUNK_BYTES} bytes of weights "
+                f"a Publish message carries"
             )
         PublishLimits.of(self)

@@ -17,6 +17,9 @@ DEFAULT_MAX_WEIGHTS_BYTES = 1 << 30
 # The learner publishes one version at a time; the rest is headroom for tools.
 DEFAULT_MAX_CONCURRENT_PUBLISHES = 4
 DEFAULT_PUBLISH_IDLE_TIMEOUT = 30.0
+# Every request of the service, Publish's chunks included (1 MiB of weights, plus the header on the first): gRPC
+# refuses a larger one from its length prefix, before buffering it (common/call_limits.py).
+DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
 
 
 def check_max_weights_bytes(value: int) -> int:

@@ -34,13 +34,16 @@ def run(config: ParamsConfig, stop: threading.Event) -> int:
         limits=limits,
         tls=config.tls(),
         connections=config,
+        call_limits=config,
+        max_request_bytes=config.max_request_bytes,
         access=config.access(),
         health_address=config.health_address(),
     )
     serving = Serving(service.server, service.port, config, registry, log)
     serving.announce(
         "parameter service",
-        f"chunks of {config.chunk_bytes} bytes, messages up to {config.max_message_bytes} bytes, weights up to "
+        f"chunks of {config.chunk_bytes} bytes, messages up to {config.max_message_bytes} bytes (requests "
+        f"{config.max_request_bytes}), weights up to "
         f"{limits.max_weights_bytes} bytes, {limits.max_concurrent_publishes} publishes at once, idle publishes "
         f"aborted after {limits.publish_idle_timeout:g} s",
     )

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from apexrl.common.access import AccessPolicy
 from apexrl.common.aio_grpc import AioServerThread, abort
+from apexrl.common.call_limits import CallLimits, CallLimitSettings
 from apexrl.common.connections import ConnectionPolicy
 from apexrl.common.errors import (
     ApexError,
@@ -34,7 +35,7 @@ from apexrl.common.errors import (
 )
 from apexrl.common.metrics import RpcMetrics
 from apexrl.common.tls import TlsFiles
-from apexrl.parameter_server.limits import PublishLimits
+from apexrl.parameter_server.limits import DEFAULT_MAX_REQUEST_BYTES, PublishLimits
 from apexrl.parameter_server.store import Snapshot, WeightStore
 from apexrl.parameter_server.weights import VersionRefusedError
 from apexrl.parameter_server.wire import (
@@ -272,6 +273,8 @@ def create_parameter_server(
     token: str | None = None,
     access: AccessPolicy | None = None,
     connections: ConnectionPolicy | None = None,
+    call_limits: CallLimitSettings | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     tls: TlsFiles | None = None,
     health_address: str | None = None,
 ) -> ParameterServer:
@@ -283,8 +286,9 @@ def create_parameter_server(
     each Fetch message; it must not exceed `max_message_bytes`, nor the receive limit of the clients (4 MiB by
     default). `limits` bound what Publish calls may make the service hold (PublishLimits' defaults when None).
     `access` decides who may call what (common/access.py: a single-token policy for `token`; neither: open),
-    `connections` keepalive and connection lifetimes (common/connections.py).
-    With `tls` it serves TLS (mutual with a CA); with `health_address` it also serves the health service alone,
+    `connections` keepalive and connection lifetimes (common/connections.py), `call_limits` the calls and request
+    bytes any peer may make it hold (common/call_limits.py; every request at most `max_request_bytes`, refused by
+    gRPC from its length prefix). With `tls` it serves TLS (mutual with a CA); with `health_address` it also serves the health service alone,
     in plaintext, there (`server.health_port`). `server.stop(grace)` returns an event set once it has stopped;
     `server.enter_graceful_shutdown()` reports NOT_SERVING. Raises ValueError for bad sizes and OSError when an
     address cannot be bound.
@@ -308,6 +312,7 @@ def create_parameter_server(
         options=(connections or ConnectionPolicy()).server_options(),
         tls=tls,
         health_address=health_address,
+        limits=CallLimits.of(call_limits or CallLimitSettings(), max_request_bytes),
     )
     port = server.start(address)
     return ParameterServer(server, port, store)

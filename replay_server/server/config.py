@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from apexrl.common.call_limits import CallLimitSettings
 from apexrl.common.connections import ConnectionPolicy
 from apexrl.common.process import metrics_port_setting
 from apexrl.common.serving_settings import ServingSettings
@@ -17,14 +18,20 @@ DEFAULT_METRICS_PORT = 9000
 
 
 @dataclass(frozen=True)
-class ReplayConfig(ServingSettings, ConnectionPolicy, QuotaSettings, TableConfig):
+class ReplayConfig(ServingSettings, CallLimitSettings, ConnectionPolicy, QuotaSettings, TableConfig):
     """One replay shard process: its table, and where and how it serves (ServingSettings)."""
 
     port: int = setting(DEFAULT_PORT, "gRPC port of the ReplayService; 0 picks a free port (see --port-file)")
     metrics_port: int = metrics_port_setting(DEFAULT_METRICS_PORT)
     max_message_bytes: int = setting(
         64 * 1024 * 1024,
-        "largest gRPC message received or sent; larger ones are refused with RESOURCE_EXHAUSTED",
+        "largest gRPC message received or sent; larger ones are refused with RESOURCE_EXHAUSTED (an Insert "
+        "message may be this large; every other request: max_request_bytes)",
+    )
+    max_request_bytes: int = setting(
+        4 * 1024 * 1024,
+        "largest request message of every method but Insert (Sample, UpdatePriorities, Info, ...); a larger one "
+        "is refused with RESOURCE_EXHAUSTED",
     )
     # Durability
     checkpoint_dir: str | None = setting(
@@ -60,9 +67,12 @@ class ReplayConfig(ServingSettings, ConnectionPolicy, QuotaSettings, TableConfig
         TableConfig.__post_init__(self)
         QuotaSettings.__post_init__(self)
         ConnectionPolicy.__post_init__(self)
+        CallLimitSettings.__post_init__(self)
         self.check_serving()
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes ({self.max_message_bytes}) must be at least 1024")
+        if self.max_request_bytes < 1024:  # above max_message_bytes, max_message_bytes is the limit
+            raise ValueError(f"max_request_bytes ({self.max_request_bytes}) must be at least 1024")
         if not (math.isfinite(self.checkpoint_every) and self.checkpoint_every >= 0):
             raise ValueError(
                 f"checkpoint_every ({self.checkpoint_every}) must be a finite number of seconds >= 0"

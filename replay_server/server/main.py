@@ -82,6 +82,8 @@ def _serve(config: ReplayConfig, stop: threading.Event) -> int:
         access=config.access(),
         quotas=config,
         connections=config,
+        limits=config,
+        max_request_bytes=config.max_request_bytes,
         health_address=config.health_address(),
         serving=durability.checkpointer is None,
         checkpointer=durability.checkpointer,

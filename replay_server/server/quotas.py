@@ -1,5 +1,5 @@
 """What one caller, and all callers together, may hold open on a replay shard: calls per connection, calls waiting
-for the table (rate limiter, minimum size), decoded insert bytes those waiting calls hold, and how long any call
+for the table (rate limiter, minimum size), insert bytes those waiting calls hold (requests and decoded arrays), and how long any call
 may wait. Without these, one client could hold 1,500 waiting Samples on one channel, or park gigabytes of decoded
 inserts behind the rate limiter (docs/security.md, "Limits").
 
@@ -40,8 +40,8 @@ class QuotaSettings:
     )
     max_waiting_insert_bytes: int = setting(
         256 * 1024 * 1024,
-        "bytes of decoded insert batches that waiting inserts may hold, all together; an insert "
-        "that would go over it is refused with RESOURCE_EXHAUSTED (its data is not stored)",
+        "bytes that waiting inserts may hold, all together: each its request message and the arrays decoded "
+        "from it; an insert that would go over it is refused with RESOURCE_EXHAUSTED (its data is not stored)",
     )
     max_wait_seconds: float = setting(
         60.0,
@@ -100,7 +100,7 @@ class Quotas:
         ).set_function(lambda: sum(self._calls.values()))
         Gauge(
             "apexrl_replay_waiting_insert_bytes",
-            "Bytes of decoded insert batches held by inserts waiting for the table",
+            "Bytes held by inserts waiting for the table (their requests and the arrays decoded from them)",
             registry=registry,
         ).set_function(lambda: self.waiting_bytes)
 

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from apexrl.common import grpc_util
 from apexrl.common.access import AccessPolicy
 from apexrl.common.aio_grpc import AioServerThread, Lane, abort
+from apexrl.common.call_limits import CallLimits, CallLimitSettings
 from apexrl.common.connections import ConnectionPolicy
 from apexrl.common.errors import (
     ApexError,
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
     from apexrl.replay_server.durability.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
+# The one method whose requests may be as large as max_message_bytes; every other one: max_request_bytes.
+LARGE_METHODS = (f"/{wire.SERVICE_NAME}/Insert",)
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 class ReplayServicer(replay_pb2_grpc.ReplayServiceServicer):
@@ -234,6 +238,8 @@ def create_replay_server(
     access: AccessPolicy | None = None,
     quotas: QuotaSettings | None = None,
     connections: ConnectionPolicy | None = None,
+    limits: CallLimitSettings | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     tls: TlsFiles | None = None,
     health_address: str | None = None,
     serving: bool = True,
@@ -246,8 +252,9 @@ def create_replay_server(
     answer UNAVAILABLE) and returns an event set once it has stopped; `server.enter_graceful_shutdown()` reports
     NOT_SERVING. `access` decides who may call what (common/access.py; a
     single-token policy for `token`; neither: open), `quotas` what callers may hold open (replay_server/server/quotas.py),
-    `connections` keepalive and connection lifetimes (common/connections.py).
-    With `tls` it serves TLS (mutual with a CA); with
+    `connections` keepalive and connection lifetimes (common/connections.py), `limits` the calls and request
+    bytes any peer may make it hold (common/call_limits.py: Insert messages up to `max_message_bytes`, every other
+    request up to `max_request_bytes`). With `tls` it serves TLS (mutual with a CA); with
     `health_address` it also serves the health service alone, in plaintext, there (`server.health_port`). With
     `serving` false health reports NOT_SERVING until `server.set_serving()` (the shard is restoring); with a
     `checkpointer` the Checkpoint RPC writes checkpoints; with a `wal` every insert is acknowledged only once
@@ -273,6 +280,7 @@ def create_replay_server(
         health_address=health_address,
         serving=serving,
         on_stop=close,
+        limits=CallLimits.of(limits or CallLimitSettings(), max_request_bytes, LARGE_METHODS),
     )
     port = server.start(address)
     if wal is not None:
