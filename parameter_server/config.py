@@ -14,6 +14,7 @@ from apexrl.parameter_server.limits import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_WEIGHTS_BYTES,
     DEFAULT_PUBLISH_IDLE_TIMEOUT,
+    DEFAULT_PUBLISH_MAX_SECONDS,
     PublishLimits,
 )
 from apexrl.parameter_server.wire import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_MESSAGE_BYTES
@@ -60,6 +61,11 @@ class ParamsConfig(ServingSettings, CallLimitSettings, ConnectionPolicy):
         DEFAULT_PUBLISH_IDLE_TIMEOUT,
         "seconds a Publish stream may go without a message before it is aborted "
         "(DEADLINE_EXCEEDED), freeing its slot and its buffered bytes",
+    )
+    publish_max_seconds: float = setting(
+        DEFAULT_PUBLISH_MAX_SECONDS,
+        "seconds a whole Publish may take, however often its messages come, before it is aborted "
+        "(DEADLINE_EXCEEDED): a trickle of bytes holds a slot no longer",
     )
 
     def __post_init__(self) -> None:

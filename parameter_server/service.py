@@ -127,7 +127,8 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
         try:
             with self._metrics.time("Publish"):
                 try:
-                    version = await self._receive(aiter(request_iterator), context)
+                    deadline = asyncio.get_running_loop().time() + self.limits.publish_max_seconds
+                    version = await self._receive(aiter(request_iterator), context, deadline)
                 except ApexError as err:
                     reason = _REFUSALS.get(type(err))
                     if reason is not None:
@@ -139,11 +140,15 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
         return parameters_pb2.PublishResponse(version=version)
 
     async def _receive(
-        self, requests: AsyncIterator[parameters_pb2.PublishRequest], context: grpc.aio.ServicerContext
+        self,
+        requests: AsyncIterator[parameters_pb2.PublishRequest],
+        context: grpc.aio.ServicerContext,
+        deadline: float,
     ) -> int:
         """Reassemble one Publish stream and store it; nothing is stored unless every check passes. The declared
-        size and the version are checked when the header arrives, before any byte is buffered."""
-        first = await self._next(requests, 0)
+        size and the version are checked when the header arrives, before any byte is buffered. The whole stream
+        must arrive before `deadline` (the event loop's clock)."""
+        first = await self._next(requests, 0, deadline)
         if first is None or not first.HasField("header"):
             raise InvalidArgumentError("the first Publish message must carry the header")
         limit = self.limits.max_weights_bytes
@@ -169,7 +174,7 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
                 )
             payload += request.chunk
             index += 1
-            request = await self._next(requests, index)
+            request = await self._next(requests, index, deadline)
         if len(payload) != total:
             raise InvalidArgumentError(
                 f"Publish stream ended after {len(payload)} of the header's total_bytes {total}; "
@@ -182,16 +187,23 @@ class ParameterServicer(parameters_pb2_grpc.ParameterServiceServicer):
         return self.store.publish_packed(layout, payload, requested)
 
     async def _next(
-        self, requests: AsyncIterator[parameters_pb2.PublishRequest], index: int
+        self, requests: AsyncIterator[parameters_pb2.PublishRequest], index: int, deadline: float
     ) -> parameters_pb2.PublishRequest | None:
         """The stream's next message, None at its end; DeadlineExceededError when none comes within the idle
-        timeout (a publisher that stopped sending gives its slot and its buffered bytes back)."""
-        timeout = self.limits.publish_idle_timeout
+        timeout, or the whole Publish is past its deadline (a publisher that stopped sending, or trickles, gives
+        its slot and its buffered bytes back)."""
+        idle = self.limits.publish_idle_timeout
+        left = deadline - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(anext(requests, None), timeout)
+            return await asyncio.wait_for(anext(requests, None), max(0.0, min(idle, left)))
         except asyncio.TimeoutError:  # an alias of TimeoutError from Python 3.11
+            if left < idle:
+                raise DeadlineExceededError(
+                    f"Publish did not complete within {self.limits.publish_max_seconds:g} s "
+                    f"(publish_max_seconds; {index} messages received): the stream was aborted, nothing stored"
+                ) from None
             raise DeadlineExceededError(
-                f"Publish message {index} did not arrive within {timeout:g} s of the previous one "
+                f"Publish message {index} did not arrive within {idle:g} s of the previous one "
                 f"(publish_idle_timeout): the stream was aborted, nothing stored"
             ) from None
 

@@ -149,6 +149,32 @@ def test_an_idle_publish_stream_is_aborted_and_gives_its_slot_back(service):
     assert s.store.version == 2
 
 
+def test_a_trickling_publish_is_aborted_at_its_total_deadline_and_gives_its_slot_back(service):
+    """Issue 31: a Publish sending a byte now and then, each within the idle timeout, held its slot forever. Now a
+    whole Publish has publish_max_seconds."""
+    s = service(
+        limits=PublishLimits(max_concurrent_publishes=1, publish_idle_timeout=5.0, publish_max_seconds=1.0)
+    )
+    stop = threading.Event()
+
+    def trickle():
+        yield parameters_pb2.PublishRequest(header=header(1 << 20), chunk=b"\0")
+        while not stop.wait(0.1):  # far within the idle timeout, forever
+            yield parameters_pb2.PublishRequest(chunk=b"\0")
+
+    try:
+        call = s.stub.Publish.future(trickle(), timeout=60)
+        assert isinstance(call.exception(30), grpc.RpcError)  # the server ended it, long before the client's 60 s
+        assert call.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "Publish did not complete within 1 s (publish_max_seconds;" in call.details()
+    finally:
+        stop.set()
+    wait_until(lambda: s.metric("apexrl_params_publishes_in_progress") == 0, "the slot is free again")
+    with ParameterClient(s.address, timeout=10) as client:
+        assert client.publish(WEIGHTS) == 1  # the one slot serves the next publisher; nothing was stored before
+    assert s.metric("apexrl_params_publish_refusals_total", {"reason": "idle"}) == 1
+
+
 def test_far_ahead_versions_are_refused_and_the_service_keeps_serving_the_old_weights(service):
     """Issue 16: a Publish of version 2**64 - 1 was stored, every actor fetched it, and no version was left for the
     learner's next publish. Now a version must be greater than the current one and at most 2**20 above it."""
