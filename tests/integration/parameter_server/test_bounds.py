@@ -164,14 +164,18 @@ def test_a_trickling_publish_is_aborted_at_its_total_deadline_and_gives_its_slot
 
     try:
         call = s.stub.Publish.future(trickle(), timeout=60)
-        assert isinstance(call.exception(30), grpc.RpcError)  # the server ended it, long before the client's 60 s
+        assert isinstance(
+            call.exception(30), grpc.RpcError
+        )  # the server ended it, long before the client's 60 s
         assert call.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "Publish did not complete within 1 s (publish_max_seconds;" in call.details()
     finally:
         stop.set()
     wait_until(lambda: s.metric("apexrl_params_publishes_in_progress") == 0, "the slot is free again")
     with ParameterClient(s.address, timeout=10) as client:
-        assert client.publish(WEIGHTS) == 1  # the one slot serves the next publisher; nothing was stored before
+        assert (
+            client.publish(WEIGHTS) == 1
+        )  # the one slot serves the next publisher; nothing was stored before
     assert s.metric("apexrl_params_publish_refusals_total", {"reason": "idle"}) == 1
 
 
