@@ -47,6 +47,10 @@ MIN_PRIORITY = 1e-3
 # seconds of every run: that is logged at INFO, and only weights still missing after this long at WARNING.
 STARTUP_WINDOW_SECONDS = 30.0
 FETCH_WARNING_PERIOD_SECONDS = 30.0  # at most one such line per period
+FIRST_WEIGHTS_POLL_SECONDS = 0.2  # how often the first weights are tried for
+# The priority of a transition played at random before the first weights (no network to score it with): about the
+# |TD error| of a fresh network on rewards of size 1, so such rows are sampled like the first scored ones.
+UNSCORED_PRIORITY = 1.0
 
 
 class ApeXActor:
@@ -87,7 +91,7 @@ class ApeXActor:
         self.writing = self.algorithm.writing()  # steps into replay items, one writer per environment
         self.item_writers = [self.writing.make_writer(config, self.spaces) for _ in range(config.num_envs)]
         self.tls = tls_of(config)
-        self.params = ParameterClient(config.params, timeout=5.0, token=config.token, tls=self.tls)
+        self.params = self._params_client()
         # Round-robin from shard actor_index mod S with failover, back pressure and dns:/// membership (the SDK's).
         self.writer: ShardedWriter | None = None  # the evaluator inserts nothing
         if not config.evaluate:
@@ -117,8 +121,14 @@ class ApeXActor:
             )
         self._last_fetch_warning = -float("inf")
         self._waiting_since = time.monotonic()  # for the first weights: reset when run() starts waiting
+        # Before the first weights (act_before_weights): when to try for them next, and the random actions' generator.
+        self._next_weights_try = 0.0
+        self._random = np.random.default_rng([seed, config.actor_index, 1])
 
     # ----------------------------------------------------------------------------------------------- weights
+    def _params_client(self) -> ParameterClient:
+        return ParameterClient(self.config.params, timeout=5.0, token=self.config.token, tls=self.tls)
+
     def _pull_weights(self) -> bool:
         """Fetch newer weights if there are any; keep the current ones when the service is unreachable."""
         try:
@@ -128,6 +138,11 @@ class ApeXActor:
                 raise
             self.metrics.fetch_failures.inc()
             self._report_fetch_failure(err)
+            if self.policy is None:
+                # Waiting for the first weights (the learner is starting): the next try dials anew. The channel's
+                # reconnect backoff (up to 1 s by then) would otherwise hold every actor back after the service is up.
+                self.params.close()
+                self.params = self._params_client()
             return False
         if fetched is None:
             self.metrics.weight_lag.set(0)
@@ -165,22 +180,45 @@ class ApeXActor:
 
     def _wait_for_first_weights(self, stop: threading.Event) -> None:
         self._waiting_since = time.monotonic()
-        deadline = self._waiting_since + self.config.weights_wait_seconds
-        while self.policy is None:
-            if stop.is_set():
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"no weights from {self.config.params} after {self.config.weights_wait_seconds:.0f}s"
-                )
-            if not self._pull_weights():
-                stop.wait(0.2)
-        log.info(
-            "actor %d got weights version %d; %s",
-            self.config.actor_index,
-            self.weight_version,
-            self.explorer.describe(),
-        )
+        while not stop.is_set() and not self._try_first_weights():
+            stop.wait(FIRST_WEIGHTS_POLL_SECONDS)
+
+    def _try_first_weights(self) -> bool:
+        """One try for the first weights (True once they came; logged); TimeoutError once `weights_wait_seconds` have
+        passed since the waiting began without any."""
+        if self._pull_weights():
+            log.info(
+                "actor %d got weights version %d; %s",
+                self.config.actor_index,
+                self.weight_version,
+                self.explorer.describe(),
+            )
+            return True
+        if time.monotonic() - self._waiting_since > self.config.weights_wait_seconds:
+            raise TimeoutError(
+                f"no weights from {self.config.params} after {self.config.weights_wait_seconds:.0f}s"
+            )
+        self._next_weights_try = time.monotonic() + FIRST_WEIGHTS_POLL_SECONDS
+        return False
+
+    def _act(self, obs: np.ndarray, state):
+        """The policy's actions; before the first weights have come (the learner is starting), uniformly random
+        ones, with the weights tried every FIRST_WEIGHTS_POLL_SECONDS meanwhile."""
+        if self.policy is None and time.monotonic() >= self._next_weights_try:
+            self._try_first_weights()
+        if self.policy is None:
+            return self._random_actions(len(obs)), state
+        return self.stepping.act(self.policy, obs, state)
+
+    def _random_actions(self, count: int) -> np.ndarray:
+        """`count` actions drawn uniformly from the action space (their own generator: the explorer's draws stay
+        those of a run that had its weights from the start)."""
+        spaces = self.spaces
+        if spaces.num_actions:
+            return self._random.integers(spaces.num_actions, size=count, dtype=np.int64)
+        low = np.asarray(spaces.action_low, dtype=np.float32)
+        high = np.asarray(spaces.action_high, dtype=np.float32)
+        return self._random.uniform(low, high, size=(count, len(low))).astype(np.float32)
 
     # ------------------------------------------------------------------------------------------------- replay
     @property
@@ -195,7 +233,11 @@ class ApeXActor:
         (`weight_version`), so the learner can measure policy staleness. Image observations are compressed (setting `compress`)."""
         columns = self.writing.item_columns(items)
         columns[ROW_VERSION_COLUMN] = np.asarray(versions, dtype=np.int64)
-        priorities = self.policy.initial_priorities(columns) + MIN_PRIORITY
+        priorities = (
+            np.full(len(items), UNSCORED_PRIORITY)
+            if self.policy is None  # acting at random before the first weights: nothing to score them with
+            else self.policy.initial_priorities(columns) + MIN_PRIORITY
+        )
         columns = compress_image_columns(
             columns, self.config.compress
         )  # after the priorities: they need pixels
@@ -206,14 +248,45 @@ class ApeXActor:
             self.metrics.failovers.inc()
         self.metrics.transitions_sent.inc(len(items))
 
+    def _send_batches(self, outbox: list, versions: list[int], stop: threading.Event) -> None:
+        """Send every full batch at the head of `outbox` (and `versions`, its rows' weight versions), removing them."""
+        size = self.config.batch_size
+        while len(outbox) >= size:
+            self._send(outbox[:size], versions[:size], stop)
+            del outbox[:size], versions[:size]
+
+    def _log_first_step(self) -> None:
+        """Once per process: the instant acting began (start-up timings: bench/startup_bench.py)."""
+        playing = "at random" if self.policy is None else f"version {self.weight_version}"
+        log.info("actor %d: first environment step (%s)", self.config.actor_index, playing)
+
+    def _timed_pull(self) -> None:
+        pulling_since = time.perf_counter()
+        self._pull_weights()
+        self.metrics.pull_seconds.inc(time.perf_counter() - pulling_since)
+
+    def _start_exploring(self, stop: threading.Event) -> None:
+        """An exploring actor acts from its first moment (act_before_weights): with the weights if the service has
+        some, else at random until they come (`_act`); without act_before_weights, it waits for them first."""
+        if not self.config.act_before_weights:
+            self._wait_for_first_weights(stop)
+            return
+        self._waiting_since = time.monotonic()
+        if not self._try_first_weights():
+            log.info(
+                "actor %d: no policy yet (the learner is starting): acting at random meanwhile",
+                self.config.actor_index,
+            )
+
     # --------------------------------------------------------------------------------------------------- loop
     def run(self, stop: threading.Event) -> None:
         """Act until `stop` is set or a configured limit is reached."""
         cfg = self.config
-        self._wait_for_first_weights(stop)
         if cfg.evaluate:
+            self._wait_for_first_weights(stop)
             self._evaluate(stop)
             return
+        self._start_exploring(stop)
         num_envs = self.envs.num_envs
         obs, _ = self.envs.reset(seed=self._env_seed)  # environment i: seed + i
         state = self.stepping.initial_state(num_envs)
@@ -230,7 +303,7 @@ class ApeXActor:
                 if ahead > 0.01:
                     stop.wait(ahead)
             acting_since = time.perf_counter()
-            actions, state = self.stepping.act(self.policy, obs, state)
+            actions, state = self._act(obs, state)
             next_obs, rewards, terminated, truncated, info = self.envs.step(actions)
             state = self.stepping.reset(state, terminated | truncated)
             train_rewards = np.clip(rewards, -1.0, 1.0) if self.clip_rewards else rewards
@@ -249,20 +322,18 @@ class ApeXActor:
                     returns[i], lengths[i] = 0.0, 0
             obs = next_obs
             self.env_steps += num_envs
+            if self.env_steps == num_envs:
+                self._log_first_step()
             steps_since_pull += num_envs
             self.metrics.env_steps.inc(num_envs)
             sending_since = time.perf_counter()
             self.metrics.act_seconds.inc(sending_since - acting_since)
             if len(outbox) >= cfg.batch_size:
-                while len(outbox) >= cfg.batch_size:
-                    self._send(outbox[: cfg.batch_size], outbox_versions[: cfg.batch_size], stop)
-                    del outbox[: cfg.batch_size], outbox_versions[: cfg.batch_size]
+                self._send_batches(outbox, outbox_versions, stop)
                 self.metrics.send_seconds.inc(time.perf_counter() - sending_since)
             if steps_since_pull >= cfg.pull_every:
                 steps_since_pull = 0
-                pulling_since = time.perf_counter()
-                self._pull_weights()
-                self.metrics.pull_seconds.inc(time.perf_counter() - pulling_since)
+                self._timed_pull()
             if (cfg.max_env_steps is not None and self.env_steps >= cfg.max_env_steps) or (
                 cfg.max_episodes is not None and self.episodes >= cfg.max_episodes
             ):

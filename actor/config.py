@@ -135,6 +135,12 @@ class ActorConfig(*role_settings("actor")):  # each algorithm's own settings (al
     # Weights
     pull_every: int = setting(100, "environment steps between checks for newer weights (Ape-X: 400 frames)")
     weights_wait_seconds: float = setting(120.0, "how long to wait for the first weights before giving up")
+    act_before_weights: bool = setting(
+        True,
+        "an exploring actor acts from its start: uniformly random actions (stored with priority 1 and weights "
+        "version 0) until the first weights come, instead of waiting for them while the learner starts; the "
+        "evaluator always waits",
+    )
     # Limits
     max_steps_per_second: float | None = setting(
         None,

@@ -32,11 +32,14 @@ TOKEN_VARIABLE = "APEXRL_TOKEN"  # the bearer token when neither --token nor --t
 # Set by `apexrl launch` in each role's environment: the launcher's pid, which the role watches (`stop_with_launcher`).
 LAUNCHER_PID_VARIABLE = "APEXRL_LAUNCHER_PID"
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Local time to the millisecond ("17:56:09.123 INFO apexrl.actor: ..."): enough to order the roles' lines of one
+# machine and to time their start-up (bench/startup_bench.py).
+LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s"
+LOG_DATE_FORMAT = "%H:%M:%S"
 
 
 def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt="%H:%M:%S")
+    logging.basicConfig(level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT)
 
 
 # Once a role's work is over, an interpreter exit held longer than this is a stuck thread, not cleanup.

@@ -1,8 +1,9 @@
 """Starts the roles of one machine as child processes, watches them, and stops them.
 
-Start order, each step waiting for the previous one to report SERVING: replay shards (port file, then gRPC health),
-the learner (gRPC health on its parameter-service port), then actors and the evaluator. Services on other
-machines are waited for the same way before the roles that need them start. Health is checked over TLS with the
+Every local role starts at once (shards on ports the launcher picks, like the learner's, so every address is known
+before anything serves); then the launcher waits for each local service to report SERVING: the replay shards (port
+file, then gRPC health), the learner (gRPC health on its parameter-service port). Services on other machines are
+waited for the same way before the roles that need them start. Health is checked over TLS with the
 machine's files when TLS is on, or on a server's plaintext `health_port` when its table sets one. Every child runs
 `python -m apexrl.launcher ROLE ...` in its own session (so Ctrl-C reaches the launcher only and the launcher
 stops the roles in order) with stdout and stderr in RUN_DIR/logs/NAME.log, and the bearer token, if any, in its
@@ -26,7 +27,6 @@ from typing import IO
 
 from apexrl.common.files import open_private
 from apexrl.common.free_ports import pick_free_port
-from apexrl.common.grpc_util import wait_for_health
 from apexrl.common.port_check import check_ports_free
 from apexrl.common.process import EXIT_BAD_CONFIG, LAUNCHER_PID_VARIABLE
 from apexrl.common.settings import SettingsError
@@ -146,28 +146,18 @@ class Fleet:
 
     def start(self) -> None:
         """Start every local role; raises StartupError or Interrupted (children already started keep running
-        until `stop`)."""
+        until `stop`).
+
+        Every local role starts at once, the shards on ports picked here (like the learner's) so that the learner
+        and the actors are given their addresses without waiting for them: a role's start-up is mostly imports,
+        and none of it needs another role's service. Services on other machines are still waited for before the
+        roles that use them start. Then each local service is waited for until it reports SERVING."""
         for d in ("logs", "ports", "episodes", "checkpoints"):
             (self.run_dir / d).mkdir(parents=True, exist_ok=True)
         for d in PRIVATE_DIRECTORIES:
             (self.run_dir / d).chmod(0o700)
         timeout = self.config.startup_timeout
-        shards = [
-            self._spawn(r) for r in self.roles if r.kind == "replay"
-        ]  # start together, then wait for each
-        shard_ports: dict[int, int] = {}
-        for child in shards:
-            port = self._wait_port_file(child, self._port_file(child.role), timeout)
-            self._wait_healthy(
-                self._probe(self.host, port, self._health_port(child.role.index)), timeout, child
-            )
-            shard_ports[child.role.index] = port
-            log.info("%s serving on port %d", child.role.name, port)
-        self.config = with_ports(self.config, shard_ports=shard_ports)
-        self.roles = [
-            replace(r, port=shard_ports[r.index]) if r.kind == "replay" and r.index in shard_ports else r
-            for r in self.roles
-        ]  # a restarted shard comes back on the port it had
+        shards = self._spawn_shards()
         for i, shard in enumerate(self.config.shards):
             if shard.host != self.host:
                 self._wait_healthy(
@@ -190,10 +180,11 @@ class Fleet:
                 None,
                 f"learner on {learner.host}",
             )
-        # Actors start while a local learner starts (its port is known): they import and build their environments
-        # meanwhile (~2 s) and wait for its first weights (weights_wait_seconds).
+        # Actors start while a local learner starts (its port is known): they act at random until its first weights
+        # come (act_before_weights; the evaluator waits for them), within weights_wait_seconds.
         for role in (r for r in self.roles if r.kind in ("actor", "evaluator")):
             self._spawn(role)
+        self._wait_shards(shards, timeout)
         if local_learner is not None:
             role, child = local_learner
             self._wait_healthy(self._probe(self.host, role.port, self._health_port(None)), timeout, child)
@@ -204,6 +195,30 @@ class Fleet:
             self.host,
             ", ".join(c.role.name for c in self.children),
         )
+
+    def _spawn_shards(self) -> list[Child]:
+        """Start the local shards, each on its fixed port or one picked now; the fleet's wiring holds their ports
+        from here on (a restarted shard comes back on the port it had)."""
+        shards = []
+        for role in [r for r in self.roles if r.kind == "replay"]:
+            shards.append(self._spawn(role if role.port else replace(role, port=pick_free_port())))
+        ports = {child.role.index: child.role.port for child in shards}
+        self.config = with_ports(self.config, shard_ports=ports)
+        return shards
+
+    def _wait_shards(self, shards: list[Child], timeout: float) -> None:
+        """Wait for each local shard's port file and its SERVING health."""
+        for child in shards:
+            port = self._wait_port_file(child, self._port_file(child.role), timeout)
+            if port != child.role.port:  # the learner and the actors were given child.role.port
+                raise StartupError(
+                    f"{child.role.name} serves on port {port}, not on the port {child.role.port} the fleet gave the "
+                    f"roles that use it: set [[shard]] port rather than --port in a --replay-arg"
+                )
+            self._wait_healthy(
+                self._probe(self.host, port, self._health_port(child.role.index)), timeout, child
+            )
+            log.info("%s serving on port %d", child.role.name, port)
 
     def _health_port(self, shard: int | None) -> int | None:
         """The plaintext health port a shard's table (or, for None, the learner's) sets, if any."""
@@ -280,6 +295,9 @@ class Fleet:
         self, probe: tuple[str, TlsFiles | None], timeout: float, child: Child | None, what: str | None = None
     ) -> None:
         """Poll gRPC health in short rounds, so a dead child or a stop request ends the wait at once."""
+        # Imported here: grpc loads while the roles start, not before the launcher starts the first of them.
+        from apexrl.common.grpc_util import wait_for_health
+
         target, tls = probe
         name = what or (child.role.name if child else target)
         deadline = time.monotonic() + timeout

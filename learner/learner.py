@@ -36,6 +36,31 @@ from apexrl.parameter_server.weights import VersionRefusedError
 log = logging.getLogger("apexrl.learner")
 
 
+# torch.optim.Optimizer methods that torch wraps in torch._disable_dynamo, whose first call imports torch._dynamo
+# (1-1.4 s of CPU on a 2-core machine: half the learner's start-up, on the way to serving its first weights).
+DYNAMO_WRAPPED_OPTIMIZER_METHODS = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+def skip_dynamo_import() -> None:
+    """Let the optimizer's methods run without importing torch._dynamo. The learner never compiles (no
+    torch.compile), so the "disabled for dynamo" version torch builds on their first call is the method itself;
+    giving it that up front skips the import. Only while torch._dynamo is not loaded (once it is, nothing is left to
+    save and torch's own wrapping stands), and only on torch's wrappers as they are (torch/_compile.py's `inner`,
+    which looks for `__dynamo_disable` on the function it wraps); anything else is left alone."""
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        return
+    for name in DYNAMO_WRAPPED_OPTIMIZER_METHODS:
+        wrapper = getattr(torch.optim.Optimizer, name, None)
+        method = getattr(wrapper, "__wrapped__", None)
+        code = getattr(wrapper, "__code__", None)
+        if method is None or code is None or not code.co_filename.endswith("_compile.py"):
+            continue
+        if getattr(method, "__dynamo_disable", None) is None:
+            method.__dynamo_disable = method
+
+
 def resolve_device(name: str) -> torch.device:
     """ "auto" is CUDA when available, else the CPU; any other name is passed to torch. SettingsError (exit status 2)
     for a device this machine's torch cannot use (no GPU, a CPU-only build, an index past its GPUs), before any
@@ -94,6 +119,7 @@ class Learner:
         self.device = resolve_device(config.device)
         if config.seed is not None:
             torch.manual_seed(config.seed)
+        skip_dynamo_import()
         self.learning = self.algorithm.learning().make_learning(config, spaces, self.device)
         self.metrics = LearnerMetrics(registry if registry is not None else CollectorRegistry())
         self.sampler = sampler
@@ -201,6 +227,8 @@ class Learner:
             c.min_replay_size,
             ", ".join(c.replay),
         )
+        import torch._dynamo  # noqa: F401 (optimizer.step() imports it, ~1 s: while replay fills, not at update 1)
+
         last_log, last_updates = time.monotonic(), self.updates
         try:
             while not stop.is_set() and (c.max_updates is None or self.updates < c.max_updates):

@@ -270,9 +270,9 @@ def _child_main(config, conn, slots: int, batches_per_call: int, beta: float) ->
     """Sample with a Prefetcher into the shared slots until told to stop or the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
-    )
+    from apexrl.common.process import LOG_DATE_FORMAT, LOG_FORMAT
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT)
     try:
         _ChildLoop(config, conn, slots, batches_per_call, beta).run()
     except (EOFError, BrokenPipeError):

@@ -240,3 +240,34 @@ def test_access_bench_quick_mode_measures_both_modes(tmp_path):
     for mode in data["medians"]:
         assert set(data["medians"][mode]) == {"insert rows/s", "sample(256)/s", "update(256)/s"}
         assert all(value > 0 for value in data["medians"][mode].values()), data["medians"]
+
+
+@pytest.mark.timeout(150)
+def test_startup_bench_times_every_role_of_a_launch_and_a_restart(tmp_path):
+    """bench/startup_bench.py on this checkout alone (a baseline commit doubles the time): every role's process
+    start and its ready milestone, the fleet's first environment step, and a killed shard back."""
+    out = tmp_path / "startup.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "startup_bench.py"),
+            "--quick",
+            "--restart",
+            "shard-0",
+            "--json",
+            str(out),
+        ],
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["runs"]["this checkout"]
+    ready = {"shard": "serving", "learner": "serving", "actor": "first step", "evaluator": "weights"}
+    assert {role.split("-")[0] for role in run["roles"]} == set(ready), run["roles"]
+    for role, marks in run["roles"].items():
+        assert 0 < marks["process"] < marks[ready[role.split("-")[0]]], (role, marks)
+        assert run["cpu_seconds_at_ready"][role] > 0, role
+    assert 0 < run["first_step"] <= run["all_ready"] and run["first_episode"] > 0
+    assert run["launcher"]["roles started"] > 0 and run["restart_seconds"]["shard-0"] > 0
+    assert "first env step" in proc.stdout and "Load average" in proc.stdout

@@ -53,6 +53,7 @@ def test_it_waits_for_weights_then_inserts_n_step_transitions_with_its_own_prior
         num_actors=5,
         max_env_steps=66,
         pull_every=1000,
+        act_before_weights=False,
     )
     wait_until(lambda: service.fetches("not_newer") >= 2, "the actor asked twice for weights")
     assert run.actor.env_steps == 0 and all(s.table.info().size == 0 for s in shards)
@@ -90,6 +91,28 @@ def test_it_waits_for_weights_then_inserts_n_step_transitions_with_its_own_prior
     assert all(e.episode_return == e.length for e in episodes) and sum(e.length for e in episodes) <= 66
     assert [e.env_steps for e in episodes] == sorted(e.env_steps for e in episodes)
     assert episodes[-1].env_steps == sum(e.length for e in episodes)
+
+
+def test_by_default_it_acts_at_random_until_the_first_weights_then_plays_them(make_shard, params, run_actor):
+    """An exploring actor does not wait for the learner (which takes seconds to start): it plays uniformly random
+    actions, stored with priority 1 and weights version 0, and plays the weights from the first check after they
+    come (the first weights are tried every FIRST_WEIGHTS_POLL_SECONDS while it plays)."""
+    from apexrl.actor.apex_actor import UNSCORED_PRIORITY
+
+    shard = make_shard(TableConfig(capacity=10_000, alpha=1.0, seed=0))
+    service = params()
+    run = run_actor(params=service.address, replay=(shard.address,), max_steps_per_second=2_000)
+    wait_until(lambda: shard.table.info().size >= 2 * BATCH, "random play reached the shard")
+    assert run.actor.weight_version == 0 and run.actor.policy is None
+    sample = shard.table.sample(BATCH)
+    assert set(sample.columns["weight_version"]) == {0}
+    np.testing.assert_allclose(sample.priorities, UNSCORED_PRIORITY)
+    assert set(sample.columns["action"]) <= {0, 1}
+    service.store.publish(weights(0))
+    wait_until(lambda: run.actor.weight_version == 1, "the actor took the first weights")
+    wait_until(
+        lambda: 1 in set(shard.table.sample(4 * BATCH).columns["weight_version"]), "rows played with them"
+    )
 
 
 def test_without_weights_it_gives_up_after_waiting(make_shard, params, run_actor):

@@ -440,4 +440,5 @@ def test_a_learner_that_cannot_start_fails_the_launch_and_stops_the_shards(launc
     )  # its log tail
     run.assert_no_role_left()
     assert "received SIGTERM; shutting down" in run.log("shard-0")
-    assert "replay shard stopped: 0 rows held" in run.log("shard-0")
+    # Actors act (at random) before the learner serves, so the shard may hold their rows by then: it stopped cleanly.
+    assert "replay shard stopped: " in run.log("shard-0")

@@ -230,3 +230,30 @@ def test_a_convolutional_learner_keeps_the_lower_default_learning_rate():
     cfg = config(network="auto", learning_rate=None, hidden_sizes=None)
     trainer = Learner(cfg, spaces, ThreadFeed(FakeSampler(), cfg), Publisher())
     assert trainer.learning.network == "minatar" and trainer.learning.learning_rate == 1e-3
+
+
+# A fresh interpreter (this one may have loaded torch._dynamo already): building the learner, which builds its
+# optimizer, does not import torch._dynamo (1-1.4 s of a learner's start-up, before it serves); training still does
+# what torch's own wrappers did, and imports it on the first update (optimizer.step()).
+DYNAMO_PROBE = """
+import sys
+from tests.unit.learner.fakes import config, learner, make_batch
+lrn, sampler, _ = learner(config())
+print("after the learner:", "torch._dynamo" in sys.modules)
+lrn.train_step(make_batch(list(range(8))))
+lrn.learning.state_dict()
+print("after an update:", "torch._dynamo" in sys.modules)
+"""
+
+
+def test_building_the_learner_does_not_import_torch_dynamo():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", DYNAMO_PROBE], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-2:] == ["after the learner: False", "after an update: True"], done.stdout
