@@ -39,6 +39,7 @@ from apexrl.common.grpc_util import (
     status_of,
     streaming_request_handler,
     undecodable_message,
+    warn_if_open,
     warn_if_token_in_clear,
 )
 from apexrl.common.memory import trim_periodically
@@ -473,6 +474,7 @@ class AioServerThread:
         )
         port = bind(server, address, tls=self._tls)
         warn_if_token_in_clear(address, port, self.access.has_tokens, self._tls)
+        warn_if_open(address, port, self.access.is_open)
         if self._health_address is not None:
             # Health checks only: open to anyone, and never more than a service name to read.
             health_server = grpc.aio.server(

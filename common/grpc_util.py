@@ -151,6 +151,21 @@ def warn_if_token_in_clear(address: str, port: int, token: str | bool | None, tl
     )
 
 
+def warn_if_open(address: str, port: int, is_open: bool) -> None:
+    """Log a warning when a server without any credential (open mode) listens beyond loopback: anyone who reaches
+    the port may call every method (insert, sample, publish). Loopback binds and servers with credentials stay
+    quiet."""
+    host = address.rpartition(":")[0]
+    if not is_open or is_loopback(host):
+        return
+    log.warning(
+        "serving %s:%d OPEN (no token, no role tokens): anyone who reaches it may call every method; give a token "
+        "(--token-file) or role tokens (--role-tokens), or bind 127.0.0.1 (docs/security.md)",
+        host,
+        port,
+    )
+
+
 def is_loopback(host: str) -> bool:
     """True for localhost and loopback IP addresses ([::1] too); False for any other name or address, and for ""
     or 0.0.0.0 (every interface)."""
