@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -24,6 +25,7 @@ from apexrl.actor.config import ActorConfig
 from apexrl.actor.evaluation_pacing import EvaluationPacer, log_round
 from apexrl.actor.kept_policy import KeptPolicy, KeptRecord
 from apexrl.actor.metrics import ActorMetrics
+from apexrl.actor.recording import SequenceRecorder, Step, TransitionRecorder
 from apexrl.algorithms.base import ActingPolicy
 from apexrl.algorithms.policy_file import PolicyFile, save_policy_file
 from apexrl.algorithms.registry import for_spaces, with_defaults
@@ -31,12 +33,14 @@ from apexrl.common.compression import compress_image_columns
 from apexrl.common.env_settings import EnvChoice
 from apexrl.common.environments import check_spaces, clips_rewards, make_vector_env
 from apexrl.common.episodes import EVALUATE, EXPLORE, EpisodeLog, EpisodeRecord
-from apexrl.common.errors import ApexError, is_transient
+from apexrl.common.errors import ApexError, ResourceExhaustedError, is_transient
 from apexrl.common.settings import SettingsError
 from apexrl.common.signature import ROW_VERSION_COLUMN
 from apexrl.common.tls import tls_of
 from apexrl.parameter_server.client import ParameterClient
+from apexrl.parameter_server.limits import DEFAULT_MAX_WEIGHTS_BYTES
 from apexrl.replay_server.client.replay_client import ReplayClient
+from apexrl.replay_server.client.sequence_writer import SequenceWriter
 from apexrl.replay_server.client.sharded_writer import ShardedWriter
 
 log = logging.getLogger("apexrl.actor")
@@ -51,6 +55,17 @@ FIRST_WEIGHTS_POLL_SECONDS = 0.2  # how often the first weights are tried for
 # The priority of a transition played at random before the first weights (no network to score it with): about the
 # |TD error| of a fresh network on rewards of size 1, so such rows are sampled like the first scored ones.
 UNSCORED_PRIORITY = 1.0
+# Later weights of this run may be this much larger than the first ones (the network does not change within a run).
+WEIGHTS_GROWTH = 2
+WEIGHTS_SLACK_BYTES = 1 << 20
+
+
+def weights_bound(weights: Mapping[str, np.ndarray]) -> int:
+    """The most bytes of weights this actor accepts once it has held `weights`: WEIGHTS_GROWTH times their size plus
+    WEIGHTS_SLACK_BYTES, never above the default bound (a service sending far more is refused from its header,
+    before anything is allocated: an actor's memory is its pod's)."""
+    size = sum(np.asarray(array).nbytes for array in weights.values())
+    return min(DEFAULT_MAX_WEIGHTS_BYTES, WEIGHTS_GROWTH * size + WEIGHTS_SLACK_BYTES)
 
 
 class ApeXActor:
@@ -88,9 +103,11 @@ class ApeXActor:
         self.clip_rewards = clips_rewards(config.env)
         # Environment i of this actor resets with seed + i; below 2**32, which MinAtar's RandomState requires.
         self._env_seed = (seed * 1000 + config.actor_index * config.num_envs) % 2**31
-        self.writing = self.algorithm.writing()  # steps into replay items, one writer per environment
-        self.item_writers = [self.writing.make_writer(config, self.spaces) for _ in range(config.num_envs)]
+        self.writing = (
+            self.algorithm.writing()
+        )  # steps into replay items (transitions, or sequences' windows)
         self.tls = tls_of(config)
+        self._weights_bound = DEFAULT_MAX_WEIGHTS_BYTES  # until the first weights tell this network's size
         self.params = self._params_client()
         # Round-robin from shard actor_index mod S with failover, back pressure and dns:/// membership (the SDK's).
         self.writer: ShardedWriter | None = None  # the evaluator inserts nothing
@@ -105,6 +122,7 @@ class ApeXActor:
                 resolve_every=config.replay_resolve_seconds,
             )
             self.metrics.insert_backlog.source = self.writer.backlog
+        self.recorder = None if self.writer is None else self._recorder()
         self.policy: ActingPolicy | None = None
         self.weights: Mapping[str, np.ndarray] = {}  # what `policy` plays (the evaluator keeps its best)
         self.weight_version = 0
@@ -125,16 +143,46 @@ class ApeXActor:
         self._next_weights_try = 0.0
         self._random = np.random.default_rng([seed, config.actor_index, 1])
 
+    def _recorder(self) -> TransitionRecorder | SequenceRecorder:
+        """What turns this actor's steps into replay data, as its algorithm writes it (actor/recording.py)."""
+        config, writing = self.config, self.writing
+        if getattr(writing, "SEQUENCES", False):
+            windows = writing.ActorWindows(
+                writing.geometry(config, self.spaces), config.num_envs, self._sequence_writer, config.compress
+            )
+            return SequenceRecorder(windows, self.stepping)
+        writers = [writing.make_writer(config, self.spaces) for _ in range(config.num_envs)]
+        return TransitionRecorder(writers, config.batch_size, self._send_batches)
+
+    def _sequence_writer(self, trajectory: int, geometry: Any, priority: Any) -> SequenceWriter:
+        """Environment `trajectory`'s windows through this actor's ShardedWriter (one shard at a time, failover)."""
+        return SequenceWriter(
+            self.writer,
+            length=geometry.length,
+            period=geometry.period,
+            trajectory=trajectory,
+            priority=priority,
+        )
+
     # ----------------------------------------------------------------------------------------------- weights
     def _params_client(self) -> ParameterClient:
-        return ParameterClient(self.config.params, timeout=5.0, token=self.config.token, tls=self.tls)
+        return ParameterClient(
+            self.config.params,
+            timeout=5.0,
+            token=self.config.token,
+            tls=self.tls,
+            max_weights_bytes=self._weights_bound,
+        )
 
     def _pull_weights(self) -> bool:
         """Fetch newer weights if there are any; keep the current ones when the service is unreachable."""
         try:
             fetched = self.params.fetch(self.weight_version)
         except ApexError as err:
-            if not is_transient(err):
+            # Weights far larger than the network this actor plays (weights_bound): refused before allocating;
+            # the actor goes on with the weights it holds, and says so.
+            oversized = isinstance(err, ResourceExhaustedError) and self.policy is not None
+            if not (is_transient(err) or oversized):
                 raise
             self.metrics.fetch_failures.inc()
             self._report_fetch_failure(err)
@@ -151,6 +199,9 @@ class ApeXActor:
         self.weight_version, weights = fetched
         self.policy = self.acting.make_policy(weights, self.spaces)
         self.weights = weights
+        # The network's size does not change within a run: later weights may be a little larger, never much
+        # (a service that sends gigabytes is refused from its header, before anything is allocated).
+        self._weights_bound = self.params.max_weights_bytes = weights_bound(weights)
         self.metrics.weight_version.set(self.weight_version)
         return True
 
@@ -268,7 +319,8 @@ class ApeXActor:
     def _start_exploring(self, stop: threading.Event) -> None:
         """An exploring actor acts from its first moment (act_before_weights): with the weights if the service has
         some, else at random until they come (`_act`); without act_before_weights, it waits for them first."""
-        if not self.config.act_before_weights:
+        # Sequences (R2D2) store the policy's state with each window: no window before there is a policy.
+        if not self.config.act_before_weights or isinstance(self.recorder, SequenceRecorder):
             self._wait_for_first_weights(stop)
             return
         self._waiting_since = time.monotonic()
@@ -292,8 +344,6 @@ class ApeXActor:
         state = self.stepping.initial_state(num_envs)
         returns = np.zeros(num_envs)
         lengths = np.zeros(num_envs, dtype=np.int64)
-        outbox: list = []  # replay items (n-step transitions for DQN and DPG)
-        outbox_versions: list[int] = []  # the weights version acting when each outbox row was completed
         steps_since_pull = 0
         started = time.monotonic()
         pace = cfg.max_steps_per_second
@@ -303,23 +353,27 @@ class ApeXActor:
                 if ahead > 0.01:
                     stop.wait(ahead)
             acting_since = time.perf_counter()
+            if self.policy is not None:
+                state = self.stepping.prepare(self.policy, state)
+            before = state
             actions, state = self._act(obs, state)
             next_obs, rewards, terminated, truncated, info = self.envs.step(actions)
-            state = self.stepping.reset(state, terminated | truncated)
             train_rewards = np.clip(rewards, -1.0, 1.0) if self.clip_rewards else rewards
-            for i in range(num_envs):
-                returns[i] += rewards[i]
-                lengths[i] += 1
-                done = terminated[i] or truncated[i]
-                last_obs = info["final_obs"][i] if done else next_obs[i]
-                completed = self.item_writers[i].push(
-                    obs[i], actions[i], train_rewards[i], last_obs, terminated[i], truncated[i]
+            state = self.stepping.reset(self.stepping.observe(state, train_rewards), terminated | truncated)
+            self.recorder.record(
+                Step(
+                    before,
+                    obs,
+                    actions,
+                    train_rewards,
+                    next_obs,
+                    terminated,
+                    truncated,
+                    info,
+                    self.weight_version,
                 )
-                outbox += completed
-                outbox_versions += [self.weight_version] * len(completed)
-                if done:
-                    self._finish_episode(returns[i], lengths[i], env_steps=self.env_steps + i + 1)
-                    returns[i], lengths[i] = 0.0, 0
+            )
+            self._count_episodes(rewards, terminated | truncated, returns, lengths)
             obs = next_obs
             self.env_steps += num_envs
             if self.env_steps == num_envs:
@@ -328,8 +382,7 @@ class ApeXActor:
             self.metrics.env_steps.inc(num_envs)
             sending_since = time.perf_counter()
             self.metrics.act_seconds.inc(sending_since - acting_since)
-            if len(outbox) >= cfg.batch_size:
-                self._send_batches(outbox, outbox_versions, stop)
+            if self.recorder.flush(stop):
                 self.metrics.send_seconds.inc(time.perf_counter() - sending_since)
             if steps_since_pull >= cfg.pull_every:
                 steps_since_pull = 0
@@ -338,6 +391,17 @@ class ApeXActor:
                 cfg.max_episodes is not None and self.episodes >= cfg.max_episodes
             ):
                 break
+
+    def _count_episodes(
+        self, rewards: np.ndarray, done: np.ndarray, returns: np.ndarray, lengths: np.ndarray
+    ) -> None:
+        """Add a step to each environment's running return and length; log the episodes that ended with it."""
+        for i in range(len(rewards)):
+            returns[i] += rewards[i]
+            lengths[i] += 1
+            if done[i]:
+                self._finish_episode(returns[i], lengths[i], env_steps=self.env_steps + i + 1)
+                returns[i], lengths[i] = 0.0, 0
 
     def _evaluate(self, stop: threading.Event) -> None:
         """Evaluator: rounds of num_envs greedy episodes played side by side, every one with the newest weights at
@@ -385,7 +449,10 @@ class ApeXActor:
                         stop.wait(ahead)
                 actions, state = self.stepping.act(self.policy, obs, state)
                 obs, rewards, terminated, truncated, _ = self.envs.step(actions)
-                state = self.stepping.reset(state, terminated | truncated)
+                seen = (
+                    np.clip(rewards, -1.0, 1.0) if self.clip_rewards else rewards
+                )  # the core's input, as trained
+                state = self.stepping.reset(self.stepping.observe(state, seen), terminated | truncated)
                 returns += np.where(playing, rewards, 0.0)
                 lengths += playing
                 self.env_steps += int(playing.sum())

@@ -114,6 +114,11 @@ class StatefulActing(Protocol):
         the previous reward as an input keeps it; others leave the state as it is)."""
         ...
 
+    def prepare(self, policy: ActingPolicy, state: State) -> State:
+        """`state` ready for `policy`: one made before any policy was known (an actor's first state) gets the
+        policy's size; otherwise unchanged."""
+        ...
+
     def reset(self, state: State, done: np.ndarray) -> State:
         """`state` with the entries of environments whose episode ended (`done`, bool [batch]) back at their
         initial value: the next step starts a new episode."""
@@ -139,6 +144,9 @@ class Stateless:
         return policy.greedy(obs), None
 
     def observe(self, state: None, rewards: np.ndarray) -> None:
+        return None
+
+    def prepare(self, policy: ActingPolicy, state: None) -> None:
         return None
 
     def reset(self, state: None, done: np.ndarray) -> None:

@@ -21,7 +21,7 @@ from apexrl.common.spaces import BOX, DISCRETE, EnvSpaces
 
 AUTO = "auto"
 # The registration: one package per algorithm, each with an ALGORITHM record in its __init__.
-_PACKAGES = ("apexrl.algorithms.dqn", "apexrl.algorithms.dpg")
+_PACKAGES = ("apexrl.algorithms.dqn", "apexrl.algorithms.dpg", "apexrl.algorithms.r2d2")
 # Packages of further algorithms, comma-separated, registered after the built-in ones (auto still picks those).
 PLUGINS_VARIABLE = "APEXRL_ALGORITHMS"
 # Role settings an algorithm may give defaults for (a setting left at None takes the algorithm's value).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,48 @@ def pinned_signature(config: FleetConfig, shard_settings: Mapping[str, Any]) -> 
     if len(compressions) != 1:
         return None
     return built_in_signature(EnvChoice.of(config), compressions.pop(), config.algorithm)
+
+
+def sequence_table(config: FleetConfig, shard_settings: Mapping[str, Any]) -> dict[str, Any]:
+    """What a shard of a fleet whose algorithm writes sequences (R2D2) is started with besides its signature: the
+    longest window (max_sequence_length) and the windows' fields (item_signature), from the actors' and the
+    learner's settings; nothing for an algorithm that writes transitions, or what the shard's own table sets.
+    ConfigError where this machine cannot tell them (no gymnasium to read the environment's spaces)."""
+    if config.algorithm == AUTO:  # auto never picks an algorithm of sequences
+        return {}
+    writing = get(config.algorithm).writing()
+    if not getattr(writing, "SEQUENCES", False) or shard_settings.get("max_sequence_length"):
+        return {}
+    try:
+        from apexrl.common.environments import env_spaces
+
+        spaces = env_spaces(EnvChoice.of(config))
+    except ImportError:
+        raise ConfigError(
+            f"{config.algorithm} writes sequences, and this machine cannot tell their length and fields without "
+            f"gymnasium: install apexrl's training extra here, or set [[shard]] max_sequence_length and "
+            f"item_signature"
+        ) from None
+    except ValueError as err:
+        raise ConfigError(f"--env: {err}") from None
+    gamma = next(f.default for f in dataclasses.fields(ActorConfig) if f.name == "gamma")
+    actor = types.SimpleNamespace(**{"gamma": gamma, **_sequence_geometry_settings(config)})
+    learner = types.SimpleNamespace(
+        **{k: v for k, v in config.learner.settings.items() if k in ("network", "lstm_size")}
+    )
+    return writing.table_settings(actor, learner, spaces)
+
+
+def _sequence_geometry_settings(config: FleetConfig) -> dict[str, Any]:
+    """The windows' settings the actors' tables give (burn_in, train_length, sequence_period, gamma), the same for
+    every group (ConfigError otherwise: the shards and the learner take one)."""
+    names = ("burn_in", "train_length", "sequence_period", "gamma")
+    given = {tuple((n, g.settings.get(n)) for n in names) for g in config.actors}
+    if len(given) > 1:
+        raise ConfigError(
+            f"every [[actors]] group must give the same {', '.join(names)} (sequences of one length)"
+        )
+    return {n: v for n, v in next(iter(given)) if v is not None}
 
 
 def with_algorithm(config: FleetConfig) -> FleetConfig:
@@ -226,6 +269,7 @@ def _replay_config(config: FleetConfig, role: Role, run_dir: Path) -> ReplayConf
     shard_settings = config.shards[role.index].settings
     return ReplayConfig(
         **{**shard_settings, "signature": pinned_signature(config, shard_settings)},
+        **sequence_table(config, shard_settings),
         **_tls_files(config),
         **_role_tokens(config),
         **replay_directories(config, role, run_dir),
@@ -260,7 +304,20 @@ def _learner_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Pat
         metrics_port=_metrics_port(role),
         min_replay_size=config.shard_min_size * len(config.shards),
         **_role_tokens(config),
+        **_learner_sequences(config),
     )
+
+
+def _learner_sequences(config: FleetConfig) -> dict[str, Any]:
+    """For a learner of sequences (R2D2), what its algorithm's writing gives that the [learner] table does not set
+    (the actors' burn-in: both cut the same windows; its batch of sequences)."""
+    if config.algorithm == AUTO:  # auto never picks an algorithm of sequences
+        return {}
+    writing = get(config.algorithm).writing()
+    if not getattr(writing, "SEQUENCES", False):
+        return {}
+    given = writing.learner_settings(_sequence_geometry_settings(config))
+    return {k: v for k, v in given.items() if config.learner.settings.get(k) is None}
 
 
 def _actor_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Path) -> ActorConfig:

@@ -130,7 +130,7 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
             f"checkpoint's policy expects {saved.obs_dim} and {_actions(saved)}"
         )
     try:  # the actors' own code: the policy rebuilt from the weights the parameter service would publish
-        policy.act(np.asarray(env.observation_space.sample()))
+        policy.act(np.asarray(env.observation_space.sample()), policy.initial_state())
     except (ValueError, RuntimeError) as err:  # another environment's images, damaged weights
         env.close()
         raise SettingsError(f"{policy.path} does not fit {choice.id}: {err}") from None
@@ -146,8 +146,11 @@ def run(args: EvaluateConfig, stop: threading.Event) -> int:
                 raise KeyboardInterrupt
             obs, _info = _reset(env, None if args.seed is None else args.seed + k, args)
             total, length, done = 0.0, 0, False
+            state = policy.initial_state()  # a recurrent policy's memory, fresh for each episode
             while not done:
-                obs, reward, terminated, truncated, _info = env.step(policy.act(obs))
+                action, state = policy.act(obs, state)
+                obs, reward, terminated, truncated, _info = env.step(action)
+                state = policy.observe(state, reward)
                 total += float(reward)
                 length += 1
                 done = terminated or truncated

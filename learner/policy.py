@@ -105,6 +105,18 @@ class TrainedPolicy:
             actions = int(actions[0]) if self.spaces.num_actions else actions[0]
         return actions if state is _NO_STATE else (actions, after)
 
+    def observe(self, state: State, reward: Any) -> State:
+        """The state once the environment answered the last action with `reward` (one, or one per environment of
+        a batch): a recurrent policy (R2D2) takes the previous reward as an input, as its actors gave it (clipped
+        where they clipped it); a feed-forward one's state stays None. Call it after every step, before the next
+        `act`."""
+        from apexrl.common.environments import clips_rewards
+
+        rewards = np.atleast_1d(np.asarray(reward, dtype=np.float32))
+        if clips_rewards(self.env.id):
+            rewards = np.clip(rewards, -1.0, 1.0)
+        return self._stepping.observe(state, rewards)
+
     def make_env(self, render_mode: str | None = None, *, trust_env_modules: bool = False) -> gymnasium.Env:
         """The environment this policy was trained on, made as the actors made it (preprocessing, constructor
         arguments; `render_mode` "human" or "rgb_array" to watch or record it). Plugin modules the checkpoint

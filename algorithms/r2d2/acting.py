@@ -119,11 +119,16 @@ class RecurrentActing:
     def greedy(self, policy: Any, obs: np.ndarray, state: CoreState) -> tuple[np.ndarray, CoreState]:
         return self._step(policy, obs, state, 0.0)
 
+    def prepare(self, policy: Any, state: CoreState) -> CoreState:
+        """A state made before the policy's size was known (zeros of no width) as zeros of its core's size."""
+        if state.h.shape[1] != policy.core_size:
+            return self.initial_state(len(state.prev_action), policy.core_size)
+        return state
+
     def _step(
         self, policy: Any, obs: np.ndarray, state: CoreState, epsilon: float
     ) -> tuple[np.ndarray, CoreState]:
-        if state.h.shape[1] != policy.core_size:  # a state made before the policy's size was known
-            state = self.initial_state(len(state.prev_action), policy.core_size)
+        state = self.prepare(policy, state)
         q, h, c = policy.step(obs, state)
         self.last_q = q
         actions = epsilon_greedy(q, epsilon, self._rng) if epsilon else q.argmax(axis=1).astype(np.int64)
@@ -143,13 +148,26 @@ class RecurrentActing:
         )
 
 
-def make_acting(settings: ActorSettings, spaces: EnvSpaces, rng: np.random.Generator) -> RecurrentActing:
-    """Actor i of N explores with Ape-X's epsilon_i (R2D2 keeps them) unless `settings.epsilon` fixes one; the
-    evaluator plays greedily."""
-    epsilon = getattr(settings, "epsilon", None)
-    if epsilon is None:
-        epsilon = 0.0 if settings.evaluate else apex_epsilon(settings.actor_index, settings.num_actors)
+def make_explorer(settings: ActorSettings, spaces: EnvSpaces, rng: np.random.Generator) -> RecurrentActing:
+    """Actor i of N explores with Ape-X's epsilon_i (R2D2 keeps them); the evaluator plays greedily. The explorer is
+    the recurrent acting itself (it needs the state to act at all)."""
+    epsilon = 0.0 if settings.evaluate else apex_epsilon(settings.actor_index, settings.num_actors)
     return RecurrentActing(epsilon, rng)
+
+
+def make_stateful(explorer: RecurrentActing | None = None) -> RecurrentActing:
+    """How roles step this policy: `explorer` (make_explorer's), or greedy only (`load_policy`, `apexrl
+    evaluate`)."""
+    return explorer if explorer is not None else RecurrentActing(0.0)
+
+
+def make_greedy_module(weights: Mapping[str, np.ndarray], spaces: EnvSpaces) -> Any:
+    """`apexrl export` writes feed-forward modules from observations to actions; a recurrent policy also needs its
+    state in and out, which the export formats here do not carry yet."""
+    raise ValueError(
+        "apexrl export does not write recurrent (r2d2) policies yet: play them with apexrl evaluate or "
+        "apexrl.load_policy(...), which carry the LSTM state"
+    )
 
 
 def window_priority(

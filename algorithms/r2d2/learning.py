@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from apexrl.algorithms.base import UpdateResult
+from apexrl.algorithms.r2d2.defaults import DEFAULT_GEOMETRY, DEFAULT_HIDDEN, DEFAULT_N_STEP
 from apexrl.algorithms.r2d2.losses import SequenceBatch, r2d2_loss
-from apexrl.algorithms.r2d2.networks import DEFAULT_HIDDEN, RecurrentQNetwork
+from apexrl.algorithms.r2d2.networks import RecurrentQNetwork
 from apexrl.algorithms.torso_specs import resolve_network
 from apexrl.algorithms.torsos import move_targets, state_dict_to_numpy
 from apexrl.common.spaces import EnvSpaces
@@ -28,8 +29,8 @@ from apexrl.common.spaces import EnvSpaces
 class R2D2Options:
     """R2D2's learning settings with their defaults filled in (the paper's, scaled down for vector tasks)."""
 
-    n_step: int = 5
-    burn_in: int = 20
+    n_step: int = DEFAULT_N_STEP
+    burn_in: int = DEFAULT_GEOMETRY[False][0]
     priority_eta: float = 0.9
     stop_burn_in_gradient: bool = True
     core_size: int | None = None  # None: the torso's default (networks.DEFAULT_CORE_SIZE)
@@ -38,11 +39,12 @@ class R2D2Options:
     max_grad_norm: float = 40.0
 
     @classmethod
-    def from_settings(cls, settings: Any) -> R2D2Options:
-        """The options a learner config gives (its settings left at None take the defaults above)."""
+    def from_settings(cls, settings: Any, images: bool = False) -> R2D2Options:
+        """The options a learner config gives (its settings left at None take the defaults above; the burn-in the
+        torso's, writing.DEFAULT_GEOMETRY)."""
         given = {
-            "n_step": getattr(settings, "r2d2_n_step", None),
-            "burn_in": getattr(settings, "burn_in", None),
+            "n_step": getattr(settings, "sequence_n_step", None),
+            "burn_in": _given(getattr(settings, "sequence_burn_in", None), DEFAULT_GEOMETRY[images][0]),
             "priority_eta": getattr(settings, "priority_eta", None),
             "stop_burn_in_gradient": getattr(settings, "stop_burn_in_gradient", None),
             "core_size": getattr(settings, "lstm_size", None),
@@ -51,6 +53,10 @@ class R2D2Options:
             "max_grad_norm": getattr(settings, "max_grad_norm", None),
         }
         return cls(**{name: value for name, value in given.items() if value is not None})
+
+
+def _given(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def sequence_batch(columns: Mapping[str, torch.Tensor]) -> SequenceBatch:
@@ -72,8 +78,8 @@ class R2D2Learning:
     """The online and target recurrent Q-networks and their optimiser (see `apexrl.algorithms.base.Learning`)."""
 
     def __init__(self, settings: Any, spaces: EnvSpaces, device: torch.device) -> None:
-        self.options = options = R2D2Options.from_settings(settings)
         self.network = resolve_network(getattr(settings, "network", "auto"), spaces)
+        self.options = options = R2D2Options.from_settings(settings, images=self.network != "mlp")
         hidden = getattr(settings, "hidden_sizes", None)
         self.hidden_sizes = tuple(hidden or DEFAULT_HIDDEN[self.network])
         build = lambda: RecurrentQNetwork(spaces, self.network, self.hidden_sizes, options.core_size)  # noqa: E731

@@ -16,14 +16,10 @@ import torch
 from torch import nn
 
 from apexrl.algorithms.dqn.networks import dueling_q
+from apexrl.algorithms.r2d2.defaults import DEFAULT_CORE_SIZE, DEFAULT_HIDDEN
 from apexrl.algorithms.torso_specs import CONV_LAYERS, resolve_network
 from apexrl.algorithms.torsos import check_image_layout, conv_stack, images_as_float, mlp, vectors_as_float
 from apexrl.common.spaces import EnvSpaces
-
-# The LSTM's size when --lstm-size is not given: the paper's 512 for pixels, smaller for vector tasks.
-DEFAULT_CORE_SIZE: dict[str, int] = {"mlp": 64, "nature": 512, "minatar": 128}
-# Fully connected layers between the torso and the core when --hidden-sizes is not given.
-DEFAULT_HIDDEN: dict[str, tuple[int, ...]] = {"mlp": (64,), "nature": (512,), "minatar": (128,)}
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each [batch, core_size]
 

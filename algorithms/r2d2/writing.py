@@ -17,14 +17,26 @@ initial priority is R2D2's eta-mix of the n-step TD errors of the actor's own Q-
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from apexrl.algorithms.r2d2.acting import window_priority
+from apexrl.algorithms.r2d2.acting import CoreState, window_priority
+from apexrl.algorithms.r2d2.defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CORE_SIZE,
+    DEFAULT_GEOMETRY,
+    DEFAULT_N_STEP,
+)
+from apexrl.algorithms.torso_specs import resolve_network
 from apexrl.common.compression import compress, is_image
 from apexrl.common.signature import ROW_VERSION_COLUMN, Signature
-from apexrl.common.spaces import EnvSpaces
+from apexrl.common.spaces import VECTOR, EnvSpaces
+
+# The actor writes windows of a sequence table (the SDK's SequenceWriter per environment), not transitions.
+SEQUENCES = True
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,36 @@ class Geometry:
     def length(self) -> int:
         """Steps per window: what the shards' max_sequence_length must be."""
         return self.burn_in + self.train_length
+
+
+def geometry(settings: Any, spaces: EnvSpaces) -> Geometry:
+    """The windows an actor with these settings writes (their defaults by kind of observation: defaults.py)."""
+    burn_in, train_length, period = DEFAULT_GEOMETRY[spaces.layout != VECTOR]
+    given = (getattr(settings, name, None) for name in ("burn_in", "train_length", "sequence_period"))
+    burn_in, train_length, period = (
+        default if value is None else value
+        for value, default in zip(given, (burn_in, train_length, period), strict=True)
+    )
+    return Geometry(
+        burn_in, train_length, min(period, burn_in + train_length), settings.gamma, DEFAULT_N_STEP
+    )
+
+
+def table_settings(actor: Any, learner: Any, spaces: EnvSpaces) -> dict[str, Any]:
+    """What the shards of an R2D2 fleet are started with besides the step signature: the longest window
+    (max_sequence_length) and the fields of each (item_signature: the LSTM's size is the learner's)."""
+    kind = resolve_network(getattr(learner, "network", "auto"), spaces)
+    core = getattr(learner, "lstm_size", None) or DEFAULT_CORE_SIZE[kind]
+    return {"max_sequence_length": geometry(actor, spaces).length, "item_signature": item_signature(core)}
+
+
+def learner_settings(actor: dict[str, Any]) -> dict[str, Any]:
+    """What `apexrl launch` gives an R2D2 learner that its fleet-file table does not set: the actors' burn-in (both
+    cut the same windows) and its batch of sequences (defaults.DEFAULT_BATCH_SIZE)."""
+    given = {"batch_size": DEFAULT_BATCH_SIZE}
+    if actor.get("burn_in") is not None:
+        given["sequence_burn_in"] = actor["burn_in"]
+    return given
 
 
 def replay_signature(spaces: EnvSpaces, compression: str | None) -> Signature:
@@ -118,6 +160,10 @@ class StepEncoder:
         """A window's initial priority from the Q-values acted on along it (acting.window_priority); never 0: a
         window with no target yet is still worth a draw."""
         g = self.geometry
+        if window["q"].shape[-1] <= int(
+            window["action"].max()
+        ):  # acted without a network: nothing to score with
+            return 1.0
         terminal = bool(window["discount"][-1] == 0.0)
         return (
             window_priority(
@@ -135,3 +181,46 @@ class StepEncoder:
 
 def _float32(obs: np.ndarray) -> np.ndarray:
     return obs.astype(np.float32) if obs.dtype.kind == "f" else obs
+
+
+class ActorWindows:
+    """An actor's environments written as R2D2 windows: one StepEncoder and one sequence writer (made by
+    `make_writer(trajectory, geometry, priority)`, the SDK's SequenceWriter over the actor's ShardedWriter) per
+    environment, environment i being trajectory i."""
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        num_envs: int,
+        make_writer: Callable[[int, Geometry, Callable[[dict[str, np.ndarray]], float]], Any],
+        compression: str | None = None,
+    ) -> None:
+        self.geometry = geometry
+        self.encoders = [StepEncoder(geometry, compression) for _ in range(num_envs)]
+        self.writers = [make_writer(i, geometry, e.priority) for i, e in enumerate(self.encoders)]
+
+    def record(
+        self,
+        before: CoreState,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        q_values: np.ndarray | None,
+        version: int,
+    ) -> None:
+        """One step of every environment: `before` the acting state the actions were chosen in, `q_values` the
+        Q-values they were chosen on (None: no network yet, the window's priority is then its default)."""
+        fields = before.item_fields()
+        for i, (writer, encoder) in enumerate(zip(self.writers, self.encoders, strict=True)):
+            q = np.zeros(1, np.float32) if q_values is None else q_values[i]
+            own = {name: value[i] for name, value in fields.items()}
+            writer.append(*encoder.step(obs[i], actions[i], rewards[i], terminated[i], own, q, version))
+            if terminated[i] or truncated[i]:
+                writer.end_episode()
+                encoder.end_episode()
+
+    @property
+    def items_sent(self) -> int:
+        return sum(writer.items_sent for writer in self.writers)

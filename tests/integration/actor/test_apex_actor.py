@@ -223,6 +223,32 @@ def test_it_keeps_acting_while_the_parameter_service_is_down_and_takes_newer_wei
     assert shard.table.info().inserted_total > 0
 
 
+def test_weights_far_larger_than_its_network_are_refused_and_it_plays_on_with_its_own(
+    make_shard, params, run_actor
+):
+    """Issue 31: an actor accepted weights as large as its pod. Once it holds its network's weights it accepts later
+    ones of at most twice their size (plus 1 MiB): a service sending far more is refused from its header, nothing
+    is allocated, and the actor goes on playing the weights it has."""
+    shard = make_shard(TableConfig(capacity=100_000, alpha=1.0))
+    service = params()
+    service.store.publish(weights(0))
+    run = run_actor(params=service.address, replay=(shard.address,), pull_every=20, max_steps_per_second=2000)
+    wait_until(lambda: run.actor.weight_version == 1, "the actor got version 1")
+    huge = {**weights(1), "padding": np.zeros(2 << 20, np.uint8)}  # 2 MiB more than its ~1.5 kB network
+    service.store.publish(huge, version=2)
+    wait_until(
+        lambda: run.metric("apexrl_actor_weight_fetch_failures_total") >= 2,
+        "the actor refused version 2 twice",
+    )
+    assert run.running() and run.actor.weight_version == 1
+    service.store.publish(weights(3), version=3)  # the right size again: taken
+    wait_until(
+        lambda: run.running() and run.actor.weight_version == 3, "the actor took version 3", timeout=30
+    )
+    run.stop.set()
+    run.join()
+
+
 class CancellingServicer(ParameterServicer):
     """The real servicer, except that Fetch answers CANCELLED once `cancel` is set: what a Fetch gets when the
     service stops under it (a stopping server answers some calls in flight CANCELLED, others UNAVAILABLE)."""

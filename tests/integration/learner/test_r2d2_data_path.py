@@ -25,7 +25,7 @@ CORE = 16
 
 class Settings:
     network, hidden_sizes, lstm_size, learning_rate = "mlp", (32,), CORE, 1e-3
-    target_update_period, burn_in, r2d2_n_step = 10, GEOMETRY.burn_in, GEOMETRY.n_step
+    target_update_period, sequence_burn_in, sequence_n_step = 10, GEOMETRY.burn_in, GEOMETRY.n_step
 
 
 def play(writer: ShardedWriter, learning: R2D2Learning, spaces: EnvSpaces, steps: int, envs: int = 3) -> int:

@@ -137,8 +137,8 @@ def test_the_recurrent_learner_remembers_a_cue_across_a_sequence() -> None:
         lstm_size=16,
         learning_rate=3e-3,
         target_update_period=50,
-        burn_in=0,
-        r2d2_n_step=3,
+        sequence_burn_in=0,
+        sequence_n_step=3,
     )
     learning = R2D2Learning(settings, SPACES, torch.device("cpu"))
     rng = np.random.default_rng(0)

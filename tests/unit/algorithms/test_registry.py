@@ -25,7 +25,7 @@ from apexrl.learner.config import LearnerConfig
 
 
 def test_auto_picks_dqn_for_discrete_and_dpg_for_box_actions():
-    assert names() == (AUTO, "dqn", "dpg")
+    assert names() == (AUTO, "dqn", "dpg", "r2d2")
     assert for_spaces(AUTO, EnvSpaces.vector(4, 2)).name == "dqn"
     assert for_spaces(AUTO, EnvSpaces.box((3,), (-2.0,), (2.0,))).name == "dpg"
     assert for_action_kind("dpg", BOX).name == "dpg"
@@ -77,8 +77,17 @@ def test_every_algorithm_provides_what_the_wiring_calls():
         assert list(inspect.signature(learning.make_learning).parameters) == ["settings", "spaces", "device"]
         assert list(inspect.signature(acting.make_stateful).parameters) == ["explorer"]
         writing = algorithm.writing()
-        assert list(inspect.signature(writing.make_writer).parameters) == ["settings", "spaces"]
         assert list(inspect.signature(writing.replay_signature).parameters) == ["spaces", "compression"]
+        if getattr(writing, "SEQUENCES", False):  # sequences' windows (R2D2): the actor makes their writers
+            assert list(inspect.signature(writing.geometry).parameters) == ["settings", "spaces"]
+            assert list(inspect.signature(writing.table_settings).parameters) == [
+                "actor",
+                "learner",
+                "spaces",
+            ]
+            assert callable(writing.ActorWindows)
+            continue
+        assert list(inspect.signature(writing.make_writer).parameters) == ["settings", "spaces"]
         assert callable(writing.item_columns)
 
 
@@ -106,11 +115,11 @@ def test_each_algorithms_own_settings_are_declared_next_to_its_code_and_composed
 def test_apexrl_algorithms_registers_packages_beyond_the_built_in_ones_and_names_a_bad_one(monkeypatch):
     monkeypatch.setenv("APEXRL_ALGORITHMS", " tests.support.toy_algorithm ,")
     found = algorithms()
-    assert list(found) == ["dqn", "dpg", "linear-q"] and names()[-1] == "linear-q"
+    assert list(found) == ["dqn", "dpg", "r2d2", "linear-q"] and names()[-1] == "linear-q"
     assert for_action_kind(AUTO, DISCRETE).name == "dqn"  # auto still picks the built-in one
     assert found["linear-q"].own_settings("actor") == ("linear_epsilon",)
     monkeypatch.setenv("APEXRL_ALGORITHMS", "tests.support.no_such_package")
     with pytest.raises(ValueError, match=r"APEXRL_ALGORITHMS: tests\.support\.no_such_package registers no"):
         algorithms()
     monkeypatch.setenv("APEXRL_ALGORITHMS", "apexrl.algorithms.dqn")  # a built-in one again: the same record
-    assert list(algorithms()) == ["dqn", "dpg"]
+    assert list(algorithms()) == ["dqn", "dpg", "r2d2"]

@@ -171,6 +171,7 @@ def _other_value(s):
         "device": "cpu",
         "signature": None,
         "item_signature": Signature.parse("state:float32[2,4]"),
+        "priority_eta": 0.5,
         "evaluation_cpu_share": 0.5,
         "target_tau": 0.5,
         "noise_correlation": 0.5,
