@@ -342,17 +342,18 @@ class Fleet:
         return next(c for c in self.children if c.role.name == name)
 
     def _plan_restart(self, child: Child, now: float, how: str) -> float | None:
-        """The backoff before `child`'s role is started again (1 s, 2 s, 4 s, ... at most 30 s, doubling with each
-        restart in the window), logged with `how` it ended; None once its budget (max_restarts within
-        restart_window) is spent. The one rule for roles that die during start-up and after it."""
+        """The backoff before `child`'s role is started again (at once the first time in the window, then 1 s,
+        2 s, 4 s, ... at most 30 s), logged with `how` it ended; None once its budget (max_restarts within
+        restart_window) is spent. The one rule for roles that die during start-up and after it. The first restart
+        waits for nothing: a role killed once is back in its start-up time (bench/startup_bench.py --restart)."""
         window = [t for t in self.restarts.get(child.role.name, []) if now - t < self.config.restart_window]
         if len(window) >= self.config.max_restarts:
             return None
-        delay = min(30.0, 2.0 ** len(window))
+        delay = 0.0 if not window else min(30.0, 2.0 ** (len(window) - 1))
         log.warning(
-            "%s; restarting it in %.0fs (restart %d of at most %d in %.0fs)",
+            "%s; restarting it %s (restart %d of at most %d in %.0fs)",
             how,
-            delay,
+            "now" if not delay else f"in {delay:.0f}s",
             len(window) + 1,
             self.config.max_restarts,
             self.config.restart_window,
@@ -366,7 +367,8 @@ class Fleet:
         with status 0 (it finished its work) or one whose restart budget is spent.
 
         A role that dies (non-zero status or a signal) is started again with the same command line, ports included,
-        after a backoff that doubles with each restart in the window (1 s, 2 s, 4 s, ... at most 30 s); at most
+        at once the first time, then after a backoff that doubles with each restart in the window (1 s, 2 s, 4 s,
+        ... at most 30 s); at most
         `max_restarts` restarts per role within any `restart_window` seconds. The rest of the fleet keeps running:
         actors fail over to the other shards, the learner samples the live ones, a learner resumes from its
         checkpoint."""

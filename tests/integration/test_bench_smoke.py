@@ -271,3 +271,20 @@ def test_startup_bench_times_every_role_of_a_launch_and_a_restart(tmp_path):
     assert 0 < run["first_step"] <= run["all_ready"] and run["first_episode"] > 0
     assert run["launcher"]["roles started"] > 0 and run["restart_seconds"]["shard-0"] > 0
     assert "first env step" in proc.stdout and "Load average" in proc.stdout
+
+
+def test_r2d2_burn_in_bench_runs_both_variants(tmp_path):
+    """bench/r2d2_burn_in.py --quick: one short R2D2 launch with the burn-in's gradient stopped and one without,
+    each reported (learning is the benchmark's, run by hand; here both launches must run and report)."""
+    out = tmp_path / "burn_in.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "r2d2_burn_in.py"), "--quick", "--json", str(out)],
+        timeout=240,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(out.read_text())
+    assert [r["variant"] for r in runs] == ["stop", "no-stop"]
+    assert all(r["env_steps"] > 0 and r["wall_seconds"] > 0 for r in runs), runs
+    assert "median wall" in proc.stdout

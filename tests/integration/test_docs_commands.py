@@ -140,6 +140,8 @@ K8S = (
 )
 NOT_RUN: dict[str, str] = {
     "README.md: bash scripts/test.sh": "runs this test suite (and setup.sh's installs): CI runs it",
+    "README.md: apexrl launch --algorithm r2d2 --env CartPoleNoVel-v1": "a training run of minutes: "
+    "tests/integration/launcher/test_r2d2_launch.py runs it for 40 s and plays its kept policy",
     "README.md: .venv/bin/python bench/replay_bench.py": "benchmarks of minutes each; tests/integration/"
     "test_bench_smoke.py runs their quick modes",
     "docs/deploy-kubernetes.md: REGISTRY=registry.example.com/apexrl": "docker builds: the image recipe is checked "
