@@ -134,7 +134,10 @@ def sequence_table(config: FleetConfig, shard_settings: Mapping[str, Any]) -> di
     learner = types.SimpleNamespace(
         **{k: v for k, v in config.learner.settings.items() if k in ("network", "lstm_size")}
     )
-    return writing.table_settings(actor, learner, spaces)
+    try:
+        return writing.table_settings(actor, learner, spaces)
+    except ValueError as err:  # e.g. a period longer than the window
+        raise ConfigError(f"[[actors]]: {err}") from None
 
 
 def _sequence_geometry_settings(config: FleetConfig) -> dict[str, Any]:

@@ -57,7 +57,10 @@ class Geometry:
                 f"burn_in ({self.burn_in}) must be >= 0 and train_length ({self.train_length}) >= 1"
             )
         if not 1 <= self.period <= self.length:
-            raise ValueError(f"period ({self.period}) must be in [1, burn_in + train_length ({self.length})]")
+            raise ValueError(
+                f"sequence_period ({self.period}) must be in [1, burn_in + train_length ({self.length})]: a longer "
+                f"period would leave steps in no sequence"
+            )
 
     @property
     def length(self) -> int:
@@ -73,9 +76,7 @@ def geometry(settings: Any, spaces: EnvSpaces) -> Geometry:
         default if value is None else value
         for value, default in zip(given, (burn_in, train_length, period), strict=True)
     )
-    return Geometry(
-        burn_in, train_length, min(period, burn_in + train_length), settings.gamma, DEFAULT_N_STEP
-    )
+    return Geometry(burn_in, train_length, period, settings.gamma, DEFAULT_N_STEP)
 
 
 def table_settings(actor: Any, learner: Any, spaces: EnvSpaces) -> dict[str, Any]:

@@ -97,7 +97,8 @@ def test_local_fleet_learns_cartpole_and_leaves_a_usable_run_directory(tmp_path)
         )
     }
     version, mean = rounds[kept["round"]]
-    assert version == kept["weight_version"] and mean == pytest.approx(kept["mean_return"], abs=0.05)
+    # The log prints one decimal: 486.55 reads 486.6 there, and |486.6 - 486.55| is a hair above 0.05 in floats.
+    assert version == kept["weight_version"] and mean == pytest.approx(kept["mean_return"], abs=0.051)
     assert rounds[kept["round"] - 1][0] == version  # the round it confirmed
     assert f"solved: after evaluation round {kept['round']} (weights v{version})" in launch.stderr
     assert result["last_checkpoint"] == str(run_dir / "checkpoints" / "checkpoint.pt")

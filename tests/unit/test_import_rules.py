@@ -152,6 +152,14 @@ def violations(rule) -> list[str]:
 def test_the_tree_is_what_the_rules_describe():
     folders = {str(p.parent.relative_to(ROOT)) for f in PACKAGES for p in (ROOT / f).glob("*/__init__.py")}
     assert folders <= set(PACKAGES), f"packages the rules do not read: {sorted(folders - set(PACKAGES))}"
+    # An installed (non-editable) apexrl carries exactly pyproject.toml's packages: a package missing there is
+    # missing from every image and wheel (r2d2 once was: the images' build failed on its import).
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert set(PACKAGES.values()) <= listed, (
+        f"not in pyproject.toml's packages: {sorted(set(PACKAGES.values()) - listed)}"
+    )
     names = set(modules())
     assert names >= WIRE_EDGE, f"wire-edge modules missing: {sorted(WIRE_EDGE - names)}"
     replay_folders = {p.name for p in (ROOT / "replay_server").iterdir() if (p / "__init__.py").exists()}

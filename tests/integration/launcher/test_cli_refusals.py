@@ -223,3 +223,28 @@ def test_log_level_is_taken_after_the_subcommand_too(tmp_path: Path):
     assert chatty.returncode == 1 and " INFO apexrl.actor: evaluator 0 stopped" in chatty.stderr, (
         chatty.stderr
     )
+
+
+def test_r2d2_refuses_a_box_action_space_and_a_period_longer_than_its_window_in_one_line(tmp_path):
+    """Issue 30: `--algorithm r2d2` on continuous actions, and sequences started further apart than they are long
+    (steps in no sequence), each end the launch in one line with exit status 2, nothing started."""
+    line = refused(
+        apexrl("launch", "--algorithm", "r2d2", "--env", "Pendulum-v1", "--run-dir", str(tmp_path / "a")),
+        "launch",
+    )
+    assert "algorithm r2d2 needs a Discrete action space" in line, line
+    fleet = tmp_path / "fleet.toml"
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    fleet.write_text(
+        f"[fleet]\nalgorithm = 'r2d2'\nenv = 'CartPoleNoVel-v1'\n\n[[shard]]\nhost = 'm1'\nport = {ports[0]}\n\n"
+        f"[learner]\nhost = 'm1'\nport = {ports[1]}\n\n[[actors]]\nhost = 'm1'\ncount = 1\nburn_in = 2\n"
+        "train_length = 4\nsequence_period = 10\n"
+    )
+    run_dir = tmp_path / "run"
+    line = refused(apexrl("launch", "--config", str(fleet), "--run-dir", str(run_dir)), "launch")
+    assert "sequence_period (10) must be in [1, burn_in + train_length (6)]" in line, line
+    assert not run_dir.exists()
