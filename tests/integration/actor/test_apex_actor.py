@@ -414,6 +414,7 @@ def test_a_vector_environment_assembles_n_step_transitions_per_environment(
         max_env_steps=3 * 40,
         pull_every=1000,
         batch_size=4,
+        act_before_weights=False,  # it waits for the weights published below, so the flag set here comes first
     )
     run.actor.clip_rewards = clip  # as for Atari: train on rewards clipped to [-1, 1], report true returns
     torch.manual_seed(0)
