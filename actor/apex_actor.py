@@ -338,6 +338,7 @@ class ApeXActor:
             self._wait_for_first_weights(stop)
             self._evaluate(stop)
             return
+        self.recorder.stop_on(stop)
         self._start_exploring(stop)
         num_envs = self.envs.num_envs
         obs, _ = self.envs.reset(seed=self._env_seed)  # environment i: seed + i

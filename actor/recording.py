@@ -45,6 +45,9 @@ class TransitionRecorder:
         self.outbox: list = []  # transitions not sent yet
         self.versions: list[int] = []  # the weights version acting when each was completed
 
+    def stop_on(self, stop: threading.Event) -> None:
+        """Nothing to bind: `flush` and `send` take the run's stop each time."""
+
     def record(self, step: Step) -> None:
         for i, writer in enumerate(self.item_writers):
             done = step.terminated[i] or step.truncated[i]
@@ -70,6 +73,11 @@ class SequenceRecorder:
     def __init__(self, windows: Any, stepping: Any) -> None:
         self.windows = windows
         self._stepping = stepping
+
+    def stop_on(self, stop: threading.Event) -> None:
+        """The run's stop ends a window's wait for room on a shard (back pressure) or for a shard to be known."""
+        for writer in self.windows.writers:
+            writer.stop = stop
 
     def record(self, step: Step) -> None:
         self.windows.record(

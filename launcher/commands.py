@@ -307,11 +307,11 @@ def _learner_config(config: FleetConfig, role: Role, links: Wiring, run_dir: Pat
         metrics_port=_metrics_port(role),
         min_replay_size=config.shard_min_size * len(config.shards),
         **_role_tokens(config),
-        **_learner_sequences(config),
+        **learner_sequences(config),
     )
 
 
-def _learner_sequences(config: FleetConfig) -> dict[str, Any]:
+def learner_sequences(config: FleetConfig) -> dict[str, Any]:
     """For a learner of sequences (R2D2), what its algorithm's writing gives that the [learner] table does not set
     (the actors' burn-in: both cut the same windows; its batch of sequences)."""
     if config.algorithm == AUTO:  # auto never picks an algorithm of sequences

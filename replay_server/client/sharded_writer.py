@@ -185,15 +185,29 @@ class ShardedWriter:
             raise UnavailableError("the writer is closed")
         return None
 
-    def pick(self, preferred: str | None = None) -> ReplayClient:
+    def pick(
+        self,
+        preferred: str | None = None,
+        *,
+        timeout: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> ReplayClient | None:
         """The shard a writer that must stay on one shard (a SequenceWriter: its items refer to steps it sent
         there) writes to next: `preferred` while its backlog has room, else the next shard with room in the
         round-robin (failover), else `preferred` (or the round-robin's), whose `insert` then waits for room (back
-        pressure). UnavailableError when no shard is known."""
+        pressure). While no shard is known (a Service name that lists no Ready shard yet), waits for one as
+        `insert` does: up to `timeout` (then DeadlineExceededError; None: forever), None once `stop` is set."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiter = stop if stop is not None else self._closed
         self._sync()
+        while not self._shards:
+            if waiter.is_set():
+                if waiter is self._closed:
+                    raise UnavailableError("the writer is closed")
+                return None
+            if not waiter.wait(self._wait_time(deadline, "no shard address resolved")):
+                self._sync(force=True)
         shards = self._shards
-        if not shards:
-            raise UnavailableError("no shard address resolved")
         current = next((c for c in shards if c.address == preferred), None)
         if current is not None and current.pending < self.max_in_flight:
             return current

@@ -330,10 +330,12 @@ def test_a_shard_port_the_service_does_not_use_is_reported(netns_network, tmp_pa
 TLS_BUDGET = 50.0
 
 
-def small_overlay(tmp_path: Path, base: str, components: tuple[str, ...] = ()) -> Path:
-    """`base` (an overlay under k8s/overlays) with one actor and the given components, in a copy of k8s/: every
-    workload the components patch, one pod each but the two shards (whose different addresses the servers'
-    certificate must cover)."""
+def small_overlay(
+    tmp_path: Path, base: str, components: tuple[str, ...] = (), literals: tuple[str, ...] = ()
+) -> Path:
+    """`base` (an overlay under k8s/overlays) with one actor and the given components (and fleet settings,
+    KEY=VALUE), in a copy of k8s/: every workload the components patch, one pod each but the two shards (whose
+    different addresses the servers' certificate must cover)."""
     copy = tmp_path / "k8s"
     shutil.copytree(m.K8S, copy)
     overlay = copy / "overlays" / "emulated"
@@ -354,9 +356,61 @@ def small_overlay(tmp_path: Path, base: str, components: tuple[str, ...] = ()) -
             literals:
               - APEXRL_NUM_ACTORS=1
         """)
+        + "".join(f"      - {literal}\n" for literal in literals)
         + (f"components:\n{listed}" if components else "")
     )
     return overlay
+
+
+def test_the_recurrent_overlay_trains_r2d2_on_sequence_shards(netns_network, tmp_path):
+    """k8s/overlays/recurrent-cpu (R2D2 on CartPoleNoVel-v1) as pods, one actor: the shards are sequence tables
+    with the overlay's window and fields, the actor's windows reach both, the learner samples them and publishes
+    weights the actor then plays, and every pod stops with status 0 (smaller minimum sizes, so a minute suffices)."""
+    overlay = small_overlay(
+        tmp_path,
+        "recurrent-cpu",
+        literals=("APEXRL_REPLAY_MIN_SIZE_TO_SAMPLE=50", "APEXRL_LEARNER_MIN_REPLAY_SIZE=100"),
+    )
+    objects = m.render(overlay)
+    data = next(o["data"] for o in objects if o["kind"] == "ConfigMap")
+    with pods.Cluster(objects, netns_network, tmp_path) as cluster:
+        cluster.start()
+        deadline = Deadline(cluster, BUDGET)
+        deadline.wait(cluster.all_ready, "every pod passes its startup and readiness probes", timeout=150)
+        shard_port = cluster.service_port("apexrl-replay", "grpc")
+        clients = {
+            p.name: ReplayClient(f"{p.ip}:{shard_port}", timeout=3) for p in cluster.pods_of("apexrl-replay")
+        }
+        try:
+            infos = {name: c.info(timeout=3) for name, c in clients.items()}
+            for name, info in infos.items():
+                assert info.max_sequence_length == int(data["APEXRL_REPLAY_MAX_SEQUENCE_LENGTH"]), name
+                assert str(info.item_signature) == data["APEXRL_REPLAY_ITEM_SIGNATURE"], name
+            deadline.wait(
+                lambda: all(
+                    i.items_inserted_total > 0 and i.sampled_total > 0
+                    for i in (c.info(timeout=3) for c in clients.values())
+                ),
+                "both shards hold windows and are sampled",
+                timeout=120,
+            )
+            actor = cluster.pods_of("apexrl-actor")[0]
+            deadline.wait(
+                lambda: pods.scrape(actor.ip, metrics_port(actor)).get("apexrl_actor_weight_version", 0) > 1,
+                "the actor plays weights the learner published after training on the windows",
+                timeout=90,
+            )
+            print(f"[{cluster.elapsed():6.1f}s] shards (inserted, sampled): {shard_counts(clients)}")
+            cluster.check()
+        finally:
+            for client in clients.values():
+                client.close()
+        stopped = cluster.terminate()
+        assert {name: code for name, (code, _) in stopped.items()} == {p.name: 0 for p in cluster.pods}, (
+            "\n".join(
+                f"{p.name}: {p.exit_code}\n{p.log_tail(1500)}" for p in cluster.pods if p.exit_code != 0
+            )
+        )
 
 
 def grpc_port_refuses_plaintext(address: str) -> bool:

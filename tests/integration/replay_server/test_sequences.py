@@ -4,13 +4,15 @@ a transition client is unchanged; a writer that fails over sends the steps its w
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 import numpy as np
 import pytest
 
 from apexrl.common import codec
 from apexrl.common.compression import CompressedColumn, compress, decompress
-from apexrl.common.errors import InvalidArgumentError
+from apexrl.common.errors import DeadlineExceededError, InvalidArgumentError
 from apexrl.common.signature import Signature
 from apexrl.proto import replay_pb2, replay_pb2_grpc
 from apexrl.replay_server import ReplayClient, ShardedWriter
@@ -232,3 +234,42 @@ def test_a_sigkill_loses_no_acknowledged_item(tmp_path) -> None:
     for row, length, state in zip(obs, batch.lengths, batch.item_columns["state"][:, 0], strict=True):
         np.testing.assert_array_equal(row[:length], row[0] + np.arange(length))
         assert state == row[0]
+
+
+def test_a_writer_waits_for_a_name_to_list_a_shard_and_a_stop_ends_the_wait(make_shard) -> None:
+    """A Service name lists no shard until the shards are Ready (Kubernetes, tests/integration/deploy): the writer
+    waits for one, as ShardedWriter.insert does, instead of failing the actor; its stop ends the wait with
+    nothing sent, and without a stop the writer's timeout does."""
+    shard = make_shard(sequence_config())
+    port = int(shard.address.rsplit(":", 1)[1])
+    listed: list[str] = []
+
+    def resolver(name: str, wanted: int) -> list[str]:
+        assert (name, wanted) == ("apexrl-replay", port)
+        return list(listed)
+
+    with ShardedWriter([f"dns:///apexrl-replay:{port}"], resolve_every=0.1, resolver=resolver) as sharded:
+        stop = threading.Event()
+        writer = SequenceWriter(sharded, length=8, period=4, stop=stop)
+        done = threading.Event()
+        thread = threading.Thread(target=lambda: (write_episode(writer, 21), done.set()))
+        thread.start()
+        assert not done.wait(0.5)  # no shard listed: the writer waits (a bound the next lines do not need)
+        listed.append("127.0.0.1")
+        thread.join(30)
+        assert done.is_set()
+        writer.flush(timeout=30)
+        assert (shard.table.info().steps, shard.table.info().size) == (21, 5)
+
+    with ShardedWriter(
+        [f"dns:///apexrl-replay:{port + 1}"], resolve_every=0.1, resolver=lambda n, p: []
+    ) as none:
+        stop = threading.Event()
+        stopped = SequenceWriter(none, length=8, period=4, stop=stop)
+        thread = threading.Thread(target=write_episode, args=(stopped, 21))
+        thread.start()
+        stop.set()
+        thread.join(30)
+        assert not thread.is_alive() and stopped.items_sent == 0
+        with pytest.raises(DeadlineExceededError, match="no shard address resolved"):
+            write_episode(SequenceWriter(none, length=8, period=4, timeout=0.3), 21)

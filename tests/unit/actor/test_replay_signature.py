@@ -75,6 +75,32 @@ def test_apexrl_signature_prints_what_a_shard_takes_as_signature():
     assert mismatched.returncode == 2 and "--algorithm: algorithm dqn needs a Discrete" in mismatched.stderr
 
 
+def test_apexrl_signature_prints_a_sequence_shards_window_and_fields_as_the_launcher_gives_them():
+    """`--part item-signature` and `--part max-sequence-length` (k8s/overlays/recurrent-cpu's values) are what
+    `apexrl launch --algorithm r2d2` starts its shards with; a transition algorithm has neither (one line, exit 2)."""
+    import subprocess
+    import sys
+
+    from apexrl.launcher.commands import sequence_table, with_algorithm
+    from apexrl.launcher.topology import local_fleet
+
+    def printed(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "apexrl.launcher", "signature", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    table = sequence_table(with_algorithm(local_fleet(env="CartPoleNoVel-v1", algorithm="r2d2")), {})
+    r2d2 = ("--env", "CartPoleNoVel-v1", "--algorithm", "r2d2", "--part")
+    assert printed(*r2d2, "item-signature").stdout.strip() == str(table["item_signature"])
+    assert int(printed(*r2d2, "max-sequence-length").stdout) == table["max_sequence_length"]
+    transitions = printed("--env", "CartPole-v1", "--part", "item-signature")
+    assert transitions.returncode == 2 and len(transitions.stderr.strip().splitlines()) == 1
+    assert "dqn writes transitions" in transitions.stderr
+
+
 def test_the_launcher_pins_what_the_algorithms_writing_half_says():
     """The launcher asks the run's algorithm for the signature (its writing half), not a module of the actor."""
     from apexrl.algorithms.registry import for_spaces

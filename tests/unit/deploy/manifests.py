@@ -39,6 +39,7 @@ TARGETS = {
     "production": Path("overlays/production"),
     "small-cpu-tls": Path("overlays/small-cpu-tls"),
     "continuous-cpu": Path("overlays/continuous-cpu"),
+    "recurrent-cpu": Path("overlays/recurrent-cpu"),
 }
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 # The label every fleet pod carries (k8s/base/kustomization.yaml); the NetworkPolicy admits exactly these pods.

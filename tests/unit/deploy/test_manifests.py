@@ -35,6 +35,7 @@ OVERLAY_SIZES = {
     "production": {"replay": 8, "actor": 64},
     "small-cpu-tls": {"replay": 2, "actor": 4},
     "continuous-cpu": {"replay": 2, "actor": 4},
+    "recurrent-cpu": {"replay": 2, "actor": 4},
 }
 # The name the TLS component's clients check the servers' certificates against.
 TLS_SERVER_NAME = "apexrl-replay.apexrl.svc"
@@ -224,6 +225,36 @@ def test_the_continuous_overlay_runs_dpg_on_pendulum_with_dpgs_replay_settings(r
         args = m.pod_spec(workload)["containers"][0]["args"]
         if "--env=$(APEXRL_ENV)" in args:  # learner, actors, evaluator: the same algorithm everywhere
             assert "--algorithm=$(APEXRL_ALGORITHM)" in args, workload["metadata"]["name"]
+
+
+def test_the_recurrent_overlay_starts_shards_and_learner_as_apexrl_launch_would(rendered):
+    """k8s/overlays/recurrent-cpu's values are what `apexrl launch --algorithm r2d2 --env CartPoleNoVel-v1` gives its
+    shards and learner (launcher/commands.py): the window's length, the windows' fields, the batch of sequences and
+    the algorithm's fleet defaults; a change of R2D2's defaults that the overlay does not follow fails here."""
+    from apexrl.algorithms.registry import get
+    from apexrl.launcher import commands
+    from apexrl.launcher.topology import local_fleet
+
+    objects = rendered["recurrent-cpu"]
+    data = next(
+        o["data"]
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("apexrl-fleet")
+    )
+    fleet = commands.with_algorithm(local_fleet(env=data["APEXRL_ENV"], algorithm=data["APEXRL_ALGORITHM"]))
+    table = commands.sequence_table(fleet, {})
+    assert (data["APEXRL_ENV"], data["APEXRL_ALGORITHM"]) == ("CartPoleNoVel-v1", "r2d2")
+    assert int(data["APEXRL_REPLAY_MAX_SEQUENCE_LENGTH"]) == table["max_sequence_length"]
+    assert data["APEXRL_REPLAY_ITEM_SIGNATURE"] == str(table["item_signature"])
+    assert int(data["APEXRL_LEARNER_BATCH_SIZE"]) == commands.learner_sequences(fleet)["batch_size"]
+    defaults = get("r2d2").defaults["fleet"]
+    shards = OVERLAY_SIZES["recurrent-cpu"]["replay"]
+    assert int(data["APEXRL_REPLAY_CAPACITY"]) * shards == defaults["replay_capacity"]
+    assert float(data["APEXRL_REPLAY_SAMPLES_PER_INSERT"]) == defaults["samples_per_insert"]
+    replay = next(w for w in m.Fleet(objects).workloads() if w["metadata"]["name"] == "apexrl-replay")
+    args = m.pod_spec(replay)["containers"][0]["args"]
+    assert "--max-sequence-length=$(APEXRL_REPLAY_MAX_SEQUENCE_LENGTH)" in args
+    assert "--item-signature=$(APEXRL_REPLAY_ITEM_SIGNATURE)" in args
 
 
 def test_base_keeps_the_cpu_learner_and_finds_shards_through_the_headless_service(rendered):
