@@ -318,7 +318,9 @@ class ApeXActor:
 
     def _start_exploring(self, stop: threading.Event) -> None:
         """An exploring actor acts from its first moment (act_before_weights): with the weights if the service has
-        some, else at random until they come (`_act`); without act_before_weights, it waits for them first."""
+        some, else at random until they come (`_act`); without act_before_weights, it waits for them first. The
+        run's stop ends the recorder's waits for room on the shards from here on."""
+        self.recorder.stop_on(stop)
         # Sequences (R2D2) store the policy's state with each window: no window before there is a policy.
         if not self.config.act_before_weights or isinstance(self.recorder, SequenceRecorder):
             self._wait_for_first_weights(stop)
@@ -338,7 +340,6 @@ class ApeXActor:
             self._wait_for_first_weights(stop)
             self._evaluate(stop)
             return
-        self.recorder.stop_on(stop)
         self._start_exploring(stop)
         num_envs = self.envs.num_envs
         obs, _ = self.envs.reset(seed=self._env_seed)  # environment i: seed + i

@@ -32,9 +32,15 @@ ALLOWED = {
 
 
 def code_files() -> list[Path]:
+    """The project's code: its modules, and the scripts under OTHER_CODE, less caches and benchmark results (where
+    bench/solve_race.py keeps SB3's virtual environment)."""
     files = list(modules().values())
     for folder in OTHER_CODE:
-        files += [p for p in sorted((ROOT / folder).rglob("*.py")) if "__pycache__" not in p.parts]
+        files += [
+            p
+            for p in sorted((ROOT / folder).rglob("*.py"))
+            if "__pycache__" not in p.parts and "results" not in p.relative_to(ROOT).parts
+        ]
     return files
 
 
