@@ -115,7 +115,8 @@ class LearnerMetrics:
         self.row_staleness = ArrayHistogram(
             "apexrl_learner_sampled_row_staleness_versions",
             "Learner's weights version minus the version that "
-            "produced each sampled row (rows carry it in their weight_version column)",
+            "produced each sampled row (rows carry it in their weight_version column; R2D2's sequence items in "
+            "their weight_version field: the parameter lag of each sampled item)",
             STALENESS_BUCKETS,
             registry,
         )

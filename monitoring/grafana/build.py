@@ -283,9 +283,11 @@ FLEET = [
                 span=8,
             ),
             PanelSpec(
-                "Staleness of sampled rows",
+                "Staleness of sampled rows (R2D2: items)",
                 "Weight versions between the learner's newest weights and the weights "
-                "that produced each row it samples (how off-policy the training data is).",
+                "that produced each row it samples (how off-policy the training data is); in an R2D2 fleet "
+                "each sampled sequence item, by the version that acted at its first step (the parameter lag "
+                "R2D2's stored state suffers from).",
                 "short",
                 quantiles("apexrl_learner_sampled_row_staleness_versions", LEARNER, "", "versions behind"),
                 span=12,

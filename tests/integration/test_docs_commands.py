@@ -155,6 +155,9 @@ NOT_RUN: dict[str, str] = {
     + " (and grpcurl)",
     "docs/deploy-kubernetes.md: docker login registry.example.com": K8S,
     "docs/deploy-kubernetes.md: cd k8s/overlays/small-cpu": "needs the standalone kustomize binary and a registry",
+    "docs/deploy-kubernetes.md: apexrl signature --env ENV --algorithm r2d2 --part signature": "ENV stands for "
+    "the user's environment: tests/unit/actor/test_replay_signature.py runs these parts for CartPoleNoVel-v1 and "
+    "compares them with what apexrl launch gives its shards",
     "docs/deploy-kubernetes.md: kubectl kustomize k8s/overlays/small-cpu | less": K8S,
     "docs/deploy-kubernetes.md: kubectl -n apexrl scale statefulset apexrl-replay --replicas=4": K8S,
     "docs/deploy-kubernetes.md: cd k8s/overlays/small-cpu && kustomize edit set replicas apexrl-actor=16": K8S,
