@@ -11,7 +11,10 @@ the actor side (`acting.py` of an algorithm) provides
     make_explorer(settings: ActorSettings, spaces, rng) -> Explorer
     make_stateful(explorer=None) -> StatefulActing   (how roles step it; feed-forward ones through `Stateless`;
                                                        no explorer: greedy only)
-    make_greedy_module(weights, spaces) -> torch.nn.Module   (observations -> greedy actions; `apexrl export`)
+    make_greedy_module(weights, spaces) -> torch.nn.Module   (observations -> greedy actions; `apexrl export`;
+                                                              a recurrent policy's: (obs, state, prev_action,
+                                                              prev_reward) -> (actions, next state), one
+                                                              environment's state of shape `state_shape`)
 and the learner side (`learning.py`) provides
     make_learning(settings: LearnerSettings, spaces, device) -> Learning
 """

@@ -158,3 +158,83 @@ class OneOrBatch(nn.Module):
         return operators.reshape_from_tensor_shape(
             actions, torch.cat([lead, operators.shape_as_tensor(actions)[1:]])
         )
+
+
+class RecurrentOneOrBatch(nn.Module):
+    """A recurrent greedy module over batches (`batched`: (obs, state, prev_action, prev_reward) -> (actions, next
+    state), one environment's state of shape `batched.state_shape`) that also takes one environment's step, as
+    OneOrBatch does for observations: obs of `obs_shape` (one) or [batch, *obs_shape], the state, the previous
+    action and reward with the same leading axes ([*state_shape] and 0-d for one; [batch, *state_shape] and [batch]
+    for a batch), and the actions and next state given back those axes. With `clip_rewards` the previous reward
+    is clipped to [-1, 1] inside, as the actors clipped it in training, so callers give the environment's own.
+
+    TorchScript checks that the inputs' leading axes agree and names the shapes it takes; traced for ONNX, the
+    leading axes are graph operations on the observation's shape, as OneOrBatch's."""
+
+    def __init__(self, batched: nn.Module, obs_shape: tuple[int, ...], clip_rewards: bool = False) -> None:
+        super().__init__()
+        self.batched = batched
+        self.rank = len(obs_shape)
+        self.flat = [-1, *(int(n) for n in obs_shape)]  # never empty: TorchScript infers List[int] from it
+        self.state_shape = tuple(int(n) for n in batched.state_shape)  # one environment's
+        self.state_flat = [-1, *self.state_shape]
+        self.clip_rewards = bool(clip_rewards)
+
+    def forward(
+        self, obs: torch.Tensor, state: torch.Tensor, prev_action: torch.Tensor, prev_reward: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.clip_rewards:
+            prev_reward = prev_reward.clamp(-1.0, 1.0)
+        if torch.jit.is_scripting():
+            lead = self._lead(obs, state, prev_action, prev_reward)
+            actions, after = self.batched(
+                obs.reshape(self.flat),
+                state.reshape(self.state_flat),
+                prev_action.reshape([-1]),
+                prev_reward.reshape([-1]),
+            )
+            return actions.reshape(lead + actions.shape[1:]), after.reshape(lead + self.state_flat[1:])
+        return self._traced(obs, state, prev_action, prev_reward)
+
+    def _lead(
+        self, obs: torch.Tensor, state: torch.Tensor, prev_action: torch.Tensor, prev_reward: torch.Tensor
+    ) -> list[int]:
+        """The leading axes of a scripted call ([] for one environment's step); ValueError naming the shapes taken
+        when the inputs do not agree."""
+        one, state_one = self.flat[1:], self.state_flat[1:]
+        if obs.dim() < self.rank or obs.shape[obs.dim() - self.rank :] != one:
+            raise ValueError(
+                f"observations must be of shape {one} (one) or [batch] + {one} (a batch), got {obs.shape}"
+            )
+        lead = obs.shape[: obs.dim() - self.rank]
+        if state.shape != lead + state_one or prev_action.shape != lead or prev_reward.shape != lead:
+            raise ValueError(
+                f"for observations of shape {obs.shape}, state must be of shape {lead + state_one} and "
+                f"prev_action and prev_reward of shape {lead}, got {state.shape}, {prev_action.shape} and "
+                f"{prev_reward.shape}"
+            )
+        return lead
+
+    @torch.jit.unused
+    def _traced(
+        self, obs: torch.Tensor, state: torch.Tensor, prev_action: torch.Tensor, prev_reward: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eager and traced (ONNX): the leading axes of `obs` as a tensor, so a trace does not fix them."""
+        from torch.onnx import operators
+
+        actions, after = self.batched(
+            obs.reshape(self.flat),
+            state.reshape(self.state_flat),
+            prev_action.reshape([-1]),
+            prev_reward.reshape([-1]),
+        )
+        shape = operators.shape_as_tensor(obs)
+        lead = shape[: -self.rank] if self.rank else shape
+        return (
+            operators.reshape_from_tensor_shape(
+                actions, torch.cat([lead, operators.shape_as_tensor(actions)[1:]])
+            ),
+            operators.reshape_from_tensor_shape(
+                after, torch.cat([lead, operators.shape_as_tensor(after)[1:]])
+            ),
+        )

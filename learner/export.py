@@ -3,37 +3,47 @@
     apexrl export runs/CartPole-v1-20250101-120000 --format onnx --out cartpole.onnx
 
 TorchScript (`torch.jit.load(path)`, or libtorch from C++) needs torch alone; ONNX (onnxruntime and every ONNX
-runtime) needs the `onnx` extra to write. Either takes one input, `obs`: a batch of observations as the environment
-gives them (uint8 frames stay uint8; one-hot encoded Discrete observations are their int64 indices), and gives one
-output, `action`: int64 [batch] (Discrete) or float32 [batch, action_dim] inside the bounds (Box). Like
-`TrainedPolicy.act`, either also takes one observation, without the batch axis, and gives its action without it:
-int64 [] or float32 [action_dim] (`apexrl.algorithms.torch_forward.OneOrBatch`). An ONNX file therefore declares
-`obs` and `action` with their element type but no shape (ONNX cannot declare "rank 1 or 2", and onnxruntime
-refuses an input of another rank than declared); the JSON line gives the batch shapes. After writing, the export is
-loaded back and its actions compared with `load_policy`'s on random observations of the checkpoint's spaces, as a
-batch and one alone (ONNX: when onnxruntime is installed); a disagreement is an error. Prints one JSON line:
-format, path, input, output, checked, and `compared`: how many observations were compared and the largest
-absolute difference between the two actions seen on them (null when the file could not be run here), so a report
-shows what was checked.
+runtime) needs the `onnx` extra to write. A feed-forward policy's file (DQN, DPG) takes one input, `obs`: a batch of
+observations as the environment gives them (uint8 frames stay uint8; one-hot encoded Discrete observations are
+their int64 indices), and gives one output, `action`: int64 [batch] (Discrete) or float32 [batch, action_dim]
+inside the bounds (Box). Like `TrainedPolicy.act`, either format also takes one observation, without the batch
+axis, and gives its action without it: int64 [] or float32 [action_dim]
+(`apexrl.algorithms.torch_forward.OneOrBatch`). An ONNX file therefore declares `obs` and `action` with their
+element type but no shape (ONNX cannot declare "rank 1 or 2", and onnxruntime refuses an input of another rank
+than declared); the JSON line gives the batch shapes. After writing, the export is loaded back and its actions
+compared with `load_policy`'s on random observations of the checkpoint's spaces, as a batch and one alone (ONNX:
+when onnxruntime is installed); a disagreement is an error. Prints one JSON line: format, path, input, output,
+checked, and `compared`: how many observations were compared and the largest absolute difference between the two
+actions seen on them (null when the file could not be run here), so a report shows what was checked.
 
-ONNX goes through torch's TorchScript-based exporter (`dynamo=False`), which needs only the `onnx` package; the
-newer torch.export-based one would add onnxscript and its dependencies for these few-layer networks.
+A recurrent policy's file (R2D2) takes and gives its state too (`obs`, `state`, `prev_action`, `prev_reward` ->
+`action`, `next_state`), is checked over a 20-step rollout that carries the state, and its JSON line lists
+`inputs`, `outputs`, what each step feeds back (`carry`) and the state at an episode's start: export_recurrent.py.
+Writing and running the files: export_format.py.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from apexrl.algorithms.checkpoint_files import weights_setting
 from apexrl.common.report import json_line
 from apexrl.common.settings import SettingsError, setting
+from apexrl.learner.export_format import (
+    FORMATS,
+    input_dtype,
+    load_written,
+    obs_shape,
+    sample_observations,
+    write_module,
+)
+from apexrl.learner.export_recurrent import RolloutCheck, export_recurrent, recurrent_signature
 
 if TYPE_CHECKING:
     from apexrl.learner.policy import TrainedPolicy
@@ -41,9 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("apexrl.export")
 
 HELP = "write a checkpoint's greedy policy as TorchScript or ONNX"
-FORMATS = ("torchscript", "onnx")
 SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx"}
-ONNX_HINT = "ONNX export needs the onnx extra: pip install 'apexrl[onnx]'"
 CHECK_ROWS = 64
 
 
@@ -82,29 +90,33 @@ def run(args: ExportConfig, stop: threading.Event) -> int:
         raise SettingsError(str(err)) from None
     out = Path(args.out) if args.out else default_path(policy.path, args.format)
     check = export_policy(policy, args.format, out)
-    spaces = policy.spaces
-    obs = ["batch"] if spaces.obs_one_hot else ["batch", *spaces.obs_shape]
-    action = ["batch"] if spaces.num_actions else ["batch", spaces.action_dim]
+    signature = recurrent_signature(policy) if policy.recurrent else _signature(policy)
     print(
         json_line(
             {
                 "format": args.format,
                 "path": str(out),
-                "input": {"name": "obs", "dtype": _input_dtype(policy).name, "shape": obs},
-                "output": {
-                    "name": "action",
-                    "dtype": "int64" if spaces.num_actions else "float32",
-                    "shape": action,
-                },
+                **signature,
                 "checked": check is not None,
-                "compared": None
-                if check is None
-                else {"observations": check.observations, "max_abs_diff": check.max_abs_diff},
+                "compared": None if check is None else check.report(),
             }
         ),
         flush=True,
     )
     return 0
+
+
+def _signature(policy: TrainedPolicy) -> dict[str, Any]:
+    """The JSON line's `input` and `output` of a feed-forward export (their batch shapes)."""
+    spaces = policy.spaces
+    return {
+        "input": {"name": "obs", "dtype": input_dtype(policy).name, "shape": obs_shape(policy)},
+        "output": {
+            "name": "action",
+            "dtype": "int64" if spaces.num_actions else "float32",
+            "shape": ["batch"] if spaces.num_actions else ["batch", spaces.action_dim],
+        },
+    }
 
 
 def default_path(checkpoint: Path, fmt: str) -> Path:
@@ -122,38 +134,21 @@ class ExportCheck:
     observations: int
     max_abs_diff: float
 
+    def report(self) -> dict[str, Any]:
+        """What the JSON line's `compared` says."""
+        return {"observations": self.observations, "max_abs_diff": self.max_abs_diff}
 
-def export_policy(policy: TrainedPolicy, fmt: str, out: Path) -> ExportCheck | None:
-    """Write `policy` to `out` in `fmt` and check the written file against it (`check_export`); None when the
-    file cannot be run here (ONNX without onnxruntime). SettingsError naming the extra when ONNX cannot be
-    written; RuntimeError when the export disagrees with the policy."""
+
+def export_policy(policy: TrainedPolicy, fmt: str, out: Path) -> ExportCheck | RolloutCheck | None:
+    """Write `policy` to `out` in `fmt` and check the written file against it (`check_export`; a recurrent policy:
+    export_recurrent.py); None when the file cannot be run here (ONNX without onnxruntime). SettingsError naming
+    the extra when ONNX cannot be written; RuntimeError when the export disagrees with the policy."""
     import torch
 
-    module = policy.greedy_module()
+    if policy.recurrent:
+        return export_recurrent(policy, fmt, out)
     example = torch.as_tensor(sample_observations(policy, 2, seed=0))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with (
-        warnings.catch_warnings()
-    ):  # torch's notices that TorchScript and this exporter are deprecated upstream
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        if fmt == "torchscript":
-            torch.jit.script(module).save(str(out))
-        else:
-            try:
-                import onnx  # noqa: F401  (torch.onnx.export needs it)
-            except ImportError:
-                raise SettingsError(ONNX_HINT) from None
-            torch.onnx.export(
-                module,
-                (example,),
-                str(out),
-                dynamo=False,
-                input_names=["obs"],
-                output_names=["action"],
-                dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}},
-            )
-            _without_shapes(out)
+    write_module(policy.greedy_module(), fmt, out, (example,), ["obs"], ["action"])
     return check_export(policy, fmt, out)
 
 
@@ -162,10 +157,14 @@ def check_export(policy: TrainedPolicy, fmt: str, out: Path, rows: int = CHECK_R
     None when nothing here can run the file. RuntimeError naming the disagreement when an action differs by more
     than the tolerance (1e-4, relative and absolute) or the shapes differ: a file that acts otherwise than its
     checkpoint must not be reported as checked."""
-    run_export = _loader(fmt, out)
-    if run_export is None:
+    runner = load_written(fmt, out, ["obs"], ["action"])
+    if runner is None:
         log.info("onnxruntime is not installed: %s was written but not checked", out)
         return None
+
+    def run_export(obs: np.ndarray) -> np.ndarray:
+        return runner(obs)[0]
+
     obs = sample_observations(policy, rows, seed=1)
     want, got = np.asarray(policy.act(obs)), np.asarray(run_export(obs))
     if want.shape != got.shape:
@@ -188,50 +187,3 @@ def check_export(policy: TrainedPolicy, fmt: str, out: Path, rows: int = CHECK_R
             f"the checkpoint's gives {want[0].tolist()} (shape {list(want.shape[1:])})"
         )
     return ExportCheck(observations=len(obs), max_abs_diff=float(diff.max(initial=0.0)))
-
-
-def sample_observations(policy: TrainedPolicy, rows: int, seed: int) -> np.ndarray:
-    """`rows` random observations of the policy's spaces, as the export takes them."""
-    rng = np.random.default_rng(seed)
-    spaces = policy.spaces
-    if spaces.obs_one_hot:
-        return rng.integers(0, spaces.obs_dim, rows, dtype=np.int64)
-    dtype = np.dtype(spaces.obs_dtype)
-    shape = (rows, *spaces.obs_shape)
-    if dtype == np.bool_:
-        return rng.random(shape) < 0.3
-    if dtype.kind in "iu":
-        return rng.integers(0, 256 if dtype == np.uint8 else 10, shape).astype(dtype)
-    return rng.normal(size=shape).astype(dtype)
-
-
-def _input_dtype(policy: TrainedPolicy) -> np.dtype:
-    return np.dtype(np.int64) if policy.spaces.obs_one_hot else np.dtype(policy.spaces.obs_dtype)
-
-
-def _loader(fmt: str, out: Path):
-    """A function running the written file on numpy observations, or None when nothing here can run it."""
-    import torch
-
-    if fmt == "torchscript":
-        loaded = torch.jit.load(str(out))
-        return lambda obs: loaded(torch.as_tensor(obs)).numpy()
-    try:
-        import onnxruntime
-    except ImportError:
-        return None
-    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    return lambda obs: session.run(["action"], {"obs": np.asarray(obs)})[0]
-
-
-def _without_shapes(path: Path) -> None:
-    """Declare the ONNX graph's input and output by element type alone: the graph takes one observation or a batch
-    (`OneOrBatch`), but the exporter declares the example batch's rank, which onnxruntime enforces. The shapes it
-    inferred inside the graph (value_info) go too: they assume that rank."""
-    import onnx
-
-    model = onnx.load(str(path))
-    for value in (*model.graph.input, *model.graph.output):
-        value.type.tensor_type.ClearField("shape")
-    del model.graph.value_info[:]
-    onnx.save(model, str(path))

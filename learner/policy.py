@@ -126,13 +126,24 @@ class TrainedPolicy:
 
         return make_env(self.env.trusting() if trust_env_modules else self.env, render_mode=render_mode)
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether this policy carries a state from step to step (R2D2's LSTM; DQN's and DPG's do not)."""
+        return self.initial_state() is not None
+
     def greedy_module(self) -> torch.nn.Module:
         """A torch module from one observation or a batch, as `act` takes them (one-hot encoded observations as
-        their int64 indices), to the greedy action or actions: what `apexrl export` writes."""
-        from apexrl.algorithms.torch_forward import OneOrBatch
+        their int64 indices), to the greedy action or actions: what `apexrl export` writes. A recurrent policy's
+        also takes the state, the previous action and the previous reward (the environment's own: clipped inside
+        where training clipped it) and gives the next state too (`torch_forward.RecurrentOneOrBatch`)."""
+        from apexrl.algorithms.torch_forward import OneOrBatch, RecurrentOneOrBatch
+        from apexrl.common.environments import clips_rewards
 
         batched = self._acting.make_greedy_module(self._weights, self.spaces)
-        return OneOrBatch(batched, () if self.spaces.obs_one_hot else self.spaces.obs_shape).eval()
+        obs_shape = () if self.spaces.obs_one_hot else self.spaces.obs_shape
+        if self.recurrent:
+            return RecurrentOneOrBatch(batched, obs_shape, clips_rewards(self.env.id)).eval()
+        return OneOrBatch(batched, obs_shape).eval()
 
     def _as_batch(self, obs: Any) -> tuple[np.ndarray, bool]:
         """(a batch of observations as the networks read them, whether `obs` was one observation)."""

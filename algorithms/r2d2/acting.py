@@ -162,12 +162,13 @@ def make_stateful(explorer: RecurrentActing | None = None) -> RecurrentActing:
 
 
 def make_greedy_module(weights: Mapping[str, np.ndarray], spaces: EnvSpaces) -> Any:
-    """`apexrl export` writes feed-forward modules from observations to actions; a recurrent policy also needs its
-    state in and out, which the export formats here do not carry yet."""
-    raise ValueError(
-        "apexrl export does not write recurrent (r2d2) policies yet: play them with apexrl evaluate or "
-        "apexrl.load_policy(...), which carry the LSTM state"
-    )
+    """The recurrent module `apexrl export` writes (`torch_policy.GreedyRecurrent`), for a batch: (observations,
+    state [B, 2, core], previous action, previous reward) -> (greedy actions int64 [B], next state). One-hot encoded
+    Discrete observations are taken as int64 indices."""
+    from apexrl.algorithms.r2d2.torch_policy import GreedyRecurrent, RecurrentQModule
+
+    one_hot = spaces.obs_dim if spaces.obs_one_hot else 0
+    return GreedyRecurrent(RecurrentQModule(weights, spaces.layout, spaces.input_scale), one_hot).eval()
 
 
 def window_priority(

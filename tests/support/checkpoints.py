@@ -1,5 +1,5 @@
 """Learner checkpoints made by hand for the tests that play, export or resume them: a DQN checkpoint of a given
-network, and a checkpoint of either algorithm's freshly initialised networks."""
+network, and a checkpoint of any algorithm's freshly initialised networks."""
 
 from __future__ import annotations
 
@@ -50,23 +50,25 @@ def fresh_checkpoint(
     hidden_sizes: tuple[int, ...] = (16,),
     env_module: tuple[str, ...] = (),
     env_kwargs: EnvKwargs = NO_KWARGS,
+    algorithm: str = "auto",
 ) -> Checkpoint:
-    """A checkpoint of freshly initialised networks of the algorithm that plays `spaces` (DQN for Discrete actions,
-    DPG for a Box), written as the learner writes it: its state, architecture and acting weights."""
+    """A checkpoint of freshly initialised networks of `algorithm` (auto: the one that plays `spaces`, DQN for
+    Discrete actions, DPG for a Box; "r2d2": R2D2's recurrent network), written as the learner writes it: its
+    state, architecture and acting weights."""
     import torch
 
-    from apexrl.algorithms.registry import AUTO, for_spaces, with_defaults
+    from apexrl.algorithms.registry import for_spaces, with_defaults
     from apexrl.learner.config import LearnerConfig
 
-    algorithm = for_spaces(AUTO, spaces, env)
+    chosen = for_spaces(algorithm, spaces, env)
     config = with_defaults(
-        LearnerConfig(replay=("127.0.0.1:7000",), env=env, hidden_sizes=hidden_sizes), algorithm, "learner"
+        LearnerConfig(replay=("127.0.0.1:7000",), env=env, hidden_sizes=hidden_sizes), chosen, "learner"
     )
     torch.manual_seed(seed)
-    learning = algorithm.learning().make_learning(config, spaces, torch.device("cpu"))
+    learning = chosen.learning().make_learning(config, spaces, torch.device("cpu"))
     return Checkpoint(
         env_id=env,
-        algorithm=algorithm.name,
+        algorithm=chosen.name,
         spaces=spaces,
         architecture=learning.architecture,
         state=learning.state_dict(),
