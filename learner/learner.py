@@ -76,18 +76,12 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def make_sampler(
-    config: LearnerConfig, shards: Sequence[Shard] | None = None, *, sequences: bool = False
-) -> Feed:
+def make_sampler(config: LearnerConfig, shards: Sequence[Shard] | None = None) -> Feed:
     """The learner's feed (learner/feed.py): a child sampler process over `config.replay` (`sampler_process`, the
     default), or a thread of this process sampling a sharded replay client over `config.replay`'s addresses or
-    over the given shard objects (in-process tables in a benchmark) with the same allocation and weights. Sequence
-    batches (R2D2) take the thread: the sampler process's shared slots hold rows of transitions only."""
-    if sequences and config.sampler_process:
-        log.info(
-            "sequence batches are sampled by a thread of the learner (the sampler process carries rows only)"
-        )
-    if shards is None and config.sampler_process and not sequences:
+    over the given shard objects (in-process tables in a benchmark) with the same allocation and weights. Both
+    carry batches of transitions and of sequence items (R2D2) alike."""
+    if shards is None and config.sampler_process:
         return SamplerProcess(
             config, slots=config.prefetch_depth + 1, batches_per_call=config.sample_batches_per_call
         )

@@ -36,7 +36,7 @@ def run(config: LearnerConfig, stop: threading.Event) -> int:
     learner = Learner(
         config,
         spaces,
-        make_sampler(config, sequences=writes_sequences(config, spaces)),
+        make_sampler(config),
         weights.publish,
         registry,
         _curves(config),
@@ -96,16 +96,6 @@ def _curves(config: LearnerConfig):
     if not config.run_dir:
         return None
     return TensorBoardCurves(Path(config.run_dir) / "tensorboard" / "learner", "learner/", logger=log)
-
-
-def writes_sequences(config: LearnerConfig, spaces: EnvSpaces) -> bool:
-    """Whether this run's algorithm trains on sequence items (R2D2) rather than transitions."""
-    from apexrl.algorithms.registry import for_spaces
-
-    try:
-        return bool(getattr(for_spaces(config.algorithm, spaces, config.env).writing(), "SEQUENCES", False))
-    except ValueError:
-        return False  # the learner refuses the algorithm itself, with its own message
 
 
 def _actions(spaces: EnvSpaces) -> str:

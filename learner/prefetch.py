@@ -15,6 +15,7 @@ import numpy as np
 
 from apexrl.common.compression import CompressedColumn, decompress_into
 from apexrl.common.errors import ApexError, FailedPreconditionError
+from apexrl.learner.prioritized_batch import step_rows
 from apexrl.learner.sharded_client import PrioritizedBatch, ShardedReplayClient
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class BatchDecompressor:
         self.rows_rejected += len(rows)
         self._log(batch, bad)
         if batch.sequence_length:  # a bad step rejects its whole item
-            return self._reject_items(batch, columns, np.unique(rows // batch.sequence_length))
+            return self._reject_items(batch, columns, np.unique(rows // batch.sequence_length), in_place)
         self._sampler.zero_priorities(batch, rows)
         good = np.setdiff1d(np.arange(len(batch.keys)), rows)
         if good.size == 0:
@@ -95,17 +96,22 @@ class BatchDecompressor:
         )
 
     def _reject_items(
-        self, batch: PrioritizedBatch, columns: dict[str, np.ndarray], items: np.ndarray
+        self, batch: PrioritizedBatch, columns: dict[str, np.ndarray], items: np.ndarray, in_place: bool
     ) -> PrioritizedBatch | None:
         """A sequence batch without the items at `items` (their priorities set to 0), each replaced by a good item
-        drawn from the rest, as bad rows are."""
+        drawn from the rest, as bad rows are (in place, in `columns`, when they are the caller's arrays)."""
         self._sampler.zero_priorities(batch, items)
         good = np.setdiff1d(np.arange(len(batch.keys)), items)
         if good.size == 0:
             return None
         fix = np.arange(len(batch.keys))
         fix[items] = self._rng.choice(good, size=items.size)
-        return dataclasses.replace(batch, columns=columns).take(fix)
+        if not in_place:
+            return dataclasses.replace(batch, columns=columns).take(fix)
+        steps, sources = (step_rows(i, batch.sequence_length) for i in (items, fix[items]))
+        for array in columns.values():
+            array[steps] = array[sources]
+        return dataclasses.replace(dataclasses.replace(batch, columns={}).take(fix), columns=columns)
 
     def _log(self, batch: PrioritizedBatch, bad: dict[int, str]) -> None:
         now = time.monotonic()

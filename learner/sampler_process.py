@@ -7,10 +7,13 @@ concatenating) competes with the train step for the GIL and took almost half of 
 of a shared-memory file; the learner reads the slot in place (no copy, no pickling of arrays) and sends back only
 the batch's new priorities, which the child streams to the shards (priority write-back stays asynchronous).
 Compressed columns (image frames) are decompressed here too, straight into the slot, so the learner's process
-never pays for it; the slots' layout and their shared file are in `sampler_slots.py`.
+never pays for it; the slots' layout and their shared file are in `sampler_slots.py`. Sequence batches (R2D2) take
+the same path: a slot row is an item (its steps [T, ...], length and own fields), and the learner reads the slot as
+the thread feed's `for_learning` view; its priorities go back per item.
 
 Protocol over one duplex pipe (small messages; arrays never cross it except the priorities):
-  child -> parent: ("layout", columns, rows) once, after the first batch: (name, dtype, per-row shape) per column;
+  child -> parent: ("layout", columns, rows) once, after the first batch: (name, dtype, per-row shape) per column
+                   (a row: a transition, or an item of a sequence batch);
                    ("batch", slot, batch_id, stats) for each filled slot; ("flushed", ok); ("error", text).
   parent -> child: ("slots", path) once (the shared file, sized for `slots` batches); ("release", slot) when the
                    learner is done with a slot; ("priorities", batch_id, priorities, beta); ("flush", timeout);
@@ -41,6 +44,7 @@ from apexrl.learner.sampler_slots import (
     columns_of,
     create_slots_file,
     map_slots_file,
+    step_targets,
 )
 
 log = logging.getLogger("apexrl.learner.sampler")
@@ -362,20 +366,20 @@ class _ChildLoop:
         if (
             self.layout is None
         ):  # the first batch fixes the layout; it is written once the parent mapped the file
-            columns = columns_of(batch.columns)
+            columns = columns_of(batch)
             self.layout = SlotLayout(columns, len(batch.weights), self.slots)
             self.first = batch
             self.conn.send(("layout", columns, len(batch.weights)))
             return
         slot = self.free.popleft()
         views = self.layout.views(self.buffer, slot)
-        self.layout.check_fits(views, batch.columns)
-        # Decompress (and copy) every column straight into the slot; rows with bad frames are replaced.
-        batch = self.decompressor(batch, out={name: views[name] for name in batch.columns})
+        self.layout.check_fits(batch)
+        # Decompress (and copy) every column straight into the slot; rows (items) with bad frames are replaced.
+        batch = self.decompressor(batch, out=step_targets(views, batch))
         if batch is None:
             self.free.appendleft(slot)
             return
-        np.copyto(views[WEIGHTS], batch.weights, casting="same_kind")
+        self.layout.write(views, batch)
         batch_id, self.next_id = self.next_id, self.next_id + 1
         self.pending[batch_id] = batch
         self.conn.send(

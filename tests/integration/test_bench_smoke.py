@@ -118,6 +118,32 @@ def test_learner_bench_quick_mode_reports_every_figure(tmp_path):
     assert data["meta"]["torch"] and data["fill_seconds"] > 0
 
 
+@pytest.mark.timeout(150)
+def test_sequence_throughput_quick_mode_reports_every_figure(tmp_path):
+    data = run_quick("sequence_throughput.py", tmp_path)
+    figures = data["figures"]
+    assert set(figures) == {
+        "insert_items",
+        "sample_blocking",
+        "sample_learner_draw",
+        "learner_process",
+        "learner_thread",
+        "learner_reference",
+    }
+    for key, f in figures.items():
+        assert f["value"] > 0 and f["calls"] > 0 and f["seconds"] > 0, key
+        assert f["client_cpu"] > 0 and f["server_cpu"] is not None, key
+    for key in ("insert_items", "sample_blocking", "sample_learner_draw"):
+        assert figures[key]["target"] is not None and figures[key]["met"] is not None, key
+    for key in ("learner_process", "learner_thread"):  # fed / sampling-free, measured in the same run
+        f = figures[key]
+        assert (
+            f["ceiling"] == figures["learner_reference"]["value"] and f["ratio"] == f["value"] / f["ceiling"]
+        )
+    assert [p["feed"] for p in data["learner_phases"]] == ["process", "thread", "reference"]
+    assert data["metadata"]["grpcio"]
+
+
 @pytest.mark.timeout(120)
 def test_writers_bench_reports_throughput_and_latency_per_writer_count(tmp_path):
     out = tmp_path / "writers.json"

@@ -1,8 +1,8 @@
 """R2D2 through `apexrl launch` (issue 30, item 4): `--algorithm r2d2 --env CartPoleNoVel-v1` starts sequence shards
 (each step stored once, windows as items), recurrent actors that keep their state per environment and write each
-environment's windows, and a learner that trains on sampled sequences and publishes; the kept policy plays with
-`apexrl evaluate`, its state carried from step to step. Whether it solves is the benchmark's question
-(bench/README.md); here every part must run together."""
+environment's windows, and a learner that trains on sampled sequences (through its default feed, the sampler
+process) and publishes; the kept policy plays with `apexrl evaluate`, its state carried from step to step. Whether
+it solves is the benchmark's question (bench/README.md); here every part must run together."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_r2d2_trains_through_the_launcher_and_its_kept_policy_plays(tmp_path):
     assert "R2D2: mlp torso" in learner_log and "LSTM 64, burn-in 10 (no gradient)" in learner_log, (
         learner_log[-2000:]
     )
-    assert "sequence batches are sampled by a thread" in learner_log
+    assert "sampler process started" in learner_log  # the default feed carries the sequence batches
     shard_log = next(text for name, text in logs.items() if name.startswith("shard"))
     assert "Traceback" not in shard_log and "Traceback" not in learner_log
     evaluated = subprocess.run(

@@ -1,11 +1,13 @@
 """R2D2's data path end to end on real parts, the role processes aside: CartPoleNoVel-v1 played by the recurrent
 policy rebuilt from the learner's weights (its state per environment), each environment's windows written as a
-trajectory of a real sequence shard on 127.0.0.1, sampled across shards by the learner's thread feed, trained on by
-R2D2's learning, and the new priorities written back to the items."""
+trajectory of a real sequence shard on 127.0.0.1, sampled across shards by each of the learner's feeds (the sampler
+process, the default, and the thread), trained on by R2D2's learning, and the new priorities written back to the
+items."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from apexrl.algorithms.r2d2.acting import RecurrentActing, make_policy
@@ -13,8 +15,8 @@ from apexrl.algorithms.r2d2.learning import R2D2Learning
 from apexrl.algorithms.r2d2.writing import Geometry, StepEncoder, item_signature, replay_signature
 from apexrl.common.environments import make_env
 from apexrl.common.spaces import EnvSpaces
-from apexrl.learner import ShardedReplayClient
-from apexrl.learner.prefetch import Prefetcher
+from apexrl.learner.config import LearnerConfig
+from apexrl.learner.learner import make_sampler
 from apexrl.replay_server import ShardedWriter
 from apexrl.replay_server.client.sequence_writer import SequenceWriter
 from apexrl.replay_server.core.table import TableConfig
@@ -64,7 +66,9 @@ def play(writer: ShardedWriter, learning: R2D2Learning, spaces: EnvSpaces, steps
     return sum(w.items_sent for w in windows)
 
 
-def test_windows_played_written_sampled_and_trained_on(make_shard) -> None:
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sampler_process", [True, False], ids=["process_feed", "thread_feed"])
+def test_windows_played_written_sampled_and_trained_on(make_shard, sampler_process: bool) -> None:
     torch.manual_seed(0)
     spaces = EnvSpaces.vector(4, 2)
     learning = R2D2Learning(Settings(), spaces, torch.device("cpu"))
@@ -80,22 +84,34 @@ def test_windows_played_written_sampled_and_trained_on(make_shard) -> None:
         written = play(writer, learning, spaces, steps=200)
     held = sum(s.table.info().size for s in shards)
     assert written == held > 50  # every window written is held (each trajectory stays on one shard)
-    with ShardedReplayClient([s.address for s in shards], seed=3) as sampler:
-        prefetcher = Prefetcher(sampler, 32, lambda: 0.6, depth=2).start()
-        try:
-            losses = []
-            for step in range(1, 31):
-                batch = prefetcher.get(timeout=30)
-                assert batch is not None
-                columns = {name: torch.as_tensor(np.asarray(value)) for name, value in batch.columns.items()}
-                assert columns["obs"].shape == (32, GEOMETRY.length, 4)
-                result = learning.update(columns, torch.as_tensor(batch.weights), step)
-                sampler.update_priorities(batch, result.td_abs.numpy().astype(np.float64) + 1e-6)
-                losses.append(float(result.loss))
-            sampler.flush_updates(timeout=30)
-        finally:
-            prefetcher.stop()
+    feed = make_sampler(
+        LearnerConfig(
+            replay=tuple(s.address for s in shards),
+            batch_size=32,
+            seed=3,
+            min_replay_size=1,
+            prefetch_depth=2,
+            sampler_process=sampler_process,
+        )
+    ).start(lambda: 0.6)
+    try:
+        losses, lags = [], []
+        for step in range(1, 31):
+            batch = feed.get(timeout=30)
+            assert batch is not None
+            columns = {name: torch.as_tensor(np.asarray(value)) for name, value in batch.columns.items()}
+            assert columns["obs"].shape == (32, GEOMETRY.length, 4)
+            assert columns["state"].shape == (32, 2, CORE)  # each item's stored state (h, c)
+            result = learning.update(columns, torch.as_tensor(batch.weights), step)
+            feed.update_priorities(batch, result.td_abs.numpy().astype(np.float64) + 1e-6)
+            losses.append(float(result.loss))
+            lags.append(np.array(batch.columns["weight_version"]))  # a copy: the slot is reused
+        feed.flush_updates(timeout=30)
+    finally:
+        feed.stop(wait=False)
+        feed.close()
     assert all(np.isfinite(losses))
     assert sum(s.table.info().updated_total for s in shards) >= 30 * 32  # priorities went back to the items
-    lags = columns["weight_version"]
-    assert (lags == 1).all()  # each item's acting version came through for the parameter-lag metric
+    assert (
+        np.concatenate(lags) == 1
+    ).all()  # each item's acting version came through for the parameter-lag metric
