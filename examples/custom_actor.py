@@ -3,7 +3,9 @@ streams 1-step transitions to the replay shards, pulling weights when a paramete
 
     python examples/custom_actor.py --replay 127.0.0.1:7000,127.0.0.1:7001 [--params 127.0.0.1:7200] --steps 2000
 
-`--replay` takes every shard's host:port, or dns:///NAME:PORT for every address NAME resolves to. Any language can
+`--replay` takes every shard's host:port, or dns:///NAME:PORT for every address NAME resolves to. A fleet that
+requires a bearer token needs `--token-file` (or APEXRL_TOKEN): a local `apexrl launch` given none makes one and
+keeps it in RUN_DIR/token (its shards' ports are in RUN_DIR/ports/, the parameter service's in config.json). Any language can
 do the same from protos/apexrl/proto/*.proto; the SDK adds batching, acknowledged streaming with resend,
 deadlines, and (ShardedWriter) round-robin over the shards with failover and back pressure.
 """
@@ -11,7 +13,9 @@ deadlines, and (ShardedWriter) round-robin over the shards with failover and bac
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -31,14 +35,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000, help="environment steps to play")
     parser.add_argument("--batch-size", type=int, default=64, help="transitions per insert")
     parser.add_argument("--actor-index", type=int, default=0, help="this actor's number: its first shard")
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        help="file holding the fleet's bearer token, e.g. RUN_DIR/token of a local `apexrl launch` "
+        "(default: the APEXRL_TOKEN environment variable, else no token)",
+    )
     args = parser.parse_args()
+    # From a file or the environment, never a flag's value: every local user can read a command line.
+    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("APEXRL_TOKEN")
 
     env = gym.make("CartPole-v1")
     rng = np.random.default_rng(0)
     # One batch to each shard in turn (from shard actor_index mod S); a shard that is down is skipped until it is
     # back, and inserts wait when every shard's backlog is full.
-    replay = ShardedWriter(args.replay.split(","), first_shard=args.actor_index)
-    params = ParameterClient(args.params) if args.params else None
+    replay = ShardedWriter(args.replay.split(","), first_shard=args.actor_index, token=token)
+    params = ParameterClient(args.params, token=token) if args.params else None
     version, weights = 0, None
     obs, _ = env.reset(seed=0)
     rows: list[tuple] = []
@@ -63,6 +75,8 @@ def main() -> None:
                     "reward": np.array(r, np.float32),
                     "discount": np.array(d, np.float32),
                     "next_obs": np.array(n, np.float32),
+                    # The weights the actions came from: a launched fleet's shards require this column too.
+                    "weight_version": np.full(len(rows), version, np.int64),
                 },
                 priorities=np.ones(len(rows)),  # or |TD error| from your own network
             )

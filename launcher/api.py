@@ -33,6 +33,7 @@ from apexrl.launcher.progress import ProgressRow, last_row
 from apexrl.launcher.record import read_run
 from apexrl.launcher.run import Launch, RunResult
 from apexrl.launcher.run_dir import RunLock, check_new, default_run_dir
+from apexrl.launcher.run_token import token_path, with_run_token, write_run_token
 from apexrl.launcher.topology import host_names, local_fleet, roles_on
 
 log = logging.getLogger("apexrl.launch")
@@ -53,6 +54,7 @@ class Plan:
     previous: ProgressRow | None = None  # a resumed run's last progress row
     first_started_at: str | None = None  # a resumed run's first start
     resumed_at: tuple[str, ...] = ()
+    run_token: bool = False  # config.token is the run's own, kept in RUN_DIR/token (launcher/run_token.py)
 
     @property
     def resuming(self) -> bool:
@@ -71,7 +73,8 @@ def launch(
     `host_name` picks this machine's roles of a fleet spread over several (default: its only host);
     `extra_args` appends arguments to every role of a kind ({"learner": ["--batch-size", "128"]}, or a shell line
     "--batch-size 128" as `apexrl launch --learner-arg` takes it); `on_progress` is called with each progress row,
-    in the run's thread.
+    in the run's thread. A fleet on this machine alone given no token makes one of its own, which its roles
+    require: `FleetRun.token_file` (RUN_DIR/token) for your own clients; `local_fleet(open=True)` runs it open.
     ConfigError (a ValueError) before any process starts when the fleet cannot run: a bad setting, a run directory
     that holds a run, a busy fixed port, an environment that cannot be made."""
     config = fleet if fleet is not None else local_fleet()
@@ -90,7 +93,8 @@ def resume(
     shards from theirs when the run kept them ([fleet] replay_durability, or a shard's checkpoint_dir; else the
     replay starts empty), progress.csv and the episode files appended to. `changes` may set only the
     settings that steer a launch (`apexrl.launcher.record.RESUMABLE`: max_seconds, target_return, token_file, ...);
-    the token comes again from `token`/`token_file` or APEXRL_TOKEN."""
+    the token comes again from `token`/`token_file` or APEXRL_TOKEN, and a token the run made for itself from
+    RUN_DIR/token (a new one when the file was removed)."""
     return start(plan_resume(Path(run_dir), changes), on_progress=on_progress)
 
 
@@ -110,6 +114,13 @@ class FleetRun:
     @property
     def run_dir(self) -> Path:
         return self._launch.run_dir
+
+    @property
+    def token_file(self) -> Path | None:
+        """RUN_DIR/token, the bearer token this local fleet made for itself (its roles require it; give it to your
+        own clients: `ReplayClient(address, token=run.token_file.read_text().strip())`), or None when the fleet
+        was given a token, runs open or spans machines."""
+        return token_path(self.run_dir) if self._launch.run_token else None
 
     @property
     def running(self) -> bool:
@@ -191,6 +202,8 @@ def start(
     try:
         if not plan.resuming:
             check_new(plan.run_dir)  # again, under the lock: another launch may have taken it meanwhile
+        if plan.run_token:  # before any role starts: the user's clients find it there from the first line on
+            write_run_token(plan.run_dir, plan.config.token)
         run = Launch(
             plan.config,
             plan.host,
@@ -201,6 +214,7 @@ def start(
             previous=plan.previous,
             first_started_at=plan.first_started_at,
             resumed_at=plan.resumed_at,
+            run_token=plan.run_token,
             on_progress=on_progress,
             report=report,
             stop=stop,
@@ -219,19 +233,21 @@ def plan_new(
     config = with_token(_with_algorithm(config))  # token, token_file or APEXRL_TOKEN, read once here
     run_dir = Path(config.run_dir or default_run_dir(EnvChoice.of(config)))
     check_new(run_dir)
+    config, run_token = with_run_token(config, run_dir, reuse=False)  # a local fleet given none: its own
     _check(config, host, run_dir, extra_args)
-    return Plan(config, host, run_dir, extra_args, dict(options or {}))
+    return Plan(config, host, run_dir, extra_args, dict(options or {}), run_token=run_token)
 
 
 def plan_resume(run_dir: Path, changes: Mapping[str, Any]) -> Plan:
     """The interrupted run in `run_dir`, to be continued with `changes`, checked (ConfigError otherwise)."""
     recorded = read_run(run_dir, changes)
     config = with_token(_with_algorithm(recorded.config))
-    if recorded.needs_token and not config.token:
+    if recorded.needs_token and not config.token and not config.open:
         raise ConfigError(
             f"--resume: {run_dir}'s fleet ran with a bearer token, which config.json does not keep: give it "
             f"again (--token-file, --token or {TOKEN_VARIABLE})"
         )
+    config, run_token = with_run_token(config, run_dir, reuse=True)  # RUN_DIR/token again, if it is there
     _check(config, recorded.host, run_dir, recorded.extra_args)
     return Plan(
         config,
@@ -242,6 +258,7 @@ def plan_resume(run_dir: Path, changes: Mapping[str, Any]) -> Plan:
         previous=last_row(run_dir / "progress.csv"),
         first_started_at=recorded.started_at or "unknown",
         resumed_at=recorded.resumed_at,
+        run_token=run_token,
     )
 
 

@@ -76,6 +76,7 @@ class FleetSettings:
             source). The launcher resolves it once and hands it to each local role in the role's environment
             (APEXRL_TOKEN), never on a command line (readable by every local user) nor in config.json or a log;
             every machine of a fleet needs the same one.
+        open: a local fleet given no token makes one of its own unless this is set (launcher/run_token.py).
     """
 
     env: str = setting(
@@ -156,8 +157,8 @@ class FleetSettings:
         "send it; each local role gets it in its environment "
         f"({TOKEN_VARIABLE}), never on a command line or in config.json or a log. "
         "This launcher's own command line is visible to every local user: prefer "
-        f"token_file or {TOKEN_VARIABLE}. {TOKEN_PRECEDENCE}; a role table's own "
-        "token or token_file wins for that role",
+        f"token_file or {TOKEN_VARIABLE}. {TOKEN_PRECEDENCE}, but a fleet on this machine alone then makes its "
+        "own, RUN_DIR/token (see open); a role table's own token or token_file wins for that role",
     )
     token_file: str | None = setting(
         None,
@@ -173,6 +174,15 @@ class FleetSettings:
         "gets its own token in its environment: the learner DIR/learner, actor I DIR/actor.I if present "
         "(else DIR/actor), the evaluator DIR/evaluator. Exclusive with token",
         metavar="DIR",
+    )
+    open: bool = setting(
+        False,
+        "run without a bearer token: every local user and process may insert into the shards, sample them and "
+        "publish weights on their ports. Without it, a fleet whose every role runs on this machine and that is "
+        f"given no token (token, token_file, {TOKEN_VARIABLE}, role_tokens or a role table's own) makes one "
+        "for the run, hands it to each role in its environment and keeps it in RUN_DIR/token (mode 0600) for "
+        "your own clients (--token-file RUN_DIR/token). A fleet over several machines is open when given no "
+        "token, with or without it. Exclusive with a token and role_tokens",
     )
     replay_capacity: int | None = setting(
         None,
@@ -262,6 +272,16 @@ class FleetSettings:
             self.tls_files()
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        self._check_tokens()
+
+    def _check_tokens(self) -> None:
+        """ConfigError for credentials that contradict each other: open beside a token, a fleet token beside role
+        tokens (it would allow every method), a role-token directory that cannot be used."""
+        if self.open and (self.token or self.token_file or self.role_tokens is not None):
+            raise ConfigError(
+                f"open and a bearer token together: open runs without one (unset token, token_file, "
+                f"role_tokens and {TOKEN_VARIABLE}, or drop open)"
+            )
         if self.role_tokens is not None:
             if self.token:
                 raise ConfigError(

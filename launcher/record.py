@@ -38,6 +38,7 @@ RESUMABLE = (
     "restart_window",
     "token",
     "token_file",
+    "open",
     "tls_cert",
     "tls_key",
     "tls_ca",

@@ -120,6 +120,7 @@ class Launch:
         previous: ProgressRow | None = None,
         first_started_at: str | None = None,
         resumed_at: tuple[str, ...] = (),
+        run_token: bool = False,
         on_progress: Callable[[ProgressRow], None] | None = None,
         report: Callable[[str], None] | None = None,
         stop: threading.Event | None = None,
@@ -137,6 +138,7 @@ class Launch:
         self.first_started_at = first_started_at  # the run's first start, when this launch resumes it
         self.resumed_at = resumed_at  # earlier resumes' starts
         self.resuming = first_started_at is not None
+        self.run_token = run_token  # config.token is the run's own, in RUN_DIR/token (launcher/run_token.py)
         self.on_progress = on_progress
         self.report = report or log.error
         self.progress_seconds = config.progress_seconds
@@ -205,7 +207,7 @@ class Launch:
     def _announce(self) -> None:
         """Say what this launch runs, and, when it resumes a run, what it continues from, before any role starts."""
         log.info(
-            "%s %s on %s with %s; target return %s, at most %.0fs; run directory %s",
+            "%s %s on %s with %s; target return %s, at most %.0fs; run directory %s%s",
             "resuming" if self.resuming else "launching",
             self.config.env,
             self.host,
@@ -213,12 +215,24 @@ class Launch:
             self.target if self.checks_target else "not checked here",
             self.config.max_seconds,
             self.run_dir,
+            self._access(),
         )
         if self.resuming:
             from apexrl.launcher.resume_state import resume_lines
 
             for level, line in resume_lines(self.config, self.host, self.run_dir, self.extra):
                 log.log(level, line)
+
+    def _access(self) -> str:
+        """What the launch line says about the fleet's token: where the run's own is, or that it runs open."""
+        if self.run_token:
+            from apexrl.launcher.run_token import token_path
+
+            path = token_path(self.run_dir)
+            return f"; its bearer token is in {path} (your own clients: --token-file {path})"
+        if self.config.open:
+            return "; open: no bearer token, every local user may call its services (--open)"
+        return ""
 
     def _start_roles(self, state: _RunState, start: float) -> None:
         """Start the roles, then record what started (config.json with the ports picked, the Prometheus targets) and
@@ -390,7 +404,10 @@ class Launch:
             "progress_seconds": self.progress_seconds,
             "stop_grace": self.stop_grace,
             "pass_through_args": self.extra,
-            RECORD_KEY: fleet_record(self.config),  # what --resume reads back
+            # What --resume reads back; a token the run made for itself is its file's (a resume reads it there).
+            RECORD_KEY: fleet_record(
+                dataclasses.replace(self.config, token=None) if self.run_token else self.config
+            ),
             "fleet": dataclasses.asdict(fleet.config),
             "roles": [
                 {

@@ -49,7 +49,7 @@ def test_custom_actor_example_fills_two_shards_round_robin_and_pulls_weights(mak
     for shard in shards:
         with ReplayClient(shard.address) as client:
             batch = client.sample(32)
-        assert set(batch.columns) == {"obs", "action", "reward", "discount", "next_obs"}
+        assert set(batch.columns) == {"obs", "action", "reward", "discount", "next_obs", "weight_version"}
         assert set(np.unique(batch.columns["action"])) <= {0, 1}
 
 

@@ -5,6 +5,7 @@ anything."""
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,8 @@ def help_output(*argv: str) -> str:
         [sys.executable, "-m", "apexrl.launcher", *argv, "--help"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    return " ".join(done.stdout.split())  # argparse wraps lines: compare with normalised whitespace
+    # argparse wraps lines, also after a hyphen ("item-" / "signature"): compare with normalised whitespace.
+    return " ".join(re.sub(r"(?<=\w)-\n\s*", "-", done.stdout).split())
 
 
 def documented(setting) -> str:

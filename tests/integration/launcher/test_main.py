@@ -90,6 +90,11 @@ class Launch:
             assert time.monotonic() < deadline, "the fleet did not start"
             time.sleep(0.1)
 
+    def token(self) -> str:
+        """The bearer token the local fleet made for itself (RUN_DIR/token): its shards and its parameter service
+        refuse a client without it."""
+        return (self.run_dir / "token").read_text().strip()
+
     def log(self, role: str) -> str:
         try:
             return (self.run_dir / "logs" / f"{role}.log").read_text()
@@ -264,7 +269,7 @@ def test_a_killed_shard_comes_back_on_its_address_and_both_sides_use_it_again(la
     run = launch()
     pids = run.wait_running()
     port = next(r["port"] for r in run.config()["roles"] if r["name"] == "shard-0")
-    with ReplayClient(f"127.0.0.1:{port}", timeout=5) as shard:
+    with ReplayClient(f"127.0.0.1:{port}", timeout=5, token=run.token()) as shard:
 
         def inserted() -> bool:
             try:
@@ -309,7 +314,9 @@ def test_one_of_three_shards_killed_while_training_loses_only_its_rows(launch):
     run = launch("--num-shards", "3")
     pids = run.wait_running()
     ports = {r["name"]: r["port"] for r in run.config()["roles"] if r["kind"] == "replay"}
-    clients = {name: ReplayClient(f"127.0.0.1:{port}", timeout=5) for name, port in ports.items()}
+    clients = {
+        name: ReplayClient(f"127.0.0.1:{port}", timeout=5, token=run.token()) for name, port in ports.items()
+    }
     try:
         wait_until(
             lambda: all(c.info().sampled_total > 0 for c in clients.values()),
@@ -360,7 +367,7 @@ def test_a_killed_learner_resumes_from_its_checkpoint_and_actors_follow_its_vers
     port = next(r["port"] for r in run.config()["roles"] if r["name"] == "learner")
     checkpoint = run.run_dir / "checkpoints"
     wait_until(lambda: (checkpoint / "checkpoint.pt").exists(), "the learner wrote a checkpoint", timeout=60)
-    with ParameterClient(f"127.0.0.1:{port}", timeout=2) as params:
+    with ParameterClient(f"127.0.0.1:{port}", timeout=2, token=run.token()) as params:
         wait_until(
             lambda: params.version() > load_checkpoint(checkpoint, weights="last").weight_version,
             "versions newer than the checkpoint were published",

@@ -135,6 +135,8 @@ def test_argv_round_trips_every_setting(cls, tmp_path):
         changed.update(role_tokens=str(tokens), token=None)
     if cls is LearnerConfig:  # with --params it hosts no parameter service to guard
         changed.update(role_tokens=None, certificate_roles=False)
+    if cls is FleetSettings:  # open runs without a token: exclusive with the tokens changed above
+        changed["open"] = False
     certs = make_certs(tmp_path)  # the TLS settings must name readable PEM files
     changed.update(
         {
