@@ -1,5 +1,6 @@
 """Stable-Baselines3 with rl-baselines3-zoo's tuned hyperparameters, timed to a greedy mean return: DQN on CartPole-v1,
-TD3 on the continuous-control tasks (Pendulum-v1, LunarLanderContinuous-v3, InvertedPendulum-v5, HalfCheetah-v5).
+TD3 on the continuous-control tasks (Pendulum-v1, LunarLanderContinuous-v3, InvertedPendulum-v5, HalfCheetah-v5),
+and sb3-contrib's RecurrentPPO (the zoo's `ppo_lstm`) on CartPoleNoVel-v1, the task that needs memory.
 
 Run by `bench/solve_race.py` with the interpreter of its own virtual environment (SB3 is not an apexrl
 dependency); it imports nothing from apexrl. Every `--eval-every` env steps the current policy plays
@@ -26,6 +27,13 @@ import torch
 from stable_baselines3 import DQN, TD3
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.noise import NormalActionNoise
+from torch import nn
+
+# CartPole-v1 with the cart's and the pole's velocities set to 0 (apexrl's CartPoleNoVel-v1, common/env_adapters.py:
+# the same masking, its observation keeps 4 entries; the zoo's drops the two): defined here because this worker
+# imports nothing from apexrl.
+NO_VELOCITY = "CartPoleNoVel-v1"
+VELOCITY_ENTRIES = (1, 3)
 
 # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1 (the issue quotes them).
 ZOO_CARTPOLE = dict(
@@ -72,10 +80,46 @@ ZOO_TD3 = {
     ),
 }
 TD3_NOISE_STD = 0.1
+# rl-baselines3-zoo hyperparams/ppo_lstm.yml, CartPoleNoVel-v1 (the issue quotes them): 8 envs, VecNormalize on the
+# observations only, 100k steps (the linear schedules run over them).
+ZOO_PPO_LSTM_STEPS = 100_000
+ZOO_PPO_LSTM_ENVS = 8
+ZOO_PPO_LSTM = dict(
+    n_steps=32,
+    batch_size=256,
+    gae_lambda=0.8,
+    gamma=0.98,
+    n_epochs=20,
+    ent_coef=0.0,
+    learning_rate=lambda remaining: remaining * 1e-3,  # lin_0.001
+    clip_range=lambda remaining: remaining * 0.2,  # lin_0.2
+    policy_kwargs=dict(
+        ortho_init=False,
+        activation_fn=nn.ReLU,
+        lstm_hidden_size=64,
+        enable_critic_lstm=True,
+        net_arch=dict(pi=[64], vf=[64]),
+    ),
+)
+
+
+class MaskVelocity(gym.ObservationWrapper):
+    """CartPole's observation with its velocities zeroed."""
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        observation = observation.copy()
+        observation[list(VELOCITY_ENTRIES)] = 0.0
+        return observation
+
+
+gym.register(NO_VELOCITY, entry_point=lambda **kw: MaskVelocity(gym.make("CartPole-v1", **kw)))
 
 
 def make_model(env_id: str, seed: int):
-    """DQN with the zoo's CartPole settings for a Discrete task, TD3 with the zoo's settings for a Box one."""
+    """DQN with the zoo's CartPole settings for a Discrete task, TD3 with the zoo's settings for a Box one,
+    RecurrentPPO with the zoo's settings for CartPoleNoVel-v1."""
+    if env_id == NO_VELOCITY:
+        return make_recurrent_ppo(env_id, seed)
     env = gym.make(env_id)
     if isinstance(env.action_space, gym.spaces.Discrete):
         return ZooScheduleDQN("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **ZOO_CARTPOLE)
@@ -85,17 +129,37 @@ def make_model(env_id: str, seed: int):
     return TD3("MlpPolicy", env, seed=seed, verbose=0, device="cpu", action_noise=noise, **settings)
 
 
-def greedy_mean_return(model: DQN | TD3, env_id: str, episodes: int, seed: int) -> float:
-    """Mean return of `episodes` greedy episodes played side by side (one env per episode)."""
+def make_recurrent_ppo(env_id: str, seed: int):
+    """sb3-contrib's RecurrentPPO as the zoo trains it on CartPoleNoVel-v1 (imported here: the other races do not
+    need sb3-contrib)."""
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    envs = make_vec_env(env_id, n_envs=ZOO_PPO_LSTM_ENVS, seed=seed)
+    envs = VecNormalize(envs, norm_obs=True, norm_reward=False)
+    return RecurrentPPO("MlpLstmPolicy", envs, seed=seed, verbose=0, device="cpu", **ZOO_PPO_LSTM)
+
+
+def greedy_mean_return(model, env_id: str, episodes: int, seed: int) -> float:
+    """Mean return of `episodes` greedy episodes played side by side (one env per episode). A recurrent model
+    carries its state from step to step (reset where an episode starts); observations are normalised with the
+    training run's statistics, frozen, where it trains on normalised ones."""
     envs = gym.make_vec(env_id, num_envs=episodes, vectorization_mode="sync")
     obs, _ = envs.reset(seed=seed)
+    normalise = getattr(
+        model.get_env(), "normalize_obs", None
+    )  # VecNormalize's, without updating its statistics
     returns = np.zeros(episodes)
     done = np.zeros(episodes, dtype=bool)
+    state, starts = None, np.ones(episodes, dtype=bool)
     while not done.all():
-        actions, _ = model.predict(obs, deterministic=True)
+        seen = normalise(obs) if normalise is not None else obs
+        actions, state = model.predict(seen, state=state, episode_start=starts, deterministic=True)
         obs, reward, terminated, truncated, _ = envs.step(actions)
         returns += reward * ~done
-        done |= terminated | truncated  # autoreset restarts finished envs; their later rewards are ignored
+        starts = terminated | truncated
+        done |= starts  # autoreset restarts finished envs; their later rewards are ignored
     envs.close()
     return float(returns.mean())
 
@@ -137,7 +201,8 @@ class EvaluatingCallback(BaseCallback):
         return mean
 
     def _on_step(self) -> bool:
-        if self.num_timesteps % self.args.eval_every == 0:
+        # A vectorised model (RecurrentPPO's 8 envs) steps num_timesteps by its env count: evaluate on crossing.
+        if self.num_timesteps // self.args.eval_every > len(self.evaluations):
             mean = self.evaluate()
             if self.args.target is not None and mean >= self.args.target:
                 self.solved_at = self.num_timesteps
@@ -174,7 +239,9 @@ def main() -> None:
     started = time.perf_counter()
     model = make_model(args.env, args.seed)
     callback = EvaluatingCallback(args, started)
-    model.learn(total_timesteps=args.max_steps, callback=callback)
+    # RecurrentPPO's schedules run over the zoo's 100k steps (the step cap is a cap, not the run's length).
+    steps = ZOO_PPO_LSTM_STEPS if args.env == NO_VELOCITY else args.max_steps
+    model.learn(total_timesteps=min(steps, args.max_steps), callback=callback)
     train_seconds = callback.train_seconds()
     if not callback.evaluations or callback.evaluations[-1][0] != model.num_timesteps:
         callback.evaluate()  # the final policy, at the end of the budget

@@ -5,6 +5,8 @@ run, several seeds each.
     .venv/bin/python bench/solve_race.py --json /tmp/solve_race.json      # CartPole-v1, 3 seeds each, ~10-15 min
     .venv/bin/python bench/solve_race.py --env Pendulum-v1                # Ape-X DPG against TD3, ~10 minutes
     .venv/bin/python bench/solve_race.py --quick                          # 1 seed each, target 100, ~2 minutes
+    .venv/bin/python bench/solve_race.py --env CartPoleNoVel-v1 --systems sb3 apexrl feedforward
+                                       # R2D2 against RecurrentPPO, and the feed-forward DQN in the same budget
     .venv/bin/python bench/solve_race.py --systems apexrl base --base-python /tmp/base/.venv/bin/python
                                        # this checkout against another one's apexrl (before/after a change)
 
@@ -12,6 +14,11 @@ SB3 runs in its own virtual environment (`--sb3-venv`, default bench/results/sb3
 with `stable-baselines3` and this venv's torch, numpy and Gymnasium versions (so both sides run the same
 libraries); it is not an apexrl dependency. Runs alternate (SB3 seed 0, apexrl seed 0, SB3 seed 1, ...) so that
 a slow spell of a shared machine hits both sides alike.
+
+On CartPoleNoVel-v1 (CartPole without its velocities: a task that needs memory) apexrl runs `--algorithm r2d2`
+and SB3's side is sb3-contrib's RecurrentPPO with the zoo's `ppo_lstm` settings (installed into the SB3 venv with
+it); the `feedforward` system is `apexrl launch --algorithm dqn` on the same task and budget, to show that the memory
+is what solves it.
 
 What is compared ("solved" = mean return of 100 greedy episodes >= --target):
 - apexrl: `apexrl launch --seed S` with every default; wall time from the launcher's start to its stop
@@ -43,10 +50,13 @@ from pathlib import Path
 from harness.report import load_line, metadata, progress, render_table, write_json
 
 HERE = Path(__file__).resolve().parent
-SB3_VERSION = "2.9.2"
+SB3_VERSION = "2.9.2"  # stable-baselines3 and sb3-contrib (RecurrentPPO) are released together
+# apexrl's algorithm where the default (auto: DQN or DPG by the action space) is not the one raced.
+ALGORITHMS = {"CartPoleNoVel-v1": "r2d2"}
 # The solve bar of each task (greedy mean return over 100 episodes): Gymnasium's reward_threshold, or the usual bar.
 TARGETS = {
     "CartPole-v1": 475.0,
+    "CartPoleNoVel-v1": 475.0,
     "Acrobot-v1": -100.0,
     "Pendulum-v1": -150.0,
     "LunarLanderContinuous-v3": 200.0,
@@ -60,7 +70,10 @@ def ensure_sb3_venv(venv: Path) -> Path:
     python = venv / "bin" / "python"
     if (
         python.exists()
-        and subprocess.run([python, "-c", "import stable_baselines3"], capture_output=True).returncode == 0
+        and subprocess.run(
+            [python, "-c", "import stable_baselines3, sb3_contrib"], capture_output=True
+        ).returncode
+        == 0
     ):
         return python
     import gymnasium
@@ -81,6 +94,7 @@ def ensure_sb3_venv(venv: Path) -> Path:
             "install",
             "-q",
             f"stable-baselines3=={SB3_VERSION}",
+            f"sb3-contrib=={SB3_VERSION}",
             f"torch=={torch_version}",
             f"numpy=={numpy.__version__}",
             f"gymnasium=={gymnasium.__version__}",
@@ -169,8 +183,13 @@ def sb3_train_seconds(args: argparse.Namespace) -> float:
 
 
 def run_apexrl(seed: int, args: argparse.Namespace, workdir: Path, system: str = "apexrl") -> dict:
-    python = sys.executable if system == "apexrl" else args.base_python
-    extra = [*args.apexrl_arg, *(args.base_arg if system == "base" else [])]
+    python = args.base_python if system == "base" else sys.executable
+    algorithm = "dqn" if system == "feedforward" else ALGORITHMS.get(args.env)
+    extra = [
+        *([f"--algorithm {algorithm}"] if algorithm else []),
+        *args.apexrl_arg,
+        *(args.base_arg if system == "base" else []),
+    ]
     command = launch_command(
         python, args.env, seed, args.max_seconds, workdir / f"{system}-{seed}", args.target, extra
     )
@@ -229,9 +248,10 @@ def main() -> int:
     parser.add_argument(
         "--systems",
         nargs="+",
-        choices=("sb3", "apexrl", "base"),
+        choices=("sb3", "apexrl", "base", "feedforward"),
         default=["sb3", "apexrl"],
-        help="base: apexrl from --base-python's environment (another checkout, before a change)",
+        help="base: apexrl from --base-python's environment (another checkout, before a change); feedforward: "
+        "apexrl's DQN where apexrl races another algorithm (CartPoleNoVel-v1: r2d2), same budget",
     )
     parser.add_argument(
         "--base-python",
@@ -315,7 +335,7 @@ def main() -> int:
     ratios = {}
     if "apexrl" in summaries:
         apexrl = summaries["apexrl"]
-        for other in ("sb3", "base"):
+        for other in ("sb3", "base"):  # feedforward is shown by its solved count and last return
             if other in summaries and None not in (
                 apexrl["median_seconds"],
                 summaries[other]["median_seconds"],

@@ -24,4 +24,11 @@ LONGER_BUDGETS: tuple[LongerBudget, ...] = (
         "then plays the kept policy for 100 fresh episodes of up to 500 steps: the issue-28 check that the policy "
         "kept is the one that solved",
     ),
+    LongerBudget(
+        "tests/integration/launcher/test_r2d2_launch.py",
+        240,
+        "R2D2's whole user path in one run directory: a 40 s launch, 3 evaluated episodes recorded as videos, "
+        "load_policy, then a 12 s resume through the Python API (~90 s under a helper's load; two launches' "
+        "start-ups are the reason)",
+    ),
 )
