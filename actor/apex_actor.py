@@ -160,6 +160,7 @@ class ApeXActor:
             self.writer,
             length=geometry.length,
             period=geometry.period,
+            windows_per_request=geometry.windows_per_request,
             trajectory=trajectory,
             priority=priority,
         )

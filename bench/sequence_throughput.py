@@ -9,9 +9,10 @@ overlap), each with R2D2's item fields (state float32[2, 64], previous action an
 version: 529 B):
 
   1. insert: one actor environment's steps appended to the SDK's `SequenceWriter` (over a `ShardedWriter`, as
-     R2D2 actors write: each step sent once, an item with the request holding its last step; priority: the
-     shard's max, so the actor's priority function is not timed) for `--warmup` + `--seconds`, one long episode,
-     until every item is acknowledged: items/s (one item per 40 steps);
+     R2D2 actors write: each step sent once, an item with the request holding its last step, the actor's
+     `--windows-per-request` (2 for these windows: algorithms/r2d2/writing.py Geometry) per request; priority:
+     the shard's max, so the actor's priority function is not timed) for `--warmup` + `--seconds`, one long
+     episode, until every item is acknowledged: items/s (one item per 40 steps);
   2. sample, on the shard that insert filled (`--capacity` steps): `ReplayClient.sample(64)` blocking, and the
      learner's draw, `ShardedReplayClient.sample_batches(64, 4)` (its default 4 batches per Sample call):
      batches of 64 items per second;
@@ -64,6 +65,13 @@ def signatures() -> tuple[str, str]:
     return str(steps), str(item_signature(CORE))
 
 
+def actor_windows_per_request() -> int:
+    """What an R2D2 actor writing these windows sends per request (writing.Geometry)."""
+    from apexrl.algorithms.r2d2.writing import Geometry
+
+    return Geometry(BURN_IN, LENGTH - BURN_IN, PERIOD, gamma=0.99).windows_per_request
+
+
 def step_stream(count: int, seed: int) -> list[tuple[dict, dict]]:
     """`count` steps (and each one's item fields) cycled through by the writer: built once, never timed."""
     from apexrl.common.signature import ROW_VERSION_COLUMN
@@ -106,7 +114,9 @@ def measure_insert(args, results: Results, address: str, shard_pid: int) -> None
     step_bytes, field_bytes = item_bytes(steps)
     progress(f"insert: SequenceWriter, {args.warmup:g}s warm-up + {args.seconds:g}s")
     with ShardedWriter(address, timeout=120) as sharded:
-        writer = SequenceWriter(sharded, length=LENGTH, period=PERIOD)
+        writer = SequenceWriter(
+            sharded, length=LENGTH, period=PERIOD, windows_per_request=args.windows_per_request
+        )
         position = [0]
 
         def one_item() -> None:  # PERIOD steps: one window completes
@@ -118,7 +128,7 @@ def measure_insert(args, results: Results, address: str, shard_pid: int) -> None
         sent = [0]
 
         def acknowledged() -> None:
-            sharded.flush(120)
+            writer.flush(120)
             sent[0] = writer.items_sent
 
         before = writer.items_sent
@@ -131,7 +141,8 @@ def measure_insert(args, results: Results, address: str, shard_pid: int) -> None
         "items/s",
         row_bytes=PERIOD * step_bytes + field_bytes,
         target=TARGETS["insert"],
-        note=f"{m.rate * PERIOD:,.0f} steps/s; {sent[0] - before:,} items in all",
+        note=f"{m.rate * PERIOD:,.0f} steps/s; {sent[0] - before:,} items in all, "
+        f"{args.windows_per_request} per request",
     )
 
 
@@ -329,6 +340,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="learner rounds (each: every feed once)")
     parser.add_argument("--capacity", type=int, default=100_000, help="the shard's capacity, steps")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--windows-per-request",
+        type=int,
+        default=actor_windows_per_request(),
+        help="windows the SequenceWriter sends per request (default: an R2D2 actor's for these windows)",
+    )
     parser.add_argument("--quick", action="store_true", help="1 s figures, one learner round")
     parser.add_argument("--json", metavar="PATH", help="write every figure here")
     args = parser.parse_args()

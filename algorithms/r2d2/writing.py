@@ -67,6 +67,15 @@ class Geometry:
         """Steps per window: what the shards' max_sequence_length must be."""
         return self.burn_in + self.train_length
 
+    @property
+    def windows_per_request(self) -> int:
+        """Windows an environment's writer sends per request (SequenceWriter): those that complete within one
+        window's length (3 for the defaults, 2 for the paper's half overlap). A shard's and the SDK's CPU is mostly
+        per request (~550 us of the shard's per request at one window each: bench/README.md, sequence_throughput),
+        so this divides it per window; a window then waits at most length - period steps before it is sent, less
+        than the steps it took to fill it (a sampled window is at least `length` steps old anyway)."""
+        return max(1, self.length // self.period)
+
 
 def geometry(settings: Any, spaces: EnvSpaces) -> Geometry:
     """The windows an actor with these settings writes (their defaults by kind of observation: defaults.py)."""

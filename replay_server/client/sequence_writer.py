@@ -1,10 +1,16 @@
 """SequenceWriter: one trajectory's steps written as sequence items (R2D2's overlapping windows) to a sequence table.
 
 R2D2 trains on windows of `length` consecutive steps (burn-in plus training length), a new one starting every
-`period` steps, never across an episode's end. The writer sends each step once, `period` steps per request at most,
-and each window in the request that holds its last step; the shard stores the step once and the window as a
-reference to it (replay.proto, "Sequence tables"). At an episode's end the oldest window not yet complete goes out
-cut short (the shard pads it, and says its length); the windows after it would be parts of it and are not sent.
+`period` steps, never across an episode's end. The writer sends each step once, `windows_per_request * period` steps
+per request at most, and each window in the request that holds its last step; the shard stores the step once and the
+window as a reference to it (replay.proto, "Sequence tables"). At an episode's end the oldest window not yet complete
+goes out cut short (the shard pads it, and says its length); the windows after it would be parts of it and are not
+sent.
+
+Why several windows per request: a shard's cost is mostly per request (gRPC, its insert lane, decoding, the table's
+checks: ~300 us of CPU whether it carries 1 window or 8), and so is the SDK's; `windows_per_request = k` sends one
+request per k windows (k * period steps), at the price of a completed window waiting up to (k - 1) * period steps
+before it is sent (and sampleable). An episode's end or `flush` sends what is held at once.
 
 It writes through a ShardedWriter, so it has its acknowledgement, resends and back pressure, and stays on one shard
 while that shard's backlog has room (its items refer to the steps it sent there). When it moves to another shard
@@ -33,6 +39,11 @@ from apexrl.replay_server.core.item_batch import ItemBatch
 # An item's priority from its steps (each field [steps, ...], the extras given to `append` among them); None gives
 # the shard's max priority.
 PriorityFn = Callable[[Mapping[str, np.ndarray]], float]
+# A complete window: (its first step of the episode, its length, its item fields).
+Window = tuple[int, int, Mapping[str, np.ndarray]]
+_NONE: dict[str, np.ndarray] = {}  # a step's extras when it has none (shared: never written to)
+# Step values kept as given, without a call per value (an actor's steps are these; `_stack` joins them the same).
+_KEPT_AS_GIVEN = frozenset((np.ndarray, np.float32, np.float64, np.int64, np.int32, np.bool_, np.uint8))
 # With a stop event, how long one turn of a wait for room lasts before the stop is checked again.
 _STOP_POLL_SECONDS = 1.0
 
@@ -44,6 +55,8 @@ class SequenceWriter:
         writer: the ShardedWriter to write through (shared by the trajectories of one actor).
         length: steps per window (the table's max_sequence_length at most).
         period: steps between window starts (1 .. length); length // 2 stores each step once for two windows.
+        windows_per_request: complete windows held back to go out together in one request (1: each window as it
+            completes; see the module docstring).
         trajectory: this trajectory's number among the writer's (replay.proto, InsertRequest.trajectory).
         priority: the item's priority from its steps (e.g. R2D2's eta-mix of TD errors); None: the shard's max.
         timeout: how long an append may wait for room on the shard (back pressure) or for a shard to be known;
@@ -58,6 +71,7 @@ class SequenceWriter:
         *,
         length: int,
         period: int,
+        windows_per_request: int = 1,
         trajectory: int = 0,
         priority: PriorityFn | None = None,
         timeout: float | None = None,
@@ -65,7 +79,14 @@ class SequenceWriter:
     ) -> None:
         if not 1 <= period <= length:
             raise ValueError(f"period ({period}) must be in [1, length ({length})]")
+        if (
+            isinstance(windows_per_request, bool)
+            or not isinstance(windows_per_request, int)
+            or windows_per_request < 1
+        ):
+            raise ValueError(f"windows_per_request ({windows_per_request!r}) must be an integer >= 1")
         self.length, self.period, self.trajectory = length, period, trajectory
+        self.windows_per_request = windows_per_request
         self._writer = writer
         self._priority = priority
         self._timeout = timeout if timeout is not None or stop is not None else writer.timeout
@@ -79,6 +100,7 @@ class SequenceWriter:
         self._open: deque[tuple[int, Mapping[str, np.ndarray]]] = (
             deque()
         )  # windows not complete: (start, fields)
+        self._ready: list[Window] = []  # complete windows held back until windows_per_request of them
         self.items_sent = 0
 
     def append(
@@ -95,22 +117,28 @@ class SequenceWriter:
         episode's end still travels with its last step."""
         t = self._count
         self._count += 1
-        self._steps.append({name: _one_step(value) for name, value in step.items()})
-        self._extras.append({name: np.asarray(value) for name, value in (extras or {}).items()})
+        self._steps.append(
+            {
+                name: value if type(value) in _KEPT_AS_GIVEN else _one_step(value)
+                for name, value in step.items()
+            }
+        )
+        self._extras.append({name: np.asarray(value) for name, value in extras.items()} if extras else _NONE)
         if t % self.period == 0:
             self._open.append((t, {name: np.asarray(value) for name, value in (fields or {}).items()}))
-        ready = []
+        ready = self._ready
         while self._open and self._open[0][0] + self.length <= t:  # its last step, t - 1, can go now
             start, window_fields = self._open.popleft()
             ready.append((start, self.length, window_fields))
-        if ready or t - self._sent >= self.period:
-            self._send(t, ready)
+        k = self.windows_per_request
+        if len(ready) >= k or t - self._sent >= k * self.period:
+            self._send(t, self._take_ready())
 
     def end_episode(self) -> None:
         """The episode ended with the last appended step: its windows go out, the oldest unfinished one cut short
         (those after it would be parts of it), and the next episode starts afresh."""
         if self._count:
-            windows = [
+            windows = self._take_ready() + [
                 (start, min(self.length, self._count - start), window_fields)
                 for start, window_fields in list(self._open)[:1]
             ]
@@ -122,11 +150,23 @@ class SequenceWriter:
         self._first = self._count = self._sent = 0
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until everything sent is acknowledged (ShardedWriter.flush)."""
+        """Send the complete windows held back (windows_per_request), then wait until everything sent is
+        acknowledged (ShardedWriter.flush)."""
+        if self._ready:
+            self._send(self._count - 1, self._take_ready())  # the newest step stays held back
         self._writer.flush(timeout)
 
+    @property
+    def items_held(self) -> int:
+        """Complete windows not sent yet (fewer than windows_per_request)."""
+        return len(self._ready)
+
+    def _take_ready(self) -> list[Window]:
+        ready, self._ready = self._ready, []
+        return ready
+
     # ------------------------------------------------------------------------------------------------- sending
-    def _send(self, upto: int, windows: list[tuple[int, int, Mapping[str, np.ndarray]]]) -> None:
+    def _send(self, upto: int, windows: list[Window]) -> None:
         """Send the steps before `upto` not yet on the shard, with the `windows` (start, length, fields) that end
         in them."""
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
@@ -167,7 +207,7 @@ class SequenceWriter:
             self._extras.popleft()
             self._first += 1
 
-    def _items(self, windows: list[tuple[int, int, Mapping[str, np.ndarray]]], first: int) -> ItemBatch:
+    def _items(self, windows: list[Window], first: int) -> ItemBatch:
         names = windows[0][2].keys()
         priorities = None
         if self._priority is not None:

@@ -145,18 +145,19 @@ class SequenceIndex:
         self.items += len(kept)
         return slots
 
-    def evict(self, slots: np.ndarray) -> None:
-        """Forget the steps at `slots` (overwritten or dropped): the items they begin go with them."""
-        gone = self.item_length[slots] > 0
-        count = int(gone.sum())
+    def evict(self, slots: np.ndarray) -> np.ndarray:
+        """Forget the steps at `slots` (overwritten or dropped): the items they begin go with them. Returns the
+        slots of those items (the only ones of `slots` whose sum-tree leaves are not 0)."""
+        lost = slots[self.item_length[slots] > 0]
+        count = len(lost)
         if count:
-            lost = slots[gone]
             self.item_length[lost] = 0
             if self.pool is not None:
                 self.pool.release(self.pool_row[lost])
             self.items -= count
             self.evicted += count
         self.next_step[slots] = 0
+        return lost
 
     # ------------------------------------------------------------------------------------------------ sample
     def starts_item(self, slots: np.ndarray) -> np.ndarray:

@@ -267,11 +267,15 @@ class ReplayTable:
         start = self._ring.next_slot
         for listener in self._listeners:
             listener.overwriting(start, rows)
+        lost = None
         if self._sequences is not None:  # the items starting at overwritten steps go with them
-            self._sequences.evict((start + np.arange(rows, dtype=np.int64)) % self.config.capacity)
+            lost = self._sequences.evict((start + np.arange(rows, dtype=np.int64)) % self.config.capacity)
         slots = self._write_rows(start, columns, rows, writers=writer_id)
         self._max_priority = max(self._max_priority, float(values.max()))
-        self._tree.update(slots, values)
+        if lost is None:
+            self._tree.update(slots, values)
+        elif len(lost):  # a step's leaf is 0 unless an item starts there: only the lost items' leaves change
+            self._tree.update(lost, np.zeros(len(lost)))
         self._counters.evicted += self._ring.append(rows)
         self._counters.inserted_bytes += rows * self._signature.fixed_row_nbytes + self._rows.frame_bytes_at(
             slots
@@ -504,6 +508,8 @@ class ReplayTable:
             blocks = self._loading_sequences(blocks, lowest, state)
         try:  # calls are refused: nothing else writes meanwhile
             leaves = self._rows.load_blocks(blocks, lowest_key=lowest)
+            if self._sequences is not None:  # only an item's first step has a leaf (what _store relies on)
+                leaves[self._sequences.item_length == 0] = 0.0
             with self._lock:
                 self._tree.load_leaves(leaves)
         except BaseException:

@@ -118,6 +118,16 @@ def test_learner_bench_quick_mode_reports_every_figure(tmp_path):
     assert data["meta"]["torch"] and data["fill_seconds"] > 0
 
 
+@pytest.mark.timeout(240)
+def test_sequence_insert_ab_quick_mode_measures_every_configuration(tmp_path):
+    data = run_quick("sequence_insert_ab.py", tmp_path)
+    medians = data["medians"]
+    assert len(medians) == 4 and sum(name.startswith("baseline") for name in medians) == 1
+    for name, m in medians.items():
+        assert m["items_per_s"] > 0 and m["writer_us_per_item"] > 0 and m["shard_us_per_item"] > 0, name
+    assert all(len(runs) == 2 for runs in data["rounds"].values())
+
+
 @pytest.mark.timeout(150)
 def test_sequence_throughput_quick_mode_reports_every_figure(tmp_path):
     data = run_quick("sequence_throughput.py", tmp_path)

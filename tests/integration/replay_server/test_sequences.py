@@ -62,6 +62,53 @@ def test_windows_are_written_once_and_sampled_whole(make_shard) -> None:
     np.testing.assert_array_equal(batch.keys, starts)  # one episode on a fresh shard: key = step number
 
 
+def _items_held(table, count: int = 600) -> set[tuple]:
+    """Every item a table holds (key, length, its steps' obs[0], its state[0]): `count` draws of uniform items."""
+    batch = table.sample(count)
+    obs = batch.columns["obs"].reshape(count, -1, 2)[:, :, 0]
+    return {
+        (key, length, tuple(row[:length].tolist()), float(state))
+        for key, length, row, state in zip(
+            batch.keys.tolist(), batch.lengths.tolist(), obs, batch.item_columns["state"][:, 0], strict=True
+        )
+    }
+
+
+def test_several_windows_per_request_store_the_same_items_in_fewer_requests(make_shard) -> None:
+    """windows_per_request = 3 sends up to 3 windows (or 12 steps) per request: the shard holds exactly the items
+    one window per request gives (episodes cut short included), from far fewer requests; `flush` sends the complete
+    windows still held back."""
+    one, three = make_shard(sequence_config()), make_shard(sequence_config())
+    requests = {}
+    for shard, k in ((one, 1), (three, 3)):
+        with ShardedWriter(shard.address) as sharded:
+            writer = SequenceWriter(sharded, length=8, period=4, windows_per_request=k)
+            write_episode(writer, 41)  # windows at 0 .. 32 full, 36 cut to 5 steps
+            write_episode(writer, 6, offset=100)  # one window, cut to 6 steps
+            write_episode(writer, 30, offset=200)
+            for t in range(29):  # no end: windows at 0 .. 20 complete (the newest step is held back)
+                writer.append(
+                    {"obs": np.array([300 + t, 0], np.float32), "reward": np.float32(1.0)},
+                    {"state": np.full(3, 300 + t, np.float32)},
+                )
+            assert writer.items_held == (0 if k == 1 else 1)  # sent at t = 24 with 16; 20 waits
+            writer.flush()
+            assert writer.items_held == 0
+            requests[k] = sharded.shards[0].requests_sent
+        info = shard.table.info()
+        assert (info.size, info.steps) == (10 + 1 + 7 + 6, 41 + 6 + 30 + 28)
+    assert _items_held(one.table) == _items_held(three.table)
+    assert len(_items_held(one.table)) == 24
+    assert requests[3] < requests[1] / 2  # 41 steps: 10 requests at one window each, 4 at three
+
+
+@pytest.mark.parametrize("windows_per_request", [0, -1, 1.5, True])
+def test_windows_per_request_must_be_a_positive_integer(make_shard, windows_per_request) -> None:
+    shard = make_shard(sequence_config())
+    with ShardedWriter(shard.address) as sharded, pytest.raises(ValueError, match="windows_per_request"):
+        SequenceWriter(sharded, length=8, period=4, windows_per_request=windows_per_request)
+
+
 def test_a_transition_client_is_unchanged_on_a_transition_shard(shard) -> None:
     with ReplayClient(shard.address) as client:
         client.insert(cartpole_batch(10))
@@ -171,15 +218,18 @@ def test_compressed_pixel_steps_keep_their_frames(make_shard) -> None:
         np.testing.assert_array_equal(row[:length], start + np.arange(length))
 
 
-def test_a_writer_that_fails_over_sends_the_steps_its_windows_need_again(make_shard) -> None:
+@pytest.mark.parametrize("windows_per_request", [1, 3])
+def test_a_writer_that_fails_over_sends_the_steps_its_windows_need_again(
+    make_shard, windows_per_request
+) -> None:
     """The writer's shard goes down mid-episode: once its backlog is full the writer moves to the other shard,
     sending first the episode's steps its open windows reach back to, so every window stored there is whole."""
     down, up = make_shard(sequence_config()), make_shard(sequence_config())
     down.server.stop(0).wait(10)
     sharded = ShardedWriter([down.address, up.address], max_in_flight=2, timeout=10)
     try:
-        writer = SequenceWriter(sharded, length=8, period=4)
-        write_episode(writer, 40)
+        writer = SequenceWriter(sharded, length=8, period=4, windows_per_request=windows_per_request)
+        write_episode(writer, 80)
         sharded.shards[1].flush(timeout=30)
     finally:
         sharded.close()

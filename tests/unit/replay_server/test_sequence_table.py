@@ -128,6 +128,31 @@ def test_an_item_leaves_with_its_first_step_and_is_never_sampled_after() -> None
     assert table.info().size == 0
 
 
+def test_the_mass_is_the_held_items_only_while_the_ring_wraps() -> None:
+    """Steps carry no leaf of the sum tree: only the held items' first steps do, so overwriting a step clears a
+    leaf only where an item started (the table no longer writes a zero per step), and the total is always the held
+    items' priorities, however often the ring wraps."""
+    table = make_table(capacity=23, length=6, alpha=1.0)
+    table.insert(steps(0, 3), writer_id="a", sequence=1)
+    sent = 3
+    for i in range(40):  # windows of 6 every 3 steps, 1 or 2 per insert
+        count = 1 + i % 2
+        rows = 3 * count
+        batch_items = items(
+            [3 * (j + 1) for j in range(count)], [6] * count, [1.0 + i + j for j in range(count)]
+        )
+        table.insert(steps(sent, rows), writer_id="a", sequence=i + 2, items=batch_items)
+        sent += rows
+        batch = table.sample(64)
+        info = table.info()
+        assert info.size <= 23 // 3 and set(batch.keys.tolist()) <= set(range(sent - 23, sent))
+        leaves = table._tree.leaf_values()
+        assert np.count_nonzero(leaves) == info.size  # one leaf per held item, none per step
+        assert info.total_priority == pytest.approx(leaves.sum())
+        for key, length in zip(batch.keys.tolist(), batch.lengths.tolist(), strict=True):
+            assert length == 6 and key % 3 == 0  # every draw is an item's first step
+
+
 def test_an_item_whose_first_step_is_gone_on_arrival_is_dropped_and_counted() -> None:
     table = make_table(capacity=4, length=4)
     a, b = Writer(table, "a", 4, 2), Writer(table, "b", 4, 2)
