@@ -40,7 +40,7 @@ import numpy as np
 from harness.ceiling import CeilingClient, start_ceiling_server
 from harness.processes import Children, wait_healthy
 from harness.report import load_line, metadata, progress, write_json
-from harness.results import Results, print_rows
+from harness.results import Results, print_aio_rows, print_rows
 from harness.timing import Timing
 from replay_cpprb import measure_cpprb
 from replay_inprocess import measure_in_process
@@ -140,6 +140,7 @@ def run_grpc(
 def print_report(results: Results, info: RunInfo, file=sys.stdout) -> None:
     print_rows(results, file)
     print(FOOTER, file=file)
+    print_aio_rows(results, file)
     if info.fill_rate:
         print(
             f"Shard filled at {info.fill_rate:,.0f} rows/s in batches of {FILL_BATCH:,} through the SDK.",

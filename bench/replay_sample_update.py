@@ -29,6 +29,12 @@ TARGET_UPDATE = 1_000  # update_priorities(256)/s on a full shard
 RATIO_SAMPLE = 0.85  # Sample, blocking
 RATIO_SAMPLE_WINDOW = 0.6  # Sample, --sample-window in flight
 RATIO_STREAM_UPDATE = 0.8  # StreamUpdatePriorities
+# Issue 32, item 4: shares of the grpc.aio ceiling (the same bytes-only handlers on the shard's own runtime).
+AIO_RATIOS = {
+    "grpc_sample": ("aio_ceiling_unary_sample", 0.85),  # Sample, blocking
+    "grpc_sample_window": ("aio_ceiling_unary_sample_window", 0.8),  # Sample, --sample-window in flight
+    "grpc_update_stream": ("aio_ceiling_bidi_update", 0.8),  # StreamUpdatePriorities
+}
 
 
 def fill_shard(address: str, capacity: int, rng: np.random.Generator) -> float | None:
@@ -152,7 +158,8 @@ def measure_aio_ceilings(
     results: Results, aio_ceiling: CeilingClient, full: FullShard, sample_window: int, window: int
 ) -> None:
     """The targets' call shapes against the same bytes-only handlers on grpc.aio, the shard's runtime: how much of
-    a gap to the (thread-pool) ceiling is the runtime's, not apexrl's. Informational rows; no target uses them."""
+    a gap to the (thread-pool) ceiling is the runtime's, not apexrl's. Each of the three figures is then compared
+    with its grpc.aio ceiling too (issue 32, item 4: `aio_ratio` against `aio_target` in its row)."""
     size = full.sample_bytes
     progress("ceiling on grpc.aio: the sample and stream shapes again")
     results.ceiling(
@@ -176,6 +183,9 @@ def measure_aio_ceilings(
         "msgs/s",
         full.update_bytes,
     )
+    for key, (ceiling_key, target) in AIO_RATIOS.items():
+        if key in results.by_key:
+            results.by_key[key].compare_aio(ceiling_key, results.by_key[ceiling_key], target)
 
 
 def measure_samples(

@@ -186,26 +186,22 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
             self._wrapped[key] = wrapped
         return wrapped
 
-    def _reader(self, method: str) -> Callable:
-        """read(context, unary): the call's next raw message (None at the end), checked against the method's
-        limit; a unary request is received in one of the server's reading slots, within its read timeout."""
+    def _reader(self, method: str) -> tuple[Callable, Callable]:
+        """(read_next, read_unary): read_next(context) is a stream's next raw message (None at the end),
+        read_unary(context) a unary call's one raw message, received in one of the server's reading slots within
+        its read timeout; both checked against the method's limit. Each awaits `context.read()` itself, not the
+        request iterator grpc.aio passes (its generator holds the last message it yielded until asked for the next
+        one: a refused 60 MiB request stayed in memory with it), and a unary read is one coroutine deep: a unary
+        call's read is on the path of every Sample (bench/README.md, "Against grpc.aio's own ceiling")."""
         limits = self._limits
         limit = None if limits is None else limits.request_limit(method)
         slots = self._open_slots if is_open_method(method) else self._slots
+        seconds = None if limits is None else limits.request_read_seconds
 
-        async def receive(context) -> bytes | None:
-            # context.read(), not the request iterator grpc.aio passes: its generator holds the last message it
-            # yielded until asked for the next one (a refused 60 MiB request stayed in memory with it).
-            raw = await context.read()
-            return None if raw is grpc.aio.EOF else raw
-
-        async def read(context, unary: bool) -> bytes | None:
-            if limits is None or not unary:
-                raw = await receive(context)
-            else:  # gRPC receives a message only once it is asked for it
-                async with slots:
-                    raw = await _within(receive(context), limits.request_read_seconds, method)
-            if raw is not None and limit is not None and len(raw) > limit:
+        def checked(raw: bytes | object) -> bytes | None:
+            if raw is grpc.aio.EOF:
+                return None
+            if limit is not None and len(raw) > limit:
                 size, raw = len(raw), None
                 raise _Refused(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -214,15 +210,28 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
                 )
             return raw
 
-        return read
+        async def read_next(context) -> bytes | None:
+            return checked(await context.read())
+
+        async def read_unary(context) -> bytes | None:
+            if seconds is None:
+                return checked(await context.read())
+            async with slots:  # gRPC receives a message only once it is asked for it
+                return checked(await _within(context.read(), seconds, method))
+
+        return read_next, read_unary
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         parse, behavior = handler.request_deserializer, handler_behavior(handler)
         if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
             return handler  # a synchronous behaviour (gRPC runs it in its thread pool): left as it is
-        read = self._reader(method)
+        read_next, read_unary = self._reader(method)
 
-        def decode(raw: bytes):
+        def decode(raw: bytes | None):
+            if raw is None:
+                raise _Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the call sent no request message"
+                )
             try:
                 request = parse(raw)
                 request.DiscardUnknownFields()  # a peer's unknown bytes are not kept while the call runs
@@ -231,7 +240,7 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
                 raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, undecodable_message(method, err)) from None
 
         async def requests(context):
-            while (raw := await read(context, False)) is not None:
+            while (raw := await read_next(context)) is not None:
                 # Parsed inline: no coroutine per message of a stream. Raised, not aborted here: the behaviour may
                 # read its requests in another task (the insert stream with a write-ahead log) while this call
                 # writes a response, and gRPC refuses a status sent meanwhile (the call would then hang until its
@@ -240,37 +249,45 @@ class RequestDecodeInterceptor(grpc.aio.ServerInterceptor):
                 del raw  # the parsed request holds its own copy: the received bytes go now
                 yield request
 
-        async def argument(context):
-            if handler.request_streaming:
+        if handler.request_streaming:
+
+            async def stream(context):
                 return requests(context)
-            raw = await read(context, True)
-            if raw is None:
-                raise _Refused(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the call sent no request message"
-                )
-            return decode(raw)
 
-        if inspect.isasyncgenfunction(behavior):
+            return streaming_request_handler(handler, _decoded(behavior, stream, _same))
+        return streaming_request_handler(handler, _decoded(behavior, read_unary, decode))
 
-            async def decoded(_requests, context):  # read with context.read(): see _reader
-                try:
-                    async with contextlib.aclosing(behavior(await argument(context), context)) as responses:
-                        async for response in responses:
-                            yield response
-                    return
-                except _Refused as err:
-                    refused = err.status()
-                await context.abort(*refused)  # out of the except: see _Refused.status
-        else:
 
-            async def decoded(_requests, context):  # read with context.read(): see _reader
-                try:
-                    return await behavior(await argument(context), context)
-                except _Refused as err:
-                    refused = err.status()
-                await context.abort(*refused)  # out of the except: see _Refused.status
+def _same(argument: T) -> T:
+    return argument
 
-        return streaming_request_handler(handler, decoded)
+
+def _decoded(behavior: Callable, read: Callable, decode: Callable) -> Callable:
+    """`behavior` served on the request `decode(await read(context))` (RequestDecodeInterceptor), a _Refused
+    answered with its status; of the same kind as `behavior`. The request iterator grpc.aio passes is never read:
+    see RequestDecodeInterceptor._reader."""
+    if inspect.isasyncgenfunction(behavior):
+
+        async def decoded_stream(_requests, context):
+            try:
+                async with contextlib.aclosing(behavior(decode(await read(context)), context)) as responses:
+                    async for response in responses:
+                        yield response
+                return
+            except _Refused as err:
+                refused = err.status()
+            await context.abort(*refused)  # out of the except: see _Refused.status
+
+        return decoded_stream
+
+    async def decoded(_requests, context):
+        try:
+            return await behavior(decode(await read(context)), context)
+        except _Refused as err:
+            refused = err.status()
+        await context.abort(*refused)  # out of the except: see _Refused.status
+
+    return decoded
 
 
 async def _within(awaitable: Awaitable[T], seconds: float, method: str) -> T:

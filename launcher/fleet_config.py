@@ -187,12 +187,13 @@ class FleetSettings:
     replay_capacity: int | None = setting(
         None,
         "rows over all shards together (each holds its share) (none: the "
-        "algorithm's default: dqn 25,000, dpg 100,000)",
+        "algorithm's default: dqn 25,000, dpg 100,000, r2d2 100,000 steps)",
     )
     samples_per_insert: float | None = setting(
         None,
         "replay ratio the shards enforce: sampled rows per inserted row, 0 = unlimited (none: the "
-        "algorithm's default: dqn 16, one update of 256 rows per 16 env steps; dpg 64, one per 4)",
+        "algorithm's default: dqn 16, one update of 256 rows per 16 env steps; dpg 64, one per 4; r2d2 16 "
+        "sequences sampled per sequence written, one update of 64 per 4 sequences)",
     )
     min_replay_size: int = setting(1_000, "rows the shards hold in total before the learner trains")
     replay_durability: str = setting(

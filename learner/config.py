@@ -112,11 +112,12 @@ class LearnerConfig(
     learning_rate: float | None = setting(
         None,
         "Adam learning rate (DPG: of the critic) (none: dqn 2e-3 for mlp, "
-        "1e-3 for nature and minatar; dpg 1e-3)",
+        "1e-3 for nature and minatar; dpg 1e-3; r2d2 2e-3 for vectors, 1e-3 for images)",
     )
     max_grad_norm: float = setting(10.0, "gradient clipping norm (of each network)")
     target_update_period: int | None = setting(
-        None, "updates between moves of the target networks toward the online ones (none: dqn 100, dpg 1)"
+        None,
+        "updates between moves of the target networks toward the online ones (none: dqn 100, dpg 1, r2d2 100)",
     )
     target_tau: float | None = setting(
         None,

@@ -17,7 +17,12 @@ import numpy as np
 import torch
 
 from apexrl.algorithms.base import UpdateResult
-from apexrl.algorithms.r2d2.defaults import DEFAULT_GEOMETRY, DEFAULT_HIDDEN, DEFAULT_N_STEP
+from apexrl.algorithms.r2d2.defaults import (
+    DEFAULT_GEOMETRY,
+    DEFAULT_HIDDEN,
+    DEFAULT_LEARNING_RATE,
+    DEFAULT_N_STEP,
+)
 from apexrl.algorithms.r2d2.losses import SequenceBatch, r2d2_loss
 from apexrl.algorithms.r2d2.networks import RecurrentQNetwork
 from apexrl.algorithms.torso_specs import resolve_network
@@ -34,8 +39,8 @@ class R2D2Options:
     priority_eta: float = 0.9
     stop_burn_in_gradient: bool = True
     core_size: int | None = None  # None: the torso's default (networks.DEFAULT_CORE_SIZE)
-    learning_rate: float = 1e-3
-    target_update_period: int = 400
+    learning_rate: float = DEFAULT_LEARNING_RATE[False]
+    target_update_period: int = 100
     max_grad_norm: float = 40.0
 
     @classmethod
@@ -48,7 +53,7 @@ class R2D2Options:
             "priority_eta": getattr(settings, "priority_eta", None),
             "stop_burn_in_gradient": getattr(settings, "stop_burn_in_gradient", None),
             "core_size": getattr(settings, "lstm_size", None),
-            "learning_rate": getattr(settings, "learning_rate", None),
+            "learning_rate": _given(getattr(settings, "learning_rate", None), DEFAULT_LEARNING_RATE[images]),
             "target_update_period": getattr(settings, "target_update_period", None),
             "max_grad_norm": getattr(settings, "max_grad_norm", None),
         }

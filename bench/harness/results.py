@@ -43,6 +43,12 @@ class Row:
     client_cpu: float | None = None  # cores used by this (client) process during the figure, warm-up included
     server_cpu: float | None = None  # cores used by the server process during the figure
     note: str = ""
+    # The same call shape against the bytes-only handlers on grpc.aio, the shard's own runtime (issue 32, item 4):
+    # that ceiling's key in `Results.by_key`, value / its value, and the share the issue asks for.
+    aio_ceiling_key: str | None = None
+    aio_ratio: float | None = None
+    aio_target: float | None = None
+    aio_met: bool | None = None
 
     def compare(
         self,
@@ -62,6 +68,19 @@ class Row:
         if ratio_target is not None and self.ratio is not None:
             self.target, self.met = ratio_target, self.ratio >= ratio_target
             self.target_text = target_text or f">= {ratio_target:.2f}x"
+
+    def compare_aio(self, key: str, ceiling: Row, target: float) -> None:
+        """Set the ratio to the grpc.aio ceiling row `ceiling` (stored under `key`) and whether it meets `target`."""
+        self.aio_ceiling_key, self.aio_target = key, target
+        if ceiling.value > 0:
+            self.aio_ratio = self.value / ceiling.value
+            self.aio_met = self.aio_ratio >= target
+
+    def server_us_per_call(self) -> float | None:
+        """The server's CPU microseconds per call (message, batch), warm-up included; None without a server."""
+        if self.server_cpu is None or not self.calls:
+            return None
+        return self.server_cpu * self.seconds / self.calls * 1e6
 
 
 class Results:
@@ -155,4 +174,41 @@ def print_rows(results: Results, file=sys.stdout) -> None:
             lines.append(f"-- {section}")
         lines.append(_cells(row))
     for line in render_table(HEADERS, lines, left={0, 2, 6, 7}):
+        print(line, file=file)
+
+
+AIO_HEADERS = (
+    "figure",
+    "value",
+    "grpc.aio ceiling",
+    "ratio",
+    "target",
+    "met",
+    "server CPU us/call: figure / ceiling",
+)
+
+
+def print_aio_rows(results: Results, file=sys.stdout) -> None:
+    """The figures compared with the grpc.aio ceiling of the same shape (issue 32, item 4), if any were."""
+    compared = [row for row in results.rows if row.aio_ceiling_key is not None]
+    if not compared:
+        return
+    lines: list[list[str] | str] = [
+        "-- against grpc.aio's own ceiling (the same bytes-only handlers on the shard's runtime)"
+    ]
+    for row in compared:
+        ceiling = results.by_key[row.aio_ceiling_key]
+        figure_us, ceiling_us = row.server_us_per_call(), ceiling.server_us_per_call()
+        lines.append(
+            [
+                row.name,
+                format_rate(row.value),
+                format_rate(ceiling.value),
+                "" if row.aio_ratio is None else f"{row.aio_ratio:.2f}",
+                f">= {row.aio_target:.2f}x",
+                "" if row.aio_met is None else ("yes" if row.aio_met else "NO"),
+                f"{figure_us or 0:,.0f} / {ceiling_us or 0:,.0f}",
+            ]
+        )
+    for line in render_table(AIO_HEADERS, lines, left={0, 4, 5}):
         print(line, file=file)

@@ -324,3 +324,27 @@ def test_r2d2_burn_in_bench_runs_both_variants(tmp_path):
     assert [r["variant"] for r in runs] == ["stop", "no-stop"]
     assert all(r["env_steps"] > 0 and r["wall_seconds"] > 0 for r in runs), runs
     assert "median wall" in proc.stdout
+
+
+def test_r2d2_update_bench_times_both_unrolls_and_breaks_one_update_down():
+    """bench/r2d2_update.py, one short round: both unrolls timed, their medians and each phase of an update."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "r2d2_update.py"),
+            "--rounds",
+            "1",
+            "--seconds",
+            "0.3",
+            "--breakdown-calls",
+            "2",
+        ],
+        timeout=240,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "round 1 fused" in proc.stdout and "round 1 stepwise" in proc.stdout, proc.stdout
+    assert "median: fused" in proc.stdout, proc.stdout
+    for phase in ("online", "target", "backward", "clip+adam"):
+        assert phase in proc.stdout, (phase, proc.stdout)
