@@ -6,6 +6,7 @@ its own settings in `settings.py`. Picked by name (`--algorithm r2d2`); auto sti
 
 from __future__ import annotations
 
+from apexrl.algorithms.r2d2.defaults import DEFAULT_TARGET_UPDATE_PERIOD
 from apexrl.algorithms.registry import Algorithm
 from apexrl.common.spaces import DISCRETE
 
@@ -22,7 +23,7 @@ ALGORITHM = Algorithm(
         # samples_per_insert 16: CartPoleNoVel-v1 solved in 0.89x the time of 4 (fewer env steps per update, so the
         # actors leave the learner more of the CPU: bench/README.md, "R2D2's defaults").
         "fleet": {"samples_per_insert": 16.0, "replay_capacity": 100_000},
-        "learner": {"target_update_period": 100},  # CartPoleNoVel-v1 solved in 0.74x the time of 400 (idem)
+        "learner": {"target_update_period": DEFAULT_TARGET_UPDATE_PERIOD},
     },
     settings_module="apexrl.algorithms.r2d2.settings",
 )

@@ -22,6 +22,7 @@ from apexrl.algorithms.r2d2.defaults import (
     DEFAULT_HIDDEN,
     DEFAULT_LEARNING_RATE,
     DEFAULT_N_STEP,
+    DEFAULT_TARGET_UPDATE_PERIOD,
 )
 from apexrl.algorithms.r2d2.losses import SequenceBatch, r2d2_loss
 from apexrl.algorithms.r2d2.networks import RecurrentQNetwork
@@ -40,7 +41,7 @@ class R2D2Options:
     stop_burn_in_gradient: bool = True
     core_size: int | None = None  # None: the torso's default (networks.DEFAULT_CORE_SIZE)
     learning_rate: float = DEFAULT_LEARNING_RATE[False]
-    target_update_period: int = 100
+    target_update_period: int = DEFAULT_TARGET_UPDATE_PERIOD
     max_grad_norm: float = 40.0
 
     @classmethod
